@@ -1,0 +1,1 @@
+//! App-side driver calls (the sample workload). TODO

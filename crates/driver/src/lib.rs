@@ -1,0 +1,11 @@
+//! The driver layer: `libcuda.so.1` loaded at run time, and NVML through `nvml-wrapper`.
+//!
+//! Nothing is linked at build time, so the plugin loads on hosts without an NVIDIA driver and
+//! disables itself there. All FFI `unsafe` of the driver libraries lives in this crate.
+
+pub mod app;
+pub mod checkpoint;
+pub mod cuda;
+pub mod nvml;
+
+pub use cuda::{CuResult, CudaError, Libcuda};

@@ -1,0 +1,198 @@
+//! GPU identity types shared by every layer.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// A GPU's 16-byte UUID, as the driver and NVML report it.
+///
+/// Text form is NVML's: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (lower-case hex).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct GpuUuid(pub [u8; 16]);
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not a GPU UUID; expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (as `nvidia-smi -L` prints)")]
+pub struct UuidParseError {
+    pub text: String,
+}
+
+impl GpuUuid {
+    pub const fn from_bytes(bytes: [u8; 16]) -> Self {
+        GpuUuid(bytes)
+    }
+    pub const fn as_bytes(&self) -> &[u8; 16] {
+        &self.0
+    }
+}
+
+impl fmt::Display for GpuUuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let b = &self.0;
+        write!(
+            f,
+            "GPU-{:02x}{:02x}{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}-{:02x}{:02x}{:02x}{:02x}{:02x}{:02x}",
+            b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7], b[8], b[9], b[10], b[11], b[12], b[13], b[14], b[15]
+        )
+    }
+}
+
+impl fmt::Debug for GpuUuid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Display::fmt(self, f)
+    }
+}
+
+impl FromStr for GpuUuid {
+    type Err = UuidParseError;
+    /// Accepts `GPU-` followed by 32 hex digits with the usual dashes (dashes are optional).
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        let err = || UuidParseError { text: s.to_string() };
+        let t = s.trim();
+        let hex = t.strip_prefix("GPU-").ok_or_else(err)?;
+        let digits: Vec<u8> = hex.bytes().filter(|&c| c != b'-').collect();
+        if digits.len() != 32 || !digits.iter().all(u8::is_ascii_hexdigit) {
+            return Err(err());
+        }
+        let mut out = [0u8; 16];
+        for (i, pair) in digits.chunks(2).enumerate() {
+            let s = std::str::from_utf8(pair).map_err(|_| err())?;
+            out[i] = u8::from_str_radix(s, 16).map_err(|_| err())?;
+        }
+        Ok(GpuUuid(out))
+    }
+}
+
+/// A PCI location: domain, bus, device, function.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, serde::Serialize, serde::Deserialize)]
+pub struct PciAddress {
+    pub domain: u32,
+    pub bus: u32,
+    pub device: u32,
+    pub function: u32,
+}
+
+impl PciAddress {
+    /// CUDA's and NVML's legacy form, `0000:06:00.0`.
+    pub fn to_short_string(&self) -> String {
+        format!("{:04x}:{:02x}:{:02x}.{:x}", self.domain, self.bus, self.device, self.function)
+    }
+    /// NVML's `busId` form, `00000000:06:00.0`.
+    pub fn to_nvml_string(&self) -> String {
+        format!("{:08x}:{:02x}:{:02x}.{:x}", self.domain, self.bus, self.device, self.function)
+    }
+    /// Parses `D:B:DEV.F`, `D:B:DEV` or `B:DEV.F` (hex, any width), as NVML accepts.
+    pub fn parse(s: &str) -> Option<PciAddress> {
+        let s = s.trim();
+        let (head, function) = match s.rsplit_once('.') {
+            Some((h, f)) => (h, u32::from_str_radix(f, 16).ok()?),
+            None => (s, 0),
+        };
+        let parts: Vec<&str> = head.split(':').collect();
+        let num = |p: &str| u32::from_str_radix(p, 16).ok();
+        let (domain, bus, device) = match parts.as_slice() {
+            [d, b, dev] => (num(d)?, num(b)?, num(dev)?),
+            [b, dev] => (0, num(b)?, num(dev)?),
+            _ => return None,
+        };
+        if bus > 0xff || device > 0x1f || function > 7 {
+            return None;
+        }
+        Some(PciAddress { domain, bus, device, function })
+    }
+}
+
+impl fmt::Display for PciAddress {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.to_short_string())
+    }
+}
+
+/// The six 32-bit words that libcuda caches per GPU and answers `cuDeviceGetPCIBusId` from:
+/// `{domain, bus, device, 0, pciDeviceId, pciSubSystemId}` (they are NVML's `nvmlPciInfo_t`
+/// fields, so they are built from NVML without knowing libcuda's layout).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
+pub struct PciSignature(pub [u32; 6]);
+
+impl PciSignature {
+    pub const LEN_BYTES: usize = 24;
+
+    pub fn new(pci: PciAddress, pci_device_id: u32, pci_subsystem_id: u32) -> Self {
+        PciSignature([pci.domain, pci.bus, pci.device, 0, pci_device_id, pci_subsystem_id])
+    }
+    /// Native-endian bytes, as they sit in the target's memory (x86-64: little-endian).
+    pub fn to_bytes(&self) -> [u8; 24] {
+        let mut out = [0u8; 24];
+        for (i, w) in self.0.iter().enumerate() {
+            out[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
+        }
+        out
+    }
+    pub fn from_bytes(b: &[u8; 24]) -> Self {
+        let mut w = [0u32; 6];
+        for (i, slot) in w.iter_mut().enumerate() {
+            *slot = u32::from_ne_bytes([b[i * 4], b[i * 4 + 1], b[i * 4 + 2], b[i * 4 + 3]]);
+        }
+        PciSignature(w)
+    }
+    pub fn pci(&self) -> PciAddress {
+        PciAddress { domain: self.0[0], bus: self.0[1], device: self.0[2], function: 0 }
+    }
+}
+
+/// Everything the project records about one GPU (from NVML and the kernel driver).
+#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
+pub struct GpuIdentity {
+    pub uuid: GpuUuid,
+    pub pci: PciAddress,
+    /// NVML `pciDeviceId`: device id in the high half, vendor in the low half (e.g. 0x233510de).
+    pub pci_device_id: u32,
+    /// NVML `pciSubSystemId`.
+    pub pci_subsystem_id: u32,
+    /// `/dev/nvidia<minor>`.
+    pub minor: u32,
+    /// Marketing name, e.g. "NVIDIA H200".
+    pub name: String,
+    /// Total device memory in bytes.
+    pub memory_total: u64,
+}
+
+impl GpuIdentity {
+    pub fn signature(&self) -> PciSignature {
+        PciSignature::new(self.pci, self.pci_device_id, self.pci_subsystem_id)
+    }
+    /// Two GPUs are the same chip when their PCI device ids match (the driver's restore rule
+    /// is "same chip type"); the subsystem id may differ between board vendors.
+    pub fn same_chip(&self, other: &GpuIdentity) -> bool {
+        self.pci_device_id == other.pci_device_id
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn uuid_round_trip() {
+        let s = "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9";
+        let u: GpuUuid = s.parse().unwrap();
+        assert_eq!(u.to_string(), s);
+        assert!("GPU-xyz".parse::<GpuUuid>().is_err());
+        assert!("0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9".parse::<GpuUuid>().is_err());
+    }
+
+    #[test]
+    fn pci_forms() {
+        let p = PciAddress::parse("00000000:06:00.0").unwrap();
+        assert_eq!(p, PciAddress { domain: 0, bus: 6, device: 0, function: 0 });
+        assert_eq!(p.to_short_string(), "0000:06:00.0");
+        assert_eq!(p.to_nvml_string(), "00000000:06:00.0");
+        assert_eq!(PciAddress::parse("0000:07:00.0").unwrap().bus, 7);
+        assert_eq!(PciAddress::parse("07:00.0").unwrap().bus, 7);
+        assert!(PciAddress::parse("zz").is_none());
+    }
+
+    #[test]
+    fn signature_bytes() {
+        let sig = PciSignature([0, 6, 0, 0, 0x233510de, 0x18bf10de]);
+        assert_eq!(PciSignature::from_bytes(&sig.to_bytes()), sig);
+    }
+}

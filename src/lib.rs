@@ -1,0 +1,1 @@
+//! criu-cuda-migrate plugin shell. TODO
