@@ -1,1 +1,243 @@
-//! criu-cuda-migrate plugin shell. TODO
+//! criu-cuda-migrate: the CRIU plugin shell.
+//!
+//! CRIU `dlopen`s this `cdylib` and reads [`CR_PLUGIN_DESC`]. Every entry point is thin: it catches
+//! any panic (none may cross the C ABI), calls the engine, and turns the outcome into CRIU's
+//! convention: `0` done, `-ENOTSUP` "not mine, ask the next plugin", another negative errno fails
+//! the step. All logging goes into CRIU's own log.
+
+mod criu_log;
+mod host;
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Mutex, MutexGuard, Once};
+
+use ccm_engine::dump::DumpSession;
+use ccm_engine::restore::RestoreSession;
+use ccm_engine::{Config, HookOutcome};
+use criu_plugin_sys as sys;
+use log::{debug, error, info, warn};
+
+pub use criu_log::PREFIX as LOG_PREFIX;
+
+/// `CRIU_PLUGIN_VERSION`: `GEN_VERSION(MAJOR, MINOR, SUBLEVEL)` of the header we were built from
+/// (0x200 for CRIU 3.18 through 4.2). A higher value makes older CRIU reject the plugin.
+pub const PLUGIN_VERSION: c_uint =
+    (sys::CRIU_PLUGIN_VERSION_MAJOR << 16) + (sys::CRIU_PLUGIN_VERSION_MINOR << 8) + sys::CRIU_PLUGIN_VERSION_SUBLEVEL;
+
+/// Hooks up to CHECKPOINT_DEVICES (index 11), so 12. CRIU rejects a plugin whose `max_hooks` is
+/// above its own `CR_PLUGIN_HOOK__MAX` (12 on 4.0/4.1, 13 on 4.2) and fails the whole dump, so
+/// this must never grow past what the oldest supported CRIU knows.
+pub const MAX_HOOKS: c_uint = sys::CR_PLUGIN_HOOK__CHECKPOINT_DEVICES + 1;
+
+const _: () = assert!(MAX_HOOKS as usize <= sys::CR_PLUGIN_HOOK__MAX as usize);
+const _: () = assert!(PLUGIN_VERSION == 0x200);
+
+const HOOK_COUNT: usize = sys::CR_PLUGIN_HOOK__MAX as usize;
+
+/// The descriptor CRIU looks up by name. `#[repr(transparent)]` over bindgen's struct so the
+/// layout is CRIU's; the wrapper only adds `Sync` (the pointers are to immutable statics and
+/// functions).
+#[repr(transparent)]
+pub struct PluginDescriptor(sys::cr_plugin_desc_t);
+
+// SAFETY: the descriptor is never mutated after load; its pointers refer to 'static data and
+// functions, so sharing it between threads is sound.
+unsafe impl Sync for PluginDescriptor {}
+
+const fn hooks() -> [*mut c_void; HOOK_COUNT] {
+    let mut h = [std::ptr::null_mut(); HOOK_COUNT];
+    h[sys::CR_PLUGIN_HOOK__RESUME_DEVICES_LATE as usize] = resume_devices_late as *mut c_void;
+    h[sys::CR_PLUGIN_HOOK__PAUSE_DEVICES as usize] = pause_devices as *mut c_void;
+    h[sys::CR_PLUGIN_HOOK__CHECKPOINT_DEVICES as usize] = checkpoint_devices as *mut c_void;
+    h
+}
+
+#[no_mangle]
+#[used]
+pub static CR_PLUGIN_DESC: PluginDescriptor = PluginDescriptor(sys::cr_plugin_desc_t {
+    name: c"criu-cuda-migrate".as_ptr() as *mut c_char,
+    init: Some(plugin_init),
+    exit: Some(plugin_exit),
+    version: PLUGIN_VERSION,
+    max_hooks: MAX_HOOKS,
+    hooks: hooks(),
+});
+
+/// The plugin's state for one CRIU run.
+enum Session {
+    /// Pre-dump, disabled, or not initialised: every hook answers -ENOTSUP.
+    Off,
+    Dump(DumpSession),
+    Restore(RestoreSession),
+}
+
+static SESSION: Mutex<Session> = Mutex::new(Session::Off);
+
+fn session() -> MutexGuard<'static, Session> {
+    // A panic inside a hook poisons the lock; the state is still the best we have.
+    SESSION.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// Runs `f`, turning a panic into `on_panic` and an ERROR line instead of unwinding into C.
+fn guard<T>(what: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(v) => v,
+        Err(p) => {
+            let msg = p
+                .downcast_ref::<&str>()
+                .map(|s| s.to_string())
+                .or_else(|| p.downcast_ref::<String>().cloned())
+                .unwrap_or_else(|| "unknown panic".into());
+            // Logging itself must not unwind out of here.
+            let _ = catch_unwind(|| error!("internal error in {what}: {msg}; this is a bug in criu-cuda-migrate, please report it with this log"));
+            on_panic
+        }
+    }
+}
+
+fn install_panic_hook() {
+    static ONCE: Once = Once::new();
+    ONCE.call_once(|| {
+        // The default hook writes to stderr, which under runc is the container's stdio.
+        std::panic::set_hook(Box::new(|info| {
+            error!("panic: {info}");
+        }));
+    });
+}
+
+fn outcome_code(pid: c_int, hook: &str, o: HookOutcome) -> c_int {
+    match o {
+        HookOutcome::NotMine => -libc::ENOTSUP,
+        HookOutcome::Done => 0,
+        HookOutcome::Failed(e) => {
+            error!("{hook}(pid {pid}) failed: {e}");
+            e.errno()
+        }
+    }
+}
+
+fn stage_name(stage: c_int) -> &'static str {
+    match stage as c_uint {
+        sys::CR_PLUGIN_STAGE__DUMP => "dump",
+        sys::CR_PLUGIN_STAGE__PRE_DUMP => "pre-dump",
+        sys::CR_PLUGIN_STAGE__RESTORE => "restore",
+        _ => "unknown",
+    }
+}
+
+extern "C" fn plugin_init(stage: c_int) -> c_int {
+    guard("init", -libc::EIO, || {
+        criu_log::install();
+        install_panic_hook();
+        info!("{} {}: init stage={}", ccm_engine::PLUGIN_NAME, env!("CARGO_PKG_VERSION"), stage_name(stage));
+        let host = host::RunningCriu;
+        let config = match Config::from_process(&host::plugin_options()) {
+            Ok(c) => c,
+            Err(e) => {
+                error!("configuration: {e}");
+                return -libc::EINVAL;
+            }
+        };
+        let mut s = session();
+        *s = Session::Off;
+        if config.disabled {
+            warn!("disabled: {}=1", ccm_engine::config::ENV_DISABLE);
+            return 0;
+        }
+        match stage as c_uint {
+            sys::CR_PLUGIN_STAGE__DUMP => {
+                // dlopen only (no cuInit): hosts without the NVIDIA driver must dump as before.
+                match ccm_driver::Libcuda::load() {
+                    Ok(_) => {
+                        use ccm_engine::CriuHost;
+                        // The driver's restore thread must run during CHECKPOINT_DEVICES, which
+                        // the cgroup freezer would prevent.
+                        let set = host.set_interrupt_only_mode();
+                        debug!("compel interrupt-only mode: {}", if set { "set" } else { "not offered by this CRIU" });
+                        *s = Session::Dump(DumpSession::new(config));
+                    }
+                    Err(e) => warn!("disabled: {e}"),
+                }
+                0
+            }
+            sys::CR_PLUGIN_STAGE__RESTORE => match RestoreSession::init(config, &host) {
+                Ok(r) => {
+                    *s = Session::Restore(r);
+                    0
+                }
+                Err(e) => {
+                    error!("restore refused before anything was restored: {e}. The images are unchanged; fix this and run the restore again.");
+                    -libc::EINVAL
+                }
+            },
+            // CRIU cannot pre-dump device mappings; the plugin stays out (PAUSE_DEVICES still
+            // comes in pre-dump and gets -ENOTSUP).
+            _ => 0,
+        }
+    })
+}
+
+extern "C" fn plugin_exit(stage: c_int, ret: c_int) {
+    guard("exit", (), || {
+        let mut s = session();
+        match &mut *s {
+            Session::Dump(d) => d.finish(ret),
+            Session::Restore(r) => r.finish(ret),
+            Session::Off => {}
+        }
+        *s = Session::Off;
+        debug!("exit stage={} ret={ret}", stage_name(stage));
+    })
+}
+
+extern "C" fn pause_devices(pid: c_int) -> c_int {
+    guard("PAUSE_DEVICES", -libc::EIO, || {
+        let o = match &mut *session() {
+            Session::Dump(d) => d.pause_devices(pid, &host::RunningCriu),
+            _ => HookOutcome::NotMine,
+        };
+        outcome_code(pid, "PAUSE_DEVICES", o)
+    })
+}
+
+extern "C" fn checkpoint_devices(pid: c_int) -> c_int {
+    guard("CHECKPOINT_DEVICES", -libc::EIO, || {
+        let o = match &mut *session() {
+            Session::Dump(d) => d.checkpoint_devices(pid, &host::RunningCriu),
+            _ => HookOutcome::NotMine,
+        };
+        outcome_code(pid, "CHECKPOINT_DEVICES", o)
+    })
+}
+
+extern "C" fn resume_devices_late(pid: c_int) -> c_int {
+    guard("RESUME_DEVICES_LATE", -libc::EIO, || {
+        let o = match &mut *session() {
+            Session::Restore(r) => r.resume_devices_late(pid),
+            _ => HookOutcome::NotMine,
+        };
+        outcome_code(pid, "RESUME_DEVICES_LATE", o)
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn descriptor_matches_the_abi() {
+        let d = &CR_PLUGIN_DESC.0;
+        assert_eq!(d.version, 0x200);
+        assert_eq!(d.max_hooks, 12);
+        assert!(d.hooks[sys::CR_PLUGIN_HOOK__PAUSE_DEVICES as usize] == pause_devices as *mut c_void);
+        assert!(d.hooks[sys::CR_PLUGIN_HOOK__DUMP_UNIX_SK as usize].is_null());
+        // SAFETY: the name is a 'static C string literal.
+        assert_eq!(unsafe { std::ffi::CStr::from_ptr(d.name) }.to_str().unwrap(), "criu-cuda-migrate");
+    }
+
+    #[test]
+    fn a_panic_becomes_an_error_code() {
+        assert_eq!(guard("test", -5, || panic!("boom")), -5);
+    }
+}

@@ -1,1 +1,215 @@
-//! TODO
+//! libcuda's process checkpoint API (`cuCheckpointProcess*`), called on another process.
+//!
+//! The argument structs follow CUDA 13's `cuda.h`: every one is 64 bytes, and the restore
+//! arguments carry the device map (`gpuPairs` at offset 0, `gpuPairsCount` at offset 8). The
+//! layouts are checked at compile time below, so a change of the declarations cannot slip by.
+
+use std::ffi::{c_int, c_uint};
+use std::time::{Duration, Instant};
+
+use ccm_identity::GpuUuid;
+
+use crate::cuda::{CuResult, CudaError, Libcuda, LoadError};
+
+/// `CUprocessState`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ProcessState {
+    Running,
+    Locked,
+    Checkpointed,
+    Failed,
+    /// A value this build does not know (a newer driver).
+    Other(i32),
+}
+
+impl ProcessState {
+    fn from_raw(v: c_int) -> Self {
+        match v {
+            0 => ProcessState::Running,
+            1 => ProcessState::Locked,
+            2 => ProcessState::Checkpointed,
+            3 => ProcessState::Failed,
+            o => ProcessState::Other(o),
+        }
+    }
+}
+
+impl std::fmt::Display for ProcessState {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ProcessState::Running => f.write_str("RUNNING"),
+            ProcessState::Locked => f.write_str("LOCKED"),
+            ProcessState::Checkpointed => f.write_str("CHECKPOINTED"),
+            ProcessState::Failed => f.write_str("FAILED"),
+            ProcessState::Other(v) => write!(f, "state {v}"),
+        }
+    }
+}
+
+/// `CUcheckpointLockArgs`.
+#[repr(C)]
+#[derive(Default)]
+struct LockArgs {
+    timeout_ms: c_uint,
+    reserved0: c_uint,
+    reserved1: [u64; 7],
+}
+
+/// `CUcheckpointCheckpointArgs` and `CUcheckpointUnlockArgs`: reserved words only.
+#[repr(C)]
+#[derive(Default)]
+struct ReservedArgs {
+    reserved: [u64; 8],
+}
+
+/// `CUcheckpointGpuPair`: old and new `CUuuid`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+struct GpuPair {
+    old_uuid: [u8; 16],
+    new_uuid: [u8; 16],
+}
+
+/// `CUcheckpointRestoreArgs` (CUDA 13.0-13.3 layout; 13.4 keeps the first two fields).
+#[repr(C)]
+struct RestoreArgs {
+    gpu_pairs: *const GpuPair,
+    gpu_pairs_count: c_uint,
+    reserved: [u8; 44],
+    reserved1: u64,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<LockArgs>() == 64);
+    assert!(std::mem::size_of::<ReservedArgs>() == 64);
+    assert!(std::mem::size_of::<RestoreArgs>() == 64);
+    assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs) == 0);
+    assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs_count) == 8);
+    assert!(std::mem::size_of::<GpuPair>() == 32);
+};
+
+type GetRestoreTidFn = unsafe extern "C" fn(c_int, *mut c_int) -> CuResult;
+type GetStateFn = unsafe extern "C" fn(c_int, *mut c_int) -> CuResult;
+type LockFn = unsafe extern "C" fn(c_int, *mut LockArgs) -> CuResult;
+type CheckpointFn = unsafe extern "C" fn(c_int, *mut ReservedArgs) -> CuResult;
+type RestoreFn = unsafe extern "C" fn(c_int, *mut RestoreArgs) -> CuResult;
+type UnlockFn = unsafe extern "C" fn(c_int, *mut ReservedArgs) -> CuResult;
+
+/// The six checkpoint entry points of a loaded libcuda. `Send + Sync`: the driver's checkpoint
+/// calls are made from several threads at once (one per process).
+#[derive(Clone)]
+pub struct CheckpointApi {
+    lib: Libcuda,
+    get_restore_tid: GetRestoreTidFn,
+    get_state: GetStateFn,
+    lock: LockFn,
+    checkpoint: CheckpointFn,
+    restore: RestoreFn,
+    unlock: UnlockFn,
+}
+
+/// How long one driver call took, for the plugin's timing lines.
+#[derive(Debug, Clone, Copy)]
+pub struct Timed<T> {
+    pub value: T,
+    pub elapsed: Duration,
+}
+
+impl CheckpointApi {
+    pub fn new(lib: &Libcuda) -> Result<CheckpointApi, LoadError> {
+        // SAFETY: each type alias above is the C signature of the named function in cuda.h
+        // (CUDA 12.8+), with the argument structs laid out as asserted at compile time.
+        unsafe {
+            Ok(CheckpointApi {
+                get_restore_tid: lib.symbol("cuCheckpointProcessGetRestoreThreadId")?,
+                get_state: lib.symbol("cuCheckpointProcessGetState")?,
+                lock: lib.symbol("cuCheckpointProcessLock")?,
+                checkpoint: lib.symbol("cuCheckpointProcessCheckpoint")?,
+                restore: lib.symbol("cuCheckpointProcessRestore")?,
+                unlock: lib.symbol("cuCheckpointProcessUnlock")?,
+                lib: lib.clone(),
+            })
+        }
+    }
+
+    pub fn libcuda(&self) -> &Libcuda {
+        &self.lib
+    }
+
+    /// The thread of `pid` that serves the driver's checkpoint requests. Fails for a process
+    /// that is not a CUDA process.
+    pub fn restore_thread_id(&self, pid: i32) -> Result<i32, CudaError> {
+        let mut tid: c_int = 0;
+        // SAFETY: writes one int.
+        let r = unsafe { (self.get_restore_tid)(pid, &mut tid) };
+        self.lib.check("cuCheckpointProcessGetRestoreThreadId", r)?;
+        Ok(tid)
+    }
+
+    pub fn state(&self, pid: i32) -> Result<ProcessState, CudaError> {
+        let mut st: c_int = 0;
+        // SAFETY: CUprocessState is a C enum (int-sized); the driver writes one value.
+        let r = unsafe { (self.get_state)(pid, &mut st) };
+        self.lib.check("cuCheckpointProcessGetState", r)?;
+        Ok(ProcessState::from_raw(st))
+    }
+
+    /// Locks `pid`: waits up to `timeout_ms` (0 = no timeout) for its submitted work to finish
+    /// and blocks further CUDA calls.
+    pub fn lock(&self, pid: i32, timeout_ms: u32) -> Result<(), CudaError> {
+        let mut args = LockArgs { timeout_ms, ..Default::default() };
+        // SAFETY: args is a valid, zeroed CUcheckpointLockArgs that lives across the call.
+        let r = unsafe { (self.lock)(pid, &mut args) };
+        self.lib.check("cuCheckpointProcessLock", r)
+    }
+
+    /// Moves `pid`'s device state into its host memory and releases the GPU.
+    pub fn checkpoint(&self, pid: i32) -> Result<(), CudaError> {
+        let mut args = ReservedArgs::default();
+        // SAFETY: zeroed reserved args, valid for the call.
+        let r = unsafe { (self.checkpoint)(pid, &mut args) };
+        self.lib.check("cuCheckpointProcessCheckpoint", r)
+    }
+
+    /// Puts `pid`'s device state back on GPUs. An empty `pairs` restores onto the same GPUs;
+    /// otherwise it must pair every GPU the process's libcuda enumerated.
+    pub fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), CudaError> {
+        let raw: Vec<GpuPair> =
+            pairs.iter().map(|(o, n)| GpuPair { old_uuid: *o.as_bytes(), new_uuid: *n.as_bytes() }).collect();
+        let r = if raw.is_empty() {
+            // SAFETY: NULL args mean "restore onto the same GPUs", as documented.
+            unsafe { (self.restore)(pid, std::ptr::null_mut()) }
+        } else {
+            let count = c_uint::try_from(raw.len()).map_err(|_| CudaError {
+                call: "cuCheckpointProcessRestore",
+                code: crate::cuda::CUDA_ERROR_INVALID_VALUE,
+                name: "CUDA_ERROR_INVALID_VALUE".into(),
+                description: "too many GPU pairs".into(),
+            })?;
+            let mut args = RestoreArgs { gpu_pairs: raw.as_ptr(), gpu_pairs_count: count, reserved: [0; 44], reserved1: 0 };
+            // SAFETY: args points at `raw`, which outlives the call; count matches its length.
+            unsafe { (self.restore)(pid, &mut args) }
+        };
+        self.lib.check("cuCheckpointProcessRestore", r)
+    }
+
+    pub fn unlock(&self, pid: i32) -> Result<(), CudaError> {
+        let mut args = ReservedArgs::default();
+        // SAFETY: zeroed reserved args, valid for the call.
+        let r = unsafe { (self.unlock)(pid, &mut args) };
+        self.lib.check("cuCheckpointProcessUnlock", r)
+    }
+}
+
+// SAFETY: the struct holds plain function pointers into libcuda (kept loaded by `lib`); the
+// driver's checkpoint entry points are thread-safe and take no process-global Rust state.
+unsafe impl Send for CheckpointApi {}
+// SAFETY: as above; all methods take `&self` and only pass stack data to the driver.
+unsafe impl Sync for CheckpointApi {}
+
+/// Runs `f` and measures it.
+pub fn timed<T>(f: impl FnOnce() -> T) -> Timed<T> {
+    let t0 = Instant::now();
+    let value = f();
+    Timed { value, elapsed: t0.elapsed() }
+}

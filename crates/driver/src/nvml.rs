@@ -1,1 +1,93 @@
-//! TODO
+//! NVML through `nvml-wrapper`: the node's GPUs as [`GpuIdentity`] values, and lookups by PCI
+//! location. Loaded at run time (`libnvidia-ml.so.1`, or `$CRIU_CUDA_MIGRATE_LIBNVML`).
+
+use std::ffi::OsStr;
+
+use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
+use nvml_wrapper::error::NvmlError;
+
+/// NVML failures, with what to do about them.
+#[derive(Debug, thiserror::Error)]
+pub enum NvmlFailure {
+    #[error("cannot initialise NVML from {lib}: {source}. Install the NVIDIA driver's libnvidia-ml.so.1 or set CRIU_CUDA_MIGRATE_LIBNVML")]
+    Init {
+        lib: String,
+        #[source]
+        source: NvmlError,
+    },
+    #[error("NVML {what} failed: {source}")]
+    Query {
+        what: String,
+        #[source]
+        source: NvmlError,
+    },
+    #[error("NVML reported GPU UUID `{0}` that is not in GPU-xxxxxxxx-... form")]
+    BadUuid(String),
+}
+
+pub struct Nvml {
+    nvml: nvml_wrapper::Nvml,
+}
+
+fn q(what: impl Into<String>) -> impl FnOnce(NvmlError) -> NvmlFailure {
+    let what = what.into();
+    move |source| NvmlFailure::Query { what, source }
+}
+
+impl Nvml {
+    pub fn init() -> Result<Nvml, NvmlFailure> {
+        let lib = std::env::var("CRIU_CUDA_MIGRATE_LIBNVML").unwrap_or_else(|_| "libnvidia-ml.so.1".to_string());
+        let nvml = nvml_wrapper::Nvml::builder()
+            .lib_path(OsStr::new(&lib))
+            .init()
+            .map_err(|source| NvmlFailure::Init { lib: lib.clone(), source })?;
+        Ok(Nvml { nvml })
+    }
+
+    /// The kernel driver's version, e.g. "580.159.04".
+    pub fn driver_version(&self) -> Result<String, NvmlFailure> {
+        self.nvml.sys_driver_version().map_err(q("system driver version"))
+    }
+
+    /// Every GPU NVML sees, in NVML index order.
+    pub fn gpus(&self) -> Result<Vec<GpuIdentity>, NvmlFailure> {
+        let n = self.nvml.device_count().map_err(q("device count"))?;
+        (0..n).map(|i| self.gpu_by_index(i)).collect()
+    }
+
+    pub fn gpu_by_index(&self, index: u32) -> Result<GpuIdentity, NvmlFailure> {
+        let d = self.nvml.device_by_index(index).map_err(q(format!("device {index}")))?;
+        identity_of(&d, &format!("device {index}"))
+    }
+
+    /// The UUID of the GPU at `pci` (None when NVML knows no GPU there: "Not Found").
+    pub fn uuid_at_pci(&self, pci: &PciAddress) -> Result<Option<GpuUuid>, NvmlFailure> {
+        match self.nvml.device_by_pci_bus_id(pci.to_nvml_string()) {
+            Ok(d) => {
+                let s = d.uuid().map_err(q(format!("uuid of {pci}")))?;
+                Ok(Some(s.parse().map_err(|_| NvmlFailure::BadUuid(s))?))
+            }
+            Err(NvmlError::NotFound) => Ok(None),
+            Err(e) => Err(NvmlFailure::Query { what: format!("handle by PCI bus id {pci}"), source: e }),
+        }
+    }
+}
+
+fn identity_of(d: &nvml_wrapper::Device<'_>, what: &str) -> Result<GpuIdentity, NvmlFailure> {
+    let uuid_text = d.uuid().map_err(q(format!("uuid of {what}")))?;
+    let uuid: GpuUuid = uuid_text.parse().map_err(|_| NvmlFailure::BadUuid(uuid_text.clone()))?;
+    let pci = d.pci_info().map_err(q(format!("PCI info of {what}")))?;
+    let minor = d.minor_number().map_err(q(format!("minor number of {what}")))?;
+    let name = d.name().map_err(q(format!("name of {what}")))?;
+    let mem = d.memory_info().map_err(q(format!("memory info of {what}")))?;
+    let function = PciAddress::parse(&pci.bus_id).map(|p| p.function).unwrap_or(0);
+    Ok(GpuIdentity {
+        uuid,
+        pci: PciAddress { domain: pci.domain, bus: pci.bus, device: pci.device, function },
+        pci_device_id: pci.pci_device_id,
+        pci_subsystem_id: pci.pci_sub_system_id.unwrap_or(0),
+        minor,
+        name,
+        memory_total: mem.total,
+    })
+}

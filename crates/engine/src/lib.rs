@@ -1,1 +1,67 @@
-//! TODO
+//! The engine behind the plugin's hooks.
+//!
+//! * [`dump::DumpSession`]: PAUSE_DEVICES locks CUDA processes, the first CHECKPOINT_DEVICES
+//!   checkpoints every locked process of the tree in parallel and writes identity images, and
+//!   `exit(DUMP)` rolls everything back on a failed or leave-running dump.
+//! * [`restore::RestoreSession`]: `init(RESTORE)` reads the images and runs the preflight (refusing
+//!   a restore this node cannot serve before CRIU touches anything), the first RESUME_DEVICES_LATE
+//!   restores every CUDA process of the tree in parallel with the planned device map, rewrites the
+//!   stale PCI identity, validates it against NVML, and only then unlocks.
+//!
+//! Rule for threads: CRIU's main thread is the ptrace tracer, so ptrace runs on the hook's thread;
+//! driver calls and memory work run on one worker thread per process.
+
+pub mod config;
+pub mod dump;
+pub mod host;
+pub mod node;
+pub mod preflight;
+pub mod reconcile;
+pub mod restore;
+
+use ccm_driver::cuda::LoadError;
+use ccm_driver::CudaError;
+
+pub use config::{Config, Strictness};
+pub use host::{CriuHost, NoCriu};
+
+/// The name CRIU knows the plugin by (descriptor and image inventory).
+pub const PLUGIN_NAME: &str = "criu-cuda-migrate";
+
+/// A hook's answer to CRIU.
+#[derive(Debug)]
+pub enum HookOutcome {
+    /// Not a CUDA process (or the plugin is disabled): `-ENOTSUP`, so other plugins may take it.
+    NotMine,
+    Done,
+    Failed(EngineError),
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("no usable NVIDIA driver: {0}")]
+    NoDriver(#[source] LoadError),
+    #[error("pid {pid}: {source}")]
+    Driver {
+        pid: i32,
+        #[source]
+        source: CudaError,
+    },
+    #[error("pid {pid}: {message}")]
+    Process { pid: i32, message: String },
+    #[error("{0}")]
+    Preflight(String),
+    #[error("{0}")]
+    Config(#[from] config::ConfigError),
+    #[error("identity image {path}: {message}")]
+    Image { path: String, message: String },
+    #[error("pid {pid}: identity reconciliation failed: {message}")]
+    Reconcile { pid: i32, message: String },
+}
+
+impl EngineError {
+    /// `-errno`-style code for CRIU (any negative value other than -ENOTSUP fails the step).
+    pub fn errno(&self) -> i32 {
+        -libc::EIO
+    }
+}

@@ -164,6 +164,21 @@ impl GpuIdentity {
     pub fn same_chip(&self, other: &GpuIdentity) -> bool {
         self.pci_device_id == other.pci_device_id
     }
+    /// One-line description for messages: `GPU-… (NVIDIA H200, 0000:06:00.0, 140 GiB)`.
+    pub fn describe(&self) -> String {
+        format!("{} ({}, {}, {})", self.uuid, self.name, self.pci, format_memory(self.memory_total))
+    }
+}
+
+/// Device memory in whole GiB (rounded to nearest), or MiB below 1 GiB.
+pub fn format_memory(bytes: u64) -> String {
+    const MIB: u64 = 1 << 20;
+    const GIB: u64 = 1 << 30;
+    if bytes >= GIB {
+        format!("{} GiB", bytes.saturating_add(GIB / 2) / GIB)
+    } else {
+        format!("{} MiB", (bytes + MIB / 2) / MIB)
+    }
 }
 
 #[cfg(test)]

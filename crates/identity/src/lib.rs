@@ -3,12 +3,18 @@
 //! Everything here is pure: no file, process or driver access. The dump side turns what it
 //! observed into an [`image::IdentityImage`]; the restore side decodes it, plans a device map
 //! ([`map`]), finds and plans rewrites of stale PCI words ([`pattern`]) and checks the result
-//! ([`validate`]). Most of the project's tests live in this crate.
+//! ([`validate`]); environment strings that name GPUs are rewritten by plans from [`env`].
+//! Most of the project's tests live in this crate.
 
+pub mod env;
 pub mod gpu;
 pub mod image;
 pub mod map;
 pub mod pattern;
 pub mod validate;
 
+mod table;
+
 pub use gpu::{GpuIdentity, GpuUuid, PciAddress, PciSignature, UuidParseError};
+pub use image::{is_image_file_name, IdentityImage, ImageError, PciSite, ProcessEnv};
+pub use map::{plan, DeviceMap, MapError, MapPair, MapRequest, PairReason};

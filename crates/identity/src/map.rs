@@ -1,1 +1,818 @@
-//! TODO
+//! Device-map rules for restore: which GPU of this node takes the place of each GPU the process
+//! had at dump.
+//!
+//! The driver's restore call needs one `old -> new` pair for every GPU the process's libcuda
+//! enumerated at its start (including GPUs hidden only by `CUDA_VISIBLE_DEVICES`), never two old
+//! GPUs on one new GPU, and the same chip for every GPU the process actually uses. The rules:
+//!
+//! 1. Explicit pairs (`CRIU_CUDA_MIGRATE_DEVICE_MAP`) are taken first; a pair that names a GPU the
+//!    process did not enumerate, a GPU this node does not have, or that cannot hold a used GPU, is
+//!    an error, never silently dropped.
+//! 2. Every used GPU without an explicit pair keeps its own GPU when it is on this node, usable and
+//!    free; otherwise it gets a usable GPU of the same chip with at least as much memory,
+//!    preferring the same PCI location, then keeping the process's ordinal order.
+//! 3. The enumerated-but-unused GPUs get the rest: their own GPU where free, else the same chip
+//!    where possible, else any free GPU. They are placeholders the driver demands and need not be
+//!    usable.
+//!
+//! On one machine this yields a permutation; across machines (foreign old UUIDs) a one-to-one
+//! assignment.
+
+use std::collections::HashSet;
+use std::fmt;
+
+use crate::gpu::{GpuIdentity, GpuUuid};
+use crate::image::IdentityImage;
+use crate::table;
+
+/// Environment variable with the explicit map (named in error messages).
+pub const DEVICE_MAP_VAR: &str = "CRIU_CUDA_MIGRATE_DEVICE_MAP";
+/// Environment variable with the GPUs a restore may use (named in error messages).
+pub const USABLE_GPUS_VAR: &str = "CRIU_CUDA_MIGRATE_USABLE_GPUS";
+
+/// Why a device map cannot be built, and what to change.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum MapError {
+    #[error("device map entry `{item}` is not OLD=NEW ({reason}); write {DEVICE_MAP_VAR} as GPU-<uuid>=GPU-<uuid>[,...] with UUIDs from `nvidia-smi -L`")]
+    BadPair { item: String, reason: String },
+    #[error("usable GPU entry `{item}` is neither a GPU UUID nor an NVML index of this node ({reason}); set {USABLE_GPUS_VAR} to UUIDs or indices from `nvidia-smi -L`, comma-separated; this node has: {node}")]
+    BadUsable { item: String, reason: String, node: String },
+    #[error("{USABLE_GPUS_VAR} lists no GPU; unset it to let the restore use every GPU of this node, or list UUIDs or NVML indices")]
+    EmptyUsable,
+    #[error("usable GPU {uuid} is not on this node; this node has: {node}; fix {USABLE_GPUS_VAR}")]
+    UsableNotOnNode { uuid: GpuUuid, node: String },
+    #[error("the identity image lists GPU {uuid} twice among the enumerated GPUs; the image is inconsistent: re-dump the process")]
+    DuplicateEnumerated { uuid: GpuUuid },
+    #[error("the identity image lists used GPU {uuid} which is not among the enumerated GPUs; the image is inconsistent: re-dump the process")]
+    UsedNotEnumerated { uuid: GpuUuid },
+    #[error("the identity image has no record (chip, memory) of used GPU {uuid}; the image is inconsistent: re-dump the process, or pair it explicitly with {DEVICE_MAP_VAR}")]
+    UsedGpuUnknown { uuid: GpuUuid },
+    #[error("this node lists GPU {uuid} twice; the driver or NVML reported an inconsistent GPU list: check `nvidia-smi -L`")]
+    DuplicateNodeGpu { uuid: GpuUuid },
+    #[error("the process enumerated {needed} GPUs at dump but this node has only {have} ({node}); the driver needs a pair for every enumerated GPU: restore on a node with at least {needed} GPUs")]
+    TooFewGpus { needed: usize, have: usize, node: String },
+    #[error("{DEVICE_MAP_VAR} names {old}, which the process did not enumerate at dump; its GPUs were: {enumerated}; fix the OLD side of the map")]
+    ExplicitUnknownOld { old: GpuUuid, enumerated: String },
+    #[error("{DEVICE_MAP_VAR} maps to {new}, which is not on this node; this node has: {node}; fix the NEW side of the map")]
+    ExplicitUnknownNew { new: GpuUuid, node: String },
+    #[error("{DEVICE_MAP_VAR} pairs {old} more than once; give each dump GPU one target")]
+    ExplicitDuplicateOld { old: GpuUuid },
+    #[error("{DEVICE_MAP_VAR} maps both {first_old} and {second_old} onto {new}; each target GPU can take only one dump GPU")]
+    ExplicitDuplicateNew { new: GpuUuid, first_old: GpuUuid, second_old: GpuUuid },
+    #[error("{DEVICE_MAP_VAR} maps used dump GPU {old} onto {new}, a different chip; the driver restores only onto the same chip: pick a GPU of the same model")]
+    ExplicitWrongChip { old: String, new: String },
+    #[error("{DEVICE_MAP_VAR} maps used dump GPU {old} onto {new}, which has less memory; pick a GPU with at least as much memory")]
+    ExplicitTooLittleMemory { old: String, new: String },
+    #[error("{DEVICE_MAP_VAR} maps used dump GPU {old} onto {new}, which {USABLE_GPUS_VAR} excludes; add it to {USABLE_GPUS_VAR} or change the map")]
+    ExplicitNotUsable { old: GpuUuid, new: GpuUuid },
+    #[error("dump GPU {old} has no usable GPU of the same chip with enough memory on this node; usable: {usable}; set {USABLE_GPUS_VAR} or {DEVICE_MAP_VAR}")]
+    NoSuitableGpu { old: String, usable: String },
+    #[error("dump GPU {old} has no free usable GPU of the same chip with enough memory left: the process uses {used_count} GPUs and the suitable ones are taken; usable: {usable}; free more GPUs with {USABLE_GPUS_VAR} or pair them with {DEVICE_MAP_VAR}")]
+    NotEnoughSuitable { old: String, used_count: usize, usable: String },
+}
+
+/// Why a pair was chosen.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum PairReason {
+    /// Named in the explicit map.
+    Explicit,
+    /// The same GPU as at dump.
+    Identity,
+    /// Another GPU at the same PCI location (typically an identical node).
+    SameLocation,
+    /// The next free suitable GPU, keeping the process's ordinal order.
+    OrdinalOrder,
+    /// A placeholder for a GPU the process enumerated but does not use.
+    Filler,
+}
+
+impl fmt::Display for PairReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            PairReason::Explicit => "explicit map",
+            PairReason::Identity => "same GPU",
+            PairReason::SameLocation => "same PCI location",
+            PairReason::OrdinalOrder => "ordinal order",
+            PairReason::Filler => "placeholder (not used)",
+        })
+    }
+}
+
+/// One `old -> new` pair.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct MapPair {
+    pub old: GpuUuid,
+    pub new: GpuUuid,
+    /// The process uses the old GPU (not only enumerated it).
+    pub used: bool,
+    pub reason: PairReason,
+}
+
+/// The restore's device map: one pair per enumerated GPU of the image, in that order.
+#[derive(Debug, Clone, PartialEq, Eq, Default, serde::Serialize, serde::Deserialize)]
+pub struct DeviceMap {
+    pub pairs: Vec<MapPair>,
+}
+
+impl DeviceMap {
+    /// Every GPU stays where it was.
+    pub fn is_identity(&self) -> bool {
+        self.pairs.iter().all(|p| p.old == p.new)
+    }
+
+    /// The GPU that takes the place of `old`.
+    pub fn new_for(&self, old: &GpuUuid) -> Option<GpuUuid> {
+        self.pairs.iter().find(|p| p.old == *old).map(|p| p.new)
+    }
+
+    /// The pairs whose GPU changes.
+    pub fn changed(&self) -> Vec<(GpuUuid, GpuUuid)> {
+        self.pairs.iter().filter(|p| p.old != p.new).map(|p| (p.old, p.new)).collect()
+    }
+
+    /// Every pair, as the driver's restore call takes them.
+    pub fn driver_pairs(&self) -> Vec<(GpuUuid, GpuUuid)> {
+        self.pairs.iter().map(|p| (p.old, p.new)).collect()
+    }
+
+    /// A table for logs and the restore report: old GPU and bus, new GPU and bus, used, reason.
+    pub fn render_table(&self, image: &IdentityImage, node_gpus: &[GpuIdentity]) -> String {
+        let bus = |g: Option<&GpuIdentity>| g.map_or_else(|| "?".to_string(), |g| g.pci.to_string());
+        let rows: Vec<Vec<String>> = self
+            .pairs
+            .iter()
+            .map(|p| {
+                vec![
+                    p.old.to_string(),
+                    bus(image.gpu(&p.old)),
+                    "->".to_string(),
+                    p.new.to_string(),
+                    bus(node_gpus.iter().find(|g| g.uuid == p.new)),
+                    if p.used { "yes" } else { "no" }.to_string(),
+                    p.reason.to_string(),
+                ]
+            })
+            .collect();
+        table::render(&["dump GPU", "dump PCI", "", "restore GPU", "restore PCI", "used", "reason"], &rows)
+    }
+}
+
+/// Everything [`plan`] decides from.
+#[derive(Debug, Clone, Copy)]
+pub struct MapRequest<'a> {
+    pub image: &'a IdentityImage,
+    /// The GPUs of the restore node, in NVML index order.
+    pub node_gpus: &'a [GpuIdentity],
+    /// GPUs the restore may put used GPUs on; `None`: all of `node_gpus`.
+    pub usable: Option<&'a [GpuUuid]>,
+    /// Explicit pairs, taken first.
+    pub explicit: &'a [(GpuUuid, GpuUuid)],
+}
+
+/// Parses `OLD=NEW[,OLD=NEW...]` (UUIDs; whitespace around items and `=` is ignored, as are
+/// empty items such as a trailing comma). Duplicates are reported by [`plan`].
+pub fn parse_pairs(text: &str) -> Result<Vec<(GpuUuid, GpuUuid)>, MapError> {
+    let mut pairs = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let bad = |reason: String| MapError::BadPair { item: item.to_string(), reason };
+        let (old, new) = item.split_once('=').ok_or_else(|| bad("no `=`".into()))?;
+        let old: GpuUuid = old.trim().parse().map_err(|e| bad(format!("{e}")))?;
+        let new: GpuUuid = new.trim().parse().map_err(|e| bad(format!("{e}")))?;
+        pairs.push((old, new));
+    }
+    Ok(pairs)
+}
+
+/// Parses the usable GPU list: UUIDs or NVML indices of this node, comma-separated, or `all`.
+/// Duplicates are dropped (first occurrence wins), so the order given is kept.
+pub fn parse_usable(text: &str, node_gpus: &[GpuIdentity]) -> Result<Vec<GpuUuid>, MapError> {
+    if text.trim().eq_ignore_ascii_case("all") {
+        return Ok(node_gpus.iter().map(|g| g.uuid).collect());
+    }
+    let mut out: Vec<GpuUuid> = Vec::new();
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let bad = |reason: String| MapError::BadUsable {
+            item: item.to_string(),
+            reason,
+            node: list_node(node_gpus),
+        };
+        let uuid = if item.starts_with("GPU-") {
+            let uuid: GpuUuid = item.parse().map_err(|e| bad(format!("{e}")))?;
+            if !node_gpus.iter().any(|g| g.uuid == uuid) {
+                return Err(MapError::UsableNotOnNode { uuid, node: list_node(node_gpus) });
+            }
+            uuid
+        } else {
+            let index: usize = item.parse().map_err(|_| bad("not a UUID or a decimal index".into()))?;
+            node_gpus
+                .get(index)
+                .map(|g| g.uuid)
+                .ok_or_else(|| bad(format!("index {index} is beyond this node's {} GPUs", node_gpus.len())))?
+        };
+        if !out.contains(&uuid) {
+            out.push(uuid);
+        }
+    }
+    if out.is_empty() {
+        return Err(MapError::EmptyUsable);
+    }
+    Ok(out)
+}
+
+fn list_node(node_gpus: &[GpuIdentity]) -> String {
+    if node_gpus.is_empty() {
+        return "no GPUs".into();
+    }
+    node_gpus
+        .iter()
+        .enumerate()
+        .map(|(i, g)| format!("[{i}] {}", g.describe()))
+        .collect::<Vec<_>>()
+        .join("; ")
+}
+
+fn list_uuids(uuids: &[GpuUuid]) -> String {
+    if uuids.is_empty() {
+        return "none".into();
+    }
+    uuids.iter().map(ToString::to_string).collect::<Vec<_>>().join(", ")
+}
+
+fn describe_old(image: &IdentityImage, old: &GpuUuid) -> String {
+    image.gpu(old).map_or_else(|| old.to_string(), GpuIdentity::describe)
+}
+
+/// Fits `old` (a used GPU): same chip, at least as much memory, usable.
+fn suits(old: &GpuIdentity, new: &GpuIdentity, usable: &HashSet<GpuUuid>) -> bool {
+    usable.contains(&new.uuid) && new.same_chip(old) && new.memory_total >= old.memory_total
+}
+
+/// Assignment state: enumerated index -> node index, and back.
+struct Assignment {
+    of_old: Vec<Option<usize>>,
+    of_new: Vec<Option<usize>>,
+}
+
+impl Assignment {
+    fn take(&mut self, old: usize, new: usize) {
+        self.of_old[old] = Some(new);
+        self.of_new[new] = Some(old);
+    }
+    fn is_free(&self, new: usize) -> bool {
+        self.of_new[new].is_none()
+    }
+}
+
+/// Plans the device map. See the module documentation for the rules.
+pub fn plan(req: &MapRequest) -> Result<DeviceMap, MapError> {
+    let image = req.image;
+    let node = req.node_gpus;
+    let enumerated = &image.enumerated;
+
+    // The inputs must be sets before a one-to-one assignment means anything.
+    let mut seen = HashSet::new();
+    for u in enumerated {
+        if !seen.insert(*u) {
+            return Err(MapError::DuplicateEnumerated { uuid: *u });
+        }
+    }
+    let mut seen_node = HashSet::new();
+    for g in node {
+        if !seen_node.insert(g.uuid) {
+            return Err(MapError::DuplicateNodeGpu { uuid: g.uuid });
+        }
+    }
+    for u in &image.used {
+        if !seen.contains(u) {
+            return Err(MapError::UsedNotEnumerated { uuid: *u });
+        }
+    }
+    if node.len() < enumerated.len() {
+        return Err(MapError::TooFewGpus { needed: enumerated.len(), have: node.len(), node: list_node(node) });
+    }
+    let usable: HashSet<GpuUuid> = match req.usable {
+        None => node.iter().map(|g| g.uuid).collect(),
+        Some(list) => {
+            for u in list {
+                if !seen_node.contains(u) {
+                    return Err(MapError::UsableNotOnNode { uuid: *u, node: list_node(node) });
+                }
+            }
+            list.iter().copied().collect()
+        }
+    };
+    let usable_text = || {
+        let list: Vec<String> = node.iter().filter(|g| usable.contains(&g.uuid)).map(GpuIdentity::describe).collect();
+        if list.is_empty() {
+            "none".to_string()
+        } else {
+            list.join("; ")
+        }
+    };
+    let old_index = |u: &GpuUuid| enumerated.iter().position(|e| e == u);
+    let node_index = |u: &GpuUuid| node.iter().position(|g| g.uuid == *u);
+    let is_used = |u: &GpuUuid| image.used.contains(u);
+
+    let mut asg = Assignment { of_old: vec![None; enumerated.len()], of_new: vec![None; node.len()] };
+    let mut reasons: Vec<Option<PairReason>> = vec![None; enumerated.len()];
+
+    // 1. Explicit pairs.
+    for (old, new) in req.explicit {
+        let oi = old_index(old)
+            .ok_or_else(|| MapError::ExplicitUnknownOld { old: *old, enumerated: list_uuids(enumerated) })?;
+        let ni = node_index(new).ok_or_else(|| MapError::ExplicitUnknownNew { new: *new, node: list_node(node) })?;
+        if asg.of_old[oi].is_some() {
+            return Err(MapError::ExplicitDuplicateOld { old: *old });
+        }
+        if let Some(first) = asg.of_new[ni] {
+            return Err(MapError::ExplicitDuplicateNew { new: *new, first_old: enumerated[first], second_old: *old });
+        }
+        if is_used(old) {
+            // An unknown old identity cannot be checked; the operator named the pair, so it stands.
+            if let Some(old_gpu) = image.gpu(old) {
+                let new_gpu = &node[ni];
+                if !new_gpu.same_chip(old_gpu) {
+                    return Err(MapError::ExplicitWrongChip { old: old_gpu.describe(), new: new_gpu.describe() });
+                }
+                if new_gpu.memory_total < old_gpu.memory_total {
+                    return Err(MapError::ExplicitTooLittleMemory {
+                        old: old_gpu.describe(),
+                        new: new_gpu.describe(),
+                    });
+                }
+            }
+            if !usable.contains(new) {
+                return Err(MapError::ExplicitNotUsable { old: *old, new: *new });
+            }
+        }
+        asg.take(oi, ni);
+        reasons[oi] = Some(PairReason::Explicit);
+    }
+
+    // 2. Used GPUs, in ordinal order. `candidates[k]` lists the node GPUs that suit used GPU k,
+    // in NVML index order (which keeps the process's ordinal order among them).
+    let mut auto_used: Vec<usize> = Vec::new();
+    let mut candidates: Vec<Vec<usize>> = Vec::new();
+    for u in &image.used {
+        let Some(oi) = old_index(u) else { continue };
+        if asg.of_old[oi].is_some() {
+            continue;
+        }
+        let old_gpu = image.gpu(u).ok_or(MapError::UsedGpuUnknown { uuid: *u })?;
+        auto_used.push(oi);
+        candidates.push((0..node.len()).filter(|&ni| suits(old_gpu, &node[ni], &usable)).collect());
+    }
+    // 2a. The same GPU, where it is here, usable and free (before anyone else may take it).
+    for (k, &oi) in auto_used.iter().enumerate() {
+        if let Some(&ni) = candidates[k].iter().find(|&&ni| node[ni].uuid == enumerated[oi]) {
+            if asg.is_free(ni) {
+                asg.take(oi, ni);
+            }
+        }
+    }
+    // 2b. The same PCI location.
+    for (k, &oi) in auto_used.iter().enumerate() {
+        if asg.of_old[oi].is_some() {
+            continue;
+        }
+        let pci = image.gpu(&enumerated[oi]).map(|g| g.pci);
+        if let Some(&ni) = candidates[k].iter().find(|&&ni| Some(node[ni].pci) == pci && asg.is_free(ni)) {
+            asg.take(oi, ni);
+        }
+    }
+    // 2c. The rest in ordinal order: the first free candidate, else an augmenting path that moves
+    // an earlier automatic choice to another suitable GPU (so a feasible assignment is always found).
+    for k in 0..auto_used.len() {
+        let oi = auto_used[k];
+        if asg.of_old[oi].is_some() {
+            continue;
+        }
+        if let Some(&ni) = candidates[k].iter().find(|&&ni| asg.is_free(ni)) {
+            asg.take(oi, ni);
+            continue;
+        }
+        let mut visited = vec![false; node.len()];
+        if !augment(k, &auto_used, &candidates, &mut asg, &mut visited) {
+            let old = describe_old(image, &enumerated[oi]);
+            return Err(if candidates[k].is_empty() {
+                MapError::NoSuitableGpu { old, usable: usable_text() }
+            } else {
+                MapError::NotEnoughSuitable { old, used_count: image.used.len(), usable: usable_text() }
+            });
+        }
+    }
+    for &oi in &auto_used {
+        if let Some(ni) = asg.of_old[oi] {
+            let same_pci = image.gpu(&enumerated[oi]).is_some_and(|g| g.pci == node[ni].pci);
+            reasons[oi] = Some(if node[ni].uuid == enumerated[oi] {
+                PairReason::Identity
+            } else if same_pci {
+                PairReason::SameLocation
+            } else {
+                PairReason::OrdinalOrder
+            });
+        }
+    }
+
+    // 3. Enumerated but unused GPUs: placeholders, in enumerated order.
+    for oi in 0..enumerated.len() {
+        if asg.of_old[oi].is_some() {
+            continue;
+        }
+        let old_gpu = image.gpu(&enumerated[oi]);
+        let free = |ni: &usize| asg.is_free(*ni);
+        let same_chip = |ni: &usize| old_gpu.is_some_and(|g| node[*ni].same_chip(g));
+        let same_pci = |ni: &usize| old_gpu.is_some_and(|g| node[*ni].pci == g.pci);
+        let choice = node_index(&enumerated[oi])
+            .filter(free)
+            .or_else(|| (0..node.len()).find(|ni| free(ni) && same_chip(ni) && same_pci(ni)))
+            .or_else(|| (0..node.len()).find(|ni| free(ni) && same_chip(ni)))
+            .or_else(|| (0..node.len()).find(free));
+        // There are at least as many node GPUs as enumerated ones and each assignment takes one,
+        // so a free one is always left; the error keeps this path panic-free all the same.
+        let ni = choice.ok_or_else(|| MapError::TooFewGpus {
+            needed: enumerated.len(),
+            have: node.len(),
+            node: list_node(node),
+        })?;
+        asg.take(oi, ni);
+        reasons[oi] = Some(if node[ni].uuid == enumerated[oi] { PairReason::Identity } else { PairReason::Filler });
+    }
+
+    let mut pairs = Vec::with_capacity(enumerated.len());
+    for (oi, old) in enumerated.iter().enumerate() {
+        let (Some(ni), Some(reason)) = (asg.of_old[oi], reasons[oi]) else {
+            // Unreachable by construction (step 3 assigns every remaining GPU).
+            return Err(MapError::TooFewGpus { needed: enumerated.len(), have: node.len(), node: list_node(node) });
+        };
+        pairs.push(MapPair { old: *old, new: node[ni].uuid, used: is_used(old), reason });
+    }
+    Ok(DeviceMap { pairs })
+}
+
+/// Kuhn's augmenting path from automatic used GPU `k`: takes a free candidate, or one held by
+/// another automatic used GPU that can move elsewhere. Explicit pairs are never moved.
+fn augment(
+    k: usize,
+    auto_used: &[usize],
+    candidates: &[Vec<usize>],
+    asg: &mut Assignment,
+    visited: &mut [bool],
+) -> bool {
+    for &ni in &candidates[k] {
+        if visited[ni] {
+            continue;
+        }
+        visited[ni] = true;
+        let movable = match asg.of_new[ni] {
+            None => true,
+            Some(holder) => match auto_used.iter().position(|&o| o == holder) {
+                Some(hk) => augment(hk, auto_used, candidates, asg, visited),
+                None => false,
+            },
+        };
+        if movable {
+            asg.take(auto_used[k], ni);
+            return true;
+        }
+    }
+    false
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::PciAddress;
+    use crate::image::tests::{h200, sample, uuid};
+    use proptest::prelude::*;
+
+    fn image(node: Vec<GpuIdentity>, enumerated: Vec<GpuUuid>, used: Vec<GpuUuid>) -> IdentityImage {
+        IdentityImage { node_gpus: node, enumerated, used, sites: vec![], ..sample() }
+    }
+
+    fn foreign(n: u8, bus: u32) -> GpuIdentity {
+        let mut g = h200(n, bus);
+        g.uuid.0[0] = 0xb0;
+        g
+    }
+
+    fn a100(n: u8, bus: u32) -> GpuIdentity {
+        GpuIdentity {
+            pci_device_id: 0x20b2_10de,
+            name: "NVIDIA A100-SXM4-80GB".into(),
+            memory_total: 80 << 30,
+            ..h200(n, bus)
+        }
+    }
+
+    fn pairs(map: &DeviceMap) -> Vec<(GpuUuid, GpuUuid, PairReason)> {
+        map.pairs.iter().map(|p| (p.old, p.new, p.reason)).collect()
+    }
+
+    fn two() -> Vec<GpuIdentity> {
+        vec![h200(0, 6), h200(1, 7)]
+    }
+
+    #[test]
+    fn identity_on_the_same_node() {
+        let node = two();
+        let img = image(node.clone(), vec![uuid(0), uuid(1)], vec![uuid(0)]);
+        let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &[] }).unwrap();
+        assert!(map.is_identity());
+        assert!(map.changed().is_empty());
+        assert_eq!(map.pairs[0].reason, PairReason::Identity);
+        assert!(map.pairs[0].used && !map.pairs[1].used);
+    }
+
+    #[test]
+    fn usable_subset_forces_a_swap_on_one_machine() {
+        let node = two();
+        let img = image(node.clone(), vec![uuid(0), uuid(1)], vec![uuid(0)]);
+        let usable = [uuid(1)];
+        let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: Some(&usable), explicit: &[] }).unwrap();
+        assert_eq!(
+            pairs(&map),
+            vec![(uuid(0), uuid(1), PairReason::OrdinalOrder), (uuid(1), uuid(0), PairReason::Filler)]
+        );
+        assert_eq!(map.changed().len(), 2);
+        assert_eq!(map.new_for(&uuid(0)), Some(uuid(1)));
+        assert_eq!(map.new_for(&uuid(7)), None);
+        assert_eq!(map.driver_pairs().len(), 2);
+    }
+
+    #[test]
+    fn explicit_swap() {
+        let node = two();
+        let img = image(node.clone(), vec![uuid(0), uuid(1)], vec![uuid(0), uuid(1)]);
+        let explicit = parse_pairs(&format!(" {}={} , {} = {} ,", uuid(0), uuid(1), uuid(1), uuid(0))).unwrap();
+        let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &explicit }).unwrap();
+        assert_eq!(
+            pairs(&map),
+            vec![(uuid(0), uuid(1), PairReason::Explicit), (uuid(1), uuid(0), PairReason::Explicit)]
+        );
+        let table = map.render_table(&img, &node);
+        assert!(table.contains("0000:00:06.0") && table.contains("explicit map"), "{table}");
+        assert_eq!(table.lines().count(), 3);
+    }
+
+    #[test]
+    fn partial_explicit_is_completed_over_the_enumerated_set() {
+        let node = vec![h200(0, 6), h200(1, 7), h200(2, 8)];
+        let img = image(node.clone(), vec![uuid(0), uuid(1), uuid(2)], vec![uuid(0)]);
+        let explicit = [(uuid(0), uuid(2))];
+        let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &explicit }).unwrap();
+        assert_eq!(
+            pairs(&map),
+            vec![
+                (uuid(0), uuid(2), PairReason::Explicit),
+                (uuid(1), uuid(1), PairReason::Identity),
+                (uuid(2), uuid(0), PairReason::Filler)
+            ]
+        );
+    }
+
+    #[test]
+    fn three_cycle_by_usable_order() {
+        // Used GPUs 0 and 1 must leave (only 1 and 2 usable): 1 stays, 0 takes 2, 2 fills 0.
+        let node = vec![h200(0, 6), h200(1, 7), h200(2, 8)];
+        let img = image(node.clone(), vec![uuid(0), uuid(1), uuid(2)], vec![uuid(0), uuid(1)]);
+        let usable = [uuid(1), uuid(2)];
+        let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: Some(&usable), explicit: &[] }).unwrap();
+        assert_eq!(
+            pairs(&map),
+            vec![
+                (uuid(0), uuid(2), PairReason::OrdinalOrder),
+                (uuid(1), uuid(1), PairReason::Identity),
+                (uuid(2), uuid(0), PairReason::Filler)
+            ]
+        );
+    }
+
+    #[test]
+    fn cross_machine_prefers_same_location_then_ordinal_order() {
+        let old = vec![h200(0, 6), h200(1, 7)];
+        let node = vec![foreign(0, 6), foreign(1, 7)];
+        let img = image(old, vec![uuid(0), uuid(1)], vec![uuid(1), uuid(0)]);
+        let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &[] }).unwrap();
+        assert_eq!(
+            pairs(&map),
+            vec![
+                (uuid(0), node[0].uuid, PairReason::SameLocation),
+                (uuid(1), node[1].uuid, PairReason::SameLocation)
+            ]
+        );
+
+        // Different slots: ordinal order (used order 1, 0) onto NVML order.
+        let node = vec![foreign(0, 0x10), foreign(1, 0x11)];
+        let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &[] }).unwrap();
+        assert_eq!(
+            pairs(&map),
+            vec![
+                (uuid(0), node[1].uuid, PairReason::OrdinalOrder),
+                (uuid(1), node[0].uuid, PairReason::OrdinalOrder)
+            ]
+        );
+    }
+
+    #[test]
+    fn hidden_gpus_get_placeholders_of_any_chip() {
+        // Process used GPU 0 and enumerated GPU 1 (hidden by CUDA_VISIBLE_DEVICES); the target
+        // node has one H200 and one A100: the A100 is a fine placeholder.
+        let old = vec![h200(0, 6), h200(1, 7)];
+        let mut other_chip = a100(1, 7);
+        other_chip.uuid = foreign(1, 7).uuid;
+        let node = vec![foreign(0, 6), other_chip];
+        let img = image(old, vec![uuid(0), uuid(1)], vec![uuid(0)]);
+        let usable = [node[0].uuid];
+        let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: Some(&usable), explicit: &[] }).unwrap();
+        assert_eq!(
+            pairs(&map),
+            vec![(uuid(0), node[0].uuid, PairReason::SameLocation), (uuid(1), node[1].uuid, PairReason::Filler)]
+        );
+    }
+
+    #[test]
+    fn augmenting_finds_an_assignment_greedy_would_miss() {
+        // Used: a small H200 first (fits both), then a big one (fits only the big target).
+        let mut small = h200(0, 6);
+        small.memory_total = 80 << 30;
+        let old = vec![small, h200(1, 7)];
+        let mut small_new = foreign(0, 0x10);
+        small_new.memory_total = 80 << 30;
+        let big_new = foreign(1, 0x11);
+        // NVML order puts the big one first so greedy would give it to the small GPU.
+        let node = vec![big_new.clone(), small_new.clone()];
+        let img = image(old, vec![uuid(0), uuid(1)], vec![uuid(0), uuid(1)]);
+        let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &[] }).unwrap();
+        assert_eq!(map.new_for(&uuid(0)), Some(small_new.uuid));
+        assert_eq!(map.new_for(&uuid(1)), Some(big_new.uuid));
+    }
+
+    #[test]
+    fn errors() {
+        let node = two();
+        let img = image(node.clone(), vec![uuid(0), uuid(1)], vec![uuid(0)]);
+        let run = |usable: Option<&[GpuUuid]>, explicit: &[(GpuUuid, GpuUuid)], node: &[GpuIdentity]| {
+            plan(&MapRequest { image: &img, node_gpus: node, usable, explicit })
+        };
+
+        // Duplicates in the explicit map.
+        let dup_old = [(uuid(0), uuid(0)), (uuid(0), uuid(1))];
+        assert!(matches!(run(None, &dup_old, &node), Err(MapError::ExplicitDuplicateOld { .. })));
+        let dup_new = [(uuid(0), uuid(1)), (uuid(1), uuid(1))];
+        assert!(matches!(run(None, &dup_new, &node), Err(MapError::ExplicitDuplicateNew { .. })));
+        // Unknown GPUs in the explicit map.
+        let unknown_old = [(uuid(9), uuid(1))];
+        assert!(matches!(run(None, &unknown_old, &node), Err(MapError::ExplicitUnknownOld { .. })));
+        let unknown_new = [(uuid(0), uuid(9))];
+        assert!(matches!(run(None, &unknown_new, &node), Err(MapError::ExplicitUnknownNew { .. })));
+        // Explicit target excluded by usable.
+        let to_one = [(uuid(0), uuid(1))];
+        let usable = [uuid(0)];
+        assert!(matches!(run(Some(&usable), &to_one, &node), Err(MapError::ExplicitNotUsable { .. })));
+        // Usable naming a GPU not here.
+        let usable = [uuid(9)];
+        assert!(matches!(run(Some(&usable), &[], &node), Err(MapError::UsableNotOnNode { .. })));
+
+        // Wrong chip, explicit and automatic.
+        let mixed = vec![a100(0, 6), a100(1, 7)];
+        let explicit = [(uuid(0), uuid(0))];
+        let err = run(None, &explicit, &mixed).unwrap_err();
+        assert!(matches!(err, MapError::ExplicitWrongChip { .. }), "{err}");
+        let err = run(None, &[], &mixed).unwrap_err();
+        assert!(matches!(err, MapError::NoSuitableGpu { .. }), "{err}");
+        let text = err.to_string();
+        assert!(text.contains("NVIDIA H200, 0000:00:06.0, 140 GiB"), "{text}");
+        assert!(text.contains(USABLE_GPUS_VAR) && text.contains(DEVICE_MAP_VAR), "{text}");
+
+        // Too little memory.
+        let mut small = two();
+        for g in &mut small {
+            g.memory_total = 80 << 30;
+        }
+        assert!(matches!(run(None, &explicit, &small), Err(MapError::ExplicitTooLittleMemory { .. })));
+        assert!(matches!(run(None, &[], &small), Err(MapError::NoSuitableGpu { .. })));
+
+        // Fewer node GPUs than enumerated.
+        let err = run(None, &[], &node[..1]).unwrap_err();
+        assert!(matches!(err, MapError::TooFewGpus { needed: 2, have: 1, .. }), "{err}");
+    }
+
+    #[test]
+    fn not_enough_suitable_gpus() {
+        let node = two();
+        let img = image(node.clone(), vec![uuid(0), uuid(1)], vec![uuid(0), uuid(1)]);
+        let usable = [uuid(1)];
+        let err = plan(&MapRequest { image: &img, node_gpus: &node, usable: Some(&usable), explicit: &[] }).unwrap_err();
+        assert!(matches!(err, MapError::NotEnoughSuitable { .. }), "{err}");
+    }
+
+    #[test]
+    fn inconsistent_images() {
+        let node = two();
+        let img = image(node.clone(), vec![uuid(0), uuid(0)], vec![]);
+        let r = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &[] });
+        assert!(matches!(r, Err(MapError::DuplicateEnumerated { .. })));
+        let img = image(node.clone(), vec![uuid(0)], vec![uuid(1)]);
+        let r = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &[] });
+        assert!(matches!(r, Err(MapError::UsedNotEnumerated { .. })));
+        let img = image(vec![], vec![uuid(0)], vec![uuid(0)]);
+        let r = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &[] });
+        assert!(matches!(r, Err(MapError::UsedGpuUnknown { .. })));
+    }
+
+    #[test]
+    fn parsing() {
+        let node = vec![h200(0, 6), h200(1, 7), h200(2, 8)];
+        assert_eq!(parse_pairs("").unwrap(), vec![]);
+        assert!(matches!(parse_pairs("GPU-1=GPU-2"), Err(MapError::BadPair { .. })));
+        assert!(matches!(parse_pairs(&uuid(0).to_string()), Err(MapError::BadPair { .. })));
+        assert_eq!(
+            parse_usable(&format!("2, {} ,0,2", uuid(1)), &node).unwrap(),
+            vec![uuid(2), uuid(1), uuid(0)]
+        );
+        assert_eq!(parse_usable(" all ", &node).unwrap().len(), 3);
+        assert!(matches!(parse_usable("3", &node), Err(MapError::BadUsable { .. })));
+        assert!(matches!(parse_usable("x", &node), Err(MapError::BadUsable { .. })));
+        assert!(matches!(parse_usable(" , ", &node), Err(MapError::EmptyUsable)));
+        let other = foreign(0, 6).uuid.to_string();
+        assert!(matches!(parse_usable(&other, &node), Err(MapError::UsableNotOnNode { .. })));
+    }
+
+    /// A small world: dump GPUs and node GPUs drawn from two chips and two memory sizes, some
+    /// shared between dump and node (same machine), some foreign.
+    fn arb_world() -> impl Strategy<Value = (IdentityImage, Vec<GpuIdentity>, Option<Vec<GpuUuid>>, Vec<(GpuUuid, GpuUuid)>)>
+    {
+        let gpu = |id: u8| {
+            (any::<bool>(), any::<bool>(), 0u32..4).prop_map(move |(chip, big, bus)| GpuIdentity {
+                uuid: uuid(id),
+                pci: PciAddress { domain: 0, bus: 0, device: bus, function: 0 },
+                pci_device_id: if chip { 0x2335_10de } else { 0x20b2_10de },
+                pci_subsystem_id: 0,
+                minor: u32::from(id),
+                name: "gpu".into(),
+                memory_total: if big { 141 << 30 } else { 80 << 30 },
+            })
+        };
+        let pool: Vec<_> = (0u8..8).map(gpu).collect();
+        (
+            pool,
+            prop::sample::subsequence((0u8..8).collect::<Vec<_>>(), 0..=5),
+            prop::sample::subsequence((0u8..8).collect::<Vec<_>>(), 0..=6),
+            any::<prop::sample::Index>(),
+            any::<bool>(),
+            prop::collection::vec((0u8..8, 0u8..8), 0..3),
+        )
+            .prop_map(|(pool, dump_ids, node_ids, used_cut, restrict, explicit)| {
+                let dump: Vec<GpuIdentity> = dump_ids.iter().map(|&i| pool[usize::from(i)].clone()).collect();
+                let node: Vec<GpuIdentity> = node_ids.iter().map(|&i| pool[usize::from(i)].clone()).collect();
+                let enumerated: Vec<GpuUuid> = dump.iter().map(|g| g.uuid).collect();
+                let cut = if enumerated.is_empty() { 0 } else { used_cut.index(enumerated.len() + 1) };
+                let used = enumerated[..cut].to_vec();
+                let usable = restrict.then(|| node.iter().step_by(2).map(|g| g.uuid).collect());
+                let explicit = explicit.into_iter().map(|(a, b)| (uuid(a), uuid(b))).collect();
+                (image(dump, enumerated, used), node, usable, explicit)
+            })
+    }
+
+    proptest! {
+        #[test]
+        fn prop_ok_maps_are_injective_and_complete((img, node, usable, explicit) in arb_world()) {
+            let req = MapRequest { image: &img, node_gpus: &node, usable: usable.as_deref(), explicit: &explicit };
+            if let Ok(map) = plan(&req) {
+                let olds: Vec<GpuUuid> = map.pairs.iter().map(|p| p.old).collect();
+                prop_assert_eq!(&olds, &img.enumerated);
+                let news: HashSet<GpuUuid> = map.pairs.iter().map(|p| p.new).collect();
+                prop_assert_eq!(news.len(), map.pairs.len());
+                for p in &map.pairs {
+                    let new = node.iter().find(|g| g.uuid == p.new);
+                    prop_assert!(new.is_some());
+                    prop_assert_eq!(p.used, img.used.contains(&p.old));
+                    if p.used {
+                        let (old, new) = (img.gpu(&p.old).unwrap(), new.unwrap());
+                        prop_assert!(new.same_chip(old) && new.memory_total >= old.memory_total);
+                        if let Some(u) = &usable {
+                            prop_assert!(u.contains(&p.new));
+                        }
+                    }
+                }
+                for (old, new) in &explicit {
+                    prop_assert_eq!(map.new_for(old), Some(*new));
+                }
+            }
+        }
+
+        #[test]
+        fn prop_without_constraints_a_feasible_world_is_planned((img, node, _usable, _explicit) in arb_world()) {
+            // Every GPU of the dump is on the node and all are usable: identity must succeed.
+            let mut node = node;
+            for g in &img.node_gpus {
+                if !node.iter().any(|n| n.uuid == g.uuid) {
+                    node.push(g.clone());
+                }
+            }
+            let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &[] }).unwrap();
+            prop_assert!(map.is_identity());
+        }
+    }
+}

@@ -1,1 +1,191 @@
-fn main() {}
+//! `ccm-sample-workload`: a CUDA process that holds known data on chosen GPUs and reports its
+//! own device identity when asked, for criu-cuda-migrate's demo and GPU tests.
+//!
+//! Protocol in `--dir D` (every file opened and closed at once; the process holds no fd into
+//! D, so CRIU can dump it at any time between rounds):
+//! - `D/ready` (its pid) once the data is on the devices;
+//! - for round k = 1..=R: waits for `D/go<k>`, writes `D/report<k>.json`, then `D/done<k>`;
+//! - exits after round R.
+//!
+//! `--report-now` prints one report on stdout and exits (a quick identity check).
+
+mod files;
+mod pattern;
+mod report;
+
+use std::io::Write;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Instant;
+
+use ccm_driver::app::{AppError, CudaApp};
+use clap::Parser;
+
+use crate::report::Held;
+
+#[derive(Debug, Parser)]
+#[command(
+    name = "ccm-sample-workload",
+    version,
+    about = "Sample CUDA workload: holds a known pattern on GPUs and reports its device identity"
+)]
+struct Args {
+    /// Control directory for ready / go<k> / report<k>.json / done<k> (required unless --report-now).
+    #[arg(long)]
+    dir: Option<PathBuf>,
+    /// MiB of device memory to allocate and fill on each listed ordinal (0: none).
+    #[arg(long, default_value_t = 64)]
+    mib: usize,
+    /// CUDA ordinals (of this process's view) that hold data, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "0")]
+    devices: Vec<u32>,
+    /// Number of go/report rounds before exiting.
+    #[arg(long, default_value_t = 1)]
+    rounds: u32,
+    /// Print one report as JSON on stdout and exit.
+    #[arg(long)]
+    report_now: bool,
+}
+
+#[derive(Debug, thiserror::Error)]
+enum WorkloadError {
+    #[error(transparent)]
+    Cuda(#[from] AppError),
+    #[error("{what} {path}: {source}")]
+    Io {
+        what: &'static str,
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("--dir is required unless --report-now is given")]
+    NoDir,
+    #[error("--devices lists ordinal {0} twice; list each ordinal once")]
+    DuplicateOrdinal(u32),
+    #[error("--mib {0} is too large for this host's address space; use a smaller size")]
+    TooLarge(usize),
+    #[error("cannot encode the report: {0}")]
+    Json(#[from] serde_json::Error),
+}
+
+fn main() -> ExitCode {
+    close_inherited_fds();
+    let args = Args::parse();
+    match run(&args) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ccm-sample-workload: error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+/// Closes every fd above stdio that the process inherited.
+///
+/// CRIU must be able to dump this process, and an inherited fd it cannot restore (a file on
+/// another mount, a socket of the launcher) would fail the dump. Runs before anything of ours
+/// opens a file, so only inherited fds are affected.
+fn close_inherited_fds() {
+    // SAFETY: close_range on fds 3.. with no flags only closes descriptors; nothing in this
+    // process uses them yet (this runs first in main). An old kernel without close_range
+    // returns ENOSYS, which is harmless here.
+    unsafe {
+        libc::syscall(
+            libc::SYS_close_range,
+            3 as libc::c_uint,
+            libc::c_uint::MAX,
+            0 as libc::c_uint,
+        );
+    }
+}
+
+fn say(msg: std::fmt::Arguments<'_>) {
+    let mut out = std::io::stdout().lock();
+    // A closed stdout must not kill the workload; the files in --dir are the real protocol.
+    let _ = writeln!(out, "ccm-sample-workload[{}]: {msg}", std::process::id());
+    let _ = out.flush();
+}
+
+fn run(args: &Args) -> Result<(), WorkloadError> {
+    for (i, o) in args.devices.iter().enumerate() {
+        if args.devices[..i].contains(o) {
+            return Err(WorkloadError::DuplicateOrdinal(*o));
+        }
+    }
+    let bytes = args
+        .mib
+        .checked_mul(1 << 20)
+        .ok_or(WorkloadError::TooLarge(args.mib))?;
+    let app = CudaApp::load_and_init()?;
+    let held = if bytes == 0 {
+        Vec::new()
+    } else {
+        allocate_and_fill(&app, &args.devices, bytes)?
+    };
+
+    if args.report_now {
+        let report = report::build(&app, &held, 0);
+        println!("{}", serde_json::to_string_pretty(&report)?);
+        return Ok(());
+    }
+    let dir = args.dir.as_deref().ok_or(WorkloadError::NoDir)?;
+    let io = |what, path: PathBuf| move |source| WorkloadError::Io { what, path, source };
+    let pid = std::process::id();
+    files::write_atomic(dir, "ready", format!("{pid}\n").as_bytes())
+        .map_err(io("cannot write", dir.join("ready")))?;
+    say(format_args!(
+        "ready: {} MiB on ordinals {:?}",
+        args.mib, args.devices
+    ));
+
+    for round in 1..=args.rounds {
+        files::wait_for(dir, &format!("go{round}"));
+        let report = report::build(&app, &held, round);
+        say(format_args!(
+            "round {round}: all_agree={} all_consistent={} all_data_ok={} all_ctx_ok={} ({:.3} s)",
+            report.all_agree,
+            report.all_consistent,
+            report.all_data_ok,
+            report.all_ctx_ok,
+            report.check_seconds
+        ));
+        let name = format!("report{round}.json");
+        let json = serde_json::to_vec_pretty(&report)?;
+        files::write_atomic(dir, &name, &json).map_err(io("cannot write", dir.join(&name)))?;
+        let name = format!("done{round}");
+        files::write_atomic(dir, &name, b"").map_err(io("cannot write", dir.join(&name)))?;
+    }
+    say(format_args!("finished {} rounds", args.rounds));
+    Ok(())
+}
+
+/// Allocates `bytes` on each ordinal's primary context and writes the ordinal's pattern.
+fn allocate_and_fill(
+    app: &CudaApp,
+    ordinals: &[u32],
+    bytes: usize,
+) -> Result<Vec<Held>, WorkloadError> {
+    let mut held = Vec::with_capacity(ordinals.len());
+    for &ordinal in ordinals {
+        let started = Instant::now();
+        let dev = app.device(ordinal)?;
+        let ctx = app.primary_context(dev)?;
+        let buffer = app.alloc(ctx, bytes)?;
+        buffer.fill_u32(0, bytes / 4, pattern::fill_word(ordinal))?;
+        let mut block = 0;
+        while block * pattern::BLOCK_BYTES < bytes {
+            let at = block * pattern::BLOCK_BYTES;
+            let stamp = pattern::stamp_bytes(ordinal, block);
+            let len = stamp.len().min(bytes - at);
+            buffer.write(at, &stamp[..len])?;
+            block += 1;
+        }
+        app.synchronize()?;
+        say(format_args!(
+            "ordinal {ordinal}: {bytes} bytes filled in {:.3} s",
+            started.elapsed().as_secs_f64()
+        ));
+        held.push(Held { ordinal, buffer });
+    }
+    Ok(held)
+}

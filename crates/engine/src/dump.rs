@@ -1,0 +1,357 @@
+//! The dump side: lock (PAUSE_DEVICES), checkpoint every CUDA process of the tree in parallel and
+//! write identity images (first CHECKPOINT_DEVICES), roll back at `exit(DUMP)` when needed.
+
+use std::collections::BTreeMap;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::PathBuf;
+use std::time::{Instant, SystemTime, UNIX_EPOCH};
+
+use ccm_driver::checkpoint::{timed, ProcessState};
+use ccm_identity::image::{IdentityImage, ProcessEnv};
+use ccm_identity::{GpuIdentity, GpuUuid, PciSignature};
+use log::{debug, error, info, warn};
+
+use crate::host::CriuHost;
+use crate::node::Node;
+use crate::{Config, EngineError, HookOutcome, PLUGIN_NAME};
+
+/// One CUDA process this dump touched.
+#[derive(Debug)]
+struct Tracked {
+    pid: i32,
+    restore_tid: i32,
+    initial: ProcessState,
+    locked_by_us: bool,
+    checkpointed_by_us: bool,
+    /// Set once the batch checkpoint ran: `Ok` or the error text.
+    checkpoint_result: Option<Result<(), String>>,
+}
+
+pub struct DumpSession {
+    config: Config,
+    node: Option<Node>,
+    node_failed: bool,
+    tracked: BTreeMap<i32, Tracked>,
+    inventory_added: bool,
+    batch_done: bool,
+}
+
+impl DumpSession {
+    pub fn new(config: Config) -> DumpSession {
+        DumpSession { config, node: None, node_failed: false, tracked: BTreeMap::new(), inventory_added: false, batch_done: false }
+    }
+
+    fn node(&mut self) -> Option<&Node> {
+        if self.node.is_none() && !self.node_failed {
+            match Node::load() {
+                Ok(n) => self.node = Some(n),
+                Err(e) => {
+                    warn!("disabled: {e}");
+                    self.node_failed = true;
+                }
+            }
+        }
+        self.node.as_ref()
+    }
+
+    /// PAUSE_DEVICES: the task still runs. Decide whether it is a CUDA process, remember its
+    /// state and lock it.
+    pub fn pause_devices(&mut self, pid: i32, host: &dyn CriuHost) -> HookOutcome {
+        if pid <= 0 || self.tracked.contains_key(&pid) {
+            return HookOutcome::NotMine;
+        }
+        // Cheap filter first: a process that has not mapped libcuda cannot be a CUDA process, and
+        // this keeps cuInit off every dump of plain processes.
+        match ccm_process::devices::maps_library(pid as u32, "libcuda") {
+            Ok(true) => {}
+            Ok(false) => {
+                debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");
+                return HookOutcome::NotMine;
+            }
+            Err(e) => {
+                debug!("pid {pid}: cannot read its mappings ({e}); leaving it to CRIU (-ENOTSUP)");
+                return HookOutcome::NotMine;
+            }
+        }
+        let timeout_ms = u32::try_from(self.config.lock_timeout.as_millis()).unwrap_or(u32::MAX);
+        let Some(node) = self.node() else { return HookOutcome::NotMine };
+        let api = node.api.clone();
+        let restore_tid = match api.restore_thread_id(pid) {
+            Ok(t) => t,
+            Err(e) => {
+                debug!("pid {pid} maps libcuda but has no CUDA restore thread ({e}); leaving it to CRIU (-ENOTSUP)");
+                return HookOutcome::NotMine;
+            }
+        };
+        let initial = match api.state(pid) {
+            Ok(s) => s,
+            Err(e) => return HookOutcome::Failed(EngineError::Driver { pid, source: e }),
+        };
+        if !self.inventory_added {
+            self.inventory_added = host.add_inventory_plugin(PLUGIN_NAME);
+            debug!("image inventory entry {PLUGIN_NAME}: {}", if self.inventory_added { "added" } else { "not offered by this CRIU" });
+        }
+        let mut t = Tracked { pid, restore_tid, initial, locked_by_us: false, checkpointed_by_us: false, checkpoint_result: None };
+        if initial == ProcessState::Running {
+            let r = timed(|| api.lock(pid, timeout_ms));
+            info!("pid {pid}: cuCheckpointProcessLock (timeout {timeout_ms} ms) {:.3} s", r.elapsed.as_secs_f64());
+            if let Err(e) = r.value {
+                // A lock that timed out may still have taken effect: never leave it LOCKED.
+                if matches!(api.state(pid), Ok(ProcessState::Locked)) {
+                    match api.unlock(pid) {
+                        Ok(()) => warn!("pid {pid}: lock failed, unlocked it again"),
+                        Err(u) => error!("pid {pid} is left LOCKED after a failed lock ({u}); run `criu-cuda-migrate recover --pid {pid}`"),
+                    }
+                }
+                self.tracked.insert(pid, t);
+                return HookOutcome::Failed(EngineError::Driver { pid, source: e });
+            }
+            t.locked_by_us = true;
+        } else {
+            info!("pid {pid} is already {initial}; leaving its CUDA state as found");
+        }
+        info!("pid {pid}: CUDA process, restore thread {restore_tid}, initial state {initial}");
+        self.tracked.insert(pid, t);
+        HookOutcome::Done
+    }
+
+    /// CHECKPOINT_DEVICES: every task is ptrace-stopped. The first call checkpoints all tracked
+    /// processes at once; later calls report the stored result.
+    pub fn checkpoint_devices(&mut self, pid: i32, host: &dyn CriuHost) -> HookOutcome {
+        if !self.tracked.contains_key(&pid) {
+            return HookOutcome::NotMine;
+        }
+        if !self.batch_done {
+            self.batch_done = true;
+            self.checkpoint_all(host);
+        }
+        match self.tracked.get(&pid).and_then(|t| t.checkpoint_result.clone()) {
+            Some(Ok(())) | None => HookOutcome::Done,
+            Some(Err(m)) => HookOutcome::Failed(EngineError::Process { pid, message: m }),
+        }
+    }
+
+    fn checkpoint_all(&mut self, host: &dyn CriuHost) {
+        let t0 = Instant::now();
+        let Some(node) = self.node.as_ref() else { return };
+        let todo: Vec<(i32, i32)> = self
+            .tracked
+            .values()
+            .filter(|t| t.initial != ProcessState::Checkpointed && t.checkpoint_result.is_none())
+            .map(|t| (t.pid, t.restore_tid))
+            .collect();
+        // 1. Identity facts while the processes are stopped and before their device memory is
+        //    copied into host memory (a scan is ~10x cheaper now than after the checkpoint).
+        let facts: BTreeMap<i32, Result<IdentityImage, String>> = std::thread::scope(|s| {
+            let handles: Vec<_> = todo.iter().map(|&(pid, _)| (pid, s.spawn(move || collect_identity(pid, node)))).collect();
+            handles.into_iter().map(|(pid, h)| (pid, h.join().unwrap_or_else(|_| Err("identity collection panicked".into())))).collect()
+        });
+        // 2. Resume each restore thread (ptrace: this thread is CRIU's tracer).
+        let mut running = Vec::new();
+        for &(pid, tid) in &todo {
+            match ccm_process::ptrace::resume_restore_thread(tid as u32) {
+                Ok(r) => running.push((pid, r)),
+                Err(e) => {
+                    if let Some(t) = self.tracked.get_mut(&pid) {
+                        t.checkpoint_result = Some(Err(format!("cannot resume restore thread {tid}: {e}")));
+                    }
+                }
+            }
+        }
+        // 3. Checkpoint in parallel.
+        let api = &node.api;
+        let results: Vec<(i32, Result<std::time::Duration, String>)> = std::thread::scope(|s| {
+            let handles: Vec<_> = running
+                .iter()
+                .map(|(pid, _)| {
+                    let pid = *pid;
+                    (pid, s.spawn(move || {
+                        let r = timed(|| api.checkpoint(pid));
+                        r.value.map(|()| r.elapsed).map_err(|e| e.to_string())
+                    }))
+                })
+                .collect();
+            handles.into_iter().map(|(pid, h)| (pid, h.join().unwrap_or_else(|_| Err("checkpoint thread panicked".into())))).collect()
+        });
+        // 4. Stop the restore threads again, restoring their signal masks and ptrace options.
+        for (pid, r) in running {
+            if let Err(e) = r.stop() {
+                error!("pid {pid}: cannot stop its restore thread again: {e}");
+            }
+        }
+        let dir = host.image_dir_fd().map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")));
+        for (pid, r) in results {
+            let Some(t) = self.tracked.get_mut(&pid) else { continue };
+            match r {
+                Ok(d) => {
+                    t.checkpointed_by_us = true;
+                    info!("pid {pid}: cuCheckpointProcessCheckpoint {:.3} s", d.as_secs_f64());
+                    let res = match (facts.get(&pid), &dir) {
+                        (Some(Ok(img)), Some(dir)) => write_image(dir, img),
+                        (Some(Err(e)), _) => Err(format!("cannot record its GPU identity: {e}")),
+                        (None, _) => Err("no identity collected".into()),
+                        (_, None) => Err("CRIU gave no image directory".into()),
+                    };
+                    t.checkpoint_result = Some(res);
+                }
+                Err(e) => t.checkpoint_result = Some(Err(e)),
+            }
+        }
+        info!("checkpoint of {} CUDA process(es) took {:.3} s (parallel)", todo.len(), t0.elapsed().as_secs_f64());
+    }
+
+    /// `exit(DUMP, ret)`: on failure or with `--leave-running`, put every process back as found.
+    pub fn finish(&mut self, ret: i32) {
+        if self.tracked.is_empty() {
+            return;
+        }
+        if ret == 0 && !self.config.leave_running {
+            info!("dump done; {} CUDA process(es) stay checkpointed for CRIU to end them", self.tracked.len());
+            return;
+        }
+        let why = if ret != 0 { "the dump failed" } else { "--leave-running" };
+        info!("rolling back {} CUDA process(es): {why}", self.tracked.len());
+        let Some(node) = self.node.as_ref() else { return };
+        let api = &node.api;
+        let todo: Vec<&Tracked> = self.tracked.values().filter(|t| t.locked_by_us || t.checkpointed_by_us).collect();
+        // The tasks may still be ptrace-stopped by CRIU; their restore threads must run.
+        let mut running = Vec::new();
+        for t in &todo {
+            if t.checkpointed_by_us {
+                match ccm_process::ptrace::resume_restore_thread(t.restore_tid as u32) {
+                    Ok(r) => running.push(r),
+                    Err(e) => debug!("pid {}: restore thread not resumed ({e}); assuming it is not stopped", t.pid),
+                }
+            }
+        }
+        std::thread::scope(|s| {
+            for t in &todo {
+                s.spawn(move || rollback_one(api, t));
+            }
+        });
+        for r in running {
+            if let Err(e) = r.stop() {
+                warn!("cannot re-stop a restore thread after rollback: {e}");
+            }
+        }
+    }
+}
+
+fn rollback_one(api: &ccm_driver::checkpoint::CheckpointApi, t: &Tracked) {
+    let pid = t.pid;
+    if t.checkpointed_by_us {
+        let r = timed(|| api.restore(pid, &[]));
+        match r.value {
+            Ok(()) => info!("pid {pid}: rolled back: cuCheckpointProcessRestore {:.3} s", r.elapsed.as_secs_f64()),
+            Err(e) => {
+                error!("pid {pid} is left CHECKPOINTED: restore failed ({e}); run `criu-cuda-migrate recover --pid {pid}`");
+                return;
+            }
+        }
+    }
+    if t.locked_by_us {
+        match api.unlock(pid) {
+            Ok(()) => info!("pid {pid}: rolled back: unlocked, RUNNING again"),
+            Err(e) => error!("pid {pid} is left LOCKED: unlock failed ({e}); run `criu-cuda-migrate recover --pid {pid}`"),
+        }
+    }
+}
+
+/// What restore needs to map and check this process's GPUs.
+fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
+    let t0 = Instant::now();
+    let upid = pid as u32;
+    let env_block = ccm_process::environ::read_environ_block(upid).map_err(|e| e.to_string());
+    let env = match &env_block {
+        Ok(b) => ProcessEnv {
+            cuda_visible_devices: ccm_process::environ::env_var(b, "CUDA_VISIBLE_DEVICES"),
+            cuda_device_order: ccm_process::environ::env_var(b, "CUDA_DEVICE_ORDER"),
+            nvidia_visible_devices: ccm_process::environ::env_var(b, "NVIDIA_VISIBLE_DEVICES"),
+        },
+        Err(e) => {
+            warn!("pid {pid}: cannot read its environment ({e}); its ordinal view is not recorded");
+            ProcessEnv::default()
+        }
+    };
+    let minors = ccm_process::devices::nvidia_minors_in_use(upid).map_err(|e| e.to_string())?;
+    let mut used: Vec<&GpuIdentity> = minors.iter().filter_map(|m| node.gpu_by_minor(*m)).collect();
+    order_by_cuda_view(&mut used, &env, &node.gpus);
+    let wanted: Vec<(GpuUuid, PciSignature)> = node.gpus.iter().map(|g| (g.uuid, g.signature())).collect();
+    let scan = ccm_process::mem::scan_signatures(upid, &wanted, ccm_process::maps::DEFAULT_MAX_MAPPING_BYTES)
+        .map_err(|e| e.to_string())?;
+    // libcuda keeps the six words of every GPU it enumerated at start: that is the set the
+    // driver wants pairs for at restore (CUDA_VISIBLE_DEVICES does not shrink it).
+    let mut enumerated: Vec<GpuUuid> = node.gpus.iter().map(|g| g.uuid).filter(|u| scan.sites.iter().any(|s| s.gpu == *u)).collect();
+    if enumerated.is_empty() {
+        warn!("pid {pid}: found no PCI identity words of any GPU in its memory; assuming it enumerated every GPU of the node");
+        enumerated = node.gpus.iter().map(|g| g.uuid).collect();
+    }
+    let ns_pid = ccm_process::tree::ns_pid(upid).unwrap_or(upid);
+    let img = IdentityImage {
+        pid: ns_pid,
+        host_pid: upid,
+        dumped_at_unix: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default(),
+        driver_version: node.driver_version.clone(),
+        cuda_driver_version: node.cuda_driver_version,
+        node_gpus: node.gpus.clone(),
+        enumerated,
+        used: used.iter().map(|g| g.uuid).collect(),
+        env,
+        sites: scan.sites,
+    };
+    info!(
+        "pid {pid}: identity: uses {} GPU(s) [{}], enumerated {}, {} PCI site(s); scanned {} MiB in {} mapping(s) in {:.3} s (total {:.3} s)",
+        img.used.len(),
+        img.used.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", "),
+        img.enumerated.len(),
+        img.sites.len(),
+        scan.bytes_scanned >> 20,
+        scan.mappings_scanned,
+        scan.elapsed.as_secs_f64(),
+        t0.elapsed().as_secs_f64()
+    );
+    Ok(img)
+}
+
+/// Orders the used GPUs as the process's CUDA ordinals: `CUDA_VISIBLE_DEVICES` order when it
+/// names them, otherwise PCI bus order (what `CUDA_DEVICE_ORDER=PCI_BUS_ID` gives, and what the
+/// default order gives on machines of identical GPUs).
+fn order_by_cuda_view(used: &mut [&GpuIdentity], env: &ProcessEnv, node_gpus: &[GpuIdentity]) {
+    used.sort_by_key(|g| g.pci);
+    let Some(cvd) = env.cuda_visible_devices.as_deref() else { return };
+    let rank = |g: &GpuIdentity| -> usize {
+        for (i, item) in cvd.split(',').map(str::trim).enumerate() {
+            if let Ok(u) = item.parse::<GpuUuid>() {
+                if u == g.uuid {
+                    return i;
+                }
+            } else if item.starts_with("GPU-") && g.uuid.to_string().starts_with(item) {
+                return i;
+            } else if let Ok(idx) = item.parse::<usize>() {
+                if node_gpus.get(idx).is_some_and(|n| n.uuid == g.uuid) {
+                    return i;
+                }
+            }
+        }
+        usize::MAX
+    };
+    used.sort_by_key(|g| rank(g));
+}
+
+fn write_image(dir: &std::path::Path, img: &IdentityImage) -> Result<(), String> {
+    let path = dir.join(IdentityImage::file_name(img.pid));
+    let t0 = Instant::now();
+    let bytes = img.encode();
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(&path)
+        .map_err(|e| format!("cannot create identity image {}: {e}", IdentityImage::file_name(img.pid)))?;
+    f.write_all(&bytes).and_then(|()| f.sync_all()).map_err(|e| format!("cannot write identity image: {e}"))?;
+    info!("pid {}: wrote {} ({} bytes, {:.3} s)", img.host_pid, IdentityImage::file_name(img.pid), bytes.len(), t0.elapsed().as_secs_f64());
+    Ok(())
+}

@@ -1,0 +1,37 @@
+//! What the engine needs from CRIU itself. The plugin shell implements it with `dlsym` on the
+//! running `criu`; tests implement it in memory.
+
+use std::os::fd::RawFd;
+
+pub trait CriuHost {
+    /// `criu_get_image_dir()`: CRIU's images directory fd (never closed by us).
+    fn image_dir_fd(&self) -> Option<RawFd>;
+    /// `add_inventory_plugin(name)` (CRIU 4.1+): makes a restore without this plugin fail clearly.
+    fn add_inventory_plugin(&self, name: &str) -> bool;
+    /// `check_and_remove_inventory_plugin(name)` at restore: `None` when CRIU lacks it.
+    fn check_and_remove_inventory_plugin(&self, name: &str) -> Option<bool>;
+    /// `set_compel_interrupt_only_mode()` (4.1+) or `dont_use_freeze_cgroup()` (4.0): the driver
+    /// needs the restore thread to run, so CRIU must not use the cgroup freezer.
+    fn set_interrupt_only_mode(&self) -> bool;
+}
+
+/// A host for tests and for the command-line tool: no CRIU around.
+#[derive(Debug, Default)]
+pub struct NoCriu {
+    pub image_dir: Option<RawFd>,
+}
+
+impl CriuHost for NoCriu {
+    fn image_dir_fd(&self) -> Option<RawFd> {
+        self.image_dir
+    }
+    fn add_inventory_plugin(&self, _: &str) -> bool {
+        false
+    }
+    fn check_and_remove_inventory_plugin(&self, _: &str) -> Option<bool> {
+        None
+    }
+    fn set_interrupt_only_mode(&self) -> bool {
+        false
+    }
+}

@@ -1,0 +1,108 @@
+//! Preflight: before CRIU restores anything, read the identity images, check this node and
+//! choose the device map. Shared by the plugin (`init(RESTORE)`) and `criu-cuda-migrate preflight`.
+
+use std::path::{Path, PathBuf};
+
+use ccm_identity::image::IdentityImage;
+use ccm_identity::map::{self, DeviceMap, MapRequest};
+use ccm_identity::{GpuIdentity, GpuUuid};
+
+use crate::{Config, EngineError};
+
+/// Largest identity image we read (the format bounds it too).
+const MAX_IMAGE_FILE: u64 = 16 << 20;
+
+/// One CUDA process of the checkpoint and what restore will do with it.
+#[derive(Debug, Clone)]
+pub struct ProcessPlan {
+    pub path: PathBuf,
+    pub image: IdentityImage,
+    /// The device map for this process: one pair per GPU its libcuda enumerated.
+    pub map: DeviceMap,
+}
+
+/// Reads every `cuda-migrate-<pid>.img` of `dir`, sorted by pid. Never writes.
+pub fn read_images(dir: &Path) -> Result<Vec<(PathBuf, IdentityImage)>, EngineError> {
+    let rd = std::fs::read_dir(dir)
+        .map_err(|e| EngineError::Image { path: dir.display().to_string(), message: format!("cannot list: {e}") })?;
+    let mut out = Vec::new();
+    for entry in rd.flatten() {
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else { continue };
+        if ccm_identity::image::is_image_file_name(name).is_none() {
+            continue;
+        }
+        let path = entry.path();
+        out.push((path.clone(), read_image(&path)?));
+    }
+    out.sort_by_key(|(_, i)| i.pid);
+    Ok(out)
+}
+
+pub fn read_image(path: &Path) -> Result<IdentityImage, EngineError> {
+    let err = |message: String| EngineError::Image { path: path.display().to_string(), message };
+    let meta = std::fs::metadata(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    if meta.len() > MAX_IMAGE_FILE {
+        return Err(err(format!("{} bytes is larger than any identity image ({MAX_IMAGE_FILE}); the file is not one of ours or is corrupted: re-dump", meta.len())));
+    }
+    let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
+    IdentityImage::decode(&bytes).map_err(|e| err(e.to_string()))
+}
+
+/// Plans one device map for the whole checkpoint (every process of a job must see the same
+/// GPU move, or NCCL ranks would disagree), then gives each process its share of it.
+pub fn plan(images: Vec<(PathBuf, IdentityImage)>, node_gpus: &[GpuIdentity], config: &Config) -> Result<Vec<ProcessPlan>, EngineError> {
+    if images.is_empty() {
+        return Ok(Vec::new());
+    }
+    if node_gpus.is_empty() {
+        return Err(EngineError::Preflight(
+            "the checkpoint holds CUDA processes but NVML lists no GPU on this node; check the NVIDIA driver (`nvidia-smi`) and that CRIU runs where it sees the GPUs".into(),
+        ));
+    }
+    let explicit = match &config.device_map {
+        Some(t) => map::parse_pairs(t).map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_DEVICE_MAP: {e}")))?,
+        None => Vec::new(),
+    };
+    let usable = match &config.usable_gpus {
+        Some(t) => Some(map::parse_usable(t, node_gpus).map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_USABLE_GPUS: {e}")))?),
+        None => None,
+    };
+    let merged = merged_view(&images);
+    let whole = map::plan(&MapRequest { image: &merged, node_gpus, usable: usable.as_deref(), explicit: &explicit })
+        .map_err(|e| EngineError::Preflight(e.to_string()))?;
+    let mut plans = Vec::new();
+    for (path, image) in images {
+        let pairs = whole.pairs.iter().filter(|p| image.enumerated.contains(&p.old)).cloned().map(|mut p| {
+            p.used = image.used.contains(&p.old);
+            p
+        });
+        let map = DeviceMap { pairs: pairs.collect() };
+        plans.push(ProcessPlan { path, image, map });
+    }
+    Ok(plans)
+}
+
+/// One image standing for the whole tree: the union of what every process enumerated and used,
+/// in the order of the first process that named each GPU.
+fn merged_view(images: &[(PathBuf, IdentityImage)]) -> IdentityImage {
+    let mut merged = images[0].1.clone();
+    let push_all = |dst: &mut Vec<GpuUuid>, src: &[GpuUuid]| {
+        for u in src {
+            if !dst.contains(u) {
+                dst.push(*u);
+            }
+        }
+    };
+    for (_, img) in &images[1..] {
+        push_all(&mut merged.enumerated, &img.enumerated);
+        push_all(&mut merged.used, &img.used);
+        for g in &img.node_gpus {
+            if !merged.node_gpus.iter().any(|m| m.uuid == g.uuid) {
+                merged.node_gpus.push(g.clone());
+            }
+        }
+    }
+    merged.sites.clear();
+    merged
+}

@@ -1,0 +1,147 @@
+//! Reconciliation of a restored process's stale PCI identity, between the driver's restore and
+//! the unlock: verify the sites recorded at dump (scan only when they no longer match), rewrite
+//! them from one snapshot, fix the environment's GPU names, then validate against NVML.
+
+use std::time::{Duration, Instant};
+
+use ccm_identity::image::PciSite;
+use ccm_identity::pattern::plan_rewrites;
+use ccm_identity::validate::{validate_gpu, GpuObservation, Verdict};
+use ccm_identity::{GpuUuid, PciSignature};
+use ccm_process::mem::ProcessMemory;
+use log::{info, warn};
+
+use crate::node::Node;
+use crate::preflight::ProcessPlan;
+
+/// What reconciliation did to one process.
+#[derive(Debug, Default)]
+pub struct ReconcileSummary {
+    pub sites_rewritten: usize,
+    /// `(old GPU, address)` of every site rewritten.
+    pub written: Vec<(GpuUuid, u64)>,
+    /// The sites recorded at dump still held the old words (no scan was needed).
+    pub used_recorded_sites: bool,
+    pub env_edits: usize,
+    /// One line per GPU: old → new, sites, validation.
+    pub table: String,
+    /// Empty when every changed GPU validated.
+    pub failures: Vec<String>,
+    pub elapsed: Duration,
+}
+
+pub fn reconcile(pid: u32, plan: &ProcessPlan, node: &Node) -> ReconcileSummary {
+    let t0 = Instant::now();
+    let mut s = ReconcileSummary::default();
+    let changed = plan.map.changed();
+    if changed.is_empty() {
+        s.table = "identity map: nothing to reconcile".into();
+        s.elapsed = t0.elapsed();
+        return s;
+    }
+    if let Err(e) = rewrite(pid, plan, node, &mut s) {
+        s.failures.push(e);
+    }
+    validate(pid, plan, node, &changed, &mut s);
+    s.elapsed = t0.elapsed();
+    s
+}
+
+fn old_signature(plan: &ProcessPlan, u: &GpuUuid) -> Option<PciSignature> {
+    plan.image.gpu(u).map(|g| g.signature())
+}
+
+/// The sites to rewrite: those recorded at dump when each still holds its old words, otherwise
+/// a fresh scan for the old signatures of every enumerated GPU (one snapshot before any write,
+/// so swaps and cycles are never rewritten twice).
+fn current_sites(pid: u32, plan: &ProcessPlan, mem: &ProcessMemory) -> Result<(Vec<PciSite>, bool), String> {
+    let recorded = &plan.image.sites;
+    if !recorded.is_empty()
+        && recorded.iter().all(|site| ccm_process::mem::read_signature(mem, site.addr).is_ok_and(|w| w == site.words))
+    {
+        return Ok((recorded.clone(), true));
+    }
+    if !recorded.is_empty() {
+        warn!("pid {pid}: the PCI sites recorded at dump moved; scanning its memory");
+    }
+    let wanted: Vec<(GpuUuid, PciSignature)> =
+        plan.image.enumerated.iter().filter_map(|u| old_signature(plan, u).map(|s| (*u, s))).collect();
+    let scan = ccm_process::mem::scan_signatures(pid, &wanted, ccm_process::maps::DEFAULT_MAX_MAPPING_BYTES)
+        .map_err(|e| format!("scan failed: {e}"))?;
+    info!(
+        "pid {pid}: scanned {} MiB in {} mapping(s) in {:.3} s: {} site(s)",
+        scan.bytes_scanned >> 20,
+        scan.mappings_scanned,
+        scan.elapsed.as_secs_f64(),
+        scan.sites.len()
+    );
+    Ok((scan.sites, false))
+}
+
+fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) -> Result<(), String> {
+    let mem = ProcessMemory::open_read_write(pid).map_err(|e| e.to_string())?;
+    let (sites, recorded) = current_sites(pid, plan, &mem)?;
+    s.used_recorded_sites = recorded;
+    let rewrites = plan_rewrites(&sites, &plan.map, &plan.image.node_gpus, &node.gpus).map_err(|e| e.to_string())?;
+    for w in &rewrites.writes {
+        ccm_process::mem::verify_and_write(&mem, w.addr, &w.expect, &w.write)
+            .map_err(|e| format!("site {:#x} ({} -> {}): {e}", w.addr, w.gpu_old, w.gpu_new))?;
+        s.sites_rewritten += 1;
+        s.written.push((w.gpu_old, w.addr));
+    }
+    // Children and frameworks map GPUs through these variables: keep them naming the GPUs the
+    // process now runs on. Same length, in place.
+    match ccm_process::environ::read_environ_block(pid) {
+        Ok(block) => {
+            let plan_env = ccm_identity::env::plan_env_edits(&block.bytes, &plan.map, &plan.image.node_gpus, &node.gpus);
+            for w in &plan_env.warnings {
+                warn!("pid {pid}: {w}");
+            }
+            for e in &plan_env.edits {
+                ccm_process::environ::write_environ_edit(pid, block.start, e.offset, &e.old, &e.new)
+                    .map_err(|err| format!("environment edit at +{}: {err}", e.offset))?;
+                s.env_edits += 1;
+            }
+        }
+        Err(e) => warn!("pid {pid}: cannot read its environment ({e}); GPU names in it are left as they were"),
+    }
+    Ok(())
+}
+
+fn validate(pid: u32, plan: &ProcessPlan, node: &Node, changed: &[(GpuUuid, GpuUuid)], s: &mut ReconcileSummary) {
+    let mem = match ProcessMemory::open_read_only(pid) {
+        Ok(m) => m,
+        Err(e) => {
+            s.failures.push(format!("cannot read memory to validate: {e}"));
+            return;
+        }
+    };
+    let mut lines = vec![format!("{:<42} {:<14} {:<42} {:<14} {:>5}  validation", "old GPU", "old bus", "new GPU", "new bus", "sites")];
+    for (old, new) in changed {
+        let Some(new_gpu) = node.gpu(new) else {
+            s.failures.push(format!("{new} is not a GPU of this node"));
+            continue;
+        };
+        let old_bus = plan.image.gpu(old).map(|g| g.pci.to_string()).unwrap_or_else(|| "?".into());
+        let new_sig = new_gpu.signature();
+        // Read back every place rewritten for this GPU: what the process will read after unlock.
+        let words: Vec<PciSignature> = s
+            .written
+            .iter()
+            .filter(|(gpu, _)| gpu == old)
+            .filter_map(|(_, addr)| ccm_process::mem::read_signature(&mem, *addr).ok())
+            .collect();
+        let nvml_uuid = node.nvml.as_ref().and_then(|n| n.uuid_at_pci(&new_sig.pci()).ok().flatten());
+        let obs = GpuObservation { old: *old, new: *new, words_in_process: words, nvml_uuid_at_new_pci: nvml_uuid };
+        let verdict = validate_gpu(&obs, new_gpu);
+        let text = match &verdict {
+            Verdict::Ok => "ok: CUDA bus id, NVML and UUID agree".to_string(),
+            Verdict::Mismatch(m) => {
+                s.failures.push(format!("{old} -> {new}: {m}"));
+                format!("MISMATCH: {m}")
+            }
+        };
+        lines.push(format!("{:<42} {:<14} {:<42} {:<14} {:>5}  {text}", old.to_string(), old_bus, new.to_string(), new_gpu.pci.to_string(), obs.words_in_process.len()));
+    }
+    s.table = lines.join("\n");
+}

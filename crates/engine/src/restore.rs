@@ -1,0 +1,272 @@
+//! The restore side: preflight at `init(RESTORE)`, then at the first RESUME_DEVICES_LATE the
+//! driver restore of every CUDA process of the tree in parallel, reconciliation and validation
+//! of its GPU identity, and unlock.
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::time::Instant;
+
+use ccm_driver::checkpoint::{timed, ProcessState};
+use ccm_identity::GpuUuid;
+use log::{debug, error, info, warn};
+
+use crate::host::CriuHost;
+use crate::node::Node;
+use crate::preflight::{self, ProcessPlan};
+use crate::reconcile::{reconcile, ReconcileSummary};
+use crate::{Config, EngineError, HookOutcome, Strictness, PLUGIN_NAME};
+
+pub struct RestoreSession {
+    config: Config,
+    node: Option<Node>,
+    plans: Vec<ProcessPlan>,
+    image_dir: Option<PathBuf>,
+    /// Host pid → result text of its restore.
+    results: BTreeMap<u32, Result<(), String>>,
+}
+
+/// One process's work in the parallel restore.
+struct Job<'a> {
+    pid: u32,
+    plan: Option<&'a ProcessPlan>,
+}
+
+impl RestoreSession {
+    /// `init(RESTORE)`: read the images and check this node before CRIU restores anything. An
+    /// error here makes CRIU abort the restore with our message; nothing has been touched.
+    pub fn init(config: Config, host: &dyn CriuHost) -> Result<RestoreSession, EngineError> {
+        let image_dir = host.image_dir_fd().map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")));
+        // Our inventory entry (if the dump added one) must be claimed, or CRIU reports us missing.
+        let in_inventory = host.check_and_remove_inventory_plugin(PLUGIN_NAME);
+        let images = match &image_dir {
+            Some(d) => preflight::read_images(d)?,
+            None => Vec::new(),
+        };
+        let mut s = RestoreSession { config, node: None, plans: Vec::new(), image_dir, results: BTreeMap::new() };
+        if images.is_empty() {
+            debug!("no identity images: no CUDA process to restore (inventory entry: {in_inventory:?})");
+            return Ok(s);
+        }
+        let t0 = Instant::now();
+        let node = Node::load().map_err(|e| {
+            EngineError::Preflight(format!(
+                "the checkpoint holds {} CUDA process(es) but this node cannot restore them: {e}",
+                images.len()
+            ))
+        })?;
+        s.plans = preflight::plan(images, &node.gpus, &s.config)?;
+        for p in &s.plans {
+            info!(
+                "preflight: pid {} (dumped on {} with driver {}): device map\n{}",
+                p.image.pid,
+                p.image.hostname,
+                p.image.driver_version,
+                p.map.render_table(&p.image, &node.gpus)
+            );
+        }
+        info!("preflight passed for {} CUDA process(es) in {:.3} s", s.plans.len(), t0.elapsed().as_secs_f64());
+        s.node = Some(node);
+        Ok(s)
+    }
+
+    /// RESUME_DEVICES_LATE: every task is restored and ptrace-stopped. The first call handles the
+    /// whole tree below `pid` at once.
+    pub fn resume_devices_late(&mut self, pid: i32) -> HookOutcome {
+        if self.node.is_none() || pid <= 0 {
+            return HookOutcome::NotMine;
+        }
+        let pid = pid as u32;
+        if !self.results.contains_key(&pid) {
+            let mut tree = vec![pid];
+            for c in ccm_process::tree::children_recursive(pid) {
+                if !tree.contains(&c) {
+                    tree.push(c);
+                }
+            }
+            tree.retain(|p| !self.results.contains_key(p));
+            self.restore_batch(&tree);
+        }
+        match self.results.get(&pid) {
+            None => HookOutcome::NotMine,
+            Some(Ok(())) => HookOutcome::Done,
+            Some(Err(m)) => HookOutcome::Failed(EngineError::Process { pid: pid as i32, message: m.clone() }),
+        }
+    }
+
+    fn plan_for(&self, host_pid: u32) -> Option<&ProcessPlan> {
+        let ns = ccm_process::tree::ns_pid(host_pid).unwrap_or(host_pid);
+        self.plans.iter().find(|p| p.image.pid == ns)
+    }
+
+    fn restore_batch(&mut self, pids: &[u32]) {
+        let Some(node) = self.node.as_ref() else { return };
+        let api = &node.api;
+        let t0 = Instant::now();
+        // Which of these are CUDA processes waiting in CHECKPOINTED state.
+        let mut jobs: Vec<(Job<'_>, u32)> = Vec::new();
+        for &pid in pids {
+            let plan = self.plan_for(pid);
+            let tid = match api.restore_thread_id(pid as i32) {
+                Ok(t) => t as u32,
+                Err(e) => {
+                    if plan.is_some() {
+                        error!("pid {pid}: has an identity image but no CUDA restore thread ({e}); it cannot use its GPUs. Restore again from the same images.");
+                    }
+                    continue;
+                }
+            };
+            match api.state(pid as i32) {
+                Ok(ProcessState::Checkpointed) => {}
+                Ok(other) => {
+                    debug!("pid {pid}: CUDA state {other}; nothing to restore");
+                    continue;
+                }
+                Err(e) => {
+                    error!("pid {pid}: cannot read its CUDA state ({e}); run `criu-cuda-migrate recover --pid {pid}`");
+                    continue;
+                }
+            }
+            if plan.is_none() {
+                warn!("pid {pid}: CHECKPOINTED CUDA process without identity image; restoring it onto the same GPUs");
+            }
+            jobs.push((Job { pid, plan }, tid));
+        }
+        if jobs.is_empty() {
+            return;
+        }
+        // Restore threads run; everything else of each task stays stopped until CRIU resumes it.
+        let mut running = Vec::new();
+        let mut failed_early: Vec<(u32, String)> = Vec::new();
+        let mut ready: Vec<&Job<'_>> = Vec::new();
+        for (job, tid) in &jobs {
+            match ccm_process::ptrace::resume_restore_thread(*tid) {
+                Ok(r) => {
+                    running.push(r);
+                    ready.push(job);
+                }
+                Err(e) => failed_early.push((job.pid, format!("cannot resume restore thread {tid}: {e}"))),
+            }
+        }
+        let config = &self.config;
+        let outcomes: Vec<(u32, Result<(), String>, bool)> = std::thread::scope(|s| {
+            let handles: Vec<_> =
+                ready.iter().map(|job| (job.pid, s.spawn(move || restore_one(job, node, config)))).collect();
+            handles
+                .into_iter()
+                .map(|(pid, h)| {
+                    let (r, kill) = h.join().unwrap_or_else(|_| (Err("restore worker panicked".into()), false));
+                    (pid, r, kill)
+                })
+                .collect()
+        });
+        for r in running {
+            if let Err(e) = r.stop() {
+                error!("cannot stop a restore thread again: {e}");
+            }
+        }
+        let mut kill = Vec::new();
+        for (pid, r, k) in outcomes {
+            if k {
+                kill.push(pid);
+            }
+            self.results.insert(pid, r);
+        }
+        for (pid, m) in failed_early {
+            error!("pid {pid} is left CHECKPOINTED: {m}; run `criu-cuda-migrate recover --pid {pid}`");
+            self.results.insert(pid, Err(m));
+        }
+        if !kill.is_empty() {
+            // Strict mode: a process whose GPU identity is wrong must not run. Kill the whole
+            // restored tree so no half of a job resumes; the images are intact for a retry.
+            for &pid in pids {
+                if let Err(e) = ccm_process::tree::kill(pid) {
+                    error!("pid {pid}: cannot kill it after a failed reconciliation: {e}");
+                }
+            }
+            error!(
+                "strict mode: killed the restored tree ({} process(es)) because pid(s) {:?} failed identity reconciliation; images are untouched: fix the cause above and restore again, or set CRIU_CUDA_MIGRATE_MODE=permissive",
+                pids.len(),
+                kill
+            );
+        }
+        info!("restore of {} CUDA process(es) took {:.3} s (parallel)", jobs.len(), t0.elapsed().as_secs_f64());
+    }
+
+    /// `exit(RESTORE, ret)`.
+    pub fn finish(&mut self, ret: i32) {
+        if self.plans.is_empty() {
+            return;
+        }
+        let missing: Vec<i32> = self
+            .plans
+            .iter()
+            .map(|p| p.image.pid as i32)
+            .filter(|ns| !self.results.keys().any(|h| ccm_process::tree::ns_pid(*h).unwrap_or(*h) as i32 == *ns))
+            .collect();
+        if ret == 0 && !missing.is_empty() {
+            warn!("restore finished but CUDA process(es) {missing:?} of the images were never handed to the plugin");
+        }
+    }
+}
+
+/// Driver restore, reconciliation, unlock for one process. Returns the result and whether the
+/// tree must be killed (strict mode failure).
+fn restore_one(job: &Job<'_>, node: &Node, config: &Config) -> (Result<(), String>, bool) {
+    let pid = job.pid;
+    let api = &node.api;
+    let pairs: Vec<(GpuUuid, GpuUuid)> = match job.plan {
+        Some(p) if !p.map.is_identity() => p.map.pairs.iter().map(|x| (x.old, x.new)).collect(),
+        _ => Vec::new(),
+    };
+    let r = timed(|| api.restore(pid as i32, &pairs));
+    if let Err(e) = r.value {
+        let hint = if e.code == ccm_driver::cuda::CUDA_ERROR_INVALID_VALUE && !pairs.is_empty() {
+            " (the driver refused the device map: it must pair every GPU the process enumerated with a distinct GPU of the same chip and enough memory)"
+        } else {
+            ""
+        };
+        error!("pid {pid} is left CHECKPOINTED: {e}{hint}; fix the cause and run `criu-cuda-migrate recover --pid {pid}`, or kill it and restore again from the same images");
+        return (Err(e.to_string()), false);
+    }
+    info!("pid {pid}: cuCheckpointProcessRestore with {} pair(s) {:.3} s", pairs.len(), r.elapsed.as_secs_f64());
+    let mut kill = false;
+    if let Some(plan) = job.plan {
+        if !plan.map.changed().is_empty() {
+            if config.reconcile {
+                let s: ReconcileSummary = reconcile(pid, plan, node);
+                info!(
+                    "pid {pid}: identity reconciliation: {} site(s) rewritten ({}), {} environment edit(s), {:.3} s\n{}",
+                    s.sites_rewritten,
+                    if s.used_recorded_sites { "sites recorded at dump" } else { "found by scan" },
+                    s.env_edits,
+                    s.elapsed.as_secs_f64(),
+                    s.table
+                );
+                if !s.failures.is_empty() {
+                    let msg = s.failures.join("; ");
+                    match config.strictness {
+                        Strictness::Strict => {
+                            error!("pid {pid}: GPU identity is inconsistent after restore: {msg}");
+                            kill = true;
+                        }
+                        Strictness::Permissive => {
+                            error!("pid {pid}: GPU identity is inconsistent after restore (permissive mode: it resumes anyway): {msg}")
+                        }
+                    }
+                    if kill {
+                        return (Err(msg), true);
+                    }
+                }
+            } else {
+                warn!("pid {pid}: reconciliation is off (CRIU_CUDA_MIGRATE_RECONCILE=off): its CUDA bus ids still name the dump node's GPUs");
+            }
+        }
+    }
+    let u = timed(|| api.unlock(pid as i32));
+    if let Err(e) = u.value {
+        error!("pid {pid} is left LOCKED: {e}; run `criu-cuda-migrate recover --pid {pid}`");
+        return (Err(e.to_string()), kill);
+    }
+    info!("pid {pid}: cuCheckpointProcessUnlock {:.3} s; RUNNING", u.elapsed.as_secs_f64());
+    (Ok(()), kill)
+}

@@ -1,0 +1,139 @@
+//! Which NVIDIA GPU device nodes a process uses, and which libraries it maps.
+//!
+//! A CUDA process holds `/dev/nvidiaN` open and mapped for every GPU its libcuda opened (all
+//! GPUs it can see, not only the ones it computes on). After a driver checkpoint it holds none
+//! (GPU-FACTS), so this is only meaningful on a running or locked process.
+
+use crate::maps::read_maps;
+use crate::procfs::{io_error, proc_path};
+use crate::tree::threads;
+use crate::ProcessError;
+use std::collections::BTreeSet;
+use std::os::unix::fs::{FileTypeExt, MetadataExt};
+
+/// Character-device major of the NVIDIA GPU nodes (`/dev/nvidiaN`, `nvidiactl`, `nvidia-modeset`).
+const NVIDIA_MAJOR: u64 = 195;
+/// Minors at and above this are the control nodes: 254 `nvidia-modeset`, 255 `nvidiactl`.
+const NVIDIA_FIRST_CONTROL_MINOR: u64 = 254;
+
+/// The minor N of a path naming a GPU node `.../dev/nvidiaN` (N: digits only), else `None`.
+///
+/// Any directory before `dev/` is accepted: a path seen through another mount namespace (a
+/// container's `/dev`) or a test double's stand-in directory. `nvidiactl`, `nvidia-uvm`,
+/// `nvidia-modeset` and `nvidia-caps/...` are not GPUs.
+pub fn gpu_minor_of_path(path: &str) -> Option<u32> {
+    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
+    let (dir, name) = path.rsplit_once('/')?;
+    if !(dir == "/dev" || dir.ends_with("/dev")) {
+        return None;
+    }
+    let digits = name.strip_prefix("nvidia")?;
+    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    digits.parse().ok()
+}
+
+/// The GPU minor of an open fd `/proc/PID/task/TID/fd/N`: by its link target's name, or by the
+/// device it opens (char major 195, minor below 254) when the name does not tell (a node
+/// reached through a mount namespace this process cannot name).
+fn gpu_minor_of_fd(fd_link: &std::path::Path) -> Option<u32> {
+    if let Ok(target) = std::fs::read_link(fd_link) {
+        if let Some(minor) = gpu_minor_of_path(&target.to_string_lossy()) {
+            return Some(minor);
+        }
+        // Sockets, pipes and anonymous inodes are not files: skip the stat.
+        if !target.to_string_lossy().starts_with('/') {
+            return None;
+        }
+    }
+    let meta = std::fs::metadata(fd_link).ok()?;
+    if !meta.file_type().is_char_device() {
+        return None;
+    }
+    let rdev = meta.rdev();
+    let (major, minor) = (nix::sys::stat::major(rdev), nix::sys::stat::minor(rdev));
+    if major == NVIDIA_MAJOR && minor < NVIDIA_FIRST_CONTROL_MINOR {
+        u32::try_from(minor).ok()
+    } else {
+        None
+    }
+}
+
+/// Minors N of the `/dev/nvidiaN` GPU nodes that `pid` holds open (in any thread's fd table)
+/// or mapped.
+pub fn nvidia_minors_in_use(pid: u32) -> Result<BTreeSet<u32>, ProcessError> {
+    let mut minors = BTreeSet::new();
+
+    // The maps are shared by all threads (CLONE_THREAD implies CLONE_VM); read them first so a
+    // missing or unreadable process fails here with a precise error.
+    for m in read_maps(pid)? {
+        if let Some(minor) = gpu_minor_of_path(&m.path) {
+            minors.insert(minor);
+        }
+    }
+
+    // A thread may have unshared its fd table (CLONE_FILES off), so look at every thread's.
+    let mut tids = threads(pid);
+    if tids.is_empty() {
+        tids.push(pid);
+    }
+    for tid in tids {
+        let dir = proc_path(pid, &format!("task/{tid}/fd"));
+        let entries = match std::fs::read_dir(&dir) {
+            Ok(entries) => entries,
+            // The thread exited since it was listed.
+            Err(e) if e.raw_os_error() == Some(libc::ENOENT) || e.raw_os_error() == Some(libc::ESRCH) => continue,
+            Err(e) => return Err(io_error(pid, "listing", &dir, e)),
+        };
+        for entry in entries.flatten() {
+            if let Some(minor) = gpu_minor_of_fd(&entry.path()) {
+                minors.insert(minor);
+            }
+        }
+    }
+    Ok(minors)
+}
+
+/// Whether `pid` maps a file whose path contains `name_fragment` (e.g. `"libcuda.so"`).
+pub fn maps_library(pid: u32, name_fragment: &str) -> Result<bool, ProcessError> {
+    Ok(read_maps(pid)?.iter().any(|m| m.path.contains(name_fragment)))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn gpu_minor_names() {
+        assert_eq!(gpu_minor_of_path("/dev/nvidia0"), Some(0));
+        assert_eq!(gpu_minor_of_path("/dev/nvidia13"), Some(13));
+        assert_eq!(gpu_minor_of_path("/dev/nvidia1 (deleted)"), Some(1));
+        assert_eq!(gpu_minor_of_path("/tmp/sim state/dev/nvidia3"), Some(3));
+        for not_gpu in [
+            "/dev/nvidiactl",
+            "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools",
+            "/dev/nvidia-modeset",
+            "/dev/nvidia-caps/nvidia-cap1",
+            "/dev/nvidia",
+            "/dev/nvidia0x",
+            "/home/dev2/nvidia0",
+            "/usr/lib/nvidia0",
+            "nvidia0",
+            "",
+        ] {
+            assert_eq!(gpu_minor_of_path(not_gpu), None, "{not_gpu}");
+        }
+    }
+
+    #[test]
+    fn own_process_has_no_gpu_and_maps_libc() {
+        let pid = std::process::id();
+        // The test process itself never opens NVIDIA nodes, unless the harness runs on a GPU host
+        // with something odd; only check that the call works and libc shows up.
+        assert!(nvidia_minors_in_use(pid).is_ok());
+        assert!(maps_library(pid, "libc").unwrap());
+        assert!(!maps_library(pid, "libcuda-definitely-not-mapped").unwrap());
+    }
+}

@@ -1,0 +1,289 @@
+//! Another process's memory through `/proc/PID/mem`, and the scan for libcuda's PCI identity words.
+//!
+//! `/proc/PID/mem` is read and written with `pread`/`pwrite` at the target's virtual address.
+//! This works while the target runs or is ptrace-stopped, provided the caller may ptrace-attach to
+//! it (root, or CRIU as its tracer). Writes go through even to read-only pages (the kernel uses
+//! `FOLL_FORCE`), so callers must only write where they have verified what is there.
+
+use crate::maps::{is_scannable, read_maps, Mapping};
+use crate::procfs::{io_error, proc_path};
+use crate::{ProcessError, SiteError};
+use crate::pattern_shim::{find_signatures, PciSite};
+use ccm_identity::{GpuUuid, PciSignature};
+use std::fs::File;
+use std::io;
+use std::os::unix::fs::FileExt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+/// An open `/proc/PID/mem` of one process.
+#[derive(Debug)]
+pub struct ProcessMemory {
+    pid: u32,
+    path: PathBuf,
+    file: File,
+}
+
+impl ProcessMemory {
+    /// Opens `/proc/PID/mem` for reading only (scans, verification).
+    pub fn open_read_only(pid: u32) -> Result<Self, ProcessError> {
+        Self::open(pid, false)
+    }
+
+    /// Opens `/proc/PID/mem` for reading and writing (rewrites).
+    pub fn open_read_write(pid: u32) -> Result<Self, ProcessError> {
+        Self::open(pid, true)
+    }
+
+    fn open(pid: u32, write: bool) -> Result<Self, ProcessError> {
+        let path = proc_path(pid, "mem");
+        let file = File::options()
+            .read(true)
+            .write(write)
+            .open(&path)
+            .map_err(|e| io_error(pid, "opening", &path, e))?;
+        Ok(ProcessMemory { pid, path, file })
+    }
+
+    /// The process this memory belongs to.
+    pub fn pid(&self) -> u32 {
+        self.pid
+    }
+
+    fn access_error(&self, action: &'static str, addr: u64, len: usize, err: io::Error) -> ProcessError {
+        match err.raw_os_error() {
+            // The kernel answers EIO when the first page of the range is not mapped (or not
+            // accessible even with FOLL_FORCE).
+            Some(libc::EIO) | Some(libc::EFAULT) => {
+                ProcessError::Unmapped { pid: self.pid, action, addr, len, source: err }
+            }
+            _ => io_error(self.pid, action, &self.path, err),
+        }
+    }
+
+    /// One `pread` at `addr`: returns how many bytes were read. 0 means the process's address
+    /// space is gone (it exited); a short count means the range crosses the end of a mapping.
+    pub fn read_at(&self, addr: u64, buf: &mut [u8]) -> Result<usize, ProcessError> {
+        loop {
+            match self.file.read_at(buf, addr) {
+                Ok(n) => return Ok(n),
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.access_error("read", addr, buf.len(), e)),
+            }
+        }
+    }
+
+    /// Reads exactly `buf.len()` bytes at `addr`.
+    pub fn read_exact_at(&self, addr: u64, buf: &mut [u8]) -> Result<(), ProcessError> {
+        let mut done = 0;
+        while done < buf.len() {
+            let n = self.read_at(addr + done as u64, &mut buf[done..])?;
+            if n == 0 {
+                return Err(ProcessError::Short {
+                    pid: self.pid,
+                    action: "read",
+                    addr,
+                    wanted: buf.len(),
+                    done,
+                });
+            }
+            done += n;
+        }
+        Ok(())
+    }
+
+    /// Writes all of `data` at `addr` (the memory must have been opened read-write).
+    pub fn write_all_at(&self, addr: u64, data: &[u8]) -> Result<(), ProcessError> {
+        let mut done = 0;
+        while done < data.len() {
+            let at = addr + done as u64;
+            match self.file.write_at(&data[done..], at) {
+                Ok(0) => {
+                    return Err(ProcessError::Short {
+                        pid: self.pid,
+                        action: "write",
+                        addr,
+                        wanted: data.len(),
+                        done,
+                    })
+                }
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
+                Err(e) => return Err(self.access_error("write", at, data.len() - done, e)),
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What [`scan_signatures`] found and what it cost.
+#[derive(Clone, Debug, Default)]
+pub struct ScanReport {
+    /// Every place holding one of the wanted signatures, in address order per mapping.
+    pub sites: Vec<PciSite>,
+    /// Bytes read from the target.
+    pub bytes_scanned: u64,
+    /// Mappings read (fully or up to the point where they stopped being readable).
+    pub mappings_scanned: usize,
+    /// Mappings not read: not scannable (see [`is_scannable`]) or unreadable from the start
+    /// (unmapped since `/proc/PID/maps` was read; logged at warn level).
+    pub mappings_skipped: usize,
+    /// Wall time of the scan.
+    pub elapsed: Duration,
+}
+
+/// Bytes read per `pread`. Large enough that syscall cost is negligible, small enough to keep
+/// one worker's buffer cheap.
+const SCAN_CHUNK_BYTES: usize = 8 << 20;
+
+/// Bytes carried from the end of one chunk to the front of the next, so a signature crossing a
+/// chunk border is still seen whole. 24 (the signature's length, rather than 23) keeps each
+/// window's base address 8-byte aligned like the chunk size.
+const SCAN_OVERLAP_BYTES: usize = PciSignature::LEN_BYTES;
+
+/// Scans every scannable mapping of `pid` (see [`is_scannable`]) for the wanted signatures and
+/// returns where each was found.
+///
+/// The target may run during the scan (a site can then change before it is rewritten, which
+/// [`verify_and_write`] catches). Fails if the process is gone or cannot be read at all; a
+/// mapping that vanished since its maps were read is skipped with a warning.
+pub fn scan_signatures(
+    pid: u32,
+    wanted: &[(GpuUuid, PciSignature)],
+    max_mapping_bytes: u64,
+) -> Result<ScanReport, ProcessError> {
+    let started = Instant::now();
+    let mut report = ScanReport::default();
+    if wanted.is_empty() {
+        report.elapsed = started.elapsed();
+        return Ok(report);
+    }
+    let mem = ProcessMemory::open_read_only(pid)?;
+    let maps = read_maps(pid)?;
+    let mut buf = vec![0u8; SCAN_OVERLAP_BYTES + SCAN_CHUNK_BYTES];
+    for mapping in &maps {
+        if !is_scannable(mapping, max_mapping_bytes) {
+            report.mappings_skipped += 1;
+            continue;
+        }
+        match scan_mapping(&mem, mapping, wanted, &mut buf, &mut report) {
+            Ok(()) => report.mappings_scanned += 1,
+            Err(ProcessError::Unmapped { addr, source, .. }) if addr == mapping.start => {
+                log::warn!(
+                    "process {pid}: skipping mapping {:#x}-{:#x} {}: not readable ({source}); it was \
+                     probably unmapped after /proc/{pid}/maps was read",
+                    mapping.start,
+                    mapping.end,
+                    mapping.display_name()
+                );
+                report.mappings_skipped += 1;
+            }
+            Err(ProcessError::Unmapped { addr, source, .. }) => {
+                log::warn!(
+                    "process {pid}: mapping {:#x}-{:#x} {} stopped being readable at {addr:#x} \
+                     ({source}); the rest of it was not scanned",
+                    mapping.start,
+                    mapping.end,
+                    mapping.display_name()
+                );
+                report.mappings_scanned += 1;
+            }
+            Err(e) => return Err(e),
+        }
+    }
+    report.elapsed = started.elapsed();
+    Ok(report)
+}
+
+/// Scans one mapping in chunks, appending its sites to `report`.
+fn scan_mapping(
+    mem: &ProcessMemory,
+    mapping: &Mapping,
+    wanted: &[(GpuUuid, PciSignature)],
+    buf: &mut [u8],
+    report: &mut ScanReport,
+) -> Result<(), ProcessError> {
+    // `buf[..carried]` holds the last bytes of the previous window, at `next - carried`.
+    let mut next = mapping.start;
+    let mut carried = 0usize;
+    while next < mapping.end {
+        let remaining = usize::try_from(mapping.end - next).unwrap_or(usize::MAX);
+        let want = remaining.min(buf.len() - carried);
+        let got = read_some(mem, next, &mut buf[carried..carried + want])?;
+        if got == 0 {
+            // pread on /proc/PID/mem returns 0 only when the address space is gone.
+            return Err(ProcessError::NoSuchProcess { pid: mem.pid(), path: proc_path(mem.pid(), "mem") });
+        }
+        let window = &buf[..carried + got];
+        let base = next - carried as u64;
+        for (gpu, addr) in find_signatures(window, base, wanted) {
+            // A hit lying wholly in the carried bytes was already reported from the previous window.
+            if addr + PciSignature::LEN_BYTES as u64 <= next {
+                continue;
+            }
+            let Some(&(_, words)) = wanted.iter().find(|(g, _)| *g == gpu) else {
+                continue;
+            };
+            report.sites.push(PciSite {
+                gpu,
+                addr,
+                mapping_start: mapping.start,
+                mapping_end: mapping.end,
+                mapping_name: mapping.display_name().to_string(),
+                words,
+            });
+        }
+        report.bytes_scanned += got as u64;
+        next += got as u64;
+        let keep = SCAN_OVERLAP_BYTES.min(window.len());
+        let window_len = window.len();
+        buf.copy_within(window_len - keep..window_len, 0);
+        carried = keep;
+    }
+    Ok(())
+}
+
+/// Reads as much of `buf` as the target allows at `addr`: stops early at the end of readable
+/// memory (returning what was read) and fails only if nothing at `addr` could be read.
+fn read_some(mem: &ProcessMemory, addr: u64, buf: &mut [u8]) -> Result<usize, ProcessError> {
+    let mut done = 0;
+    while done < buf.len() {
+        match mem.read_at(addr + done as u64, &mut buf[done..]) {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(ProcessError::Unmapped { .. }) if done > 0 => break,
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Reads the 24 bytes at `addr` as a PCI signature.
+pub fn read_signature(mem: &ProcessMemory, addr: u64) -> Result<PciSignature, ProcessError> {
+    let mut bytes = [0u8; PciSignature::LEN_BYTES];
+    mem.read_exact_at(addr, &mut bytes)?;
+    Ok(PciSignature::from_bytes(&bytes))
+}
+
+/// Rewrites one site: re-reads the 24 bytes at `addr` right before writing and writes `write`
+/// only if they still equal `expect`, then reads them back to confirm.
+///
+/// The check and the write are not atomic against a running target: the target must be locked
+/// by the driver or ptrace-stopped while its sites are rewritten.
+pub fn verify_and_write(
+    mem: &ProcessMemory,
+    addr: u64,
+    expect: &PciSignature,
+    write: &PciSignature,
+) -> Result<(), SiteError> {
+    let seen = read_signature(mem, addr)?;
+    if seen != *expect {
+        return Err(SiteError::SiteChanged { pid: mem.pid(), addr, expected: *expect, seen });
+    }
+    mem.write_all_at(addr, &write.to_bytes())?;
+    let seen = read_signature(mem, addr)?;
+    if seen != *write {
+        return Err(SiteError::WriteNotApplied { pid: mem.pid(), addr, written: *write, seen });
+    }
+    Ok(())
+}

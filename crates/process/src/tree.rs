@@ -1,0 +1,113 @@
+//! Pids, threads and the process tree, from `/proc`.
+
+use crate::procfs::{proc_path, read_text, stat_field};
+use crate::ProcessError;
+use std::collections::{BTreeSet, VecDeque};
+
+/// The innermost namespace pid from a `/proc/PID/status` text: the last number of its `NSpid:`
+/// line, or `None` when the line is missing (kernels before 4.1) or malformed.
+fn parse_ns_pid(status: &str) -> Option<u32> {
+    let line = status.lines().find_map(|l| l.strip_prefix("NSpid:"))?;
+    line.split_ascii_whitespace().last()?.parse().ok()
+}
+
+/// The pid of `pid` as seen inside its innermost pid namespace (its own `getpid()`).
+///
+/// On a kernel without `NSpid` (before 4.1) there are no nested views to report, so `pid` itself
+/// is returned.
+pub fn ns_pid(pid: u32) -> Result<u32, ProcessError> {
+    let status = read_text(pid, "status")?;
+    if !status.lines().any(|l| l.starts_with("NSpid:")) {
+        return Ok(pid);
+    }
+    parse_ns_pid(&status).ok_or_else(|| ProcessError::Parse {
+        pid,
+        path: proc_path(pid, "status"),
+        detail: "the NSpid line holds no pid".to_string(),
+    })
+}
+
+/// Thread ids of `pid` (from `/proc/PID/task`), ascending; empty if the process is gone.
+pub fn threads(pid: u32) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir(proc_path(pid, "task")) else {
+        return Vec::new();
+    };
+    let mut tids: Vec<u32> =
+        entries.flatten().filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok())).collect();
+    tids.sort_unstable();
+    tids
+}
+
+/// Parses a `/proc/PID/task/TID/children` text: space-separated pids.
+fn parse_children(text: &str) -> Vec<u32> {
+    text.split_ascii_whitespace().filter_map(|s| s.parse().ok()).collect()
+}
+
+/// `root` and all its descendants, breadth-first (`root` first), from every thread's
+/// `/proc/PID/task/TID/children` (a child belongs to the thread that forked it).
+///
+/// Empty if `root` is gone. Processes that exit during the walk are left out; the list is a
+/// snapshot, exact only while the tree is frozen (as it is under CRIU).
+pub fn children_recursive(root: u32) -> Vec<u32> {
+    if !proc_path(root, "").exists() {
+        return Vec::new();
+    }
+    let mut order = Vec::new();
+    let mut seen = BTreeSet::new();
+    let mut queue = VecDeque::from([root]);
+    seen.insert(root);
+    while let Some(pid) = queue.pop_front() {
+        order.push(pid);
+        for tid in threads(pid) {
+            let Ok(text) = read_text(pid, &format!("task/{tid}/children")) else {
+                continue;
+            };
+            for child in parse_children(&text) {
+                if seen.insert(child) {
+                    queue.push_back(child);
+                }
+            }
+        }
+    }
+    order
+}
+
+/// Whether `pid` exists and is not a zombie (`Z`) or dead (`X`/`x`).
+pub fn is_alive(pid: u32) -> bool {
+    let Ok(stat) = read_text(pid, "stat") else {
+        return false;
+    };
+    !matches!(stat_field(&stat, 3), Some("Z" | "X" | "x") | None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ns_pid_is_innermost() {
+        let status = "Name:\tsleep\nTgid:\t4242\nPid:\t4242\nNSpid:\t4242\t17\t1\nNStgid:\t4242\t17\t1\n";
+        assert_eq!(parse_ns_pid(status), Some(1));
+        assert_eq!(parse_ns_pid("Name:\tx\nNSpid:\t99\n"), Some(99));
+        assert_eq!(parse_ns_pid("Name:\tx\n"), None);
+        assert_eq!(parse_ns_pid("NSpid:\t\n"), None);
+    }
+
+    #[test]
+    fn children_text() {
+        assert_eq!(parse_children("12 13 200 \n"), vec![12, 13, 200]);
+        assert_eq!(parse_children(""), Vec::<u32>::new());
+    }
+
+    #[test]
+    fn own_process() {
+        let me = std::process::id();
+        assert!(is_alive(me));
+        assert!(ns_pid(me).unwrap() > 0);
+        assert!(threads(me).contains(&me));
+        assert_eq!(children_recursive(me).first(), Some(&me));
+        assert!(!is_alive(u32::MAX));
+        assert!(children_recursive(u32::MAX).is_empty());
+        assert!(matches!(ns_pid(u32::MAX), Err(ProcessError::NoSuchProcess { .. })));
+    }
+}

@@ -1,0 +1,268 @@
+//! The control channel between a controller (`cuCheckpointProcess*` in any process) and the target
+//! process's restore thread: one request file and one response file per target, each written
+//! atomically by rename and polled every [`POLL_INTERVAL`].
+//!
+//! Files rather than sockets or pipes because the target must hold no descriptor that CRIU would
+//! have to dump: the restore thread only sleeps (`nanosleep`) and opens a file when one appears.
+//! The request is served BY THE TARGET'S RESTORE THREAD, so while CRIU keeps that thread
+//! ptrace-stopped nobody answers and the controller's call times out, as with the real driver.
+
+use std::path::Path;
+use std::time::{Duration, Instant};
+
+use crate::state::write_atomic;
+use crate::{SimError, SimUuid, StateDir};
+
+/// How often both sides look at the channel.
+pub const POLL_INTERVAL: Duration = Duration::from_millis(2);
+
+/// Environment variable (controller side): how long to wait for the restore thread, in ms.
+pub const ENV_CALL_TIMEOUT_MS: &str = "CCM_SIM_CALL_TIMEOUT_MS";
+/// Default wait for the restore thread beyond the operation's own timeout.
+pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum Op {
+    Lock { timeout_ms: u32 },
+    Checkpoint,
+    /// `pairs: None` is a restore with NULL arguments (or no pairs): every GPU onto itself.
+    Restore { pairs: Option<Vec<(SimUuid, SimUuid)>> },
+    Unlock,
+}
+
+impl Op {
+    pub fn name(&self) -> &'static str {
+        match self {
+            Op::Lock { .. } => "lock",
+            Op::Checkpoint => "checkpoint",
+            Op::Restore { .. } => "restore",
+            Op::Unlock => "unlock",
+        }
+    }
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Request {
+    /// Unique per call, so a late answer to an abandoned call is never taken for the next one.
+    pub id: String,
+    pub op: Op,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct Response {
+    pub id: String,
+    /// The `CUresult` of the operation.
+    pub result: i32,
+}
+
+impl Request {
+    pub fn encode(&self) -> String {
+        let mut s = format!("id={}\nop={}\n", self.id, self.op.name());
+        match &self.op {
+            Op::Lock { timeout_ms } => s.push_str(&format!("timeout_ms={timeout_ms}\n")),
+            Op::Restore { pairs: Some(pairs) } => {
+                let list: Vec<String> = pairs.iter().map(|(o, n)| format!("{o}>{n}")).collect();
+                s.push_str(&format!("pairs={}\n", list.join(",")));
+            }
+            _ => {}
+        }
+        s
+    }
+
+    pub fn decode(text: &str) -> Result<Request, SimError> {
+        let bad = |why: &str| SimError::BadMessage(format!("{why} in request {text:?}"));
+        let mut id = None;
+        let mut op = None;
+        let mut timeout_ms = None;
+        let mut pairs = None;
+        for line in text.lines() {
+            let Some((k, v)) = line.split_once('=') else { continue };
+            match k {
+                "id" => id = Some(v.to_string()),
+                "op" => op = Some(v.to_string()),
+                "timeout_ms" => timeout_ms = Some(v.parse::<u32>().map_err(|_| bad("bad timeout_ms"))?),
+                "pairs" => {
+                    let mut list = Vec::new();
+                    for p in v.split(',').filter(|p| !p.is_empty()) {
+                        let (o, n) = p.split_once('>').ok_or_else(|| bad("bad pair"))?;
+                        list.push((o.parse()?, n.parse()?));
+                    }
+                    pairs = Some(list);
+                }
+                _ => {}
+            }
+        }
+        let id = id.ok_or_else(|| bad("no id"))?;
+        let op = match op.as_deref() {
+            Some("lock") => Op::Lock { timeout_ms: timeout_ms.unwrap_or(0) },
+            Some("checkpoint") => Op::Checkpoint,
+            Some("restore") => Op::Restore { pairs },
+            Some("unlock") => Op::Unlock,
+            _ => return Err(bad("unknown op")),
+        };
+        Ok(Request { id, op })
+    }
+}
+
+impl Response {
+    pub fn encode(&self) -> String {
+        format!("id={}\nresult={}\n", self.id, self.result)
+    }
+
+    pub fn decode(text: &str) -> Result<Response, SimError> {
+        let bad = || SimError::BadMessage(format!("bad response {text:?}"));
+        let mut id = None;
+        let mut result = None;
+        for line in text.lines() {
+            match line.split_once('=') {
+                Some(("id", v)) => id = Some(v.to_string()),
+                Some(("result", v)) => result = Some(v.parse().map_err(|_| bad())?),
+                _ => {}
+            }
+        }
+        Ok(Response { id: id.ok_or_else(bad)?, result: result.ok_or_else(bad)? })
+    }
+}
+
+/// Why a controller's call got no answer.
+#[derive(Debug, thiserror::Error)]
+pub enum ExchangeError {
+    #[error("process {pid} is not a CUDA process of the simulated driver (no {path}); start it on the test double")]
+    NotRegistered { pid: i32, path: String },
+    #[error("the restore thread of process {pid} did not answer within {waited_ms} ms; if CRIU holds it ptrace-stopped, resume it first")]
+    NoAnswer { pid: i32, waited_ms: u128 },
+    #[error(transparent)]
+    Sim(#[from] SimError),
+}
+
+/// A new unique request id: controller pid, thread, time and a counter.
+pub fn new_request_id() -> String {
+    use std::sync::atomic::{AtomicU64, Ordering};
+    static COUNTER: AtomicU64 = AtomicU64::new(0);
+    let n = COUNTER.fetch_add(1, Ordering::Relaxed);
+    let nanos = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0);
+    // SAFETY: getpid and gettid have no preconditions.
+    let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+    format!("{pid}.{tid}.{nanos}.{n}")
+}
+
+/// Controller side: posts `op` for `pid`'s restore thread and waits up to `wait` for its answer.
+pub fn exchange(state: &StateDir, pid: i32, op: Op, wait: Duration) -> Result<i32, ExchangeError> {
+    if !is_registered(state, pid) {
+        return Err(ExchangeError::NotRegistered { pid, path: state.restore_tid(pid).display().to_string() });
+    }
+    let request = Request { id: new_request_id(), op };
+    let response_path = state.response(pid);
+    let _ = std::fs::remove_file(&response_path);
+    write_atomic(&state.request(pid), request.encode().as_bytes())?;
+    let start = Instant::now();
+    loop {
+        if let Some(r) = read_response(&response_path) {
+            let _ = std::fs::remove_file(&response_path);
+            if r.id == request.id {
+                return Ok(r.result);
+            }
+        }
+        if start.elapsed() >= wait {
+            // Withdraw the request so a thread that wakes up later does not act on an abandoned call.
+            let _ = std::fs::remove_file(state.request(pid));
+            return Err(ExchangeError::NoAnswer { pid, waited_ms: start.elapsed().as_millis() });
+        }
+        std::thread::sleep(POLL_INTERVAL);
+    }
+}
+
+fn read_response(path: &Path) -> Option<Response> {
+    let text = std::fs::read_to_string(path).ok()?;
+    Response::decode(&text).ok()
+}
+
+/// Server side (the restore thread): takes the pending request, if any, off the channel.
+pub fn take_request(state: &StateDir, pid: i32) -> Option<Result<Request, SimError>> {
+    let path = state.request(pid);
+    let text = std::fs::read_to_string(&path).ok()?;
+    let _ = std::fs::remove_file(&path);
+    Some(Request::decode(&text))
+}
+
+/// Server side: posts the answer.
+pub fn answer(state: &StateDir, pid: i32, response: &Response) -> Result<(), SimError> {
+    write_atomic(&state.response(pid), response.encode().as_bytes())
+}
+
+/// Whether `pid` is a live process registered by the simulated driver: its `tid` file exists and
+/// names a thread of that process (a stale registration of a dead process does not count).
+pub fn is_registered(state: &StateDir, pid: i32) -> bool {
+    registered_restore_tid(state, pid).is_some()
+}
+
+/// The registered restore thread of a live `pid`.
+pub fn registered_restore_tid(state: &StateDir, pid: i32) -> Option<i32> {
+    let tid: i32 = std::fs::read_to_string(state.restore_tid(pid)).ok()?.trim().parse().ok()?;
+    Path::new(&format!("/proc/{pid}/task/{tid}")).exists().then_some(tid)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn uuid(n: u8) -> SimUuid {
+        SimUuid([n; 16])
+    }
+
+    #[test]
+    fn requests_round_trip() {
+        for op in [
+            Op::Lock { timeout_ms: 10_000 },
+            Op::Checkpoint,
+            Op::Restore { pairs: None },
+            Op::Restore { pairs: Some(vec![]) },
+            Op::Restore { pairs: Some(vec![(uuid(1), uuid(2)), (uuid(2), uuid(1))]) },
+            Op::Unlock,
+        ] {
+            let r = Request { id: new_request_id(), op };
+            assert_eq!(Request::decode(&r.encode()).unwrap(), r);
+        }
+        let a = Response { id: "x".into(), result: 401 };
+        assert_eq!(Response::decode(&a.encode()).unwrap(), a);
+        assert!(Request::decode("op=dance\nid=1\n").is_err());
+    }
+
+    #[test]
+    fn unregistered_pid_is_refused_quickly() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path());
+        let t0 = Instant::now();
+        let e = exchange(&state, 999_999, Op::Checkpoint, Duration::from_secs(5)).unwrap_err();
+        assert!(matches!(e, ExchangeError::NotRegistered { .. }));
+        assert!(t0.elapsed() < Duration::from_secs(1));
+    }
+
+    #[test]
+    fn exchange_with_a_serving_thread_and_timeout_without_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let state = StateDir::new(dir.path());
+        // SAFETY: getpid and gettid have no preconditions.
+        let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+        std::fs::create_dir_all(state.proc_dir(pid)).unwrap();
+        std::fs::write(state.restore_tid(pid), tid.to_string()).unwrap();
+        assert_eq!(registered_restore_tid(&state, pid), Some(tid));
+
+        // Nobody serves: the call times out and the request is withdrawn.
+        let e = exchange(&state, pid, Op::Unlock, Duration::from_millis(30)).unwrap_err();
+        assert!(matches!(e, ExchangeError::NoAnswer { .. }));
+        assert!(!state.request(pid).exists());
+
+        let server_state = state.clone();
+        let server = std::thread::spawn(move || loop {
+            if let Some(req) = take_request(&server_state, pid) {
+                let req = req.unwrap();
+                answer(&server_state, pid, &Response { id: req.id, result: 401 }).unwrap();
+                return;
+            }
+            std::thread::sleep(POLL_INTERVAL);
+        });
+        assert_eq!(exchange(&state, pid, Op::Checkpoint, Duration::from_secs(5)).unwrap(), 401);
+        server.join().unwrap();
+    }
+}

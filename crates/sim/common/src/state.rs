@@ -1,0 +1,104 @@
+//! The state directory named by `CCM_SIM_STATE_DIR`: the control channel between a controller and
+//! a process's restore thread, the simulated device memory and the `/dev/nvidiaN` stand-ins.
+//!
+//! ```text
+//! STATE/faults                        fault knobs, read on every call (see faults.rs)
+//! STATE/dev/nvidia<minor>             regular files standing in for the device nodes
+//! STATE/gpu-<uuid>/mem-<pid>-<handle> one file per allocation: the "device memory"
+//! STATE/proc-<pid>/tid                the restore thread's tid (the process is a CUDA process)
+//! STATE/proc-<pid>/state              0 RUNNING, 1 LOCKED, 2 CHECKPOINTED
+//! STATE/proc-<pid>/request            one request for the restore thread (atomic rename)
+//! STATE/proc-<pid>/response           its answer (atomic rename)
+//! ```
+//!
+//! The process under test never keeps a descriptor open to anything here except the device-node
+//! stand-ins while RUNNING, so CRIU can dump it once it is checkpointed.
+
+use std::io::Write;
+use std::path::{Path, PathBuf};
+
+use crate::{SimError, SimUuid};
+
+/// Environment variable naming the state directory.
+pub const ENV_STATE_DIR: &str = "CCM_SIM_STATE_DIR";
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct StateDir {
+    root: PathBuf,
+}
+
+impl StateDir {
+    pub fn new(root: impl Into<PathBuf>) -> StateDir {
+        StateDir { root: root.into() }
+    }
+
+    /// The directory named by `CCM_SIM_STATE_DIR`.
+    pub fn from_env() -> Result<StateDir, SimError> {
+        std::env::var_os(ENV_STATE_DIR).map(StateDir::new).ok_or(SimError::NoStateDir)
+    }
+
+    pub fn root(&self) -> &Path {
+        &self.root
+    }
+    pub fn faults(&self) -> PathBuf {
+        self.root.join("faults")
+    }
+    pub fn dev_dir(&self) -> PathBuf {
+        self.root.join("dev")
+    }
+    pub fn dev_node(&self, minor: u32) -> PathBuf {
+        self.dev_dir().join(format!("nvidia{minor}"))
+    }
+    pub fn gpu_dir(&self, uuid: &SimUuid) -> PathBuf {
+        self.root.join(format!("gpu-{uuid}"))
+    }
+    pub fn allocation(&self, uuid: &SimUuid, pid: i32, handle: u64) -> PathBuf {
+        self.gpu_dir(uuid).join(format!("mem-{pid}-{handle}"))
+    }
+    pub fn proc_dir(&self, pid: i32) -> PathBuf {
+        self.root.join(format!("proc-{pid}"))
+    }
+    pub fn restore_tid(&self, pid: i32) -> PathBuf {
+        self.proc_dir(pid).join("tid")
+    }
+    pub fn process_state(&self, pid: i32) -> PathBuf {
+        self.proc_dir(pid).join("state")
+    }
+    pub fn request(&self, pid: i32) -> PathBuf {
+        self.proc_dir(pid).join("request")
+    }
+    pub fn response(&self, pid: i32) -> PathBuf {
+        self.proc_dir(pid).join("response")
+    }
+
+    /// Bytes of simulated device memory in use on a GPU (all processes), for NVML's memory info.
+    pub fn used_bytes(&self, uuid: &SimUuid) -> u64 {
+        let Ok(entries) = std::fs::read_dir(self.gpu_dir(uuid)) else {
+            return 0;
+        };
+        entries
+            .filter_map(Result::ok)
+            .filter(|e| e.file_name().to_string_lossy().starts_with("mem-"))
+            .filter_map(|e| e.metadata().ok())
+            .map(|m| m.len())
+            .sum()
+    }
+}
+
+/// Writes `bytes` to `path` atomically: a temporary file in the same directory, then rename, so a
+/// reader polling for `path` never sees half a message. The descriptor is closed before returning.
+pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SimError> {
+    let io = |what: &str, source| SimError::Io { what: format!("{what} {}", path.display()), source };
+    let file_name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    // SAFETY: getpid and gettid have no preconditions.
+    let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
+    let tmp = path.with_file_name(format!(".{file_name}.{pid}.{tid}.tmp"));
+    {
+        let mut f = std::fs::File::create(&tmp).map_err(|e| io("create a temporary file for", e))?;
+        f.write_all(bytes).map_err(|e| io("write", e))?;
+    }
+    std::fs::rename(&tmp, path).map_err(|e| {
+        let _ = std::fs::remove_file(&tmp);
+        io("rename into place", e)
+    })
+}

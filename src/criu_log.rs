@@ -1,0 +1,104 @@
+//! A `log` backend that writes into CRIU's own log through `print_on_level`.
+//!
+//! CRIU exports `print_on_level` (it is linked with `-rdynamic`); we resolve it with `dlsym` at
+//! run time and never link against CRIU. One call per message, always through `"%s"` so a `%`
+//! in a message cannot be read as a format directive, and always ending in a newline. Nothing
+//! goes to stderr: runc hands the container's stdio to `criu swrk`.
+
+use std::ffi::{c_char, c_uint, CString};
+use std::sync::OnceLock;
+
+use log::{Level, LevelFilter, Log, Metadata, Record};
+
+/// The prefix of every line the plugin logs.
+pub const PREFIX: &str = "criu-cuda-migrate: ";
+
+type PrintOnLevel = unsafe extern "C" fn(c_uint, *const c_char, ...);
+
+// CRIU's levels (criu/include/log.h): LOG_MSG=0 goes to stdout, so it is never used here.
+const CRIU_LOG_ERROR: c_uint = 1;
+const CRIU_LOG_WARN: c_uint = 2;
+const CRIU_LOG_INFO: c_uint = 3;
+const CRIU_LOG_DEBUG: c_uint = 4;
+
+struct CriuLogger {
+    print: Option<PrintOnLevel>,
+}
+
+static LOGGER: OnceLock<CriuLogger> = OnceLock::new();
+
+fn resolve_print_on_level() -> Option<PrintOnLevel> {
+    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks the symbol up.
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"print_on_level".as_ptr()) };
+    if p.is_null() {
+        None
+    } else {
+        // SAFETY: CRIU declares `void print_on_level(unsigned int loglevel, const char *format, ...)`,
+        // which is exactly `PrintOnLevel`.
+        Some(unsafe { std::mem::transmute::<*mut libc::c_void, PrintOnLevel>(p) })
+    }
+}
+
+/// Installs the logger once; later calls are no-ops. Returns whether CRIU's log was found.
+pub fn install() -> bool {
+    let logger = LOGGER.get_or_init(|| CriuLogger { print: resolve_print_on_level() });
+    // Ignore "already set": a host that embeds several Rust libraries may have set one.
+    let _ = log::set_logger(logger);
+    log::set_max_level(LevelFilter::Debug);
+    logger.print.is_some()
+}
+
+fn criu_level(level: Level) -> c_uint {
+    match level {
+        Level::Error => CRIU_LOG_ERROR,
+        Level::Warn => CRIU_LOG_WARN,
+        Level::Info => CRIU_LOG_INFO,
+        Level::Debug | Level::Trace => CRIU_LOG_DEBUG,
+    }
+}
+
+/// One CRIU log line per message line: CRIU prefixes each call with a timestamp, so a
+/// multi-line message (a table) is split and every line carries the plugin's prefix.
+fn format_lines(msg: &str) -> Vec<CString> {
+    msg.lines()
+        .map(|l| {
+            let mut s = String::with_capacity(PREFIX.len() + l.len() + 1);
+            s.push_str(PREFIX);
+            s.push_str(l);
+            s.push('\n');
+            CString::new(s.replace('\0', "\\0")).unwrap_or_default()
+        })
+        .collect()
+}
+
+impl Log for CriuLogger {
+    fn enabled(&self, _: &Metadata<'_>) -> bool {
+        self.print.is_some()
+    }
+
+    fn log(&self, record: &Record<'_>) {
+        let Some(print) = self.print else { return };
+        let msg = record.args().to_string();
+        for line in format_lines(&msg) {
+            // SAFETY: `print` is CRIU's print_on_level; "%s" consumes exactly one C string,
+            // which `line` keeps alive for the duration of the call.
+            unsafe { print(criu_level(record.level()), c"%s".as_ptr(), line.as_ptr()) };
+        }
+    }
+
+    fn flush(&self) {}
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn lines_are_prefixed_and_terminated() {
+        let l = format_lines("a\nb 100%");
+        assert_eq!(l.len(), 2);
+        assert_eq!(l[0].to_str().unwrap(), "criu-cuda-migrate: a\n");
+        assert_eq!(l[1].to_str().unwrap(), "criu-cuda-migrate: b 100%\n");
+        assert_eq!(format_lines("nul\0x")[0].to_str().unwrap(), "criu-cuda-migrate: nul\\0x\n");
+    }
+}

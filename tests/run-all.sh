@@ -1,0 +1,53 @@
+#!/usr/bin/env bash
+# THE test command of criu-cuda-migrate (README, .ci/run): installs what is missing, makes the Debian trixie root
+# with real CRIU 4.x, builds the workspace and runs every test, the real-CRIU integration tests included.
+#
+#   bash tests/run-all.sh
+#
+# Run it as root (CI does): the real-CRIU tests enter a mount namespace and run criu. As another user the
+# installation steps go through sudo and the real-CRIU tests skip with a loud message.
+# Environment: CCM_TRIXIE_ROOT (where the trixie root is cached, outside the clone), extra `cargo test`
+# arguments after `--` (e.g. `bash tests/run-all.sh -- criu_plain`).
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+cd "$REPO"
+[ -x "$HOME/.cargo/bin/cargo" ] && case ":$PATH:" in *":$HOME/.cargo/bin:"*) ;; *) PATH=$HOME/.cargo/bin:$PATH ;; esac
+
+cargo_test_args=()
+if [ "${1:-}" = "--" ]; then
+    shift
+    cargo_test_args=("$@")
+fi
+
+started=$SECONDS
+step() {
+    echo
+    echo "==> [$((SECONDS - started)) s] $*"
+}
+
+as_root() {
+    if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi
+}
+
+step "dependencies (clang, libclang-dev, debootstrap)"
+bash scripts/install-deps.sh
+
+step "Debian trixie root with CRIU 4.x (tests/criu-root.sh prepare)"
+as_root bash tests/criu-root.sh prepare
+
+step "cargo build --workspace"
+cargo build --workspace
+
+step "cargo test --workspace"
+cargo test --workspace -- "${cargo_test_args[@]}"
+
+# Further suites (e.g. the simulated NVIDIA stack's end-to-end runs) drop an executable tests/suite-*.sh here;
+# each runs from the repository root after the workspace tests and fails the run if it fails.
+shopt -s nullglob
+for suite in tests/suite-*.sh; do
+    step "$suite"
+    bash "$suite"
+done
+
+step "all tests passed"
