@@ -10,8 +10,8 @@ use std::fs;
 use std::time::Duration;
 
 use support::{
-    criu_root_or_skip, hook_enumerators, hook_value, init_line, not_cuda_line, plugin_so, read_descriptor,
-    run_plain, PlainRun, LOG_PREFIX,
+    criu_root_or_skip, hook_enumerators, hook_value, init_line, not_cuda_line, plugin_so, read_descriptor, run_plain,
+    PlainRun, LOG_PREFIX,
 };
 
 /// `CRIU_PLUGIN_VERSION` of every CRIU from 3.18 to 4.2: GEN_VERSION(0, 2, 0).
@@ -28,14 +28,7 @@ fn plain_process_is_dumped_and_restored_with_the_plugin_loaded() {
         return;
     };
     let plugin = plugin_bytes();
-    let run = run_plain(
-        &root,
-        &PlainRun {
-            plugin: &plugin,
-            restore: true,
-            verbosity: 4,
-        },
-    );
+    let run = run_plain(&root, &PlainRun { plugin: &plugin, restore: true, verbosity: 4 });
     let why = run.describe();
     assert_eq!(run.dump_rc, Some(0), "criu dump failed with the plugin loaded:\n{why}");
     assert_eq!(run.restore_rc, Some(0), "criu restore failed with the plugin loaded:\n{why}");
@@ -48,11 +41,7 @@ fn plain_process_is_dumped_and_restored_with_the_plugin_loaded() {
     let dump_log = run.dump_log();
     let restore_log = run.restore_log();
     assert!(dump_log.contains(&init_line("dump")), "dump.log lacks {:?}:\n{why}", init_line("dump"));
-    assert!(
-        restore_log.contains(&init_line("restore")),
-        "restore.log lacks {:?}:\n{why}",
-        init_line("restore")
-    );
+    assert!(restore_log.contains(&init_line("restore")), "restore.log lacks {:?}:\n{why}", init_line("restore"));
     assert!(
         dump_log.contains(&not_cuda_line(run.pid)),
         "dump.log lacks the plugin's -ENOTSUP answer {:?}:\n{why}",
@@ -71,19 +60,15 @@ fn plugin_lines_land_in_criu_logs_one_line_per_message_at_the_right_level() {
         return;
     };
     let plugin = plugin_bytes();
-    let verbose = run_plain(
-        &root,
-        &PlainRun {
-            plugin: &plugin,
-            restore: true,
-            verbosity: 4,
-        },
-    );
+    let verbose = run_plain(&root, &PlainRun { plugin: &plugin, restore: true, verbosity: 4 });
     let why = verbose.describe();
     assert_eq!((verbose.dump_rc, verbose.restore_rc), (Some(0), Some(0)), "{why}");
 
+    let init_prefix = format!("criu-cuda-migrate {}: ", env!("CARGO_PKG_VERSION"));
     for (name, log) in [("dump.log", verbose.dump_log()), ("restore.log", verbose.restore_log())] {
-        let ours: Vec<&str> = log.lines().filter(|l| l.contains("criu-cuda-migrate")).collect();
+        // The plugin's own messages: "criu-cuda-migrate: ..." and the init line "criu-cuda-migrate 0.1.0: ...".
+        // (CRIU's lines that merely name the plugin, such as `Plugin "criu-cuda-migrate" (version ...)`, are not.)
+        let ours: Vec<&str> = log.lines().filter(|l| l.contains(LOG_PREFIX) || l.contains(&init_prefix)).collect();
         assert!(!ours.is_empty(), "{name} holds no line of the plugin:\n{why}");
         for line in ours {
             // CRIU's print_on_level stamps every line "(SS.uuuuuu) "; a line without it was not written by CRIU's
@@ -92,29 +77,21 @@ fn plugin_lines_land_in_criu_logs_one_line_per_message_at_the_right_level() {
                 line.starts_with('(') && line.contains(") "),
                 "{name}: plugin line not written through CRIU's logger: {line:?}"
             );
-            assert_eq!(
-                line.matches("criu-cuda-migrate").count(),
-                1,
+            assert!(
+                line.matches(LOG_PREFIX).count() <= 1 && line.matches(&init_prefix).count() <= 1,
                 "{name}: several plugin messages on one line: {line:?}"
             );
         }
     }
     let stderr = verbose.criu_stderr();
     assert!(
-        !stderr.contains("criu-cuda-migrate"),
+        !stderr.contains(LOG_PREFIX) && !stderr.contains(&init_prefix),
         "the plugin wrote to criu's stderr instead of its log:\n{stderr}"
     );
 
     // At -v3 (info) CRIU drops debug lines: the plugin's DEBUG -ENOTSUP answer must go with them, which shows the
     // plugin maps its levels onto CRIU's instead of printing everything.
-    let quiet = run_plain(
-        &root,
-        &PlainRun {
-            plugin: &plugin,
-            restore: false,
-            verbosity: 3,
-        },
-    );
+    let quiet = run_plain(&root, &PlainRun { plugin: &plugin, restore: false, verbosity: 3 });
     assert_eq!(quiet.dump_rc, Some(0), "{}", quiet.describe());
     let quiet_log = quiet.dump_log();
     assert!(
@@ -129,20 +106,12 @@ fn plugin_disables_itself_once_on_a_machine_without_nvidia_driver() {
     let Some(root) = criu_root_or_skip("plugin_disables_itself_once_on_a_machine_without_nvidia_driver") else {
         return;
     };
-    if std::path::Path::new("/proc/driver/nvidia").exists() || std::env::var_os("CRIU_CUDA_MIGRATE_LIBCUDA").is_some()
-    {
+    if std::path::Path::new("/proc/driver/nvidia").exists() || std::env::var_os("CRIU_CUDA_MIGRATE_LIBCUDA").is_some() {
         eprintln!("plugin_disables_itself_once_on_a_machine_without_nvidia_driver: this machine has a driver; nothing to test");
         return;
     }
     let plugin = plugin_bytes();
-    let run = run_plain(
-        &root,
-        &PlainRun {
-            plugin: &plugin,
-            restore: false,
-            verbosity: 4,
-        },
-    );
+    let run = run_plain(&root, &PlainRun { plugin: &plugin, restore: false, verbosity: 4 });
     let why = run.describe();
     assert_eq!(run.dump_rc, Some(0), "init must never fail a dump without NVIDIA driver:\n{why}");
     let disabled = format!("{LOG_PREFIX}disabled: ");
@@ -159,7 +128,8 @@ fn max_hooks_does_not_exceed_the_hook_count_of_the_criu_in_use() {
     let header = fs::read_to_string(&header_path).expect("read the root's criu-plugin.h");
     let hooks = hook_enumerators(&header);
     let criu_max = hook_value(&hooks, "CR_PLUGIN_HOOK__MAX");
-    let desc = read_descriptor(&plugin_bytes()).unwrap_or_else(|e| panic!("CR_PLUGIN_DESC in {}: {e}", plugin_so().display()));
+    let desc =
+        read_descriptor(&plugin_bytes()).unwrap_or_else(|e| panic!("CR_PLUGIN_DESC in {}: {e}", plugin_so().display()));
 
     assert_eq!(desc.version, PLUGIN_ABI_VERSION, "CR_PLUGIN_DESC.version");
     assert!(
@@ -170,16 +140,10 @@ fn max_hooks_does_not_exceed_the_hook_count_of_the_criu_in_use() {
         header_path.display()
     );
     // CRIU reads only hooks[0..max_hooks): a smaller value would silently drop the device hooks.
-    for hook in [
-        "CR_PLUGIN_HOOK__PAUSE_DEVICES",
-        "CR_PLUGIN_HOOK__CHECKPOINT_DEVICES",
-        "CR_PLUGIN_HOOK__RESUME_DEVICES_LATE",
-    ] {
-        assert!(
-            hook_value(&hooks, hook) < desc.max_hooks,
-            "max_hooks = {} hides {hook} from CRIU",
-            desc.max_hooks
-        );
+    for hook in
+        ["CR_PLUGIN_HOOK__PAUSE_DEVICES", "CR_PLUGIN_HOOK__CHECKPOINT_DEVICES", "CR_PLUGIN_HOOK__RESUME_DEVICES_LATE"]
+    {
+        assert!(hook_value(&hooks, hook) < desc.max_hooks, "max_hooks = {} hides {hook} from CRIU", desc.max_hooks);
     }
 }
 
@@ -195,14 +159,7 @@ fn criu_rejects_a_plugin_with_more_hooks_than_it_knows() {
     patched[desc.max_hooks_bytes].copy_from_slice(&(criu_max + 1).to_le_bytes());
     assert_eq!(read_descriptor(&patched).expect("patched descriptor").max_hooks, criu_max + 1);
 
-    let run = run_plain(
-        &root,
-        &PlainRun {
-            plugin: &patched,
-            restore: false,
-            verbosity: 4,
-        },
-    );
+    let run = run_plain(&root, &PlainRun { plugin: &patched, restore: false, verbosity: 4 });
     let why = run.describe();
     assert_ne!(
         run.dump_rc,

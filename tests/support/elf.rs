@@ -75,13 +75,8 @@ fn c_string_at(image: &[u8], at: usize) -> Result<&[u8], String> {
 /// The file bytes (as a range of `image`) that hold the exported symbol `name`'s initial value.
 pub fn exported_symbol_bytes(image: &[u8], name: &str) -> Result<Range<usize>, String> {
     let sections = sections(image)?;
-    let dynsym = sections
-        .iter()
-        .find(|s| s.kind == SHT_DYNSYM)
-        .ok_or("no .dynsym: the file exports no symbols")?;
-    let strings = sections
-        .get(dynsym.link as usize)
-        .ok_or("the .dynsym string table index is out of range")?;
+    let dynsym = sections.iter().find(|s| s.kind == SHT_DYNSYM).ok_or("no .dynsym: the file exports no symbols")?;
+    let strings = sections.get(dynsym.link as usize).ok_or("the .dynsym string table index is out of range")?;
     let first = to_usize(dynsym.offset)?;
     for i in 0..to_usize(dynsym.size)? / SYMBOL_SIZE {
         let at = first + i * SYMBOL_SIZE;

@@ -1,1 +1,249 @@
-fn main() {}
+//! `criu-cuda-migrate`: inspect a checkpoint's GPU identity, preflight this node for a restore,
+//! list this node's GPUs, and recover a process a failed run left LOCKED or CHECKPOINTED.
+//!
+//! Exit codes: 0 success; 1 the check failed (preflight refused, recover failed); 2 bad usage or
+//! unreadable input.
+
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use ccm_engine::preflight;
+use ccm_engine::Config;
+use ccm_identity::image::IdentityImage;
+use clap::{Parser, Subcommand};
+
+#[derive(Parser)]
+#[command(name = "criu-cuda-migrate", version, about = "Inspect CUDA checkpoints made with the criu-cuda-migrate CRIU plugin and preflight a node for their restore")]
+struct Cli {
+    /// Print machine-readable JSON instead of tables.
+    #[arg(long, global = true)]
+    json: bool,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Show the identity images of a CRIU image directory: GPUs used and enumerated, environment, PCI sites.
+    Inspect {
+        /// CRIU's image directory (`criu dump -D DIR`).
+        dir: PathBuf,
+    },
+    /// Run the plugin's restore checks against this node and print the device map it would use.
+    Preflight {
+        dir: PathBuf,
+        /// Explicit map `OLD=NEW,...` (default: $CRIU_CUDA_MIGRATE_DEVICE_MAP).
+        #[arg(long)]
+        device_map: Option<String>,
+        /// GPUs the restore may use, UUIDs or NVML indices (default: $CRIU_CUDA_MIGRATE_USABLE_GPUS).
+        #[arg(long)]
+        usable_gpus: Option<String>,
+    },
+    /// List the GPUs NVML sees on this node.
+    Node,
+    /// Bring a process left LOCKED or CHECKPOINTED back to RUNNING (restore onto the same GPUs, then unlock).
+    Recover {
+        #[arg(long)]
+        pid: i32,
+    },
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let r = match &cli.command {
+        Command::Inspect { dir } => inspect(dir, cli.json),
+        Command::Preflight { dir, device_map, usable_gpus } => run_preflight(dir, device_map.clone(), usable_gpus.clone(), cli.json),
+        Command::Node => node(cli.json),
+        Command::Recover { pid } => recover(*pid),
+    };
+    match r {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("criu-cuda-migrate: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+type CliResult = Result<ExitCode, String>;
+
+fn load_images(dir: &Path) -> Result<Vec<(PathBuf, IdentityImage)>, String> {
+    if !dir.is_dir() {
+        return Err(format!("{} is not a directory; pass CRIU's image directory (the -D of `criu dump`)", dir.display()));
+    }
+    preflight::read_images(dir).map_err(|e| e.to_string())
+}
+
+fn inspect(dir: &Path, json: bool) -> CliResult {
+    let images = load_images(dir)?;
+    let reports = restore_reports(dir);
+    if json {
+        let v = serde_json::json!({
+            "dir": dir.display().to_string(),
+            "processes": images.iter().map(|(_, i)| i).collect::<Vec<_>>(),
+            "restore_reports": reports,
+        });
+        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
+        return Ok(ExitCode::SUCCESS);
+    }
+    if images.is_empty() {
+        println!("{}: no criu-cuda-migrate identity images (no CUDA process was dumped with the plugin)", dir.display());
+        return Ok(ExitCode::SUCCESS);
+    }
+    for (path, img) in &images {
+        println!("{}", path.display());
+        println!(
+            "  pid {} (host pid {}), dumped on {} with driver {} (CUDA {}.{})",
+            img.pid,
+            img.host_pid,
+            img.hostname,
+            img.driver_version,
+            img.cuda_driver_version / 1000,
+            (img.cuda_driver_version % 1000) / 10
+        );
+        println!("  {:<8} {:<42} {:<14} {:<22} {:>9} {:>6}", "role", "GPU", "PCI", "name", "MiB", "sites");
+        for g in &img.node_gpus {
+            let role = if let Some(i) = img.used.iter().position(|u| *u == g.uuid) {
+                format!("cuda:{i}")
+            } else if img.enumerated.contains(&g.uuid) {
+                "enum".to_string()
+            } else {
+                "-".to_string()
+            };
+            let sites = img.sites.iter().filter(|s| s.gpu == g.uuid).count();
+            println!("  {:<8} {:<42} {:<14} {:<22} {:>9} {:>6}", role, g.uuid.to_string(), g.pci.to_string(), g.name, g.memory_total >> 20, sites);
+        }
+        let env = &img.env;
+        for (k, v) in [
+            ("CUDA_VISIBLE_DEVICES", &env.cuda_visible_devices),
+            ("CUDA_DEVICE_ORDER", &env.cuda_device_order),
+            ("NVIDIA_VISIBLE_DEVICES", &env.nvidia_visible_devices),
+        ] {
+            if let Some(v) = v {
+                println!("  {k}={v}");
+            }
+        }
+    }
+    for (name, text) in &reports {
+        println!("\n{name}:\n{text}");
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The plugin's restore reports (`cuda-migrate-restore-<pid>.txt`) left next to the images.
+fn restore_reports(dir: &Path) -> Vec<(String, String)> {
+    let mut out = Vec::new();
+    if let Ok(rd) = std::fs::read_dir(dir) {
+        for e in rd.flatten() {
+            let name = e.file_name().to_string_lossy().into_owned();
+            if name.starts_with("cuda-migrate-restore-") && name.ends_with(".txt") {
+                if let Ok(t) = std::fs::read_to_string(e.path()) {
+                    out.push((name, t));
+                }
+            }
+        }
+    }
+    out.sort();
+    out
+}
+
+fn run_preflight(dir: &Path, device_map: Option<String>, usable: Option<String>, json: bool) -> CliResult {
+    let images = load_images(dir)?;
+    let mut config = Config::from_sources(|k| std::env::var(k).ok(), &[], &[]).map_err(|e| e.to_string())?;
+    if device_map.is_some() {
+        config.device_map = device_map;
+    }
+    if usable.is_some() {
+        config.usable_gpus = usable;
+    }
+    let n = images.len();
+    let gpus = match ccm_driver::nvml::Nvml::init().and_then(|n| n.gpus()) {
+        Ok(g) => g,
+        Err(e) if n > 0 => return refuse(json, &format!("this node cannot restore the checkpoint's {n} CUDA process(es): {e}")),
+        Err(_) => Vec::new(),
+    };
+    match preflight::plan(images, &gpus, &config) {
+        Ok(plans) => {
+            if json {
+                let v: Vec<_> = plans
+                    .iter()
+                    .map(|p| {
+                        serde_json::json!({
+                            "pid": p.image.pid,
+                            "pairs": p.map.pairs.iter().map(|x| serde_json::json!({
+                                "old": x.old.to_string(), "new": x.new.to_string(), "used": x.used, "reason": format!("{:?}", x.reason)
+                            })).collect::<Vec<_>>(),
+                        })
+                    })
+                    .collect();
+                println!("{}", serde_json::json!({"ok": true, "processes": v}));
+            } else if plans.is_empty() {
+                println!("no CUDA process in {}: nothing for the plugin to do", dir.display());
+            } else {
+                for p in &plans {
+                    println!("pid {}: device map\n{}", p.image.pid, p.map.render_table(&p.image, &gpus));
+                }
+                println!("preflight passed: this node can restore {} CUDA process(es)", plans.len());
+            }
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => refuse(json, &e.to_string()),
+    }
+}
+
+fn refuse(json: bool, msg: &str) -> CliResult {
+    if json {
+        println!("{}", serde_json::json!({"ok": false, "error": msg}));
+    } else {
+        println!("preflight refused: {msg}");
+    }
+    Ok(ExitCode::from(1))
+}
+
+fn node(json: bool) -> CliResult {
+    let nvml = ccm_driver::nvml::Nvml::init().map_err(|e| e.to_string())?;
+    let gpus = nvml.gpus().map_err(|e| e.to_string())?;
+    if json {
+        println!("{}", serde_json::json!({"driver_version": nvml.driver_version().unwrap_or_default(), "gpus": gpus}));
+    } else {
+        println!("driver {}", nvml.driver_version().unwrap_or_default());
+        for (i, g) in gpus.iter().enumerate() {
+            println!("{i}  {}  {}  {}  minor {}  {} MiB", g.uuid, g.pci, g.name, g.minor, g.memory_total >> 20);
+        }
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+fn recover(pid: i32) -> CliResult {
+    use ccm_driver::checkpoint::{CheckpointApi, ProcessState};
+    let lib = ccm_driver::Libcuda::load().map_err(|e| e.to_string())?;
+    let api = CheckpointApi::new(&lib).map_err(|e| e.to_string())?;
+    lib.init().map_err(|e| e.to_string())?;
+    let state = api.state(pid).map_err(|e| format!("pid {pid}: {e}"))?;
+    println!("pid {pid}: {state}");
+    let step = |r: Result<(), ccm_driver::CudaError>, what: &str| -> Result<(), String> {
+        r.map_err(|e| format!("pid {pid}: {what} failed: {e}"))?;
+        println!("pid {pid}: {what} done");
+        Ok(())
+    };
+    let r = (|| -> Result<(), String> {
+        if state == ProcessState::Checkpointed {
+            step(api.restore(pid, &[]), "restore")?;
+        }
+        if matches!(state, ProcessState::Checkpointed | ProcessState::Locked) {
+            step(api.unlock(pid), "unlock")?;
+        }
+        Ok(())
+    })();
+    match r {
+        Ok(()) => {
+            println!("pid {pid}: {}", api.state(pid).map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()));
+            Ok(ExitCode::SUCCESS)
+        }
+        Err(e) => {
+            eprintln!("{e}");
+            Ok(ExitCode::from(1))
+        }
+    }
+}

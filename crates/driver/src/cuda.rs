@@ -65,10 +65,14 @@ impl Libcuda {
     }
 
     pub fn load_from(path: &str) -> Result<Libcuda, LoadError> {
+        // RTLD_NODELETE: cuInit starts driver threads that run libcuda's code for the rest of
+        // the process; unmapping the library when the last handle drops would crash them.
+        let flags = libloading::os::unix::RTLD_NOW | libc::RTLD_NODELETE;
         // SAFETY: loading the NVIDIA driver library runs its initialisers; that is the documented
         // way to use it and it does not depend on our process state.
-        let lib = unsafe { libloading::Library::new(path) }
-            .map_err(|source| LoadError::Library { path: path.to_string(), source })?;
+        let lib: libloading::Library = unsafe { libloading::os::unix::Library::open(Some(path), flags) }
+            .map_err(|source| LoadError::Library { path: path.to_string(), source })?
+            .into();
         macro_rules! sym {
             ($name:literal) => {{
                 // SAFETY: the symbol's C signature is the one declared in CUDA's cuda.h; the

@@ -77,6 +77,9 @@ impl DumpSession {
         let timeout_ms = u32::try_from(self.config.lock_timeout.as_millis()).unwrap_or(u32::MAX);
         let Some(node) = self.node() else { return HookOutcome::NotMine };
         let api = node.api.clone();
+        if let Err(e) = node.cuinit() {
+            return HookOutcome::Failed(EngineError::Driver { pid, source: e });
+        }
         let restore_tid = match api.restore_thread_id(pid) {
             Ok(t) => t,
             Err(e) => {

@@ -11,6 +11,8 @@ use log::{info, warn};
 use crate::EngineError;
 
 pub struct Node {
+    lib: Libcuda,
+    cuinit: std::sync::OnceLock<Result<(), ccm_driver::CudaError>>,
     pub api: CheckpointApi,
     pub cuda_driver_version: i32,
     pub nvml: Option<Nvml>,
@@ -20,15 +22,14 @@ pub struct Node {
 }
 
 impl Node {
-    /// Loads libcuda, calls `cuInit` (the process that restores another one must have) and
-    /// reads the GPUs from NVML. NVML failing is not fatal here: the caller decides.
+    /// Loads libcuda and reads the GPUs from NVML. NVML failing is not fatal here: the caller
+    /// decides. `cuInit` comes later ([`Node::cuinit`]), when a process is actually handled.
     pub fn load() -> Result<Node, EngineError> {
         let t0 = Instant::now();
         let lib = Libcuda::load().map_err(EngineError::NoDriver)?;
         let api = CheckpointApi::new(&lib).map_err(EngineError::NoDriver)?;
-        lib.init().map_err(|e| EngineError::Driver { pid: 0, source: e })?;
         let cuda_driver_version = lib.driver_version().unwrap_or(0);
-        info!("driver: {} loaded, cuInit done, CUDA driver API {} ({:.3} s)", lib.path(), cuda_driver_version, t0.elapsed().as_secs_f64());
+        info!("driver: {} loaded, CUDA driver API {} ({:.3} s)", lib.path(), cuda_driver_version, t0.elapsed().as_secs_f64());
         let t1 = Instant::now();
         let (nvml, driver_version, gpus) = match Nvml::init() {
             Ok(n) => {
@@ -50,7 +51,21 @@ impl Node {
         for (i, g) in gpus.iter().enumerate() {
             info!("  GPU {i}: {} {} {} minor {} {} MiB", g.uuid, g.pci, g.name, g.minor, g.memory_total >> 20);
         }
-        Ok(Node { api, cuda_driver_version, nvml, driver_version, gpus })
+        Ok(Node { lib, cuinit: std::sync::OnceLock::new(), api, cuda_driver_version, nvml, driver_version, gpus })
+    }
+
+    /// `cuInit(0)` once per CRIU run: the driver requires it in the process that restores
+    /// another one. At restore it runs only after CRIU has forked every task, so no restored
+    /// task inherits driver state from CRIU.
+    pub fn cuinit(&self) -> Result<(), ccm_driver::CudaError> {
+        self.cuinit
+            .get_or_init(|| {
+                let t0 = Instant::now();
+                let r = self.lib.init();
+                info!("cuInit {:.3} s", t0.elapsed().as_secs_f64());
+                r
+            })
+            .clone()
     }
 
     pub fn gpu(&self, uuid: &GpuUuid) -> Option<&GpuIdentity> {

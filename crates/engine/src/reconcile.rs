@@ -6,7 +6,7 @@ use std::time::{Duration, Instant};
 
 use ccm_identity::image::PciSite;
 use ccm_identity::pattern::plan_rewrites;
-use ccm_identity::validate::{validate_gpu, GpuObservation, Verdict};
+use ccm_identity::validate::{validate_gpu, GpuObservation, ReconcileReport, ReportRow, Verdict};
 use ccm_identity::{GpuUuid, PciSignature};
 use ccm_process::mem::ProcessMemory;
 use log::{info, warn};
@@ -23,7 +23,9 @@ pub struct ReconcileSummary {
     /// The sites recorded at dump still held the old words (no scan was needed).
     pub used_recorded_sites: bool,
     pub env_edits: usize,
-    /// One line per GPU: old → new, sites, validation.
+    /// One row per changed GPU: ordinal, old → new, sites, validation.
+    pub report: ReconcileReport,
+    /// `report` rendered as a table.
     pub table: String,
     /// Empty when every changed GPU validated.
     pub failures: Vec<String>,
@@ -116,32 +118,32 @@ fn validate(pid: u32, plan: &ProcessPlan, node: &Node, changed: &[(GpuUuid, GpuU
             return;
         }
     };
-    let mut lines = vec![format!("{:<42} {:<14} {:<42} {:<14} {:>5}  validation", "old GPU", "old bus", "new GPU", "new bus", "sites")];
+    let mut report = ReconcileReport::default();
     for (old, new) in changed {
-        let Some(new_gpu) = node.gpu(new) else {
-            s.failures.push(format!("{new} is not a GPU of this node"));
+        let (Some(old_gpu), Some(new_gpu)) = (plan.image.gpu(old), node.gpu(new)) else {
+            s.failures.push(format!("{old} -> {new}: one of them is unknown (not in the image / not on this node)"));
             continue;
         };
-        let old_bus = plan.image.gpu(old).map(|g| g.pci.to_string()).unwrap_or_else(|| "?".into());
-        let new_sig = new_gpu.signature();
-        // Read back every place rewritten for this GPU: what the process will read after unlock.
+        // Read back every place rewritten for this GPU: what the process reads after unlock.
         let words: Vec<PciSignature> = s
             .written
             .iter()
             .filter(|(gpu, _)| gpu == old)
             .filter_map(|(_, addr)| ccm_process::mem::read_signature(&mem, *addr).ok())
             .collect();
-        let nvml_uuid = node.nvml.as_ref().and_then(|n| n.uuid_at_pci(&new_sig.pci()).ok().flatten());
+        let sites = words.len();
+        // NVML by the PCI location the process will now report must be the GPU the driver
+        // restored onto.
+        let named = words.first().map(|w| w.pci()).unwrap_or(new_gpu.pci);
+        let nvml_uuid = node.nvml.as_ref().and_then(|n| n.uuid_at_pci(&named).ok().flatten());
         let obs = GpuObservation { old: *old, new: *new, words_in_process: words, nvml_uuid_at_new_pci: nvml_uuid };
         let verdict = validate_gpu(&obs, new_gpu);
-        let text = match &verdict {
-            Verdict::Ok => "ok: CUDA bus id, NVML and UUID agree".to_string(),
-            Verdict::Mismatch(m) => {
-                s.failures.push(format!("{old} -> {new}: {m}"));
-                format!("MISMATCH: {m}")
-            }
-        };
-        lines.push(format!("{:<42} {:<14} {:<42} {:<14} {:>5}  {text}", old.to_string(), old_bus, new.to_string(), new_gpu.pci.to_string(), obs.words_in_process.len()));
+        if let Verdict::Mismatch(m) = &verdict {
+            s.failures.push(format!("{old} -> {new}: {m}"));
+        }
+        let ordinal = plan.image.used.iter().position(|u| u == old).map(|i| i as u32);
+        report.rows.push(ReportRow::from_verdict(ordinal, old_gpu, new_gpu, sites, &verdict));
     }
-    s.table = lines.join("\n");
+    s.table = report.render_table();
+    s.report = report;
 }

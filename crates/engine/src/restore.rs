@@ -102,6 +102,14 @@ impl RestoreSession {
         let Some(node) = self.node.as_ref() else { return };
         let api = &node.api;
         let t0 = Instant::now();
+        if let Err(e) = node.cuinit() {
+            for &pid in pids {
+                if self.plan_for(pid).is_some() {
+                    error!("pid {pid} is left CHECKPOINTED: cuInit failed in CRIU ({e}); fix the driver and run `criu-cuda-migrate recover --pid {pid}`");
+                }
+            }
+            return;
+        }
         // Which of these are CUDA processes waiting in CHECKPOINTED state.
         let mut jobs: Vec<(Job<'_>, u32)> = Vec::new();
         for &pid in pids {
@@ -148,14 +156,23 @@ impl RestoreSession {
             }
         }
         let config = &self.config;
-        let outcomes: Vec<(u32, Result<(), String>, bool)> = std::thread::scope(|s| {
-            let handles: Vec<_> =
-                ready.iter().map(|job| (job.pid, s.spawn(move || restore_one(job, node, config)))).collect();
+        let outcomes: Vec<(u32, Result<(), String>, bool, String)> = std::thread::scope(|s| {
+            let handles: Vec<_> = ready
+                .iter()
+                .map(|job| {
+                    (job.pid, s.spawn(move || {
+                        let mut report = String::new();
+                        let (r, kill) = restore_one(job, node, config, &mut report);
+                        (r, kill, report)
+                    }))
+                })
+                .collect();
             handles
                 .into_iter()
                 .map(|(pid, h)| {
-                    let (r, kill) = h.join().unwrap_or_else(|_| (Err("restore worker panicked".into()), false));
-                    (pid, r, kill)
+                    let (r, kill, report) =
+                        h.join().unwrap_or_else(|_| (Err("restore worker panicked".into()), false, String::new()));
+                    (pid, r, kill, report)
                 })
                 .collect()
         });
@@ -165,16 +182,23 @@ impl RestoreSession {
             }
         }
         let mut kill = Vec::new();
-        for (pid, r, k) in outcomes {
+        let mut new_results = Vec::new();
+        for (pid, r, k, report) in outcomes {
             if k {
                 kill.push(pid);
             }
-            self.results.insert(pid, r);
+            if let Some(plan) = jobs.iter().find(|(j, _)| j.pid == pid).and_then(|(j, _)| j.plan) {
+                self.write_report(pid, plan, &r, &report);
+            }
+            new_results.push((pid, r));
         }
+        let job_count = jobs.len();
+        drop(jobs);
         for (pid, m) in failed_early {
             error!("pid {pid} is left CHECKPOINTED: {m}; run `criu-cuda-migrate recover --pid {pid}`");
-            self.results.insert(pid, Err(m));
+            new_results.push((pid, Err(m)));
         }
+        self.results.extend(new_results);
         if !kill.is_empty() {
             // Strict mode: a process whose GPU identity is wrong must not run. Kill the whole
             // restored tree so no half of a job resumes; the images are intact for a retry.
@@ -189,7 +213,29 @@ impl RestoreSession {
                 kill
             );
         }
-        info!("restore of {} CUDA process(es) took {:.3} s (parallel)", jobs.len(), t0.elapsed().as_secs_f64());
+        info!("restore of {job_count} CUDA process(es) took {:.3} s (parallel)", t0.elapsed().as_secs_f64());
+    }
+
+    /// Leaves `cuda-migrate-restore-<pid>.txt` next to the images (best effort; the images
+    /// themselves are never written): the map used and what reconciliation did.
+    fn write_report(&self, host_pid: u32, plan: &ProcessPlan, result: &Result<(), String>, reconcile: &str) {
+        let Some(dir) = &self.image_dir else { return };
+        let Some(node) = &self.node else { return };
+        let name = format!("cuda-migrate-restore-{}.txt", plan.image.pid);
+        let text = format!(
+            "restored pid {} (host pid {host_pid}) at unix time {}\nresult: {}\ndevice map:\n{}\n{}",
+            plan.image.pid,
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
+            match result {
+                Ok(()) => "ok".to_string(),
+                Err(e) => format!("FAILED: {e}"),
+            },
+            plan.map.render_table(&plan.image, &node.gpus),
+            reconcile
+        );
+        if let Err(e) = std::fs::write(dir.join(&name), text) {
+            warn!("cannot write {name} next to the images ({e}); the same report is in this log");
+        }
     }
 
     /// `exit(RESTORE, ret)`.
@@ -211,7 +257,7 @@ impl RestoreSession {
 
 /// Driver restore, reconciliation, unlock for one process. Returns the result and whether the
 /// tree must be killed (strict mode failure).
-fn restore_one(job: &Job<'_>, node: &Node, config: &Config) -> (Result<(), String>, bool) {
+fn restore_one(job: &Job<'_>, node: &Node, config: &Config, report: &mut String) -> (Result<(), String>, bool) {
     let pid = job.pid;
     let api = &node.api;
     let pairs: Vec<(GpuUuid, GpuUuid)> = match job.plan {
@@ -234,6 +280,14 @@ fn restore_one(job: &Job<'_>, node: &Node, config: &Config) -> (Result<(), Strin
         if !plan.map.changed().is_empty() {
             if config.reconcile {
                 let s: ReconcileSummary = reconcile(pid, plan, node);
+                report.push_str(&format!(
+                    "reconciliation: {} site(s) rewritten ({}), {} environment edit(s), {:.3} s\n{}\n",
+                    s.sites_rewritten,
+                    if s.used_recorded_sites { "sites recorded at dump" } else { "found by scan" },
+                    s.env_edits,
+                    s.elapsed.as_secs_f64(),
+                    s.table
+                ));
                 info!(
                     "pid {pid}: identity reconciliation: {} site(s) rewritten ({}), {} environment edit(s), {:.3} s\n{}",
                     s.sites_rewritten,

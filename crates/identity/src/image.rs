@@ -86,7 +86,9 @@ pub struct IdentityImage {
 /// Why an identity image could not be read (or written within the format's bounds).
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum ImageError {
-    #[error("identity image is {len} bytes, shorter than the {min}-byte minimum; the file was cut: re-dump the process")]
+    #[error(
+        "identity image is {len} bytes, shorter than the {min}-byte minimum; the file was cut: re-dump the process"
+    )]
     TooShort { len: usize, min: usize },
     #[error("identity image is truncated: {needed} bytes needed at offset {offset}, {available} left; the file was cut: re-dump the process")]
     Truncated { offset: usize, needed: usize, available: usize },
@@ -257,18 +259,11 @@ impl IdentityImage {
             });
         }
         if bytes.len() > expected_total {
-            return Err(ImageError::TrailingBytes {
-                offset: expected_total,
-                count: bytes.len() - expected_total,
-            });
+            return Err(ImageError::TrailingBytes { offset: expected_total, count: bytes.len() - expected_total });
         }
         let body_end = HEADER_LEN + payload_len;
-        let stored = u32::from_le_bytes([
-            bytes[body_end],
-            bytes[body_end + 1],
-            bytes[body_end + 2],
-            bytes[body_end + 3],
-        ]);
+        let stored =
+            u32::from_le_bytes([bytes[body_end], bytes[body_end + 1], bytes[body_end + 2], bytes[body_end + 3]]);
         let computed = crc32fast::hash(&bytes[..body_end]);
         if stored != computed {
             return Err(ImageError::ChecksumMismatch { stored, computed });
@@ -467,9 +462,7 @@ impl<'a> Reader<'a> {
     fn string(&mut self, field: &'static str) -> Result<String, ImageError> {
         let n = self.count(field, MAX_STRING_BYTES, 1)?;
         let bytes = self.take(n)?;
-        std::str::from_utf8(bytes)
-            .map(str::to_owned)
-            .map_err(|_| ImageError::InvalidUtf8 { field })
+        std::str::from_utf8(bytes).map(str::to_owned).map_err(|_| ImageError::InvalidUtf8 { field })
     }
 
     fn opt_string(&mut self, field: &'static str) -> Result<Option<String>, ImageError> {
@@ -494,12 +487,7 @@ impl<'a> Reader<'a> {
 
     fn gpu(&mut self) -> Result<GpuIdentity, ImageError> {
         let uuid = self.uuid()?;
-        let pci = PciAddress {
-            domain: self.u32()?,
-            bus: self.u32()?,
-            device: self.u32()?,
-            function: self.u32()?,
-        };
+        let pci = PciAddress { domain: self.u32()?, bus: self.u32()?, device: self.u32()?, function: self.u32()? };
         Ok(GpuIdentity {
             uuid,
             pci,
@@ -596,7 +584,7 @@ pub(crate) mod tests {
     }
 
     /// Rewrites the header's checksum so a test can reach the checks behind it.
-    fn reseal(bytes: &mut Vec<u8>) {
+    fn reseal(bytes: &mut [u8]) {
         let body = bytes.len() - TRAILER_LEN;
         let crc = crc32fast::hash(&bytes[..body]);
         bytes[body..].copy_from_slice(&crc.to_le_bytes());
@@ -626,10 +614,7 @@ pub(crate) mod tests {
         flipped[mid] ^= 0x40;
         assert!(matches!(IdentityImage::decode(&flipped), Err(ImageError::ChecksumMismatch { .. })));
 
-        assert!(matches!(
-            IdentityImage::decode(&good[..good.len() - 1]),
-            Err(ImageError::Truncated { .. })
-        ));
+        assert!(matches!(IdentityImage::decode(&good[..good.len() - 1]), Err(ImageError::Truncated { .. })));
         let mut longer = good.clone();
         longer.push(0);
         assert!(matches!(IdentityImage::decode(&longer), Err(ImageError::TrailingBytes { .. })));
@@ -647,18 +632,12 @@ pub(crate) mod tests {
         let mut bytes = img.encode();
         bytes[hostname_len_at..hostname_len_at + 4].copy_from_slice(&5000u32.to_le_bytes());
         reseal(&mut bytes);
-        assert!(matches!(
-            IdentityImage::decode(&bytes),
-            Err(ImageError::LengthOutOfBounds { field: "hostname", .. })
-        ));
+        assert!(matches!(IdentityImage::decode(&bytes), Err(ImageError::LengthOutOfBounds { field: "hostname", .. })));
 
         let mut bytes = img.encode();
         bytes[hostname_len_at + 4] = 0xff; // first byte of "gpu-node-a"
         reseal(&mut bytes);
-        assert!(matches!(
-            IdentityImage::decode(&bytes),
-            Err(ImageError::InvalidUtf8 { field: "hostname" })
-        ));
+        assert!(matches!(IdentityImage::decode(&bytes), Err(ImageError::InvalidUtf8 { field: "hostname" })));
 
         // A count that claims more elements than bytes remain is refused before allocating.
         let mut bytes = img.encode();
@@ -743,11 +722,7 @@ pub(crate) mod tests {
             prop::collection::vec(arb_gpu(), 0..6),
             prop::collection::vec(arb_uuid(), 0..6),
             prop::collection::vec(arb_uuid(), 0..6),
-            (
-                proptest::option::of(".{0,40}"),
-                proptest::option::of(".{0,12}"),
-                proptest::option::of(".{0,40}"),
-            ),
+            (proptest::option::of(".{0,40}"), proptest::option::of(".{0,12}"), proptest::option::of(".{0,40}")),
             prop::collection::vec(arb_site(), 0..10),
         )
             .prop_map(|(head, node_gpus, enumerated, used, env, sites)| IdentityImage {

@@ -47,13 +47,17 @@ pub enum MapError {
     UsedNotEnumerated { uuid: GpuUuid },
     #[error("the identity image has no record (chip, memory) of used GPU {uuid}; the image is inconsistent: re-dump the process, or pair it explicitly with {DEVICE_MAP_VAR}")]
     UsedGpuUnknown { uuid: GpuUuid },
-    #[error("this node lists GPU {uuid} twice; the driver or NVML reported an inconsistent GPU list: check `nvidia-smi -L`")]
+    #[error(
+        "this node lists GPU {uuid} twice; the driver or NVML reported an inconsistent GPU list: check `nvidia-smi -L`"
+    )]
     DuplicateNodeGpu { uuid: GpuUuid },
     #[error("the process enumerated {needed} GPUs at dump but this node has only {have} ({node}); the driver needs a pair for every enumerated GPU: restore on a node with at least {needed} GPUs")]
     TooFewGpus { needed: usize, have: usize, node: String },
     #[error("{DEVICE_MAP_VAR} names {old}, which the process did not enumerate at dump; its GPUs were: {enumerated}; fix the OLD side of the map")]
     ExplicitUnknownOld { old: GpuUuid, enumerated: String },
-    #[error("{DEVICE_MAP_VAR} maps to {new}, which is not on this node; this node has: {node}; fix the NEW side of the map")]
+    #[error(
+        "{DEVICE_MAP_VAR} maps to {new}, which is not on this node; this node has: {node}; fix the NEW side of the map"
+    )]
     ExplicitUnknownNew { new: GpuUuid, node: String },
     #[error("{DEVICE_MAP_VAR} pairs {old} more than once; give each dump GPU one target")]
     ExplicitDuplicateOld { old: GpuUuid },
@@ -191,11 +195,7 @@ pub fn parse_usable(text: &str, node_gpus: &[GpuIdentity]) -> Result<Vec<GpuUuid
     }
     let mut out: Vec<GpuUuid> = Vec::new();
     for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let bad = |reason: String| MapError::BadUsable {
-            item: item.to_string(),
-            reason,
-            node: list_node(node_gpus),
-        };
+        let bad = |reason: String| MapError::BadUsable { item: item.to_string(), reason, node: list_node(node_gpus) };
         let uuid = if item.starts_with("GPU-") {
             let uuid: GpuUuid = item.parse().map_err(|e| bad(format!("{e}")))?;
             if !node_gpus.iter().any(|g| g.uuid == uuid) {
@@ -223,12 +223,7 @@ fn list_node(node_gpus: &[GpuIdentity]) -> String {
     if node_gpus.is_empty() {
         return "no GPUs".into();
     }
-    node_gpus
-        .iter()
-        .enumerate()
-        .map(|(i, g)| format!("[{i}] {}", g.describe()))
-        .collect::<Vec<_>>()
-        .join("; ")
+    node_gpus.iter().enumerate().map(|(i, g)| format!("[{i}] {}", g.describe())).collect::<Vec<_>>().join("; ")
 }
 
 fn list_uuids(uuids: &[GpuUuid]) -> String {
@@ -335,10 +330,7 @@ pub fn plan(req: &MapRequest) -> Result<DeviceMap, MapError> {
                     return Err(MapError::ExplicitWrongChip { old: old_gpu.describe(), new: new_gpu.describe() });
                 }
                 if new_gpu.memory_total < old_gpu.memory_total {
-                    return Err(MapError::ExplicitTooLittleMemory {
-                        old: old_gpu.describe(),
-                        new: new_gpu.describe(),
-                    });
+                    return Err(MapError::ExplicitTooLittleMemory { old: old_gpu.describe(), new: new_gpu.describe() });
                 }
             }
             if !usable.contains(new) {
@@ -596,10 +588,7 @@ mod tests {
         let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &[] }).unwrap();
         assert_eq!(
             pairs(&map),
-            vec![
-                (uuid(0), node[0].uuid, PairReason::SameLocation),
-                (uuid(1), node[1].uuid, PairReason::SameLocation)
-            ]
+            vec![(uuid(0), node[0].uuid, PairReason::SameLocation), (uuid(1), node[1].uuid, PairReason::SameLocation)]
         );
 
         // Different slots: ordinal order (used order 1, 0) onto NVML order.
@@ -607,10 +596,7 @@ mod tests {
         let map = plan(&MapRequest { image: &img, node_gpus: &node, usable: None, explicit: &[] }).unwrap();
         assert_eq!(
             pairs(&map),
-            vec![
-                (uuid(0), node[1].uuid, PairReason::OrdinalOrder),
-                (uuid(1), node[0].uuid, PairReason::OrdinalOrder)
-            ]
+            vec![(uuid(0), node[1].uuid, PairReason::OrdinalOrder), (uuid(1), node[0].uuid, PairReason::OrdinalOrder)]
         );
     }
 
@@ -703,7 +689,8 @@ mod tests {
         let node = two();
         let img = image(node.clone(), vec![uuid(0), uuid(1)], vec![uuid(0), uuid(1)]);
         let usable = [uuid(1)];
-        let err = plan(&MapRequest { image: &img, node_gpus: &node, usable: Some(&usable), explicit: &[] }).unwrap_err();
+        let err =
+            plan(&MapRequest { image: &img, node_gpus: &node, usable: Some(&usable), explicit: &[] }).unwrap_err();
         assert!(matches!(err, MapError::NotEnoughSuitable { .. }), "{err}");
     }
 
@@ -727,10 +714,7 @@ mod tests {
         assert_eq!(parse_pairs("").unwrap(), vec![]);
         assert!(matches!(parse_pairs("GPU-1=GPU-2"), Err(MapError::BadPair { .. })));
         assert!(matches!(parse_pairs(&uuid(0).to_string()), Err(MapError::BadPair { .. })));
-        assert_eq!(
-            parse_usable(&format!("2, {} ,0,2", uuid(1)), &node).unwrap(),
-            vec![uuid(2), uuid(1), uuid(0)]
-        );
+        assert_eq!(parse_usable(&format!("2, {} ,0,2", uuid(1)), &node).unwrap(), vec![uuid(2), uuid(1), uuid(0)]);
         assert_eq!(parse_usable(" all ", &node).unwrap().len(), 3);
         assert!(matches!(parse_usable("3", &node), Err(MapError::BadUsable { .. })));
         assert!(matches!(parse_usable("x", &node), Err(MapError::BadUsable { .. })));
@@ -741,8 +725,10 @@ mod tests {
 
     /// A small world: dump GPUs and node GPUs drawn from two chips and two memory sizes, some
     /// shared between dump and node (same machine), some foreign.
-    fn arb_world() -> impl Strategy<Value = (IdentityImage, Vec<GpuIdentity>, Option<Vec<GpuUuid>>, Vec<(GpuUuid, GpuUuid)>)>
-    {
+    /// Image, node GPUs, usable restriction, explicit pairs.
+    type World = (IdentityImage, Vec<GpuIdentity>, Option<Vec<GpuUuid>>, Vec<(GpuUuid, GpuUuid)>);
+
+    fn arb_world() -> impl Strategy<Value = World> {
         let gpu = |id: u8| {
             (any::<bool>(), any::<bool>(), 0u32..4).prop_map(move |(chip, big, bus)| GpuIdentity {
                 uuid: uuid(id),

@@ -16,7 +16,6 @@ pub mod devices;
 pub mod environ;
 pub mod maps;
 pub mod mem;
-mod pattern_shim;
 mod procfs;
 pub mod ptrace;
 pub mod tree;
@@ -26,7 +25,7 @@ pub use environ::{env_var, read_environ_block, write_environ_edit, EnvBlock};
 pub use maps::{is_scannable, parse_maps, read_maps, Mapping, DEFAULT_MAX_MAPPING_BYTES};
 pub use mem::{read_signature, scan_signatures, verify_and_write, ProcessMemory, ScanReport};
 pub use ptrace::{resume_restore_thread, RunningRestoreThread};
-pub use tree::{children_recursive, is_alive, ns_pid, threads};
+pub use tree::{children_recursive, is_alive, kill, ns_pid, threads};
 
 use ccm_identity::PciSignature;
 use std::path::PathBuf;

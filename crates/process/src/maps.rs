@@ -194,15 +194,9 @@ this line is junk
     #[test]
     fn scannable_selection() {
         let maps = parse_maps(SAMPLE);
-        let names: Vec<&str> = maps
-            .iter()
-            .filter(|m| is_scannable(m, DEFAULT_MAX_MAPPING_BYTES))
-            .map(|m| m.display_name())
-            .collect();
-        assert_eq!(
-            names,
-            ["[heap]", "[anon]", "/opt/my app/lib data.so", "[anon:libcuda arena]", "[stack]"]
-        );
+        let names: Vec<&str> =
+            maps.iter().filter(|m| is_scannable(m, DEFAULT_MAX_MAPPING_BYTES)).map(|m| m.display_name()).collect();
+        assert_eq!(names, ["[heap]", "[anon]", "/opt/my app/lib data.so", "[anon:libcuda arena]", "[stack]"]);
     }
 
     #[test]

@@ -8,7 +8,8 @@
 use crate::maps::{is_scannable, read_maps, Mapping};
 use crate::procfs::{io_error, proc_path};
 use crate::{ProcessError, SiteError};
-use crate::pattern_shim::{find_signatures, PciSite};
+use ccm_identity::pattern::find_signatures;
+use ccm_identity::PciSite;
 use ccm_identity::{GpuUuid, PciSignature};
 use std::fs::File;
 use std::io;
@@ -37,11 +38,8 @@ impl ProcessMemory {
 
     fn open(pid: u32, write: bool) -> Result<Self, ProcessError> {
         let path = proc_path(pid, "mem");
-        let file = File::options()
-            .read(true)
-            .write(write)
-            .open(&path)
-            .map_err(|e| io_error(pid, "opening", &path, e))?;
+        let file =
+            File::options().read(true).write(write).open(&path).map_err(|e| io_error(pid, "opening", &path, e))?;
         Ok(ProcessMemory { pid, path, file })
     }
 
@@ -79,13 +77,7 @@ impl ProcessMemory {
         while done < buf.len() {
             let n = self.read_at(addr + done as u64, &mut buf[done..])?;
             if n == 0 {
-                return Err(ProcessError::Short {
-                    pid: self.pid,
-                    action: "read",
-                    addr,
-                    wanted: buf.len(),
-                    done,
-                });
+                return Err(ProcessError::Short { pid: self.pid, action: "read", addr, wanted: buf.len(), done });
             }
             done += n;
         }
@@ -99,13 +91,7 @@ impl ProcessMemory {
             let at = addr + done as u64;
             match self.file.write_at(&data[done..], at) {
                 Ok(0) => {
-                    return Err(ProcessError::Short {
-                        pid: self.pid,
-                        action: "write",
-                        addr,
-                        wanted: data.len(),
-                        done,
-                    })
+                    return Err(ProcessError::Short { pid: self.pid, action: "write", addr, wanted: data.len(), done })
                 }
                 Ok(n) => done += n,
                 Err(e) if e.kind() == io::ErrorKind::Interrupted => continue,
@@ -134,7 +120,7 @@ pub struct ScanReport {
 
 /// Bytes read per `pread`. Large enough that syscall cost is negligible, small enough to keep
 /// one worker's buffer cheap.
-const SCAN_CHUNK_BYTES: usize = 8 << 20;
+pub const SCAN_CHUNK_BYTES: usize = 8 << 20;
 
 /// Bytes carried from the end of one chunk to the front of the next, so a signature crossing a
 /// chunk border is still seen whole. 24 (the signature's length, rather than 23) keeps each
@@ -208,7 +194,8 @@ fn scan_mapping(
     let mut carried = 0usize;
     while next < mapping.end {
         let remaining = usize::try_from(mapping.end - next).unwrap_or(usize::MAX);
-        let want = remaining.min(buf.len() - carried);
+        // Chunks start at `mapping.start + k * SCAN_CHUNK_BYTES`; `buf` has room for the carry.
+        let want = remaining.min(SCAN_CHUNK_BYTES);
         let got = read_some(mem, next, &mut buf[carried..carried + want])?;
         if got == 0 {
             // pread on /proc/PID/mem returns 0 only when the address space is gone.
@@ -229,7 +216,7 @@ fn scan_mapping(
                 addr,
                 mapping_start: mapping.start,
                 mapping_end: mapping.end,
-                mapping_name: mapping.display_name().to_string(),
+                mapping_name: mapping.path.clone(),
                 words,
             });
         }

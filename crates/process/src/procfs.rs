@@ -17,9 +17,7 @@ pub(crate) fn proc_path(pid: u32, rest: &str) -> PathBuf {
 /// Turns an I/O error on a `/proc` path into the error kind callers can act on.
 pub(crate) fn io_error(pid: u32, action: &'static str, path: &Path, err: io::Error) -> ProcessError {
     match err.raw_os_error() {
-        Some(libc::ENOENT) | Some(libc::ESRCH) => {
-            ProcessError::NoSuchProcess { pid, path: path.to_path_buf() }
-        }
+        Some(libc::ENOENT) | Some(libc::ESRCH) => ProcessError::NoSuchProcess { pid, path: path.to_path_buf() },
         Some(libc::EACCES) | Some(libc::EPERM) => {
             ProcessError::PermissionDenied { pid, action, path: path.to_path_buf() }
         }

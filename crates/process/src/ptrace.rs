@@ -128,9 +128,7 @@ pub fn resume_restore_thread(tid: u32) -> Result<RunningRestoreThread, PtraceErr
         }
         err
     };
-    ptrace::setoptions(pid_of(tid), Options::empty())
-        .map_err(request_error(tid, "PTRACE_SETOPTIONS"))
-        .map_err(undo)?;
+    ptrace::setoptions(pid_of(tid), Options::empty()).map_err(request_error(tid, "PTRACE_SETOPTIONS")).map_err(undo)?;
     ptrace::cont(pid_of(tid), None).map_err(request_error(tid, "PTRACE_CONT")).map_err(undo)?;
     Ok(RunningRestoreThread { tid, saved_sigmask, stopped: false, _tracer_thread_only: PhantomData })
 }
@@ -214,4 +212,3 @@ fn wait_for_stop(tid: u32) -> Result<(), PtraceError> {
         }
     }
 }
-

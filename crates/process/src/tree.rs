@@ -1,6 +1,6 @@
 //! Pids, threads and the process tree, from `/proc`.
 
-use crate::procfs::{proc_path, read_text, stat_field};
+use crate::procfs::{io_error, proc_path, read_text, stat_field};
 use crate::ProcessError;
 use std::collections::{BTreeSet, VecDeque};
 
@@ -47,7 +47,8 @@ fn parse_children(text: &str) -> Vec<u32> {
 /// `/proc/PID/task/TID/children` (a child belongs to the thread that forked it).
 ///
 /// Empty if `root` is gone. Processes that exit during the walk are left out; the list is a
-/// snapshot, exact only while the tree is frozen (as it is under CRIU).
+/// snapshot, exact only while the tree is frozen (as it is under CRIU). The `children` files
+/// need CONFIG_PROC_CHILDREN, which CRIU itself requires; without it only `root` is listed.
 pub fn children_recursive(root: u32) -> Vec<u32> {
     if !proc_path(root, "").exists() {
         return Vec::new();
@@ -80,6 +81,29 @@ pub fn is_alive(pid: u32) -> bool {
     !matches!(stat_field(&stat, 3), Some("Z" | "X" | "x") | None)
 }
 
+/// Sends SIGKILL to `pid` (a restored task whose GPU identity could not be made right must not
+/// run). A process that is already gone is not an error.
+pub fn kill(pid: u32) -> Result<(), ProcessError> {
+    // Pids above i32::MAX cannot exist (pid_max is at most 2^22); converting one would make a
+    // negative pid, which kill(2) reads as a process group.
+    let Ok(raw) = i32::try_from(pid) else { return Ok(()) };
+    if raw == 0 {
+        // kill(0) would signal our own process group: CRIU itself.
+        return Err(ProcessError::Io {
+            pid,
+            action: "sending SIGKILL to",
+            path: proc_path(pid, ""),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "pid 0 names no process"),
+        });
+    }
+    match nix::sys::signal::kill(nix::unistd::Pid::from_raw(raw), nix::sys::signal::Signal::SIGKILL) {
+        Ok(()) | Err(nix::errno::Errno::ESRCH) => Ok(()),
+        Err(e) => {
+            Err(io_error(pid, "sending SIGKILL to", &proc_path(pid, ""), std::io::Error::from_raw_os_error(e as i32)))
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -109,5 +133,7 @@ mod tests {
         assert!(!is_alive(u32::MAX));
         assert!(children_recursive(u32::MAX).is_empty());
         assert!(matches!(ns_pid(u32::MAX), Err(ProcessError::NoSuchProcess { .. })));
+        assert!(kill(0).is_err(), "pid 0 would be our own process group");
+        assert!(kill(u32::MAX).is_ok(), "no such process");
     }
 }

@@ -99,9 +99,10 @@ fn close_inherited_fds() {
     }
 }
 
+/// Progress lines go to stderr, so stdout carries only `--report-now`'s JSON.
 fn say(msg: std::fmt::Arguments<'_>) {
-    let mut out = std::io::stdout().lock();
-    // A closed stdout must not kill the workload; the files in --dir are the real protocol.
+    let mut out = std::io::stderr().lock();
+    // A closed stderr must not kill the workload; the files in --dir are the real protocol.
     let _ = writeln!(out, "ccm-sample-workload[{}]: {msg}", std::process::id());
     let _ = out.flush();
 }

@@ -11,6 +11,7 @@
 //! - [`protocol`]: the file channel between a controller and a process's restore thread.
 
 pub mod config;
+pub mod dl;
 pub mod faults;
 pub mod protocol;
 pub mod state;

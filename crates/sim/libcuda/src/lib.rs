@@ -1,1 +1,476 @@
-//! TODO
+//! **TEST DOUBLE of `libcuda.so.1`, for CI machines without GPUs. Never packaged, never installed.**
+//!
+//! Loaded in place of NVIDIA's driver library (a copy or symlink named `libcuda.so.1` first on
+//! `LD_LIBRARY_PATH`, or by path through `CRIU_CUDA_MIGRATE_LIBCUDA`), it models what
+//! criu-cuda-migrate relies on in driver 580 (see `docs/TEST-DOUBLES.md` and GPU-FACTS.md):
+//!
+//! - the app side a small CUDA program uses (init, devices, primary contexts, device memory),
+//!   with each device's PCI location cached at `cuInit` in a malloc'd object holding
+//!   `{domain, bus, device, 0, pciDeviceId, pciSubSystemId}` that alone answers
+//!   `cuDeviceGetPCIBusId` and the PCI attributes, plus a table entry and a mirror entry in
+//!   anonymous mappings (3 sites per enumerated GPU);
+//! - the checkpoint API on another process (`cuCheckpointProcess*`), served by the target's own
+//!   restore thread through files in `CCM_SIM_STATE_DIR`, so a controller that leaves that thread
+//!   ptrace-stopped gets no answer, like with the real driver;
+//! - after a remapped restore, UUID answers follow the new GPU while the cached PCI object keeps
+//!   the old location: the bug the plugin fixes.
+
+mod driver;
+
+use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::time::Duration;
+
+use ccm_sim_common::cuda::*;
+use ccm_sim_common::protocol::{self, ExchangeError, Op};
+use ccm_sim_common::{SimPci, SimUuid, StateDir};
+
+type CuResult = c_int;
+type CuDevice = c_int;
+type CuDevicePtr = u64;
+type CuContext = *mut c_void;
+
+/// Runs `f` behind the C boundary: a panic becomes CUDA_ERROR_UNKNOWN instead of unwinding into C.
+fn guard(f: impl FnOnce() -> Result<(), i32>) -> CuResult {
+    match catch_unwind(AssertUnwindSafe(f)) {
+        Ok(Ok(())) => CUDA_SUCCESS,
+        Ok(Err(code)) => code,
+        Err(_) => {
+            eprintln!("cuda-test-double: internal error (panic); returning CUDA_ERROR_UNKNOWN");
+            CUDA_ERROR_UNKNOWN
+        }
+    }
+}
+
+/// Writes `value` through a C out-pointer, refusing NULL.
+fn put<T>(out: *mut T, value: T) -> Result<(), i32> {
+    if out.is_null() {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    // SAFETY: the caller passed a non-NULL pointer to writable storage of T, per cuda.h.
+    unsafe { out.write(value) };
+    Ok(())
+}
+
+/// Copies `text` and a NUL into a caller's buffer of `len` bytes.
+fn put_str(out: *mut c_char, len: c_int, text: &str) -> Result<(), i32> {
+    let len = usize::try_from(len).map_err(|_| CUDA_ERROR_INVALID_VALUE)?;
+    if out.is_null() || len == 0 {
+        return Err(CUDA_ERROR_INVALID_VALUE);
+    }
+    let n = text.len().min(len - 1);
+    // SAFETY: the caller's buffer holds `len` bytes; we write n + 1 <= len of them.
+    unsafe {
+        std::ptr::copy_nonoverlapping(text.as_ptr() as *const c_char, out, n);
+        out.add(n).write(0);
+    }
+    Ok(())
+}
+
+// ---- version and errors ------------------------------------------------------------------
+
+#[no_mangle]
+pub extern "C" fn cuInit(flags: c_uint) -> CuResult {
+    guard(|| {
+        if flags != 0 {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        driver::init().map(|_| ())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CuResult {
+    guard(|| {
+        let v = ccm_sim_common::SimConfig::from_env().map(|c| c.cuda_driver_version).unwrap_or(13000);
+        put(version, v)
+    })
+}
+
+fn error_text(code: CuResult, out: *mut *const c_char, pick: fn((&'static str, &'static str)) -> &'static str) -> CuResult {
+    guard(|| {
+        let texts = error_texts(code).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        put(out, pick(texts).as_ptr() as *const c_char)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuGetErrorName(code: CuResult, out: *mut *const c_char) -> CuResult {
+    error_text(code, out, |t| t.0)
+}
+
+#[no_mangle]
+pub extern "C" fn cuGetErrorString(code: CuResult, out: *mut *const c_char) -> CuResult {
+    error_text(code, out, |t| t.1)
+}
+
+// ---- devices ------------------------------------------------------------------------------
+
+#[no_mangle]
+pub extern "C" fn cuDeviceGetCount(count: *mut c_int) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let _g = d.enter();
+        put(count, d.device_count() as c_int)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceGet(device: *mut CuDevice, ordinal: c_int) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let _g = d.enter();
+        d.slot_of(ordinal)?;
+        put(device, ordinal)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, device: CuDevice) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let g = d.enter();
+        let gpu = d.current_gpu(&g, device)?;
+        put_str(name, len, &d.config.gpus[gpu].name)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CuDevice) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let g = d.enter();
+        let gpu = d.current_gpu(&g, device)?;
+        put(bytes, d.config.gpus[gpu].memory_total as usize)
+    })
+}
+
+/// Answers from the cached heap object, never from the GPU set.
+#[no_mangle]
+pub extern "C" fn cuDeviceGetPCIBusId(bus_id: *mut c_char, len: c_int, device: CuDevice) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let _g = d.enter();
+        let w = d.cached_pci_words(device)?;
+        put_str(bus_id, len, &SimPci { domain: w[0], bus: w[1], device: w[2] }.to_cuda_string())
+    })
+}
+
+fn device_uuid(uuid: *mut [u8; 16], device: CuDevice) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let g = d.enter();
+        let gpu = d.current_gpu(&g, device)?;
+        put(uuid, d.config.gpus[gpu].uuid.0)
+    })
+}
+
+/// Answers from the process's current ordinal → GPU mapping (a remapped restore changes it).
+#[no_mangle]
+pub extern "C" fn cuDeviceGetUuid(uuid: *mut [u8; 16], device: CuDevice) -> CuResult {
+    device_uuid(uuid, device)
+}
+
+#[no_mangle]
+pub extern "C" fn cuDeviceGetUuid_v2(uuid: *mut [u8; 16], device: CuDevice) -> CuResult {
+    device_uuid(uuid, device)
+}
+
+const ATTR_MULTIPROCESSOR_COUNT: c_int = 16;
+const ATTR_PCI_BUS_ID: c_int = 33;
+const ATTR_PCI_DEVICE_ID: c_int = 34;
+const ATTR_PCI_DOMAIN_ID: c_int = 50;
+const ATTR_COMPUTE_CAPABILITY_MAJOR: c_int = 75;
+const ATTR_COMPUTE_CAPABILITY_MINOR: c_int = 76;
+
+/// The PCI attributes come from the cached heap object; a few others have H200 values; the rest
+/// are not simulated and answer CUDA_ERROR_INVALID_VALUE.
+#[no_mangle]
+pub extern "C" fn cuDeviceGetAttribute(value: *mut c_int, attribute: c_int, device: CuDevice) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let _g = d.enter();
+        let w = d.cached_pci_words(device)?;
+        let v = match attribute {
+            ATTR_PCI_BUS_ID => w[1] as c_int,
+            ATTR_PCI_DEVICE_ID => w[2] as c_int,
+            ATTR_PCI_DOMAIN_ID => w[0] as c_int,
+            ATTR_MULTIPROCESSOR_COUNT => 132,
+            ATTR_COMPUTE_CAPABILITY_MAJOR => 9,
+            ATTR_COMPUTE_CAPABILITY_MINOR => 0,
+            _ => return Err(CUDA_ERROR_INVALID_VALUE),
+        };
+        put(value, v)
+    })
+}
+
+// ---- contexts -----------------------------------------------------------------------------
+
+/// Primary contexts are tokens: a fixed non-NULL address per ordinal.
+const CONTEXT_BASE: usize = 0xc0de_0000;
+
+thread_local! {
+    /// The calling thread's current context, as its CUDA ordinal.
+    static CURRENT_ORDINAL: std::cell::Cell<Option<usize>> = const { std::cell::Cell::new(None) };
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxRetain(ctx: *mut CuContext, device: CuDevice) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let _g = d.enter();
+        d.slot_of(device)?;
+        put(ctx, (CONTEXT_BASE + device as usize) as CuContext)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuDevicePrimaryCtxRelease_v2(device: CuDevice) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let _g = d.enter();
+        d.slot_of(device).map(|_| ())
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSetCurrent(ctx: CuContext) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let _g = d.enter();
+        if ctx.is_null() {
+            CURRENT_ORDINAL.with(|c| c.set(None));
+            return Ok(());
+        }
+        let ordinal = (ctx as usize).checked_sub(CONTEXT_BASE).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        if ordinal >= d.device_count() {
+            return Err(CUDA_ERROR_INVALID_CONTEXT);
+        }
+        CURRENT_ORDINAL.with(|c| c.set(Some(ordinal)));
+        Ok(())
+    })
+}
+
+fn current_ordinal() -> Result<usize, i32> {
+    CURRENT_ORDINAL.with(|c| c.get()).ok_or(CUDA_ERROR_INVALID_CONTEXT)
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxGetDevice(device: *mut CuDevice) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let _g = d.enter();
+        put(device, current_ordinal()? as CuDevice)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCtxSynchronize() -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let _g = d.enter();
+        current_ordinal().map(|_| ())
+    })
+}
+
+// ---- device memory ------------------------------------------------------------------------
+
+#[no_mangle]
+pub extern "C" fn cuMemAlloc_v2(dptr: *mut CuDevicePtr, bytes: usize) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let mut g = d.enter();
+        let ordinal = current_ordinal()?;
+        if dptr.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        let p = d.mem_alloc(&mut g, ordinal, bytes as u64)?;
+        put(dptr, p)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemFree_v2(dptr: CuDevicePtr) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let mut g = d.enter();
+        current_ordinal()?;
+        d.mem_free(&mut g, dptr)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemsetD32_v2(dptr: CuDevicePtr, value: c_uint, count: usize) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let g = d.enter();
+        current_ordinal()?;
+        d.memset_d32(&g, dptr, value, count as u64)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CuDevicePtr, bytes: usize) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let g = d.enter();
+        current_ordinal()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        if dst.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller passes a writable host buffer of `bytes` bytes, per cuda.h.
+        let host = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, bytes) };
+        d.copy_to_host(&g, host, src)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuMemcpyHtoD_v2(dst: CuDevicePtr, src: *const c_void, bytes: usize) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let g = d.enter();
+        current_ordinal()?;
+        if bytes == 0 {
+            return Ok(());
+        }
+        if src.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: the caller passes a readable host buffer of `bytes` bytes, per cuda.h.
+        let host = unsafe { std::slice::from_raw_parts(src as *const u8, bytes) };
+        d.copy_from_host(&g, dst, host)
+    })
+}
+
+// ---- the checkpoint API on another process --------------------------------------------------
+
+/// `CUcheckpointLockArgs`: `timeoutMs` at offset 0, 64 bytes in all.
+#[repr(C)]
+pub struct LockArgs {
+    timeout_ms: c_uint,
+    reserved0: c_uint,
+    reserved1: [u64; 7],
+}
+
+/// `CUcheckpointGpuPair`.
+#[repr(C)]
+pub struct GpuPair {
+    old_uuid: [u8; 16],
+    new_uuid: [u8; 16],
+}
+
+/// `CUcheckpointRestoreArgs`: `gpuPairs` at offset 0, `gpuPairsCount` at offset 8, 64 bytes.
+#[repr(C)]
+pub struct RestoreArgs {
+    gpu_pairs: *const GpuPair,
+    gpu_pairs_count: c_uint,
+    reserved: [u8; 44],
+    reserved1: u64,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<LockArgs>() == 64);
+    assert!(std::mem::size_of::<RestoreArgs>() == 64);
+    assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs_count) == 8);
+    assert!(std::mem::size_of::<GpuPair>() == 32);
+};
+
+fn controller_state_dir() -> Result<StateDir, i32> {
+    StateDir::from_env().map_err(|e| {
+        eprintln!("cuda-test-double: {e}");
+        CUDA_ERROR_NOT_INITIALIZED
+    })
+}
+
+/// How long the controller waits for the target's restore thread beyond the operation's own time.
+fn call_timeout() -> Duration {
+    std::env::var(protocol::ENV_CALL_TIMEOUT_MS)
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .map(Duration::from_millis)
+        .unwrap_or(protocol::DEFAULT_CALL_TIMEOUT)
+}
+
+fn call_target(pid: c_int, op: Op, extra: Duration) -> Result<(), i32> {
+    let state = controller_state_dir()?;
+    match protocol::exchange(&state, pid, op, call_timeout() + extra) {
+        Ok(CUDA_SUCCESS) => Ok(()),
+        Ok(code) => Err(code),
+        Err(ExchangeError::NotRegistered { .. }) => Err(CUDA_ERROR_NOT_FOUND),
+        Err(e @ ExchangeError::NoAnswer { .. }) => {
+            eprintln!("cuda-test-double: {e}");
+            Err(CUDA_ERROR_NOT_READY)
+        }
+        Err(e) => {
+            eprintln!("cuda-test-double: {e}");
+            Err(CUDA_ERROR_UNKNOWN)
+        }
+    }
+}
+
+#[no_mangle]
+pub extern "C" fn cuCheckpointProcessGetRestoreThreadId(pid: c_int, tid: *mut c_int) -> CuResult {
+    guard(|| {
+        let state = controller_state_dir()?;
+        let t = protocol::registered_restore_tid(&state, pid).ok_or(CUDA_ERROR_NOT_FOUND)?;
+        put(tid, t)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCheckpointProcessGetState(pid: c_int, out: *mut c_int) -> CuResult {
+    guard(|| {
+        let state = controller_state_dir()?;
+        if !protocol::is_registered(&state, pid) {
+            return Err(CUDA_ERROR_NOT_FOUND);
+        }
+        let text = std::fs::read_to_string(state.process_state(pid)).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
+        put(out, text.trim().parse().map_err(|_| CUDA_ERROR_UNKNOWN)?)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCheckpointProcessLock(pid: c_int, args: *const LockArgs) -> CuResult {
+    guard(|| {
+        // SAFETY: a non-NULL args points to a CUcheckpointLockArgs, per cuda.h.
+        let timeout_ms = if args.is_null() { 0 } else { unsafe { (*args).timeout_ms } };
+        call_target(pid, Op::Lock { timeout_ms }, Duration::from_millis(u64::from(timeout_ms)))
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCheckpointProcessCheckpoint(pid: c_int, _args: *const c_void) -> CuResult {
+    guard(|| call_target(pid, Op::Checkpoint, Duration::ZERO))
+}
+
+#[no_mangle]
+pub extern "C" fn cuCheckpointProcessRestore(pid: c_int, args: *const RestoreArgs) -> CuResult {
+    guard(|| {
+        // Like the real driver, the restoring process must have initialised the driver itself.
+        driver::get()?;
+        let pairs = if args.is_null() {
+            None
+        } else {
+            // SAFETY: a non-NULL args points to a CUcheckpointRestoreArgs, per cuda.h.
+            let (ptr, count) = unsafe { ((*args).gpu_pairs, (*args).gpu_pairs_count as usize) };
+            if count == 0 {
+                None
+            } else if ptr.is_null() {
+                return Err(CUDA_ERROR_INVALID_VALUE);
+            } else {
+                // SAFETY: gpuPairs points to gpuPairsCount pairs, per cuda.h.
+                let raw = unsafe { std::slice::from_raw_parts(ptr, count) };
+                Some(raw.iter().map(|p| (SimUuid(p.old_uuid), SimUuid(p.new_uuid))).collect())
+            }
+        };
+        call_target(pid, Op::Restore { pairs }, Duration::ZERO)
+    })
+}
+
+#[no_mangle]
+pub extern "C" fn cuCheckpointProcessUnlock(pid: c_int, _args: *const c_void) -> CuResult {
+    guard(|| call_target(pid, Op::Unlock, Duration::ZERO))
+}

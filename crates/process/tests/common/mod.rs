@@ -1,0 +1,225 @@
+//! Child processes for the integration tests: this test binary re-executed in a "child mode".
+//!
+//! Each test binary declares `#[test] fn zz_child_entry() { common::run_child_if_requested() }`;
+//! the parent re-runs the binary with only that test and `CCM_PROCESS_TEST_CHILD=<mode>`.
+//! Children talk on stdout in lines that start with an upper-case tag (libtest's own lines are
+//! skipped) and take commands on stdin.
+
+#![allow(dead_code)] // each test binary uses a part of this module
+
+use ccm_identity::PciSignature;
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, ChildStdin, ChildStdout, Command, Stdio};
+
+const CHILD_ENV: &str = "CCM_PROCESS_TEST_CHILD";
+const CHILD_TEST_NAME: &str = "zz_child_entry";
+/// The signature a holder child keeps on its heap, as 6 hex words separated by commas.
+pub const HOLDER_SIG_ENV: &str = "CCM_TEST_SIG";
+/// Size of the holder's big buffer (an mmap'd malloc chunk): spans two scan-chunk borders.
+pub const BIG_BUFFER_BYTES: usize = 20 << 20;
+
+/// Runs the requested child mode (never returns) or returns at once in a normal test run.
+pub fn run_child_if_requested() {
+    match std::env::var(CHILD_ENV).as_deref() {
+        Ok("holder") => holder(),
+        Ok("ticker") => ticker(),
+        _ => {}
+    }
+}
+
+pub fn sig_to_env(sig: &PciSignature) -> String {
+    sig.0.iter().map(|w| format!("{w:x}")).collect::<Vec<_>>().join(",")
+}
+
+fn sig_from_env() -> PciSignature {
+    let text = std::env::var(HOLDER_SIG_ENV).expect("holder needs CCM_TEST_SIG");
+    let words: Vec<u32> = text.split(',').map(|w| u32::from_str_radix(w, 16).expect("hex word")).collect();
+    PciSignature(words.try_into().expect("six words"))
+}
+
+fn say(line: &str) {
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "{line}").expect("stdout");
+    out.flush().expect("stdout");
+}
+
+fn hex(bytes: &[u8]) -> String {
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
+}
+
+/// Holds the signature in a small heap buffer at an offset that is 4 but not 8 aligned, and
+/// a big buffer the parent can place signatures in; answers commands until stdin closes.
+fn holder() -> ! {
+    let sig = sig_from_env();
+    let mut small = vec![0u8; 4096];
+    small[100..124].copy_from_slice(&sig.to_bytes());
+    let mut big = vec![0u8; BIG_BUFFER_BYTES];
+    let small_addr = small.as_ptr() as u64 + 100;
+    let big_addr = big.as_ptr() as u64;
+    say(&format!("PID {}", std::process::id()));
+    say(&format!("ADDR {small_addr:x}"));
+    say(&format!("BIG {big_addr:x}"));
+    let stdin = std::io::stdin();
+    for line in stdin.lock().lines() {
+        let line = line.expect("stdin");
+        let mut words = line.split_whitespace();
+        match (words.next(), words.next()) {
+            (Some("sig"), _) => say(&format!("SIG {}", hex(&small[100..124]))),
+            (Some("env"), Some(key)) => say(&format!("ENV {}", std::env::var(key).unwrap_or_default())),
+            (Some("put"), Some(addr)) => {
+                // Place the signature at an absolute address inside `big`.
+                let addr = u64::from_str_radix(addr, 16).expect("hex addr");
+                let offset = (addr - big_addr) as usize;
+                big[offset..offset + 24].copy_from_slice(&sig.to_bytes());
+                say("OK");
+            }
+            (Some("getbig"), Some(addr)) => {
+                let addr = u64::from_str_radix(addr, 16).expect("hex addr");
+                let offset = (addr - big_addr) as usize;
+                say(&format!("BIGSIG {}", hex(&big[offset..offset + 24])));
+            }
+            (Some("open"), Some(path)) => {
+                std::mem::forget(std::fs::File::open(path).expect("open"));
+                say("OK");
+            }
+            (Some("open_unshared"), Some(path)) => {
+                // A thread with its own fd table (CLONE_FILES unshared) holding the file open.
+                let path = path.to_string();
+                let (tx, rx) = std::sync::mpsc::channel();
+                std::thread::spawn(move || {
+                    nix::sched::unshare(nix::sched::CloneFlags::CLONE_FILES).expect("unshare");
+                    std::mem::forget(std::fs::File::open(&path).expect("open"));
+                    tx.send(()).expect("send");
+                    loop {
+                        std::thread::park();
+                    }
+                });
+                rx.recv().expect("thread opened");
+                say("OK");
+            }
+            (Some("mmap"), Some(path)) => {
+                let file = std::fs::OpenOptions::new().read(true).write(true).open(path).expect("open");
+                // SAFETY: mmap with a null hint creates a new mapping and touches no existing
+                // memory; the 4096-byte mapping of this file is never accessed through the
+                // returned pointer and deliberately outlives the fd.
+                let addr = unsafe {
+                    libc::mmap(
+                        std::ptr::null_mut(),
+                        4096,
+                        libc::PROT_READ,
+                        libc::MAP_SHARED,
+                        std::os::fd::AsRawFd::as_raw_fd(&file),
+                        0,
+                    )
+                };
+                assert_ne!(addr, libc::MAP_FAILED, "mmap {path}");
+                drop(file);
+                say("OK");
+            }
+            _ => say("ERR"),
+        }
+    }
+    drop(small);
+    drop(big);
+    std::process::exit(0)
+}
+
+/// Reports its thread id, then prints `tick` every 5 ms forever.
+fn ticker() -> ! {
+    say(&format!("TID {}", nix::unistd::gettid()));
+    loop {
+        say("tick");
+        std::thread::sleep(std::time::Duration::from_millis(5));
+    }
+}
+
+/// A child running this test binary in a child mode; killed and reaped on drop.
+pub struct TestChild {
+    child: Child,
+    stdin: Option<ChildStdin>,
+    stdout: Option<BufReader<ChildStdout>>,
+}
+
+impl TestChild {
+    pub fn spawn(mode: &str, envs: &[(&str, &str)]) -> TestChild {
+        let exe = std::env::current_exe().expect("current_exe");
+        let mut cmd = Command::new(exe);
+        cmd.args(["--exact", CHILD_TEST_NAME, "--nocapture", "--test-threads=1", "-q"])
+            .env(CHILD_ENV, mode)
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit());
+        for (k, v) in envs {
+            cmd.env(k, v);
+        }
+        let mut child = cmd.spawn().expect("spawn child");
+        let stdin = child.stdin.take();
+        let stdout = child.stdout.take().map(BufReader::new);
+        TestChild { child, stdin, stdout }
+    }
+
+    pub fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// Reads lines until one starts with `TAG `; returns the rest of it.
+    pub fn expect(&mut self, tag: &str) -> String {
+        let stdout = self.stdout.as_mut().expect("stdout taken");
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = stdout.read_line(&mut line).expect("read child stdout");
+            assert!(n > 0, "child closed stdout while waiting for {tag}");
+            let text = line.trim_end();
+            if text == tag {
+                return String::new();
+            }
+            if let Some(rest) = text.strip_prefix(tag).and_then(|r| r.strip_prefix(' ')) {
+                return rest.to_string();
+            }
+        }
+    }
+
+    pub fn send(&mut self, command: &str) {
+        let stdin = self.stdin.as_mut().expect("stdin taken");
+        writeln!(stdin, "{command}").expect("write child stdin");
+        stdin.flush().expect("flush child stdin");
+    }
+
+    /// Hands the stdout reader to the caller (e.g. to a counting thread).
+    pub fn take_stdout(&mut self) -> BufReader<ChildStdout> {
+        self.stdout.take().expect("stdout taken")
+    }
+
+    pub fn kill_and_reap(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+
+    pub fn kill_no_reap(&mut self) {
+        let _ = self.child.kill();
+    }
+
+    pub fn inner(&mut self) -> &mut Child {
+        &mut self.child
+    }
+}
+
+impl Drop for TestChild {
+    fn drop(&mut self) {
+        self.kill_and_reap();
+    }
+}
+
+pub fn parse_hex_u64(s: &str) -> u64 {
+    u64::from_str_radix(s.trim(), 16).expect("hex")
+}
+
+pub fn parse_sig_hex(s: &str) -> PciSignature {
+    let s = s.trim();
+    let mut bytes = [0u8; 24];
+    for (i, b) in bytes.iter_mut().enumerate() {
+        *b = u8::from_str_radix(&s[i * 2..i * 2 + 2], 16).expect("hex byte");
+    }
+    PciSignature::from_bytes(&bytes)
+}

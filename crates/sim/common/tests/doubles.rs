@@ -1,0 +1,333 @@
+//! Tests of the TEST DOUBLES as separate processes: `ccm-sim-target` runs on the doubles and
+//! `ccm-sim-ctl` drives the checkpoint API on it, exactly as the plugin and CRIU would.
+//!
+//! The doubles are cdylibs of other packages, so these tests build them first with the same cargo.
+
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::OnceLock;
+use std::time::{Duration, Instant};
+
+use ccm_sim_common::{SimConfig, StateDir};
+
+/// cargo's target directory for this profile (where the binaries and the doubles are).
+fn bin_dir() -> PathBuf {
+    let target = PathBuf::from(env!("CARGO_BIN_EXE_ccm-sim-ctl"));
+    target.parent().expect("the binary has a directory").to_path_buf()
+}
+
+/// Builds the two doubles once per test run.
+fn doubles() -> &'static Path {
+    static BUILT: OnceLock<PathBuf> = OnceLock::new();
+    BUILT.get_or_init(|| {
+        let dir = bin_dir();
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--quiet", "-p", "cuda-test-double", "-p", "nvml-test-double"]);
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        let status = cmd.status().expect("cargo runs");
+        assert!(status.success(), "building the test doubles failed");
+        dir
+    })
+}
+
+struct Sim {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    config: SimConfig,
+}
+
+impl Sim {
+    fn new() -> Sim {
+        let dir = doubles();
+        let tmp = tempfile::tempdir().unwrap();
+        let root = tmp.path().to_path_buf();
+        std::fs::create_dir_all(root.join("lib")).unwrap();
+        std::fs::create_dir_all(root.join("state")).unwrap();
+        std::os::unix::fs::symlink(dir.join("libcuda_test_double.so"), root.join("lib/libcuda.so.1")).unwrap();
+        std::os::unix::fs::symlink(dir.join("libnvml_test_double.so"), root.join("lib/libnvidia-ml.so.1")).unwrap();
+        let config = SimConfig::two_h200();
+        std::fs::write(root.join("gpus.json"), config.to_json()).unwrap();
+        Sim { _tmp: tmp, root, config }
+    }
+
+    fn state(&self) -> StateDir {
+        StateDir::new(self.root.join("state"))
+    }
+
+    fn env(&self, cmd: &mut Command) {
+        cmd.env("LD_LIBRARY_PATH", self.root.join("lib"))
+            .env("CCM_SIM_CONFIG", self.root.join("gpus.json"))
+            .env("CCM_SIM_STATE_DIR", self.root.join("state"))
+            .env("CCM_SIM_CALL_TIMEOUT_MS", "500")
+            .env_remove("CUDA_VISIBLE_DEVICES")
+            .env_remove("CCM_SIM_VISIBLE")
+            .env_remove("CCM_SIM_FAULTS")
+            .env_remove("CRIU_CUDA_MIGRATE_LIBCUDA")
+            .env_remove("CRIU_CUDA_MIGRATE_LIBNVML");
+    }
+
+    /// Starts a target and waits for its READY line.
+    fn target(&self, extra_env: &[(&str, &str)]) -> Target {
+        let out = self.root.join(format!("target-{}.out", std::process::id()));
+        let go = self.root.join("go");
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ccm-sim-target"));
+        self.env(&mut cmd);
+        cmd.envs(extra_env.iter().copied());
+        cmd.arg("--go").arg(&go).stdin(Stdio::null()).stdout(std::fs::File::create(&out).unwrap());
+        let child = cmd.spawn().unwrap();
+        let t = Target { child, out, go };
+        t.wait_for("READY", Duration::from_secs(10));
+        t
+    }
+
+    /// Runs ccm-sim-ctl; returns (exit code, output).
+    fn ctl(&self, pid: u32, args: &[&str]) -> (i32, String) {
+        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ccm-sim-ctl"));
+        self.env(&mut cmd);
+        let out = cmd.arg(pid.to_string()).args(args).output().unwrap();
+        (out.status.code().unwrap_or(-1), String::from_utf8_lossy(&out.stdout).into_owned())
+    }
+
+    fn uuid(&self, i: usize) -> String {
+        self.config.gpus[i].uuid.to_string()
+    }
+}
+
+struct Target {
+    child: Child,
+    out: PathBuf,
+    go: PathBuf,
+}
+
+impl Target {
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+    fn output(&self) -> String {
+        std::fs::read_to_string(&self.out).unwrap_or_default()
+    }
+    fn wait_for(&self, text: &str, limit: Duration) {
+        let t0 = Instant::now();
+        while !self.output().contains(text) {
+            assert!(t0.elapsed() < limit, "no `{text}` from the target; output:\n{}", self.output());
+            std::thread::sleep(Duration::from_millis(10));
+        }
+    }
+    fn finish(mut self) -> (i32, String) {
+        std::fs::write(&self.go, "").unwrap();
+        let status = self.child.wait().unwrap();
+        (status.code().unwrap_or(-1), self.output())
+    }
+}
+
+impl Drop for Target {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn line<'a>(out: &'a str, prefix: &str) -> &'a str {
+    out.lines().find(|l| l.starts_with(prefix)).unwrap_or_else(|| panic!("no line `{prefix}` in:\n{out}"))
+}
+
+#[test]
+fn remapped_restore_changes_uuids_but_not_the_cached_pci_location() {
+    let sim = Sim::new();
+    let t = sim.target(&[]);
+    let pid = t.pid();
+    let (rc, out) = sim.ctl(pid, &["lockckpt"]);
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("CTL state=2"), "{out}");
+
+    // Checkpointed: no device files, no device-node descriptors.
+    let fds: Vec<String> = std::fs::read_dir(format!("/proc/{pid}/fd"))
+        .unwrap()
+        .filter_map(|e| std::fs::read_link(e.ok()?.path()).ok())
+        .map(|p| p.display().to_string())
+        .collect();
+    assert!(!fds.iter().any(|p| p.contains("/state/")), "{fds:?}");
+    assert_eq!(sim.state().used_bytes(&sim.config.gpus[0].uuid), 0);
+
+    // A map that misses a GPU is refused and the process stays CHECKPOINTED.
+    let half = format!("{}={}", sim.uuid(0), sim.uuid(1));
+    let (rc, out) = sim.ctl(pid, &["restore", &half]);
+    assert_eq!(rc, 1);
+    assert!(out.contains("-> 1 CUDA_ERROR_INVALID_VALUE") && out.contains("CTL state=2"), "{out}");
+
+    let (rc, out) = sim.ctl(pid, &["restore", "swap"]);
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("CTL state=1"), "{out}");
+    // The device memory now lives on the other GPU.
+    assert!(sim.state().used_bytes(&sim.config.gpus[1].uuid) > 0);
+    let (rc, out) = sim.ctl(pid, &["unlock"]);
+    assert_eq!(rc, 0, "{out}");
+
+    let (rc, out) = t.finish();
+    assert_eq!(rc, 0, "{out}");
+    assert_eq!(line(&out, "DATA"), "DATA intact");
+    let after0 = line(&out, "AFTER ordinal=0");
+    assert!(after0.contains(&format!("cuda_uuid={}", sim.uuid(1))), "{after0}");
+    assert!(after0.contains("cuda_bus_id=0000:06:00.0 attr_bus_id=0000:06:00.0"), "{after0}");
+    assert!(after0.contains(&format!("nvml_uuid_at_bus_id={}", sim.uuid(0))), "{after0}");
+}
+
+#[test]
+fn identity_restore_keeps_everything_consistent() {
+    let sim = Sim::new();
+    let t = sim.target(&[]);
+    assert_eq!(sim.ctl(t.pid(), &["lockckpt"]).0, 0);
+    assert_eq!(sim.ctl(t.pid(), &["restore"]).0, 0);
+    assert_eq!(sim.ctl(t.pid(), &["unlock"]).0, 0);
+    let (rc, out) = t.finish();
+    assert_eq!(rc, 0, "{out}");
+    assert_eq!(line(&out, "IDENTITY"), "IDENTITY agree");
+}
+
+#[test]
+fn invalid_transitions_and_unknown_processes() {
+    let sim = Sim::new();
+    let t = sim.target(&[]);
+    let pid = t.pid();
+    let (_, out) = sim.ctl(pid, &["checkpoint"]);
+    assert!(out.contains("-> 401 CUDA_ERROR_ILLEGAL_STATE"), "{out}");
+    let (_, out) = sim.ctl(pid, &["unlock"]);
+    assert!(out.contains("-> 401"), "{out}");
+    assert_eq!(sim.ctl(pid, &["lock"]).0, 0);
+    let (_, out) = sim.ctl(pid, &["lock"]);
+    assert!(out.contains("-> 401"), "{out}");
+    let (_, out) = sim.ctl(pid, &["restore", "swap"]);
+    assert!(out.contains("cuCheckpointProcessRestore -> 401"), "{out}");
+    assert_eq!(sim.ctl(pid, &["unlock"]).0, 0);
+
+    // Our own test process is no CUDA process of the double.
+    let t0 = Instant::now();
+    let (_, out) = sim.ctl(std::process::id(), &["lock"]);
+    assert!(out.contains("-> 500 CUDA_ERROR_NOT_FOUND"), "{out}");
+    assert!(t0.elapsed() < Duration::from_secs(2));
+    let (_, out) = sim.ctl(std::process::id(), &["tid"]);
+    assert!(out.contains("-> 500"), "{out}");
+}
+
+#[test]
+fn a_stopped_restore_thread_makes_calls_time_out() {
+    let sim = Sim::new();
+    let t = sim.target(&[]);
+    let pid = t.pid();
+    let (_, out) = sim.ctl(pid, &["tid"]);
+    let tid: i32 = line(&out, "CTL restore_tid=").trim_start_matches("CTL restore_tid=").parse().unwrap();
+    // Stop the whole process, as CRIU's seize does; the restore thread cannot answer.
+    // SAFETY: signalling our own child.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    let (rc, out) = sim.ctl(pid, &["lock", "100"]);
+    assert_eq!(rc, 1);
+    assert!(out.contains("-> 600 CUDA_ERROR_NOT_READY"), "{out}");
+    // The restore tid and state are still answered without the thread.
+    let (_, out) = sim.ctl(pid, &["tid"]);
+    assert!(out.contains(&format!("CTL restore_tid={tid}")), "{out}");
+    // SAFETY: as above.
+    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    // The abandoned request was withdrawn: the process is still RUNNING and can be locked now.
+    let (_, out) = sim.ctl(pid, &["state"]);
+    assert!(out.contains("CTL state=0"), "{out}");
+    assert_eq!(sim.ctl(pid, &["lock"]).0, 0);
+    assert_eq!(sim.ctl(pid, &["unlock"]).0, 0);
+}
+
+#[test]
+fn fault_knobs() {
+    let sim = Sim::new();
+    let t = sim.target(&[]);
+    let pid = t.pid();
+    let faults = sim.state().faults();
+
+    std::fs::write(&faults, "lock-timeout\n").unwrap();
+    let (_, out) = sim.ctl(pid, &["lock", "50"]);
+    assert!(out.contains("-> 600"), "{out}");
+
+    std::fs::write(&faults, "checkpoint-fail\n").unwrap();
+    let (_, out) = sim.ctl(pid, &["lockckpt"]);
+    assert!(out.contains("cuCheckpointProcessCheckpoint -> 999") && out.contains("CTL state=1"), "{out}");
+
+    std::fs::write(&faults, "").unwrap();
+    assert_eq!(sim.ctl(pid, &["checkpoint"]).0, 0);
+    std::fs::write(&faults, "restore-fail=304\n").unwrap();
+    let (_, out) = sim.ctl(pid, &["restore", "swap"]);
+    assert!(out.contains("-> 304") && out.contains("CTL state=2"), "{out}");
+
+    std::fs::write(&faults, "unlock-fail\n").unwrap();
+    assert_eq!(sim.ctl(pid, &["restore", "swap"]).0, 0);
+    let (_, out) = sim.ctl(pid, &["unlock"]);
+    assert!(out.contains("-> 999") && out.contains("CTL state=1"), "{out}");
+    std::fs::write(&faults, "").unwrap();
+    assert_eq!(sim.ctl(pid, &["unlock"]).0, 0);
+    let (rc, out) = t.finish();
+    assert_eq!(rc, 0, "{out}");
+}
+
+#[test]
+fn cuda_visible_devices_limits_ordinals_but_the_map_must_cover_every_gpu() {
+    let sim = Sim::new();
+    let g1 = sim.uuid(1);
+    let t = sim.target(&[("CUDA_VISIBLE_DEVICES", g1.as_str())]);
+    let out = t.output();
+    assert!(line(&out, "BEFORE ordinal=0").contains(&format!("cuda_uuid={g1}")), "{out}");
+    assert!(!out.contains("BEFORE ordinal=1"), "{out}");
+    assert_eq!(sim.ctl(t.pid(), &["lockckpt"]).0, 0);
+    // Only the visible GPU mapped: refused, like the real driver.
+    let (rc, _) = sim.ctl(t.pid(), &["restore", &format!("{g1}={}", sim.uuid(0))]);
+    assert_eq!(rc, 1);
+    assert_eq!(sim.ctl(t.pid(), &["restore", "swap"]).0, 0);
+    assert_eq!(sim.ctl(t.pid(), &["unlock"]).0, 0);
+    let (_, out) = t.finish();
+    let after = line(&out, "AFTER ordinal=0");
+    assert!(after.contains(&format!("cuda_uuid={}", sim.uuid(0))) && after.contains("cuda_bus_id=0000:07:00.0"), "{after}");
+}
+
+#[test]
+fn a_container_view_hides_gpus_from_nvml() {
+    let sim = Sim::new();
+    let g1 = sim.uuid(1);
+    let t = sim.target(&[("CCM_SIM_VISIBLE", g1.as_str())]);
+    assert_eq!(sim.ctl(t.pid(), &["lockckpt"]).0, 0);
+    // The process enumerated only G1, so a one-pair map covers it.
+    assert_eq!(sim.ctl(t.pid(), &["restore", &format!("{g1}={}", sim.uuid(0))]).0, 0);
+    assert_eq!(sim.ctl(t.pid(), &["unlock"]).0, 0);
+    let (_, out) = t.finish();
+    let after = line(&out, "AFTER ordinal=0");
+    // The stale bus id names G1's bus, which this process's NVML does see (G1 is its view) ...
+    assert!(after.contains("cuda_bus_id=0000:07:00.0"), "{after}");
+    assert!(after.contains(&format!("nvml_uuid_at_bus_id={g1}")), "{after}");
+}
+
+#[test]
+fn nvml_through_nvml_wrapper() {
+    use nvml_wrapper::Nvml;
+    let sim = Sim::new();
+    // This test process loads the double itself; its configuration comes from the environment.
+    std::env::set_var("CCM_SIM_CONFIG", sim.root.join("gpus.json"));
+    std::env::set_var("CCM_SIM_STATE_DIR", sim.root.join("state"));
+    std::env::remove_var("CCM_SIM_VISIBLE");
+    std::env::remove_var("CCM_SIM_FAULTS");
+    let nvml = Nvml::builder().lib_path(sim.root.join("lib/libnvidia-ml.so.1").as_os_str()).init().unwrap();
+    assert_eq!(nvml.device_count().unwrap(), 2);
+    assert_eq!(nvml.sys_driver_version().unwrap(), "580.159.04");
+    let d1 = nvml.device_by_index(1).unwrap();
+    assert_eq!(d1.uuid().unwrap(), sim.uuid(1));
+    assert_eq!(d1.minor_number().unwrap(), 1);
+    assert_eq!(d1.name().unwrap(), "NVIDIA H200");
+    assert_eq!(d1.index().unwrap(), 1);
+    assert_eq!(d1.memory_info().unwrap().total, 1 << 30);
+    let pci = d1.pci_info().unwrap();
+    assert_eq!((pci.domain, pci.bus, pci.device), (0, 7, 0));
+    assert_eq!(pci.pci_device_id, 0x233510de);
+    assert_eq!(pci.pci_sub_system_id, Some(0x18bf10de));
+    assert_eq!(pci.bus_id, "00000000:07:00.0");
+    for form in ["0000:07:00.0", "00000000:07:00.0", "0000:07:00.0".to_uppercase().as_str()] {
+        assert_eq!(nvml.device_by_pci_bus_id(form).unwrap().uuid().unwrap(), sim.uuid(1), "{form}");
+    }
+    assert_eq!(nvml.device_by_uuid(sim.uuid(0).as_str()).unwrap().index().unwrap(), 0);
+    assert!(matches!(nvml.device_by_pci_bus_id("0000:09:00.0"), Err(nvml_wrapper::error::NvmlError::NotFound)));
+}

@@ -1,0 +1,194 @@
+#!/usr/bin/env bash
+# The main job of criu-cuda-migrate, from a fresh Debian machine: install what is needed, build the plugin, then
+# checkpoint and restore a sample workload with real CRIU and the plugin loaded, and say what happened.
+#
+#   bash scripts/demo.sh
+#
+# What it runs, in order of preference:
+#   gpu    `nvidia-smi -L` lists a GPU: the sample CUDA workload (ccm-sample-workload) under the host's CRIU
+#          (>= 4.0; set CCM_CRIU to its path if it is not `criu` on PATH).
+#   sim    no GPU, but the simulated NVIDIA stack (test doubles of libcuda/NVML, crates/sim) is available: the
+#          same sample workload on the doubles, under CRIU in the Debian trixie root.  [not built yet]
+#   plain  otherwise: a plain shell process under CRIU in the trixie root; the plugin loads, answers -ENOTSUP
+#          ("not a CUDA process") and writes nothing.
+# CCM_DEMO_MODE=gpu|sim|plain forces one. CCM_DEMO_DIR (default /tmp/ccm-demo) keeps the images and CRIU's logs.
+# Needs root (CRIU). Works without a terminal.
+set -euo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+PLUGIN_FILE=libcriu_cuda_migrate.so
+WORKLOAD_MARK=ccm-demo-plain-workload
+# CRIU's line that it loaded the plugin, and the plugin's own lines ("criu-cuda-migrate: ..." and the init line).
+PLUGIN_LINES='Plugin "criu-cuda-migrate"|criu-cuda-migrate( [0-9][^:]*)?: '
+
+say() { echo "demo: $*"; }
+die() {
+    echo "demo: $*" >&2
+    exit 1
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# The scenario: start a workload detached, criu dump, criu restore -d, check it. Runs where CRIU runs (inside the
+# trixie root through tests/criu-root.sh, or on the host for a GPU), so the process and CRIU share one mount
+# namespace. Arguments: KIND (plain|workload) WORK_DIR CRIU [WORKLOAD_BIN]. Environment reaches the workload and
+# CRIU unchanged (the simulated stack's variables, CRIU_CUDA_MIGRATE_*).
+# ---------------------------------------------------------------------------------------------------------------
+scenario() {
+    local kind=$1 work=$2 criu=$3 workload_bin=${4:-}
+    local images=$work/images plugins=$work/plugins ctl=$work/control pid
+    # Inherited fds (the caller's pipes, files outside this namespace) would make the process undumpable.
+    for fd in /proc/$$/fd/*; do
+        n=${fd##*/}
+        [ "$n" -gt 2 ] && eval "exec $n>&-"
+    done 2>/dev/null
+
+    case "$kind" in
+    plain)
+        setsid -f sh -c 'echo $$ >"$1.tmp" && mv "$1.tmp" "$1" && exec sh -c "$2" "$3"' sh "$ctl/ready" \
+            'i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done' "$WORKLOAD_MARK" </dev/null >/tmp/ccm-demo.out 2>&1
+        ;;
+    workload)
+        # The workload writes $ctl/ready (its pid) once its data is on the devices; each round k waits for
+        # $ctl/go<k>, writes $ctl/report<k>.json (its device identity as CUDA and NVML see it), then $ctl/done<k>.
+        setsid -f "$workload_bin" --dir "$ctl" --mib 64 --rounds 2 </dev/null >"$work/workload.out" 2>&1
+        ;;
+    esac
+    wait_for_file "$ctl/ready" 120 || {
+        cat "$work/workload.out" 2>/dev/null >&2
+        die "the workload did not start"
+    }
+    pid=$(cat "$ctl/ready")
+    say "workload running as pid $pid"
+    if [ "$kind" = workload ]; then
+        touch "$ctl/go1"
+        wait_for_file "$ctl/done1" 60 || die "the workload did not report before the dump"
+        say "identity before the checkpoint: $(cat "$ctl/report1.json")"
+    fi
+
+    say "criu dump -t $pid -D $images -v4 -o dump.log --libdir $plugins"
+    if ! "$criu" dump -t "$pid" -D "$images" -v4 -o dump.log --libdir "$plugins"; then
+        grep -E "Error|$PLUGIN_LINES" "$images/dump.log" | tail -n 20 >&2
+        kill -9 "$pid" 2>/dev/null || true
+        die "criu dump failed (log: $images/dump.log)"
+    fi
+    say "the plugin in dump.log:"
+    grep -E "$PLUGIN_LINES" "$images/dump.log" | sed 's/^/    /' || say "    (no line of the plugin!)"
+    # CRIU restores the same pid; the dumped task must be gone and reaped first.
+    for _ in $(seq 400); do [ -e "/proc/$pid" ] || break; sleep 0.05; done
+
+    say "criu restore -d -D $images -v4 -o restore.log --libdir $plugins"
+    "$criu" restore -d -D "$images" -v4 -o restore.log --libdir "$plugins" ||
+        die "criu restore failed (log: $images/restore.log): $(grep Error "$images/restore.log" | tail -n 5)"
+    say "the plugin in restore.log:"
+    grep -E "$PLUGIN_LINES" "$images/restore.log" | sed 's/^/    /' || say "    (no line of the plugin!)"
+
+    local written
+    written=$(cd "$images" && ls cuda-migrate-* 2>/dev/null || true)
+    say "images the plugin wrote: ${written:-none}"
+
+    case "$kind" in
+    plain)
+        local before after
+        before=$(tail -n 1 /tmp/ccm-demo.out)
+        sleep 1
+        after=$(tail -n 1 /tmp/ccm-demo.out)
+        kill -9 "$pid" 2>/dev/null || true
+        [ "$after" -gt "$before" ] || die "the restored process does not run (counter $before -> $after)"
+        say "the restored process $pid runs: its counter went $before -> $after"
+        ;;
+    workload)
+        touch "$ctl/go2"
+        wait_for_file "$ctl/done2" 60 || die "the restored workload did not report"
+        say "identity after the restore: $(cat "$ctl/report2.json")"
+        ;;
+    esac
+}
+
+wait_for_file() {
+    local file=$1 seconds=$2 i
+    for ((i = 0; i < seconds * 10; i++)); do
+        [ -s "$file" ] && return 0
+        sleep 0.1
+    done
+    return 1
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# Hook for the simulated NVIDIA stack (issue 3: crates/sim, test doubles of libcuda.so.1 and libnvidia-ml.so.1).
+# When the stack exists, this prints the environment (NAME=VALUE lines) that makes ccm-sample-workload and the
+# plugin load the doubles from target/release and describes the simulated GPUs, and returns 0. Until then it
+# returns 1, and the demo runs a plain process instead.
+# ---------------------------------------------------------------------------------------------------------------
+sim_stack_env() {
+    return 1
+}
+
+pick_mode() {
+    if [ -n "${CCM_DEMO_MODE:-}" ]; then
+        echo "$CCM_DEMO_MODE"
+    elif command -v nvidia-smi >/dev/null 2>&1 && nvidia-smi -L 2>/dev/null | grep -q '^GPU '; then
+        echo gpu
+    elif sim_stack_env >/dev/null; then
+        echo sim
+    else
+        echo plain
+    fi
+}
+
+main() {
+    cd "$REPO"
+    [ -x "$HOME/.cargo/bin/cargo" ] && case ":$PATH:" in *":$HOME/.cargo/bin:"*) ;; *) PATH=$HOME/.cargo/bin:$PATH ;; esac
+    [ "$(id -u)" -eq 0 ] || die "CRIU needs root: run \`sudo bash scripts/demo.sh\`"
+
+    say "installing what is missing (clang, libclang-dev, debootstrap)"
+    bash scripts/install-deps.sh
+    say "preparing the Debian trixie root with CRIU 4.x"
+    bash tests/criu-root.sh prepare
+
+    local mode
+    mode=$(pick_mode)
+    local packages=(-p criu-cuda-migrate)
+    case "$mode" in
+    gpu) packages+=(-p ccm-workload) ;;
+    sim) packages+=(-p ccm-workload -p cuda-test-double -p nvml-test-double) ;;
+    plain) ;;
+    *) die "CCM_DEMO_MODE=$mode: expected gpu, sim or plain" ;;
+    esac
+    say "building (release): cargo build --release ${packages[*]}"
+    cargo build --release "${packages[@]}"
+
+    local work=${CCM_DEMO_DIR:-/tmp/ccm-demo}
+    rm -rf "$work"
+    mkdir -p "$work/images" "$work/plugins" "$work/control"
+    # The plugin directory holds our plugin alone, so no other plugin (CRIU's own cuda_plugin.so) answers first.
+    cp "target/release/$PLUGIN_FILE" "$work/plugins/"
+    local workload_bin=$REPO/target/release/ccm-sample-workload
+
+    case "$mode" in
+    gpu)
+        local criu=${CCM_CRIU:-criu}
+        command -v "$criu" >/dev/null 2>&1 || die "a GPU is here but no CRIU >= 4.0 on the host: install criu 4.x (Debian trixie) or set CCM_CRIU"
+        say "mode gpu: $(nvidia-smi -L | head -n 4 | tr '\n' ';') CRIU: $("$criu" --version | head -n 1)"
+        scenario workload "$work" "$criu" "$workload_bin"
+        ;;
+    sim)
+        say "mode sim: the simulated NVIDIA stack (test doubles, not a GPU) under CRIU in the trixie root"
+        local env_lines=()
+        mapfile -t env_lines < <(sim_stack_env)
+        env "${env_lines[@]}" bash tests/criu-root.sh run --bind "$work" -- \
+            bash "$REPO/scripts/demo.sh" __scenario workload "$work" criu "$workload_bin"
+        ;;
+    plain)
+        say "mode plain: no GPU and no simulated stack yet; a plain process under CRIU in the trixie root"
+        bash tests/criu-root.sh run --bind "$work" -- bash "$REPO/scripts/demo.sh" __scenario plain "$work" criu
+        ;;
+    esac
+    say "done ($mode). Images and CRIU's logs: $work/images"
+}
+
+if [ "${1:-}" = "__scenario" ]; then
+    shift
+    scenario "$@"
+else
+    main "$@"
+fi

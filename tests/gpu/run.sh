@@ -1,0 +1,681 @@
+#!/usr/bin/env bash
+# GPU proofs of criu-cuda-migrate (issues 4, 5 and 6) on the 2-GPU machine.
+#
+# Run THERE, from the repository root, after tests/gpu/prepare.sh ran HERE and `.device/` was
+# carried along:   bash tests/gpu/run.sh [CASE-PREFIX ...]
+# (no arguments: every case; `bash tests/gpu/run.sh i5 i6-1` runs the cases whose names start so).
+#
+# Builds nothing. Needs: root, nvidia-smi, python3 (+ torch for the PyTorch cases), dpkg, setsid,
+# timeout, sha256sum. Images and scratch go to $CCM_WORK (default /var/tmp/ccm-gpu-test, removed
+# case by case); logs, reports and the result table go to $OUT (the device tool's folder) or
+# $CCM_WORK/out. Prints `case | expected | seen | result | times` and exits 1 on any FAIL.
+# Results: PASS, FAIL, KNOWN (a known limitation recorded, not a script failure).
+# See docs/GPU-TESTING.md for what each case proves.
+
+set -uo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+DEVICE_DIR=${CCM_DEVICE_DIR:-$REPO/.device}
+WORK=$(realpath -m "${CCM_WORK:-/var/tmp/ccm-gpu-test}")
+RESULTS_DIR=$(realpath -m "${OUT:-$WORK/out}")
+CRIU_ROOT=${CCM_CRIU_ROOT:-/opt/criu}
+CRIU_BIN=$CRIU_ROOT/usr/sbin/criu
+CRIU_LIBS=$CRIU_ROOT/usr/lib/x86_64-linux-gnu
+PLUGIN_DIR=$WORK/plugins
+WORKLOAD=$DEVICE_DIR/bin/ccm-sample-workload
+CHECK=(python3 "$REPO/tests/gpu/gpu_check.py")
+RESULTS=$RESULTS_DIR/results.tsv
+# Bounds: every wait and every criu run has one, so a hung case cannot eat the run.
+CRIU_TIMEOUT=${CCM_CRIU_TIMEOUT:-150}
+READY_TIMEOUT=${CCM_READY_TIMEOUT:-90}
+ROUND_TIMEOUT=${CCM_ROUND_TIMEOUT:-90}
+# NVLink SHARP multicast must stay off on the lent machines.
+export NCCL_NVLS_ENABLE=0
+# CUDA ordinal i is nvidia-smi's GPU i (both in PCI order), so the expectations below can use
+# nvidia-smi's table for CUDA ordinals.
+export CUDA_DEVICE_ORDER=PCI_BUS_ID
+
+log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
+now() { date +%s.%N; }
+elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+
+# ---------------------------------------------------------------------------------------------
+# Results
+
+# record CASE EXPECTED SEEN RESULT TIMES: one row of the final table.
+record() {
+    local row
+    row=$(printf '%s\t%s\t%s\t%s\t%s' "$1" "$2" "${3//$'\n'/ }" "$4" "$5")
+    printf '%s\n' "$row" >>"$RESULTS"
+    log "$4 $1: $3 ($5)"
+}
+
+# fail CASE EXPECTED SEEN [TIMES]: record a failure and leave the case (its subshell).
+fail() {
+    record "$1" "$2" "$3" FAIL "${4:--}"
+    exit 1
+}
+
+print_table() {
+    python3 - "$RESULTS" <<'EOF'
+import sys
+rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
+head = ["case", "expected", "seen", "result", "times"]
+cap = [22, 48, 110, 6, 40]
+def cut(s, n): return s if len(s) <= n else s[: n - 1] + "~"
+rows = [[cut(c, cap[i]) for i, c in enumerate(r + [""] * (5 - len(r)))] for r in rows]
+w = [max([len(head[i])] + [len(r[i]) for r in rows]) for i in range(5)]
+fmt = " | ".join("{:%d}" % x for x in w)
+print(fmt.format(*head)); print("-+-".join("-" * x for x in w))
+for r in rows: print(fmt.format(*r))
+EOF
+}
+
+# ---------------------------------------------------------------------------------------------
+# Processes
+
+# Every process a case started or restored, by pid: cleanup kills exactly these (and, as each is
+# a session and group leader, its process group).
+track() { printf '%s\n' "$1" >>"$WORK/pids"; }
+
+cleanup_processes() {
+    local pid
+    [[ -f $WORK/pids ]] || return 0
+    while read -r pid; do
+        [[ $pid =~ ^[0-9]+$ ]] || continue
+        kill -9 -- "-$pid" 2>/dev/null
+        kill -9 "$pid" 2>/dev/null
+    done <"$WORK/pids"
+    while read -r pid; do
+        [[ $pid =~ ^[0-9]+$ ]] && wait_gone "$pid" 10
+    done <"$WORK/pids"
+    : >"$WORK/pids"
+}
+
+# close_inherited_fds: closes fds above stdio of the calling (sub)shell. CRIU cannot dump a
+# process holding fds of the launcher's files on other mounts.
+close_inherited_fds() {
+    local path fd
+    for path in /proc/"$BASHPID"/fd/*; do
+        fd=${path##*/}
+        if [[ $fd =~ ^[0-9]+$ ]] && ((fd > 2)) && [[ -e $path ]]; then
+            eval "exec $fd>&-"
+        fi
+    done
+}
+
+# start_detached DIR LOG CMD...: CMD in its own session (CRIU dumps a session whole without
+# --shell-job), cwd DIR, stdin /dev/null, stdout+stderr to LOG. Sets STARTED_PID.
+start_detached() {
+    local dir=$1 logfile=$2
+    shift 2
+    (
+        cd "$dir" || exit 1
+        exec </dev/null >"$logfile" 2>&1
+        close_inherited_fds
+        # Not a group leader here (no job control), so setsid(1) calls setsid(2) without forking:
+        # $! below is CMD's pid.
+        exec setsid "$@"
+    ) &
+    STARTED_PID=$!
+    track "$STARTED_PID"
+}
+
+# wait_file FILE SECONDS
+wait_file() {
+    local deadline=$((SECONDS + $2))
+    while [[ ! -e $1 ]]; do
+        ((SECONDS >= deadline)) && return 1
+        sleep 0.05
+    done
+}
+
+# wait_gone PID SECONDS: until PID no longer exists (reaping it if it is our zombie child).
+wait_gone() {
+    local pid=$1 deadline=$((SECONDS + ${2:-30})) state
+    while [[ -e /proc/$pid ]]; do
+        state=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
+        [[ $state == Z ]] && wait "$pid" 2>/dev/null
+        ((SECONDS >= deadline)) && return 1
+        sleep 0.05
+    done
+}
+
+alive() { [[ -e /proc/$1 ]] && [[ $(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) != Z ]]; }
+
+# ---------------------------------------------------------------------------------------------
+# CRIU
+
+# criu_cmd ENV-ASSIGNMENT... -- CRIU-ARGS...: CRIU with its own libraries. LD_LIBRARY_PATH is set
+# for CRIU only: the Debian libraries must not shadow Ubuntu's in the workloads (python, torch).
+criu_cmd() {
+    local envs=()
+    while [[ $# -gt 0 && $1 != -- ]]; do
+        envs+=("$1")
+        shift
+    done
+    shift
+    env "${envs[@]}" LD_LIBRARY_PATH="$CRIU_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        timeout --kill-after=10 "$CRIU_TIMEOUT" "$CRIU_BIN" "$@"
+}
+
+# dump PID IMG LOG [CRIU-ARGS...]: sets DUMP_SECS; returns criu's status. Without
+# --leave-running, waits until PID is gone so its pid is free for the restore.
+dump() {
+    local pid=$1 img=$2 logfile=$3 t0 rc
+    shift 3
+    mkdir -p "$img"
+    t0=$(now)
+    criu_cmd -- dump -t "$pid" -D "$img" --libdir "$PLUGIN_DIR" -v4 -o "$logfile" "$@"
+    rc=$?
+    DUMP_SECS=$(elapsed "$t0")
+    if [[ $rc -eq 0 && " $* " != *" --leave-running "* ]]; then
+        wait_gone "$pid" 30 || log "pid $pid still exists after its dump"
+    fi
+    return $rc
+}
+
+# restore IMG LOG [ENV-ASSIGNMENT...]: `criu restore -d` with the plugin's environment; sets
+# RESTORE_SECS; returns criu's status.
+restore() {
+    local img=$1 logfile=$2 t0 rc
+    shift 2
+    t0=$(now)
+    criu_cmd "$@" -- restore -d -D "$img" --libdir "$PLUGIN_DIR" -v4 -o "$logfile"
+    rc=$?
+    RESTORE_SECS=$(elapsed "$t0")
+    return $rc
+}
+
+# criu_tail LOG: the last error-looking line of a CRIU log, for the table.
+criu_tail() { grep -E 'Error|error|criu-cuda-migrate' "$1" 2>/dev/null | tail -n 1 | cut -c1-200; }
+
+# ---------------------------------------------------------------------------------------------
+# The sample workload
+
+# launch_workload DIR MIB DEVICES ROUNDS: starts ccm-sample-workload, waits for D/ready; sets
+# W_PID. Fails the case CASE (global) when it does not become ready.
+launch_workload() {
+    local dir=$1 mib=$2 devices=$3 rounds=$4 pid
+    mkdir -p "$dir"
+    start_detached "$dir" "$dir/workload.log" "$WORKLOAD" --dir "$dir" --mib "$mib" --devices "$devices" --rounds "$rounds"
+    if ! wait_file "$dir/ready" "$READY_TIMEOUT"; then
+        fail "$CASE" "workload ready" "not ready in ${READY_TIMEOUT}s: $(tail -n 2 "$dir/workload.log" | tr '\n' ' ')"
+    fi
+    pid=$(<"$dir/ready")
+    pid=${pid//[!0-9]/}
+    [[ $pid == "$STARTED_PID" ]] || { log "workload pid $pid differs from launched $STARTED_PID"; track "$pid"; }
+    W_PID=$pid
+}
+
+# round DIR K [READY-FILE-SUFFIX]: triggers go<K>, waits for done<K>. Returns 1 on timeout.
+round() {
+    local dir=$1 k=$2
+    : >"$dir/go$k"
+    wait_file "$dir/done$k" "$ROUND_TIMEOUT"
+}
+
+# image_hash IMG OUT: sha256 of every file of the image directory, sorted.
+image_hash() { (cd "$1" && find . -type f -print0 | sort -z | xargs -0 sha256sum) >"$2"; }
+
+case_dir() {
+    local d=$WORK/cases/$1
+    rm -rf "$d"
+    mkdir -p "$d"
+    printf '%s' "$d"
+}
+
+# save_logs CASE-DIR: copies logs and reports (never images) to the results folder, then frees
+# the images (the 8 GiB case alone writes about 9 GB).
+save_logs() {
+    local d=$1 dest
+    dest=$RESULTS_DIR/logs/${d##*/}
+    mkdir -p "$dest"
+    (cd "$d" && find . -type f \( -name '*.log' -o -name '*.json' -o -name '*.txt' -o -name '*.sha256' \
+        -o -name 'ready*' -o -name '*.pid' \) -size -20M -print0 | xargs -0 -r cp --parents -t "$dest")
+    find "$d" -mindepth 1 -maxdepth 1 -type d -name 'img*' -exec rm -rf {} +
+}
+
+# ---------------------------------------------------------------------------------------------
+# Setup
+
+GPU_UUID=()
+GPU_BUS=()
+GPU_MEM=()
+
+setup() {
+    rm -rf "$WORK"
+    mkdir -p "$WORK/cases" "$PLUGIN_DIR" "$RESULTS_DIR/logs"
+    : >"$RESULTS"
+    : >"$WORK/pids"
+    local f plugin
+    for f in "$WORKLOAD" "$DEVICE_DIR"/plugin/*.so; do
+        [[ -e $f ]] || { echo "missing $f: run tests/gpu/prepare.sh on the build machine and carry .device" >&2; exit 2; }
+    done
+    if ! ls "$DEVICE_DIR"/criu-debs/*.deb >/dev/null 2>&1; then
+        echo "missing $DEVICE_DIR/criu-debs/*.deb: run tests/gpu/prepare.sh" >&2
+        exit 2
+    fi
+    mkdir -p "$CRIU_ROOT"
+    for f in "$DEVICE_DIR"/criu-debs/*.deb; do
+        dpkg -x "$f" "$CRIU_ROOT" || { echo "cannot unpack $f into $CRIU_ROOT" >&2; exit 2; }
+    done
+    # Only our plugin in the plugin dir: a CUDA plugin of CRIU's own would answer for every pid.
+    for plugin in "$DEVICE_DIR"/plugin/*.so; do cp "$plugin" "$PLUGIN_DIR/"; done
+    criu_cmd -- check >"$RESULTS_DIR/logs/criu-check.log" 2>&1
+    log "criu check: status $? ($(tail -n 1 "$RESULTS_DIR/logs/criu-check.log"))"
+
+    local idx uuid bus mem
+    while read -r idx uuid bus mem; do
+        GPU_UUID[idx]=$uuid
+        GPU_BUS[idx]=$bus
+        GPU_MEM[idx]=$mem
+    done < <("${CHECK[@]}" gpus)
+    "${CHECK[@]}" gpus >"$RESULTS_DIR/logs/gpus.txt"
+    if [[ ${#GPU_UUID[@]} -lt 2 ]]; then
+        echo "this needs 2 GPUs; nvidia-smi lists ${#GPU_UUID[@]}" >&2
+        exit 2
+    fi
+    G0=${GPU_UUID[0]}
+    G1=${GPU_UUID[1]}
+    B0=${GPU_BUS[0]}
+    B1=${GPU_BUS[1]}
+    SWAP="$G0=$G1,$G1=$G0"
+    SMI=$(<"$RESULTS_DIR/logs/gpus.txt")
+    log "GPU 0: $G0 at $B0 (${GPU_MEM[0]} MiB); GPU 1: $G1 at $B1 (${GPU_MEM[1]} MiB)"
+    log "plugin: $(ls "$PLUGIN_DIR"); workload: $WORKLOAD"
+    [[ -f $DEVICE_DIR/MANIFEST ]] && cp "$DEVICE_DIR/MANIFEST" "$RESULTS_DIR/logs/"
+}
+
+# ---------------------------------------------------------------------------------------------
+# Cases. Each runs in a subshell with `set -e`; `fail` records and leaves it.
+
+# The workload sees both GPUs in CUDA's PCI order, and before any migration every API agrees.
+case_baseline() {
+    CASE=i0-baseline
+    local d seen
+    d=$(case_dir baseline)
+    "$WORKLOAD" --report-now --mib 16 --devices 0,1 >"$d/report0.json" 2>"$d/workload.log" ||
+        fail "$CASE" "report-now works" "workload failed: $(tail -n 1 "$d/workload.log")"
+    seen=$("${CHECK[@]}" report "$d/report0.json" --uuid "0=$G0" --uuid "1=$G1" --bus "0=$B0" --bus "1=$B1" \
+        --consistent --data-ok) || fail "$CASE" "o0=GPU0 o1=GPU1, all agree" "$seen"
+    record "$CASE" "o0=GPU0 o1=GPU1, all agree" "$seen" PASS -
+    save_logs "$d"
+}
+
+# issue 4 (1): dump, restore, pattern intact, for MIB of device memory on GPU 0.
+case_plain() {
+    local mib=$1 d seen times
+    CASE=i4-1-plain-${mib}MiB
+    d=$(case_dir "plain-$mib")
+    launch_workload "$d/w" "$mib" 0 1
+    dump "$W_PID" "$d/img" "$d/dump.log" ||
+        fail "$CASE" "dump+restore, data intact" "dump failed: $(criu_tail "$d/dump.log")" "dump ${DUMP_SECS}s"
+    restore "$d/img" "$d/restore.log" ||
+        fail "$CASE" "dump+restore, data intact" "restore failed: $(criu_tail "$d/restore.log")" "dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s ckpt $("${CHECK[@]}" span "$d/dump.log")s"
+    round "$d/w" 1 || fail "$CASE" "dump+restore, data intact" "no report after restore" "$times"
+    seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G0" --consistent --data-ok) ||
+        fail "$CASE" "dump+restore, data intact" "$seen" "$times"
+    record "$CASE" "dump+restore, data intact" "$seen" PASS "$times"
+    "${CHECK[@]}" plugin-lines "$d/dump.log" >"$d/plugin-dump.txt"
+    "${CHECK[@]}" plugin-lines "$d/restore.log" >"$d/plugin-restore.txt"
+    save_logs "$d"
+}
+case_plain_1g() { case_plain 1024; }
+case_plain_8g() { case_plain 8192; }
+
+# issue 4 (2): a PyTorch process: tensor intact and new GPU work after restore.
+case_torch() {
+    CASE=i4-2-pytorch
+    local d seen times exp="dump+restore, tensor intact, new work runs"
+    d=$(case_dir torch)
+    mkdir -p "$d/w"
+    start_detached "$d/w" "$d/w/torch.log" python3 "$REPO/tests/gpu/torch_workload.py" --dir "$d/w" --mib 1024 --device cuda:0
+    wait_file "$d/w/ready" "$READY_TIMEOUT" || fail "$CASE" "$exp" "not ready: $(tail -n 2 "$d/w/torch.log" | tr '\n' ' ')"
+    dump "$STARTED_PID" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")" "dump ${DUMP_SECS}s"
+    restore "$d/img" "$d/restore.log" ||
+        fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")" "dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s ckpt $("${CHECK[@]}" span "$d/dump.log")s"
+    round "$d/w" 1 || fail "$CASE" "$exp" "no report after restore: $(tail -n 2 "$d/w/torch.log" | tr '\n' ' ')" "$times"
+    seen=$("${CHECK[@]}" torch "$d/w/report1.json" --uuid "$G0") || fail "$CASE" "$exp" "$seen" "$times"
+    record "$CASE" "$exp" "$seen" PASS "$times"
+    "${CHECK[@]}" plugin-lines "$d/dump.log" >"$d/plugin-dump.txt"
+    save_logs "$d"
+}
+
+# issue 4 (3): --leave-running: the process keeps running and its GPU work continues.
+case_leave_running() {
+    CASE=i4-3-leave-running
+    local d seen exp="dump --leave-running: still running, data intact, GPU work continues"
+    d=$(case_dir leave-running)
+    launch_workload "$d/w" 1024 0 2
+    dump "$W_PID" "$d/img" "$d/dump.log" --leave-running ||
+        fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")" "dump ${DUMP_SECS}s"
+    alive "$W_PID" || fail "$CASE" "$exp" "process $W_PID is gone after --leave-running" "dump ${DUMP_SECS}s"
+    round "$d/w" 1 || fail "$CASE" "$exp" "no report after the dump (left locked or checkpointed?)" "dump ${DUMP_SECS}s"
+    seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G0" --consistent --data-ok) ||
+        fail "$CASE" "$exp" "$seen" "dump ${DUMP_SECS}s"
+    # A second round proves the process goes on working after the first report too.
+    round "$d/w" 2 || fail "$CASE" "$exp" "no second report" "dump ${DUMP_SECS}s"
+    "${CHECK[@]}" report "$d/w/report2.json" --data-ok >/dev/null || fail "$CASE" "$exp" "second round: data or context broken"
+    record "$CASE" "$exp" "$seen" PASS "dump ${DUMP_SECS}s"
+    save_logs "$d"
+}
+
+# issue 4 (4): two CUDA processes on two GPUs in one tree (a shell with two workloads): dump and
+# restore; the plugin's parallel checkpoint time against the same two dumped one at a time.
+case_two_processes() {
+    CASE=i4-4-two-processes
+    local d seen_a seen_b par s1 s2 ratio times exp="tree of 2 (GPU0, GPU1): dump+restore, data intact" mib=2048
+    d=$(case_dir two-processes)
+    mkdir -p "$d/a" "$d/b"
+
+    # Sequential reference: each workload alone in its own tree, one after the other.
+    launch_workload "$d/alone-a" "$mib" 0 1
+    dump "$W_PID" "$d/img-a" "$d/dump-a.log" || fail "$CASE" "$exp" "single dump A failed: $(criu_tail "$d/dump-a.log")"
+    s1=$("${CHECK[@]}" span "$d/dump-a.log")
+    local wall1=$DUMP_SECS
+    rm -rf "$d/img-a"
+    launch_workload "$d/alone-b" "$mib" 1 1
+    dump "$W_PID" "$d/img-b" "$d/dump-b.log" || fail "$CASE" "$exp" "single dump B failed: $(criu_tail "$d/dump-b.log")"
+    s2=$("${CHECK[@]}" span "$d/dump-b.log")
+    local wall2=$DUMP_SECS
+    rm -rf "$d/img-b"
+
+    # The tree: one shell, two workloads (the script expands its own positional parameters).
+    # shellcheck disable=SC2016
+    start_detached "$d" "$d/tree.log" bash -c \
+        '"$0" --dir "$1/a" --mib "$2" --devices 0 --rounds 1 >"$1/a/workload.log" 2>&1 &
+         "$0" --dir "$1/b" --mib "$2" --devices 1 --rounds 1 >"$1/b/workload.log" 2>&1 &
+         wait' "$WORKLOAD" "$d" "$mib"
+    local root=$STARTED_PID
+    { wait_file "$d/a/ready" "$READY_TIMEOUT" && wait_file "$d/b/ready" "$READY_TIMEOUT"; } ||
+        fail "$CASE" "$exp" "tree not ready: $(tail -n 1 "$d/a/workload.log" "$d/b/workload.log" | tr '\n' ' ')"
+    dump "$root" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "tree dump failed: $(criu_tail "$d/dump.log")" "dump ${DUMP_SECS}s"
+    par=$("${CHECK[@]}" span "$d/dump.log")
+    restore "$d/img" "$d/restore.log" ||
+        fail "$CASE" "$exp" "tree restore failed: $(criu_tail "$d/restore.log")" "dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    { round "$d/a" 1 && round "$d/b" 1; } || fail "$CASE" "$exp" "no reports after restore" "$times"
+    seen_a=$("${CHECK[@]}" report "$d/a/report1.json" --uuid "0=$G0" --consistent --data-ok) || fail "$CASE" "$exp" "A: $seen_a" "$times"
+    seen_b=$("${CHECK[@]}" report "$d/b/report1.json" --uuid "1=$G1" --consistent --data-ok) || fail "$CASE" "$exp" "B: $seen_b" "$times"
+    record "$CASE" "$exp" "A data ok, B data ok" PASS "$times"
+
+    "${CHECK[@]}" plugin-lines "$d/dump.log" >"$d/plugin-dump-tree.txt"
+    ratio=$("${CHECK[@]}" ratio "$par" "$s1" "$s2")
+    times="ckpt tree ${par}s, alone ${s1}s+${s2}s (dump wall ${wall1}s+${wall2}s)"
+    if [[ $ratio == n/a ]]; then
+        record "$CASE-ratio" "parallel/sequential <= 0.8" "no plugin checkpoint timing lines in dump.log" FAIL "$times"
+    elif awk -v r="$ratio" 'BEGIN { exit !(r <= 0.8) }'; then
+        record "$CASE-ratio" "parallel/sequential <= 0.8" "ratio $ratio" PASS "$times"
+    else
+        record "$CASE-ratio" "parallel/sequential <= 0.8" "ratio $ratio (not parallel)" FAIL "$times"
+    fi
+    save_logs "$d"
+}
+
+# issue 5: dumped on GPU 0, restored onto GPU 1 through an explicit map (the swap, which names
+# every GPU the process's libcuda enumerated).
+case_explicit_map() {
+    CASE=i5-1-explicit-map
+    local d seen times exp="on GPU1 via DEVICE_MAP swap, data intact, all agree"
+    d=$(case_dir explicit-map)
+    launch_workload "$d/w" 512 0 1
+    dump "$W_PID" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")"
+    restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
+        fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    round "$d/w" 1 || fail "$CASE" "$exp" "no report after restore" "$times"
+    seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G1" --bus "0=$B1" --consistent --data-ok) ||
+        fail "$CASE" "$exp" "$seen" "$times"
+    record "$CASE" "$exp" "$seen" PASS "$times"
+    save_logs "$d"
+}
+
+# issue 5: the automatic map with only GPU 1 usable.
+case_auto_map() {
+    CASE=i5-2-auto-map
+    local d seen times exp="on GPU1 via USABLE_GPUS=GPU1, data intact, all agree"
+    d=$(case_dir auto-map)
+    launch_workload "$d/w" 512 0 1
+    dump "$W_PID" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")"
+    restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_USABLE_GPUS="$G1" ||
+        fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    round "$d/w" 1 || fail "$CASE" "$exp" "no report after restore" "$times"
+    seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G1" --bus "0=$B1" --consistent --data-ok) ||
+        fail "$CASE" "$exp" "$seen" "$times"
+    record "$CASE" "$exp" "$seen" PASS "$times"
+    save_logs "$d"
+}
+
+# refused_restore CASE IMG LOG-NAME EXPECTED ENV...: a restore the preflight must refuse: criu
+# fails, the plugin says why, no task was restored, the images are byte-identical.
+refused_restore() {
+    local case=$1 d=$2 name=$3 exp=$4 pid=$5 msg
+    shift 5
+    restore "$d/img" "$d/$name.log" "$@" &&
+        fail "$case" "$exp" "restore SUCCEEDED with $*" "restore ${RESTORE_SECS}s"
+    msg=$("${CHECK[@]}" plugin-error "$d/$name.log") || true
+    (cd "$d/img" && sha256sum --quiet -c "$d/images.sha256") >"$d/$name-images.txt" 2>&1 ||
+        fail "$case" "$exp" "images changed: $(head -n 2 "$d/$name-images.txt" | tr '\n' ' ')"
+    if alive "$pid"; then
+        fail "$case" "$exp" "refused, but pid $pid exists after the refused restore: $msg"
+    fi
+    [[ $msg == *criu-cuda-migrate* ]] || fail "$case" "$exp" "refused without the plugin's message: $msg"
+    record "$case" "$exp" "refused: $msg; images identical" PASS "restore ${RESTORE_SECS}s"
+}
+
+# issue 5: preflight refuses a usable set / map naming GPUs this node lacks; the images stay
+# byte-identical; the same images then restore.
+case_preflight_refusal() {
+    CASE=i5-3-preflight
+    local d seen pid bogus=GPU-00000000-0000-0000-0000-000000000000
+    d=$(case_dir preflight)
+    launch_workload "$d/w" 256 0 1
+    pid=$W_PID
+    dump "$pid" "$d/img" "$d/dump.log" || fail "$CASE" "dump" "dump failed: $(criu_tail "$d/dump.log")"
+    image_hash "$d/img" "$d/images.sha256"
+    refused_restore "$CASE-unknown-usable" "$d" restore-unknown-usable "refused: USABLE_GPUS names no GPU here" "$pid" \
+        CRIU_CUDA_MIGRATE_USABLE_GPUS="$bogus"
+    refused_restore "$CASE-unknown-map" "$d" restore-unknown-map "refused: map target not on this node" "$pid" \
+        CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$bogus,$G1=$G0"
+    restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
+        fail "$CASE-then-ok" "then restores with the swap" "restore failed: $(criu_tail "$d/restore.log")"
+    round "$d/w" 1 || fail "$CASE-then-ok" "then restores with the swap" "no report after restore"
+    seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G1" --consistent --data-ok) ||
+        fail "$CASE-then-ok" "then restores with the swap" "$seen"
+    record "$CASE-then-ok" "then restores with the swap, data intact" "$seen" PASS "restore ${RESTORE_SECS}s"
+    save_logs "$d"
+}
+
+# issue 6 (1): the bug, reproduced with reconciliation off: a process on both GPUs restored with
+# the swap: ordinal 0 reports GPU 1's UUID, GPU 0's bus id, and NVML by that bus id finds GPU 0.
+case_repro_stale() {
+    CASE=i6-1-stale-without-reconcile
+    local d seen times exp="o0: uuid GPU1, bus of GPU0, NVML(bus)=GPU0 (disagree)"
+    d=$(case_dir repro-stale)
+    launch_workload "$d/w" 256 0,1 1
+    dump "$W_PID" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")"
+    # Permissive too: a strict validation would (rightly) kill the stale process we want to see.
+    restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" CRIU_CUDA_MIGRATE_RECONCILE=off \
+        CRIU_CUDA_MIGRATE_MODE=permissive || fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    round "$d/w" 1 || fail "$CASE" "$exp" "no report after restore" "$times"
+    seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G1" --bus "0=$B0" --nvml-by-bus "0=$G0" \
+        --uuid "1=$G0" --bus "1=$B1" --nvml-by-bus "1=$G1" --disagree 0 --disagree 1 --data-ok) ||
+        fail "$CASE" "$exp" "$seen" "$times"
+    record "$CASE" "$exp" "$seen" PASS "$times"
+    save_logs "$d"
+}
+
+# issue 6 (2): the same with reconciliation: every ordinal agrees.
+case_reconciled() {
+    CASE=i6-2-reconciled
+    local d seen times exp="swap, reconcile on: o0=GPU1@bus1, o1=GPU0@bus0, all agree, data intact"
+    d=$(case_dir reconciled)
+    launch_workload "$d/w" 256 0,1 1
+    dump "$W_PID" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")"
+    restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
+        fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    round "$d/w" 1 || fail "$CASE" "$exp" "no report after restore" "$times"
+    seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G1" --bus "0=$B1" --uuid "1=$G0" --bus "1=$B0" \
+        --consistent --data-ok) || fail "$CASE" "$exp" "$seen" "$times"
+    record "$CASE" "$exp" "$seen" PASS "$times"
+    "${CHECK[@]}" plugin-lines "$d/restore.log" >"$d/plugin-restore.txt"
+    save_logs "$d"
+}
+
+# issue 6 (3): three chained migrations of one process (swap, swap back, swap).
+case_chained() {
+    CASE=i6-3-chained
+    local d seen k times="" exp="3 chained swaps: all agree each time, data intact" o0 b0 o1 b1
+    d=$(case_dir chained)
+    launch_workload "$d/w" 256 0,1 3
+    for k in 1 2 3; do
+        dump "$W_PID" "$d/img$k" "$d/dump$k.log" || fail "$CASE" "$exp" "dump $k failed: $(criu_tail "$d/dump$k.log")" "$times"
+        restore "$d/img$k" "$d/restore$k.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
+            fail "$CASE" "$exp" "restore $k failed: $(criu_tail "$d/restore$k.log")" "$times"
+        times+="#$k ${DUMP_SECS}/${RESTORE_SECS}s "
+        round "$d/w" "$k" || fail "$CASE" "$exp" "no report after migration $k" "$times"
+        # Odd migrations put ordinal 0 on GPU 1, even ones bring it back.
+        if ((k % 2)); then o0=$G1 b0=$B1 o1=$G0 b1=$B0; else o0=$G0 b0=$B0 o1=$G1 b1=$B1; fi
+        seen=$("${CHECK[@]}" report "$d/w/report$k.json" --uuid "0=$o0" --bus "0=$b0" --uuid "1=$o1" --bus "1=$b1" \
+            --consistent --data-ok) || fail "$CASE" "$exp" "migration $k: $seen" "$times"
+        rm -rf "$d/img$k"
+    done
+    record "$CASE" "$exp" "after #3: $seen" PASS "$times"
+    save_logs "$d"
+}
+
+# issue 6 (4): a 2-rank PyTorch + NCCL job restored onto swapped GPUs, NCCL set up after.
+case_nccl() {
+    local variant=$1 d seen times root exp known=0
+    CASE=i6-4$variant-nccl
+    if [[ $variant == a ]]; then
+        exp="ranks see both GPUs: swapped, NCCL busId = new GPU, sum 3"
+    else
+        exp="ranks CVD-limited: swapped, NCCL busId = new GPU, sum 3"
+        known=1
+    fi
+    d=$(case_dir "nccl-$variant")
+    start_detached "$d" "$d/job.log" python3 "$REPO/tests/gpu/nccl_job.py" --dir "$d" --variant "$variant" \
+        --uuids "$G0,$G1" --mib 256
+    root=$STARTED_PID
+    { wait_file "$d/ready-rank0" "$READY_TIMEOUT" && wait_file "$d/ready-rank1" "$READY_TIMEOUT"; } ||
+        fail "$CASE" "$exp" "ranks not ready: $(tail -n 1 "$d"/rank*.log | tr '\n' ' ')"
+    dump "$root" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")" "dump ${DUMP_SECS}s"
+    restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
+        fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")" "dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    : >"$d/go1"
+    if ! { wait_file "$d/done-rank0-1" "$ROUND_TIMEOUT" && wait_file "$d/done-rank1-1" "$ROUND_TIMEOUT"; }; then
+        seen="ranks did not finish in ${ROUND_TIMEOUT}s: $(grep -h -m1 -E 'failure|Error|error' "$d"/rank*.log | head -n 2 | tr '\n' ' ')"
+        ((known)) && { record "$CASE" "$exp" "$seen" KNOWN "$times"; save_logs "$d"; return 0; }
+        fail "$CASE" "$exp" "$seen" "$times"
+    fi
+    # Rank r used GPU r before; after the swap it runs on GPU 1-r.
+    if seen=$("${CHECK[@]}" nccl "$d" --ranks 2 --uuid "0=$G1" --uuid "1=$G0" --bus "0=$B1" --bus "1=$B0" --smi "$SMI"); then
+        record "$CASE" "$exp" "$seen" PASS "$times"
+    elif ((known)); then
+        record "$CASE" "$exp" "$seen" KNOWN "$times"
+    else
+        fail "$CASE" "$exp" "$seen" "$times"
+    fi
+    "${CHECK[@]}" plugin-lines "$d/dump.log" >"$d/plugin-dump.txt"
+    "${CHECK[@]}" plugin-lines "$d/restore.log" >"$d/plugin-restore.txt"
+    save_logs "$d"
+}
+case_nccl_a() { case_nccl a; }
+case_nccl_b() { case_nccl b; }
+
+# issue 6 (5): no usable target for a dump GPU: refused by preflight, images intact.
+case_no_target() {
+    CASE=i6-5-no-target
+    local d pid bogus=GPU-ffffffff-ffff-ffff-ffff-ffffffffffff
+    d=$(case_dir no-target)
+    launch_workload "$d/w" 256 0,1 1
+    pid=$W_PID
+    dump "$pid" "$d/img" "$d/dump.log" || fail "$CASE" "dump" "dump failed: $(criu_tail "$d/dump.log")"
+    image_hash "$d/img" "$d/images.sha256"
+    refused_restore "$CASE-absent" "$d" restore-absent "refused: only usable GPU does not exist" "$pid" \
+        CRIU_CUDA_MIGRATE_USABLE_GPUS="$bogus"
+    # Both GPUs in use, one usable: two dump GPUs may never share one new GPU.
+    refused_restore "$CASE-too-few" "$d" restore-too-few "refused: 2 GPUs used, 1 usable" "$pid" \
+        CRIU_CUDA_MIGRATE_USABLE_GPUS="$G1"
+    save_logs "$d"
+}
+
+ALL_CASES=(
+    case_baseline
+    case_plain_1g case_plain_8g case_torch case_leave_running case_two_processes
+    case_explicit_map case_auto_map case_preflight_refusal
+    case_repro_stale case_reconciled case_chained case_nccl_a case_nccl_b case_no_target
+)
+
+# The case name a function records under (for selection by prefix).
+case_label() {
+    case $1 in
+        case_baseline) echo i0-baseline ;;
+        case_plain_1g) echo i4-1-plain-1024MiB ;;
+        case_plain_8g) echo i4-1-plain-8192MiB ;;
+        case_torch) echo i4-2-pytorch ;;
+        case_leave_running) echo i4-3-leave-running ;;
+        case_two_processes) echo i4-4-two-processes ;;
+        case_explicit_map) echo i5-1-explicit-map ;;
+        case_auto_map) echo i5-2-auto-map ;;
+        case_preflight_refusal) echo i5-3-preflight ;;
+        case_repro_stale) echo i6-1-stale-without-reconcile ;;
+        case_reconciled) echo i6-2-reconciled ;;
+        case_chained) echo i6-3-chained ;;
+        case_nccl_a) echo i6-4a-nccl ;;
+        case_nccl_b) echo i6-4b-nccl ;;
+        case_no_target) echo i6-5-no-target ;;
+    esac
+}
+
+selected() {
+    local label=$1 p
+    [[ ${#SELECT[@]} -eq 0 ]] && return 0
+    for p in "${SELECT[@]}"; do [[ $label == "$p"* ]] && return 0; done
+    return 1
+}
+
+main() {
+    SELECT=("$@")
+    local fn label t0 rc before
+    setup
+    trap cleanup_processes EXIT
+    for fn in "${ALL_CASES[@]}"; do
+        label=$(case_label "$fn")
+        selected "$label" || continue
+        log "=== $label"
+        before=$(wc -l <"$RESULTS")
+        t0=$(now)
+        (
+            set -e
+            "$fn"
+        )
+        rc=$?
+        if [[ $rc -ne 0 && $(wc -l <"$RESULTS") -eq $before ]]; then
+            record "$label" "case runs" "script error (status $rc) after $(elapsed "$t0")s; see the case's logs" FAIL -
+        fi
+        cleanup_processes
+        # Logs of a case that failed early (fail exits before save_logs).
+        [[ -d $WORK/cases ]] && for d in "$WORK"/cases/*; do [[ -d $d ]] && save_logs "$d"; done
+        rm -rf "$WORK/cases"
+        mkdir -p "$WORK/cases"
+        log "=== $label done in $(elapsed "$t0")s"
+    done
+    echo
+    print_table | tee "$RESULTS_DIR/table.txt"
+    if grep -q $'\tFAIL\t' "$RESULTS"; then
+        echo "FAILED: $(grep -c $'\tFAIL\t' "$RESULTS") row(s)"
+        return 1
+    fi
+    echo "all cases passed ($(grep -c $'\tKNOWN\t' "$RESULTS") known limitation(s))"
+}
+
+main "$@"

@@ -1,0 +1,107 @@
+#!/usr/bin/env python3
+"""A PyTorch process for the GPU tests: holds a tensor with a known pattern on one CUDA device
+and, on each trigger, checks it and runs new GPU work.
+
+Protocol in --dir D (like ccm-sample-workload; no fd into D stays open, so CRIU can dump the
+process between rounds):
+  D/ready                    its pid, once the tensor is on the device
+  D/go<k>   (from the test)  run round k
+  D/report<k>.json, D/done<k>
+It exits after --rounds rounds.
+"""
+
+import argparse
+import ctypes
+import json
+import os
+import sys
+import time
+import traceback
+
+POLL_S = 0.02
+# The pattern: position-dependent, different per --seed, exactly representable in int32.
+MODULUS = 65521
+
+
+def close_inherited_fds():
+    """Inherited fds CRIU cannot restore (the launcher's files on other mounts) would fail the
+    dump; nothing of ours is open yet."""
+    os.closerange(3, os.sysconf("SC_OPEN_MAX"))
+
+
+def write_atomic(directory, name, data):
+    tmp = os.path.join(directory, f".{name}.tmp")
+    with open(tmp, "w") as f:
+        f.write(data)
+    os.rename(tmp, os.path.join(directory, name))
+
+
+def wait_for(directory, name):
+    path = os.path.join(directory, name)
+    while not os.path.exists(path):
+        time.sleep(POLL_S)
+
+
+def cuda_identity():
+    """What this process's libcuda says about its current device: (uuid, bus id) through the
+    driver API, the values a remapped restore can leave stale."""
+    cu = ctypes.CDLL("libcuda.so.1")
+    dev = ctypes.c_int()
+    if cu.cuCtxGetDevice(ctypes.byref(dev)) != 0:
+        return None, None
+    bus = ctypes.create_string_buffer(64)
+    uuid = (ctypes.c_ubyte * 16)()
+    if cu.cuDeviceGetPCIBusId(bus, 64, dev) != 0 or cu.cuDeviceGetUuid_v2(uuid, dev) != 0:
+        return None, None
+    b = bytes(uuid).hex()
+    return f"GPU-{b[0:8]}-{b[8:12]}-{b[12:16]}-{b[16:20]}-{b[20:32]}", bus.value.decode()
+
+
+def pattern(torch, n, seed, device):
+    return torch.remainder(torch.arange(n, dtype=torch.int64, device=device), MODULUS).to(torch.int32) + seed
+
+
+def main():
+    close_inherited_fds()
+    p = argparse.ArgumentParser(description=__doc__)
+    p.add_argument("--dir", required=True)
+    p.add_argument("--mib", type=int, default=256)
+    p.add_argument("--device", default="cuda:0")
+    p.add_argument("--seed", type=int, default=1000)
+    p.add_argument("--rounds", type=int, default=1)
+    a = p.parse_args()
+
+    import torch  # after closing fds: importing opens nothing that must survive
+
+    dev = torch.device(a.device)
+    torch.cuda.set_device(dev)
+    n = a.mib * (1 << 20) // 4
+    data = pattern(torch, n, a.seed, dev)
+    torch.cuda.synchronize()
+    write_atomic(a.dir, "ready", f"{os.getpid()}\n")
+    print(f"torch_workload[{os.getpid()}]: ready, {a.mib} MiB on {dev}", flush=True)
+
+    for k in range(1, a.rounds + 1):
+        wait_for(a.dir, f"go{k}")
+        report = {"pid": os.getpid(), "round": k, "device": str(dev), "data_ok": False, "work_ok": False, "error": None}
+        try:
+            report["data_ok"] = bool(torch.equal(data, pattern(torch, n, a.seed, dev)))
+            x = torch.randn(2048, 2048, device=dev)
+            y = (x @ x.T).trace()
+            z = torch.ones(1 << 20, device=dev).sum()
+            torch.cuda.synchronize()
+            report["work_ok"] = bool(torch.isfinite(y)) and float(z) == float(1 << 20)
+            report["cuda_uuid"], report["cuda_bus_id"] = cuda_identity()
+            props = torch.cuda.get_device_properties(dev)
+            report["torch_pci"] = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}"
+        except Exception as e:  # the report must be written whatever failed
+            report["error"] = f"{e.__class__.__name__}: {e}"
+            traceback.print_exc()
+        write_atomic(a.dir, f"report{k}.json", json.dumps(report, indent=2))
+        write_atomic(a.dir, f"done{k}", "")
+        print(f"torch_workload[{os.getpid()}]: round {k}: {report}", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
