@@ -341,6 +341,7 @@ case_torch() {
     seen=$("${CHECK[@]}" torch "$d/w/report1.json" --uuid "$G0") || fail "$CASE" "$exp" "$seen" "$times"
     record "$CASE" "$exp" "$seen" PASS "$times"
     "${CHECK[@]}" plugin-lines "$d/dump.log" >"$d/plugin-dump.txt"
+    "${CHECK[@]}" plugin-lines "$d/restore.log" >"$d/plugin-restore.txt"
     save_logs "$d"
 }
 

@@ -33,12 +33,10 @@ pub enum AppError {
     Cuda(#[from] CudaError),
     #[error("cuDeviceGetPCIBusId returned `{text}`, which is not a PCI address (expected DDDD:BB:DD.F); the driver or its test double is broken")]
     BadBusId { text: String },
-    #[error("device copy of {len} bytes at offset {offset} does not fit in a buffer of {size} bytes; copy a smaller range")]
-    OutOfBounds {
-        offset: usize,
-        len: usize,
-        size: usize,
-    },
+    #[error(
+        "device copy of {len} bytes at offset {offset} does not fit in a buffer of {size} bytes; copy a smaller range"
+    )]
+    OutOfBounds { offset: usize, len: usize, size: usize },
     #[error("{what} = {value} does not fit the driver's argument type; use a smaller size")]
     TooLarge { what: &'static str, value: usize },
 }
@@ -74,12 +72,7 @@ pub struct PciAttributes {
 
 impl PciAttributes {
     pub fn to_address(self) -> PciAddress {
-        PciAddress {
-            domain: self.domain,
-            bus: self.bus,
-            device: self.device,
-            function: 0,
-        }
+        PciAddress { domain: self.domain, bus: self.bus, device: self.device, function: 0 }
     }
 }
 
@@ -156,10 +149,7 @@ impl CudaApp {
             memcpy_dtoh: sym!("cuMemcpyDtoH_v2"),
             memcpy_htod: sym!("cuMemcpyHtoD_v2"),
         };
-        Ok(CudaApp {
-            lib,
-            fns: Arc::new(fns),
-        })
+        Ok(CudaApp { lib, fns: Arc::new(fns) })
     }
 
     /// Loads `libcuda.so.1` (or `$CRIU_CUDA_MIGRATE_LIBCUDA`), calls `cuInit(0)` and resolves
@@ -185,10 +175,8 @@ impl CudaApp {
 
     /// `cuDeviceGet` for an ordinal of this process's view.
     pub fn device(&self, ordinal: u32) -> Result<Device, AppError> {
-        let ordinal = c_int::try_from(ordinal).map_err(|_| AppError::TooLarge {
-            what: "ordinal",
-            value: ordinal as usize,
-        })?;
+        let ordinal =
+            c_int::try_from(ordinal).map_err(|_| AppError::TooLarge { what: "ordinal", value: ordinal as usize })?;
         let mut d: c_int = 0;
         // SAFETY: writes one CUdevice (int).
         let r = unsafe { (self.fns.device_get)(&mut d, ordinal) };
@@ -220,9 +208,7 @@ impl CudaApp {
     pub fn device_pci_bus_id_text(&self, dev: Device) -> Result<String, AppError> {
         let mut buf = [0 as c_char; BUS_ID_LEN];
         // SAFETY: the driver writes at most `len` bytes including the NUL.
-        let r = unsafe {
-            (self.fns.device_get_pci_bus_id)(buf.as_mut_ptr(), BUS_ID_LEN as c_int, dev.0)
-        };
+        let r = unsafe { (self.fns.device_get_pci_bus_id)(buf.as_mut_ptr(), BUS_ID_LEN as c_int, dev.0) };
         self.lib.check("cuDeviceGetPCIBusId", r)?;
         Ok(c_buf_to_string(&buf))
     }
@@ -303,12 +289,7 @@ impl CudaApp {
         // SAFETY: writes one CUdeviceptr.
         let r = unsafe { (self.fns.mem_alloc)(&mut ptr, bytes) };
         self.lib.check("cuMemAlloc_v2", r)?;
-        Ok(DeviceBuffer {
-            app: self.clone(),
-            ctx,
-            ptr,
-            bytes,
-        })
+        Ok(DeviceBuffer { app: self.clone(), ctx, ptr, bytes })
     }
 }
 
@@ -322,11 +303,7 @@ pub struct DeviceBuffer {
 
 impl fmt::Debug for DeviceBuffer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "DeviceBuffer({:#x}, {} bytes, {:?})",
-            self.ptr, self.bytes, self.ctx
-        )
+        write!(f, "DeviceBuffer({:#x}, {} bytes, {:?})", self.ptr, self.bytes, self.ctx)
     }
 }
 
@@ -348,20 +325,13 @@ impl DeviceBuffer {
     fn range(&self, offset: usize, len: usize) -> Result<u64, AppError> {
         match offset.checked_add(len) {
             Some(end) if end <= self.bytes => Ok(self.ptr + offset as u64),
-            _ => Err(AppError::OutOfBounds {
-                offset,
-                len,
-                size: self.bytes,
-            }),
+            _ => Err(AppError::OutOfBounds { offset, len, size: self.bytes }),
         }
     }
 
     /// `cuMemsetD32_v2`: `words` 32-bit words from byte `offset` (a multiple of 4) set to `value`.
     pub fn fill_u32(&self, offset: usize, words: usize, value: u32) -> Result<(), AppError> {
-        let len = words.checked_mul(4).ok_or(AppError::TooLarge {
-            what: "word count",
-            value: words,
-        })?;
+        let len = words.checked_mul(4).ok_or(AppError::TooLarge { what: "word count", value: words })?;
         let dst = self.range(offset, len)?;
         self.app.set_current(self.ctx)?;
         // SAFETY: [dst, dst+len) lies inside this allocation (checked above).
@@ -434,11 +404,7 @@ mod tests {
 
     #[test]
     fn attributes_make_an_address() {
-        let a = PciAttributes {
-            domain: 0,
-            bus: 0,
-            device: 6,
-        };
+        let a = PciAttributes { domain: 0, bus: 0, device: 6 };
         assert_eq!(a.to_address().to_short_string(), "0000:00:06.0");
     }
 }

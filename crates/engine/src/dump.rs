@@ -74,6 +74,9 @@ impl DumpSession {
                 return HookOutcome::NotMine;
             }
         }
+        if let Some(e) = crate::conflicting_plugin() {
+            return HookOutcome::Failed(e);
+        }
         let timeout_ms = u32::try_from(self.config.lock_timeout.as_millis()).unwrap_or(u32::MAX);
         let Some(node) = self.node() else { return HookOutcome::NotMine };
         let api = node.api.clone();

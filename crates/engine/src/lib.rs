@@ -28,6 +28,23 @@ pub use host::{CriuHost, NoCriu};
 /// The name CRIU knows the plugin by (descriptor and image inventory).
 pub const PLUGIN_NAME: &str = "criu-cuda-migrate";
 
+/// CRIU's own CUDA plugin (`plugins/cuda`, which drives the `cuda-checkpoint` tool). Both
+/// plugins would lock and checkpoint the same processes; whichever CRIU asks first wins, so
+/// running both is refused.
+pub const CRIU_CUDA_PLUGIN_FILE: &str = "/cuda_plugin.so";
+
+/// An error when CRIU's own CUDA plugin is loaded into this CRIU too.
+pub fn conflicting_plugin() -> Option<EngineError> {
+    match ccm_process::devices::maps_library(std::process::id(), CRIU_CUDA_PLUGIN_FILE) {
+        Ok(true) => Some(EngineError::Preflight(format!(
+            "CRIU's own CUDA plugin (cuda_plugin.so) is loaded too; both would checkpoint the same processes. \
+             Remove cuda_plugin.so from CRIU's plugin directory (or point `libdir`/--libdir/CRIU_LIBS_DIR at a \
+             directory holding only {PLUGIN_NAME}'s plugin), or set CRIU_CUDA_MIGRATE_DISABLE=1 to use CRIU's plugin instead"
+        ))),
+        _ => None,
+    }
+}
+
 /// A hook's answer to CRIU.
 #[derive(Debug)]
 pub enum HookOutcome {

@@ -47,6 +47,9 @@ impl RestoreSession {
             debug!("no identity images: no CUDA process to restore (inventory entry: {in_inventory:?})");
             return Ok(s);
         }
+        if let Some(e) = crate::conflicting_plugin() {
+            return Err(e);
+        }
         let t0 = Instant::now();
         let node = Node::load().map_err(|e| {
             EngineError::Preflight(format!(

@@ -3,7 +3,7 @@
 //! Everything here is pure: no file, process or driver access. The dump side turns what it
 //! observed into an [`image::IdentityImage`]; the restore side decodes it, plans a device map
 //! ([`map`]), finds and plans rewrites of stale PCI words ([`pattern`]) and checks the result
-//! ([`validate`]); environment strings that name GPUs are rewritten by plans from [`env`].
+//! ([`validate`]); environment strings that name GPUs are rewritten by plans from [`mod@env`].
 //! Most of the project's tests live in this crate.
 
 pub mod env;

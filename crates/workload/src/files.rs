@@ -36,10 +36,7 @@ mod tests {
         let d = tempfile::tempdir().unwrap();
         let p = write_atomic(d.path(), "ready", b"42\n").unwrap();
         assert_eq!(std::fs::read(&p).unwrap(), b"42\n");
-        let names: Vec<_> = std::fs::read_dir(d.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name())
-            .collect();
+        let names: Vec<_> = std::fs::read_dir(d.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(names, vec![std::ffi::OsString::from("ready")]);
         wait_for(d.path(), "ready");
     }

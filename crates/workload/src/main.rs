@@ -90,12 +90,7 @@ fn close_inherited_fds() {
     // process uses them yet (this runs first in main). An old kernel without close_range
     // returns ENOSYS, which is harmless here.
     unsafe {
-        libc::syscall(
-            libc::SYS_close_range,
-            3 as libc::c_uint,
-            libc::c_uint::MAX,
-            0 as libc::c_uint,
-        );
+        libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint);
     }
 }
 
@@ -113,16 +108,9 @@ fn run(args: &Args) -> Result<(), WorkloadError> {
             return Err(WorkloadError::DuplicateOrdinal(*o));
         }
     }
-    let bytes = args
-        .mib
-        .checked_mul(1 << 20)
-        .ok_or(WorkloadError::TooLarge(args.mib))?;
+    let bytes = args.mib.checked_mul(1 << 20).ok_or(WorkloadError::TooLarge(args.mib))?;
     let app = CudaApp::load_and_init()?;
-    let held = if bytes == 0 {
-        Vec::new()
-    } else {
-        allocate_and_fill(&app, &args.devices, bytes)?
-    };
+    let held = if bytes == 0 { Vec::new() } else { allocate_and_fill(&app, &args.devices, bytes)? };
 
     if args.report_now {
         let report = report::build(&app, &held, 0);
@@ -132,23 +120,15 @@ fn run(args: &Args) -> Result<(), WorkloadError> {
     let dir = args.dir.as_deref().ok_or(WorkloadError::NoDir)?;
     let io = |what, path: PathBuf| move |source| WorkloadError::Io { what, path, source };
     let pid = std::process::id();
-    files::write_atomic(dir, "ready", format!("{pid}\n").as_bytes())
-        .map_err(io("cannot write", dir.join("ready")))?;
-    say(format_args!(
-        "ready: {} MiB on ordinals {:?}",
-        args.mib, args.devices
-    ));
+    files::write_atomic(dir, "ready", format!("{pid}\n").as_bytes()).map_err(io("cannot write", dir.join("ready")))?;
+    say(format_args!("ready: {} MiB on ordinals {:?}", args.mib, args.devices));
 
     for round in 1..=args.rounds {
         files::wait_for(dir, &format!("go{round}"));
         let report = report::build(&app, &held, round);
         say(format_args!(
             "round {round}: all_agree={} all_consistent={} all_data_ok={} all_ctx_ok={} ({:.3} s)",
-            report.all_agree,
-            report.all_consistent,
-            report.all_data_ok,
-            report.all_ctx_ok,
-            report.check_seconds
+            report.all_agree, report.all_consistent, report.all_data_ok, report.all_ctx_ok, report.check_seconds
         ));
         let name = format!("report{round}.json");
         let json = serde_json::to_vec_pretty(&report)?;
@@ -161,11 +141,7 @@ fn run(args: &Args) -> Result<(), WorkloadError> {
 }
 
 /// Allocates `bytes` on each ordinal's primary context and writes the ordinal's pattern.
-fn allocate_and_fill(
-    app: &CudaApp,
-    ordinals: &[u32],
-    bytes: usize,
-) -> Result<Vec<Held>, WorkloadError> {
+fn allocate_and_fill(app: &CudaApp, ordinals: &[u32], bytes: usize) -> Result<Vec<Held>, WorkloadError> {
     let mut held = Vec::with_capacity(ordinals.len());
     for &ordinal in ordinals {
         let started = Instant::now();
@@ -182,10 +158,7 @@ fn allocate_and_fill(
             block += 1;
         }
         app.synchronize()?;
-        say(format_args!(
-            "ordinal {ordinal}: {bytes} bytes filled in {:.3} s",
-            started.elapsed().as_secs_f64()
-        ));
+        say(format_args!("ordinal {ordinal}: {bytes} bytes filled in {:.3} s", started.elapsed().as_secs_f64()));
         held.push(Held { ordinal, buffer });
     }
     Ok(held)

@@ -54,11 +54,7 @@ pub fn count_bad_words(ordinal: u32, first_word: usize, chunk: &[u8]) -> u64 {
             let got = u32::from_ne_bytes([w[0], w[1], w[2], w[3]]);
             let index = first_word + i;
             // Fast path for the fill word; the stamp positions are rare.
-            let want = if index % BLOCK_WORDS >= STAMP_WORDS {
-                fill
-            } else {
-                expected_word(ordinal, index)
-            };
+            let want = if index % BLOCK_WORDS >= STAMP_WORDS { fill } else { expected_word(ordinal, index) };
             got != want
         })
         .count() as u64
@@ -70,9 +66,7 @@ mod tests {
     use super::*;
 
     fn make(ordinal: u32, words: usize) -> Vec<u8> {
-        (0..words)
-            .flat_map(|i| expected_word(ordinal, i).to_ne_bytes())
-            .collect()
+        (0..words).flat_map(|i| expected_word(ordinal, i).to_ne_bytes()).collect()
     }
 
     #[test]
@@ -87,34 +81,21 @@ mod tests {
         let words = BLOCK_WORDS * 2 + 10;
         let mut buf = make(1, words);
         assert_eq!(count_bad_words(1, 0, &buf), 0);
-        assert!(
-            count_bad_words(0, 0, &buf) > 0,
-            "another ordinal's data must not pass"
-        );
+        assert!(count_bad_words(0, 0, &buf) > 0, "another ordinal's data must not pass");
         // A chunk that starts mid-buffer is checked against its own positions.
         assert_eq!(count_bad_words(1, BLOCK_WORDS, &buf[BLOCK_BYTES..]), 0);
-        assert!(
-            count_bad_words(1, 0, &buf[BLOCK_BYTES..]) > 0,
-            "a moved block must not pass"
-        );
+        assert!(count_bad_words(1, 0, &buf[BLOCK_BYTES..]) > 0, "a moved block must not pass");
         // One flipped stamp word and one flipped fill word.
         buf[BLOCK_BYTES + 8] ^= 1;
         buf[100] ^= 0x80;
         assert_eq!(count_bad_words(1, 0, &buf), 2);
-        assert_eq!(
-            count_bad_words(1, 0, &buf[..5]),
-            1,
-            "a trailing partial word counts as wrong"
-        );
+        assert_eq!(count_bad_words(1, 0, &buf[..5]), 1, "a trailing partial word counts as wrong");
     }
 
     #[test]
     fn stamp_bytes_match_words() {
         let b = stamp_bytes(2, 7);
-        let got: Vec<u32> = b
-            .chunks_exact(4)
-            .map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]))
-            .collect();
+        let got: Vec<u32> = b.chunks_exact(4).map(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]])).collect();
         assert_eq!(got, stamp(2, 7));
     }
 }

@@ -83,8 +83,7 @@ pub struct OrdinalReport {
 /// It is dropped (nvmlShutdown) before the report returns: an open NVML session holds fds of
 /// `/dev/nvidia*`, which CRIU could not dump.
 fn open_nvml() -> Result<nvml_wrapper::Nvml, String> {
-    let lib = std::env::var("CRIU_CUDA_MIGRATE_LIBNVML")
-        .unwrap_or_else(|_| "libnvidia-ml.so.1".to_string());
+    let lib = std::env::var("CRIU_CUDA_MIGRATE_LIBNVML").unwrap_or_else(|_| "libnvidia-ml.so.1".to_string());
     nvml_wrapper::Nvml::builder()
         .lib_path(OsStr::new(&lib))
         .init()
@@ -102,40 +101,21 @@ fn nvml_error_text(e: &nvml_wrapper::error::NvmlError) -> String {
 pub fn build(app: &CudaApp, held: &[Held], round: u32) -> Report {
     let started = Instant::now();
     let mut errors = Vec::new();
-    let driver_version = app
-        .libcuda()
-        .driver_version()
-        .map_err(|e| errors.push(e.to_string()))
-        .ok();
-    let device_count = app
-        .device_count()
-        .map_err(|e| errors.push(e.to_string()))
-        .ok();
+    let driver_version = app.libcuda().driver_version().map_err(|e| errors.push(e.to_string())).ok();
+    let device_count = app.device_count().map_err(|e| errors.push(e.to_string())).ok();
     let (nvml, nvml_error) = match open_nvml() {
         Ok(n) => (Some(n), None),
         Err(e) => (None, Some(e)),
     };
     let devices: Vec<OrdinalReport> = (0..device_count.unwrap_or(0))
-        .map(|ordinal| {
-            ordinal_report(
-                app,
-                nvml.as_ref(),
-                held.iter().find(|h| h.ordinal == ordinal),
-                ordinal,
-            )
-        })
+        .map(|ordinal| ordinal_report(app, nvml.as_ref(), held.iter().find(|h| h.ordinal == ordinal), ordinal))
         .collect();
     drop(nvml);
     let holding = || devices.iter().filter(|d| d.holds_data);
-    let missing: Vec<u32> = held
-        .iter()
-        .map(|h| h.ordinal)
-        .filter(|o| !devices.iter().any(|d| d.ordinal == *o))
-        .collect();
+    let missing: Vec<u32> =
+        held.iter().map(|h| h.ordinal).filter(|o| !devices.iter().any(|d| d.ordinal == *o)).collect();
     if !missing.is_empty() {
-        errors.push(format!(
-            "ordinals {missing:?} hold data but the driver no longer lists them"
-        ));
+        errors.push(format!("ordinals {missing:?} hold data but the driver no longer lists them"));
     }
     Report {
         pid: std::process::id(),
@@ -159,10 +139,7 @@ fn ordinal_report(
     held: Option<&Held>,
     ordinal: u32,
 ) -> OrdinalReport {
-    let mut r = OrdinalReport {
-        ordinal,
-        ..Default::default()
-    };
+    let mut r = OrdinalReport { ordinal, ..Default::default() };
     let dev = match app.device(ordinal) {
         Ok(d) => d,
         Err(e) => {
@@ -175,11 +152,7 @@ fn ordinal_report(
     let total_mem = app.device_total_mem(dev).map_err(&mut note).ok();
     let bus_text = app.device_pci_bus_id_text(dev).map_err(&mut note).ok();
     let attrs = app.device_pci_attributes(dev).map_err(&mut note).ok();
-    let uuid = app
-        .device_uuid(dev)
-        .map_err(&mut note)
-        .ok()
-        .map(|u| u.to_string());
+    let uuid = app.device_uuid(dev).map_err(&mut note).ok().map(|u| u.to_string());
     r.name = name;
     r.total_mem = total_mem;
     if let Some(a) = attrs {
@@ -188,7 +161,8 @@ fn ordinal_report(
         r.attr_device = Some(a.device);
     }
     let bus = bus_text.as_deref().and_then(PciAddress::parse);
-    r.attrs_match_bus_id = matches!((attrs, bus), (Some(a), Some(b)) if a.to_address() == PciAddress { function: 0, ..b });
+    r.attrs_match_bus_id =
+        matches!((attrs, bus), (Some(a), Some(b)) if a.to_address() == PciAddress { function: 0, ..b });
     r.cuda_bus_id = bus_text;
 
     let mut nvml_bus_matches = false;
@@ -209,8 +183,8 @@ fn ordinal_report(
                 None => "no CUDA uuid".to_string(),
                 Some(u) => match nvml.device_by_uuid(u.as_str()).and_then(|d| d.pci_info()) {
                     Ok(p) => {
-                        nvml_bus_matches = PciAddress::parse(&p.bus_id).is_some()
-                            && PciAddress::parse(&p.bus_id) == bus;
+                        nvml_bus_matches =
+                            PciAddress::parse(&p.bus_id).is_some() && PciAddress::parse(&p.bus_id) == bus;
                         p.bus_id
                     }
                     Err(e) => nvml_error_text(&e),
@@ -238,8 +212,7 @@ fn ordinal_report(
         let (device, works) = check_context(app, h);
         r.ctx_device = device.as_ref().ok().copied();
         r.ctx_works = Some(works.is_ok() && device.as_ref().is_ok_and(|d| *d == dev.raw()));
-        r.errors
-            .extend([device.err(), works.err()].into_iter().flatten());
+        r.errors.extend([device.err(), works.err()].into_iter().flatten());
     }
     r
 }
@@ -272,9 +245,7 @@ fn check_context(app: &CudaApp, h: &Held) -> (Result<i32, String>, Result<(), St
         let mut back = vec![0u8; SCRATCH_WORDS * 4];
         scratch.read(0, &mut back)?;
         app.synchronize()?;
-        Ok(back
-            .chunks_exact(4)
-            .all(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]) == SCRATCH_WORD))
+        Ok(back.chunks_exact(4).all(|w| u32::from_ne_bytes([w[0], w[1], w[2], w[3]]) == SCRATCH_WORD))
     })();
     let works = match works {
         Ok(true) => Ok(()),

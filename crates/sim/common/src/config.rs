@@ -221,7 +221,10 @@ impl SimConfig {
         for (i, g) in raw.gpus.iter().enumerate() {
             let uuid: SimUuid = g.uuid.parse()?;
             let pci = SimPci::parse(&g.pci_bus_id).ok_or_else(|| SimError::BadConfig {
-                what: format!("gpus[{i}].pci_bus_id = {:?} is not a PCI address; write e.g. \"0000:06:00.0\"", g.pci_bus_id),
+                what: format!(
+                    "gpus[{i}].pci_bus_id = {:?} is not a PCI address; write e.g. \"0000:06:00.0\"",
+                    g.pci_bus_id
+                ),
             })?;
             gpus.push(SimGpu {
                 uuid,
@@ -333,7 +336,10 @@ pub fn container_view(config: &SimConfig, spec: Option<&str>) -> Result<Vec<usiz
             item.parse::<usize>().ok().filter(|&i| i < config.gpus.len())
         };
         let index = index.ok_or_else(|| SimError::BadConfig {
-            what: format!("{ENV_VISIBLE} names `{item}`, which is not a GPU of the set; use a UUID or an index below {}", config.gpus.len()),
+            what: format!(
+                "{ENV_VISIBLE} names `{item}`, which is not a GPU of the set; use a UUID or an index below {}",
+                config.gpus.len()
+            ),
         })?;
         if !chosen.contains(&index) {
             chosen.push(index);
@@ -354,8 +360,9 @@ pub fn cuda_ordinals(enumerated: &[SimUuid], spec: Option<&str>) -> Vec<usize> {
     for item in spec.split(',').map(str::trim) {
         let found = if item.starts_with("GPU-") || item.starts_with("gpu-") {
             let wanted = item.to_ascii_lowercase();
-            let matches: Vec<usize> =
-                (0..enumerated.len()).filter(|&i| enumerated[i].to_string().to_ascii_lowercase().starts_with(&wanted)).collect();
+            let matches: Vec<usize> = (0..enumerated.len())
+                .filter(|&i| enumerated[i].to_string().to_ascii_lowercase().starts_with(&wanted))
+                .collect();
             if matches.len() == 1 {
                 Some(matches[0])
             } else {

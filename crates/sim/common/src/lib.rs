@@ -25,7 +25,9 @@ pub use state::{write_atomic, StateDir, ENV_STATE_DIR};
 pub enum SimError {
     #[error("CCM_SIM_CONFIG is not set: point it at a JSON GPU set file (see docs/TEST-DOUBLES.md)")]
     NoConfig,
-    #[error("CCM_SIM_STATE_DIR is not set: point it at a directory shared by the process under test and its controller")]
+    #[error(
+        "CCM_SIM_STATE_DIR is not set: point it at a directory shared by the process under test and its controller"
+    )]
     NoStateDir,
     #[error("bad GPU set: {what}")]
     BadConfig { what: String },
@@ -70,8 +72,12 @@ pub mod cuda {
             CUDA_ERROR_NO_DEVICE => ("CUDA_ERROR_NO_DEVICE\0", "no CUDA-capable device is detected\0"),
             CUDA_ERROR_INVALID_DEVICE => ("CUDA_ERROR_INVALID_DEVICE\0", "invalid device ordinal\0"),
             CUDA_ERROR_INVALID_CONTEXT => ("CUDA_ERROR_INVALID_CONTEXT\0", "invalid device context\0"),
-            CUDA_ERROR_OPERATING_SYSTEM => ("CUDA_ERROR_OPERATING_SYSTEM\0", "OS call failed or operation not supported on this OS\0"),
-            CUDA_ERROR_ILLEGAL_STATE => ("CUDA_ERROR_ILLEGAL_STATE\0", "the operation cannot be performed in the present state\0"),
+            CUDA_ERROR_OPERATING_SYSTEM => {
+                ("CUDA_ERROR_OPERATING_SYSTEM\0", "OS call failed or operation not supported on this OS\0")
+            }
+            CUDA_ERROR_ILLEGAL_STATE => {
+                ("CUDA_ERROR_ILLEGAL_STATE\0", "the operation cannot be performed in the present state\0")
+            }
             CUDA_ERROR_NOT_FOUND => ("CUDA_ERROR_NOT_FOUND\0", "named symbol not found\0"),
             CUDA_ERROR_NOT_READY => ("CUDA_ERROR_NOT_READY\0", "device not ready\0"),
             CUDA_ERROR_UNKNOWN => ("CUDA_ERROR_UNKNOWN\0", "unknown error\0"),

@@ -23,10 +23,14 @@ pub const DEFAULT_CALL_TIMEOUT: Duration = Duration::from_secs(5);
 
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub enum Op {
-    Lock { timeout_ms: u32 },
+    Lock {
+        timeout_ms: u32,
+    },
     Checkpoint,
     /// `pairs: None` is a restore with NULL arguments (or no pairs): every GPU onto itself.
-    Restore { pairs: Option<Vec<(SimUuid, SimUuid)>> },
+    Restore {
+        pairs: Option<Vec<(SimUuid, SimUuid)>>,
+    },
     Unlock,
 }
 

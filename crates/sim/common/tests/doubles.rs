@@ -283,7 +283,10 @@ fn cuda_visible_devices_limits_ordinals_but_the_map_must_cover_every_gpu() {
     assert_eq!(sim.ctl(t.pid(), &["unlock"]).0, 0);
     let (_, out) = t.finish();
     let after = line(&out, "AFTER ordinal=0");
-    assert!(after.contains(&format!("cuda_uuid={}", sim.uuid(0))) && after.contains("cuda_bus_id=0000:07:00.0"), "{after}");
+    assert!(
+        after.contains(&format!("cuda_uuid={}", sim.uuid(0))) && after.contains("cuda_bus_id=0000:07:00.0"),
+        "{after}"
+    );
 }
 
 #[test]
@@ -330,4 +333,12 @@ fn nvml_through_nvml_wrapper() {
     }
     assert_eq!(nvml.device_by_uuid(sim.uuid(0).as_str()).unwrap().index().unwrap(), 0);
     assert!(matches!(nvml.device_by_pci_bus_id("0000:09:00.0"), Err(nvml_wrapper::error::NvmlError::NotFound)));
+}
+
+#[test]
+fn nvml_missing_knob_fails_nvml_init() {
+    let sim = Sim::new();
+    let t = sim.target(&[("CCM_SIM_FAULTS", "nvml-missing")]);
+    let out = t.output();
+    assert!(line(&out, "BEFORE ordinal=0").contains("nvml_uuid_at_bus_id=NVML_UNAVAILABLE"), "{out}");
 }

@@ -525,10 +525,8 @@ impl Driver {
                 Ok(p) => p,
                 Err(code) => return self.undo_restore(&mut inner, previous, &written, code),
             };
-            let result = path
-                .parent()
-                .map_or(Ok(()), std::fs::create_dir_all)
-                .and_then(|()| std::fs::write(&path, bytes));
+            let result =
+                path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::write(&path, bytes));
             if let Err(e) = result {
                 eprintln!("cuda-test-double: restore cannot write device memory {}: {e}", path.display());
                 return self.undo_restore(&mut inner, previous, &written, CUDA_ERROR_OPERATING_SYSTEM);
@@ -571,8 +569,17 @@ impl Driver {
 
 /// Removes this process's registration when it exits normally. A process killed by CRIU's dump
 /// keeps it: the restored process has the same pid and restore thread and needs it again.
+/// Its device memory goes away too, as the real driver frees a process's memory at exit.
 extern "C" fn unregister_at_exit() {
     if let Some(Ok(d)) = DRIVER.get() {
+        // try_lock: a thread may have exited the process while holding the lock; then the files stay.
+        if let Ok(inner) = d.inner.try_lock() {
+            for (handle, a) in &inner.allocations {
+                if let Ok(path) = d.allocation_path(&inner, *handle, a) {
+                    let _ = std::fs::remove_file(path);
+                }
+            }
+        }
         let _ = std::fs::remove_dir_all(d.state_dir.proc_dir(d.pid));
     }
 }

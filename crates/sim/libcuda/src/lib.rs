@@ -87,7 +87,11 @@ pub extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CuResult {
     })
 }
 
-fn error_text(code: CuResult, out: *mut *const c_char, pick: fn((&'static str, &'static str)) -> &'static str) -> CuResult {
+fn error_text(
+    code: CuResult,
+    out: *mut *const c_char,
+    pick: fn((&'static str, &'static str)) -> &'static str,
+) -> CuResult {
     guard(|| {
         let texts = error_texts(code).ok_or(CUDA_ERROR_INVALID_VALUE)?;
         put(out, pick(texts).as_ptr() as *const c_char)
@@ -432,8 +436,10 @@ pub extern "C" fn cuCheckpointProcessGetState(pid: c_int, out: *mut c_int) -> Cu
     })
 }
 
+/// # Safety
+/// `args` is NULL or points to a `CUcheckpointLockArgs`.
 #[no_mangle]
-pub extern "C" fn cuCheckpointProcessLock(pid: c_int, args: *const LockArgs) -> CuResult {
+pub unsafe extern "C" fn cuCheckpointProcessLock(pid: c_int, args: *const LockArgs) -> CuResult {
     guard(|| {
         // SAFETY: a non-NULL args points to a CUcheckpointLockArgs, per cuda.h.
         let timeout_ms = if args.is_null() { 0 } else { unsafe { (*args).timeout_ms } };
@@ -446,8 +452,10 @@ pub extern "C" fn cuCheckpointProcessCheckpoint(pid: c_int, _args: *const c_void
     guard(|| call_target(pid, Op::Checkpoint, Duration::ZERO))
 }
 
+/// # Safety
+/// `args` is NULL or points to a `CUcheckpointRestoreArgs` whose `gpuPairs` holds `gpuPairsCount` pairs.
 #[no_mangle]
-pub extern "C" fn cuCheckpointProcessRestore(pid: c_int, args: *const RestoreArgs) -> CuResult {
+pub unsafe extern "C" fn cuCheckpointProcessRestore(pid: c_int, args: *const RestoreArgs) -> CuResult {
     guard(|| {
         // Like the real driver, the restoring process must have initialised the driver itself.
         driver::get()?;

@@ -43,7 +43,8 @@ type PlainFn = unsafe extern "C" fn(c_int, *const c_void) -> c_int;
 type RestoreFn = unsafe extern "C" fn(c_int, *const RestoreArgs) -> c_int;
 type InitFn = unsafe extern "C" fn(c_uint) -> c_int;
 
-const USAGE: &str = "usage: ccm-sim-ctl PID tid|state|lock [MS]|checkpoint|lockckpt [MS]|restore [OLD=NEW,...|swap]|unlock";
+const USAGE: &str =
+    "usage: ccm-sim-ctl PID tid|state|lock [MS]|checkpoint|lockckpt [MS]|restore [OLD=NEW,...|swap]|unlock";
 
 struct Ctl {
     lib: Lib,
@@ -97,7 +98,12 @@ impl Ctl {
         // SAFETY: cuCheckpointProcessRestore(int, CUcheckpointRestoreArgs*).
         let f: RestoreFn = unsafe { self.lib.get("cuCheckpointProcessRestore") }.map_err(|e| e.to_string())?;
         let raw: Vec<GpuPair> = pairs.iter().map(|(o, n)| GpuPair { old_uuid: o.0, new_uuid: n.0 }).collect();
-        let args = RestoreArgs { gpu_pairs: raw.as_ptr(), gpu_pairs_count: raw.len() as c_uint, reserved: [0; 44], reserved1: 0 };
+        let args = RestoreArgs {
+            gpu_pairs: raw.as_ptr(),
+            gpu_pairs_count: raw.len() as c_uint,
+            reserved: [0; 44],
+            reserved1: 0,
+        };
         for (o, n) in pairs {
             println!("CTL pair {o} -> {n}");
         }
@@ -119,7 +125,10 @@ fn parse_pairs(spec: &str) -> Result<Vec<(SimUuid, SimUuid)>, String> {
         .filter(|s| !s.is_empty())
         .map(|p| {
             let (o, n) = p.split_once('=').ok_or_else(|| format!("`{p}` is not OLD=NEW"))?;
-            Ok((o.parse().map_err(|e: ccm_sim_common::SimError| e.to_string())?, n.parse().map_err(|e: ccm_sim_common::SimError| e.to_string())?))
+            Ok((
+                o.parse().map_err(|e: ccm_sim_common::SimError| e.to_string())?,
+                n.parse().map_err(|e: ccm_sim_common::SimError| e.to_string())?,
+            ))
         })
         .collect()
 }
@@ -138,7 +147,9 @@ fn run(args: &[String]) -> Result<bool, String> {
     // SAFETY: plain call; the restoring process must have initialised the driver.
     let r = unsafe { init(0) };
     ctl.report("cuInit", r, t);
-    let timeout = |i: usize| rest.get(i).map_or(Ok(10_000), |v| v.parse::<u32>().map_err(|_| format!("`{v}` is not a timeout in ms")));
+    let timeout = |i: usize| {
+        rest.get(i).map_or(Ok(10_000), |v| v.parse::<u32>().map_err(|_| format!("`{v}` is not a timeout in ms")))
+    };
     match op {
         "tid" => ctl.pid_out("cuCheckpointProcessGetRestoreThreadId", "restore_tid", pid)?,
         "state" => ctl.pid_out("cuCheckpointProcessGetState", "state", pid)?,

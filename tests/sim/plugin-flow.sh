@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# The plugin's whole flow under REAL CRIU on the TEST DOUBLES (CI has no GPU):
+#   ccm-sample-workload on both simulated GPUs → criu dump with the plugin (lock, parallel
+#   checkpoint, identity image) → criu restore -d with the plugin and a device map → report.
+#
+# Runs inside the trixie root: tests/criu-root.sh run tests/sim/plugin-flow.sh BIN_DIR CASE
+#   BIN_DIR  cargo's target dir holding libcriu_cuda_migrate.so, ccm-sample-workload, the doubles
+#   CASE     same | swap | swap-noreconcile | chain3 | refuse | two-procs
+# Prints `FLOW <case> OK` and exits 0 when the case shows what it must; exits 1 with logs otherwise.
+set -euo pipefail
+
+BIN=${1:?usage: plugin-flow.sh BIN_DIR CASE}
+CASE=${2:?usage: plugin-flow.sh BIN_DIR CASE}
+WORK=${CCM_FLOW_WORK:-/tmp/ccm-flow-$CASE}
+G0=GPU-5e110000-aabb-ccdd-0001-020304050600
+G1=GPU-5e110001-aabb-ccdd-0001-020304050601
+
+fail() {
+    echo "plugin-flow[$CASE]: FAIL: $*" >&2
+    for f in "$WORK"/w*.out "$WORK"/img*/dump.log "$WORK"/img*/restore.log; do
+        [ -f "$f" ] && { echo "----- $f" >&2; grep -E "criu-cuda-migrate|Error|rror \(" "$f" | tail -n 60 >&2; }
+    done
+    exit 1
+}
+
+rm -rf "$WORK"
+mkdir -p "$WORK/lib" "$WORK/state" "$WORK/plugins" "$WORK/w0" "$WORK/w1"
+cp "$BIN/libcuda_test_double.so" "$WORK/lib/libcuda.so.1"
+cp "$BIN/libnvml_test_double.so" "$WORK/lib/libnvidia-ml.so.1"
+cp "$BIN/libcriu_cuda_migrate.so" "$WORK/plugins/"
+cat >"$WORK/gpus.json" <<JSON
+{"driver_version":"580.159.04","cuda_driver_version":13000,"gpus":[
+ {"uuid":"$G0","pci_bus_id":"0000:06:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":0,"name":"NVIDIA H200","memory_total":1073741824},
+ {"uuid":"$G1","pci_bus_id":"0000:07:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":1,"name":"NVIDIA H200","memory_total":1073741824}]}
+JSON
+export LD_LIBRARY_PATH=$WORK/lib CCM_SIM_CONFIG=$WORK/gpus.json CCM_SIM_STATE_DIR=$WORK/state
+export CRIU_CUDA_MIGRATE_LIBNVML=$WORK/lib/libnvidia-ml.so.1
+unset CUDA_VISIBLE_DEVICES CCM_SIM_VISIBLE CCM_SIM_FAULTS CRIU_CUDA_MIGRATE_DEVICE_MAP CRIU_CUDA_MIGRATE_USABLE_GPUS
+
+# start DIR DEVICES: a workload leading its own session, holding no inherited descriptor.
+start() {
+    local dir=$1 devices=$2
+    (
+        for fd in /proc/self/fd/*; do
+            fd=${fd##*/}
+            [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null || true
+        done
+        exec setsid "$BIN/ccm-sample-workload" --dir "$dir" --mib 8 --devices "$devices" --rounds 4 </dev/null >"$dir.out" 2>&1
+    ) &
+    disown $!
+    for _ in $(seq 200); do [ -s "$dir/ready" ] && break; sleep 0.05; done
+    [ -s "$dir/ready" ] || fail "workload in $dir did not get ready"
+    cat "$dir/ready"
+}
+
+# go DIR ROUND: lets the workload report and waits for its report.
+go() {
+    local dir=$1 k=$2
+    : >"$dir/go$k"
+    for _ in $(seq 200); do [ -e "$dir/done$k" ] && break; sleep 0.05; done
+    [ -e "$dir/done$k" ] || fail "no report $k from $dir"
+    cat "$dir/report$k.json"
+}
+
+dump() { # IMG PID
+    mkdir -p "$1"
+    criu dump -t "$2" -D "$1" --libdir "$WORK/plugins" -v4 -o dump.log || fail "criu dump failed"
+    # The dumped task is killed; its pid must be free again before CRIU restores it.
+    for _ in $(seq 200); do [ -d "/proc/$2" ] || break; sleep 0.05; done
+    [ -d "/proc/$2" ] && fail "pid $2 survived criu dump"
+    return 0
+}
+restore() { # IMG
+    criu restore -d -D "$1" --libdir "$WORK/plugins" -v4 -o restore.log
+}
+# ordinal_uuid REPORT N: the UUID the workload's CUDA reported for ordinal N (no python in the root).
+ordinal_uuid() { tr -d ' \n' <"$1" | grep -o '"ordinal":'"$2"',[^}]*' | grep -o '"uuid":"[^"]*"' | head -n1 | cut -d'"' -f4; }
+
+check_agree() { # DIR ROUND
+    local r="$1/report$2.json"
+    grep -q '"all_data_ok": *true' "$r" || fail "data not intact in $r: $(cat "$r")"
+    grep -q '"all_agree": *true' "$r" || fail "identity disagrees in $r: $(cat "$r")"
+}
+
+case $CASE in
+same)
+    pid=$(start "$WORK/w0" 0,1)
+    dump "$WORK/img" "$pid"
+    [ -f "$WORK/img/cuda-migrate-$pid.img" ] || fail "no identity image written"
+    restore "$WORK/img" || fail "criu restore failed"
+    go "$WORK/w0" 1 >/dev/null
+    check_agree "$WORK/w0" 1
+    ;;
+swap | swap-noreconcile)
+    pid=$(start "$WORK/w0" 0,1)
+    dump "$WORK/img" "$pid"
+    export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
+    [ "$CASE" = swap-noreconcile ] && export CRIU_CUDA_MIGRATE_RECONCILE=off
+    restore "$WORK/img" || fail "criu restore failed"
+    go "$WORK/w0" 1 >/dev/null
+    r="$WORK/w0/report1.json"
+    grep -q '"all_data_ok": *true' "$r" || fail "data not intact: $(cat "$r")"
+    uuid0=$(ordinal_uuid "$r" 0)
+    [ "$uuid0" = "$G1" ] || fail "ordinal 0 is $uuid0, expected $G1 after the swap"
+    if [ "$CASE" = swap ]; then
+        check_agree "$WORK/w0" 1
+        grep -q "sites recorded at dump" "$WORK/img/restore.log" || fail "restore did not use the recorded sites"
+    else
+        grep -q '"all_agree": *false' "$r" || fail "without reconciliation the bug must show: $(cat "$r")"
+    fi
+    ;;
+chain3)
+    pid=$(start "$WORK/w0" 0,1)
+    for k in 1 2 3; do
+        dump "$WORK/img$k" "$pid"
+        if [ $((k % 2)) -eq 1 ]; then
+            export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
+        else
+            export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G1=$G0,$G0=$G1"
+        fi
+        restore "$WORK/img$k" || fail "criu restore $k failed"
+        go "$WORK/w0" "$k" >/dev/null
+        check_agree "$WORK/w0" "$k"
+    done
+    ;;
+refuse)
+    # Limited to GPU 0 like a container's rank: it opens only GPU 0's node, so only GPU 0 is "used".
+    pid=$(CUDA_VISIBLE_DEVICES=$G0 start "$WORK/w0" 0)
+    dump "$WORK/img" "$pid"
+    sum_before=$(sha256sum "$WORK"/img/*.img | sha256sum)
+    # A usable set naming a GPU that does not exist: preflight must refuse before anything is restored.
+    export CRIU_CUDA_MIGRATE_USABLE_GPUS=GPU-00000000-0000-0000-0000-000000000000
+    if restore "$WORK/img"; then fail "restore was not refused"; fi
+    grep -q "restore refused before anything was restored" "$WORK/img/restore.log" || fail "no refusal message"
+    [ -d "/proc/$pid" ] && fail "a refused restore left pid $pid behind"
+    sum_after=$(sha256sum "$WORK"/img/*.img | sha256sum)
+    [ "$sum_before" = "$sum_after" ] || fail "images changed after a refused restore"
+    # Then a valid usable set: automatic map onto GPU 1.
+    export CRIU_CUDA_MIGRATE_USABLE_GPUS=$G1
+    restore "$WORK/img" || fail "restore with a valid usable set failed"
+    go "$WORK/w0" 1 >/dev/null
+    check_agree "$WORK/w0" 1
+    uuid0=$(ordinal_uuid "$WORK/w0/report1.json" 0)
+    [ "$uuid0" = "$G1" ] || fail "automatic map put ordinal 0 on $uuid0, expected $G1"
+    # The environment names the GPU the process now runs on, for its children.
+    tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "CUDA_VISIBLE_DEVICES=$G1" || fail "CUDA_VISIBLE_DEVICES was not rewritten to $G1"
+    ;;
+*)
+    fail "unknown case"
+    ;;
+esac
+echo "FLOW $CASE OK"
