@@ -118,7 +118,9 @@ printf 'Source: %s\n\nPackage: %s\nArchitecture: any\n' "$PACKAGE" "$PACKAGE" >"
 shlibs=$(cd "$stage" && dpkg-shlibdeps -O "root$PLUGIN_DIR/criu_cuda_migrate.so" root/usr/bin/criu-cuda-migrate 2>/dev/null) ||
     die "dpkg-shlibdeps failed on the plugin and the tool; run it by hand to see why (is libc6's shlibs file in /var/lib/dpkg/info?)"
 depends=${shlibs#shlibs:Depends=}
-[ "$depends" != "$shlibs" ] && [ -n "$depends" ] || die "dpkg-shlibdeps printed no dependencies ($shlibs)"
+if [ "$depends" = "$shlibs" ] || [ -z "$depends" ]; then
+    die "dpkg-shlibdeps printed no dependencies ($shlibs)"
+fi
 
 installed_size=$(du -k -s --exclude=DEBIAN "$root" | cut -f1)
 sed -e "s/@VERSION@/$version/g" -e "s/@ARCH@/$arch/g" -e "s/@DEPENDS@/$depends/g" \

@@ -68,6 +68,8 @@ pub static CR_PLUGIN_DESC: PluginDescriptor = PluginDescriptor(sys::cr_plugin_de
 enum Session {
     /// Pre-dump, disabled, or not initialised: every hook answers -ENOTSUP.
     Off,
+    /// No NVIDIA driver on this host: no process can be a CUDA process.
+    NoDriver,
     Dump(DumpSession),
     Restore(RestoreSession),
 }
@@ -90,7 +92,9 @@ fn guard<T>(what: &str, on_panic: T, f: impl FnOnce() -> T) -> T {
                 .or_else(|| p.downcast_ref::<String>().cloned())
                 .unwrap_or_else(|| "unknown panic".into());
             // Logging itself must not unwind out of here.
-            let _ = catch_unwind(|| error!("internal error in {what}: {msg}; this is a bug in criu-cuda-migrate, please report it with this log"));
+            let _ = catch_unwind(|| {
+                error!("internal error in {what}: {msg}; this is a bug in criu-cuda-migrate, please report it with this log")
+            });
             on_panic
         }
     }
@@ -104,6 +108,11 @@ fn install_panic_hook() {
             error!("panic: {info}");
         }));
     });
+}
+
+fn not_cuda(pid: c_int) -> HookOutcome {
+    debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");
+    HookOutcome::NotMine
 }
 
 fn outcome_code(pid: c_int, hook: &str, o: HookOutcome) -> c_int {
@@ -157,7 +166,10 @@ extern "C" fn plugin_init(stage: c_int) -> c_int {
                         debug!("compel interrupt-only mode: {}", if set { "set" } else { "not offered by this CRIU" });
                         *s = Session::Dump(DumpSession::new(config));
                     }
-                    Err(e) => warn!("disabled: {e}"),
+                    Err(e) => {
+                        warn!("disabled: {e}");
+                        *s = Session::NoDriver;
+                    }
                 }
                 0
             }
@@ -184,7 +196,7 @@ extern "C" fn plugin_exit(stage: c_int, ret: c_int) {
         match &mut *s {
             Session::Dump(d) => d.finish(ret),
             Session::Restore(r) => r.finish(ret),
-            Session::Off => {}
+            Session::Off | Session::NoDriver => {}
         }
         *s = Session::Off;
         debug!("exit stage={} ret={ret}", stage_name(stage));
@@ -195,6 +207,7 @@ extern "C" fn pause_devices(pid: c_int) -> c_int {
     guard("PAUSE_DEVICES", -libc::EIO, || {
         let o = match &mut *session() {
             Session::Dump(d) => d.pause_devices(pid, &host::RunningCriu),
+            Session::NoDriver => not_cuda(pid),
             _ => HookOutcome::NotMine,
         };
         outcome_code(pid, "PAUSE_DEVICES", o)
@@ -205,6 +218,7 @@ extern "C" fn checkpoint_devices(pid: c_int) -> c_int {
     guard("CHECKPOINT_DEVICES", -libc::EIO, || {
         let o = match &mut *session() {
             Session::Dump(d) => d.checkpoint_devices(pid, &host::RunningCriu),
+            Session::NoDriver => not_cuda(pid),
             _ => HookOutcome::NotMine,
         };
         outcome_code(pid, "CHECKPOINT_DEVICES", o)
@@ -215,6 +229,7 @@ extern "C" fn resume_devices_late(pid: c_int) -> c_int {
     guard("RESUME_DEVICES_LATE", -libc::EIO, || {
         let o = match &mut *session() {
             Session::Restore(r) => r.resume_devices_late(pid),
+            Session::NoDriver => not_cuda(pid),
             _ => HookOutcome::NotMine,
         };
         outcome_code(pid, "RESUME_DEVICES_LATE", o)

@@ -169,8 +169,12 @@ fn man_page_describes_every_subcommand_and_option_of_the_packaged_tool() {
     }
     for sub in &subcommands {
         let help = run_ok(Command::new(&cli).arg(sub).arg("--help"));
-        assert!(man.contains(&format!(".B {sub}")) || man.contains(&format!(".BI {sub}")) || man.contains(&format!(".BI \"{sub}")),
-            "the man page has no entry for the subcommand {sub}");
+        assert!(
+            man.contains(&format!(".B {sub}"))
+                || man.contains(&format!(".BI {sub}"))
+                || man.contains(&format!(".BI \"{sub}")),
+            "the man page has no entry for the subcommand {sub}"
+        );
         for word in help_words(&help, false) {
             if !man.contains(&word) {
                 missing.push(format!("{sub} {word}"));
@@ -238,6 +242,11 @@ set -u
 S=$1
 DEBIAN_FRONTEND=noninteractive dpkg --purge criu-cuda-migrate >"$S/dpkg-purge.out" 2>&1
 echo $? >"$S/purge.rc"
+# The libdir line left behind now names a missing directory: CRIU must refuse to run (the user guide says to remove
+# the line first). A pid that cannot exist: CRIU loads plugins before it looks for the task.
+mkdir -p "$S/after-purge"
+criu dump -t 2147483646 -D "$S/after-purge" -v4 -o dump.log 2>/dev/null
+echo $? >"$S/after-purge.rc"
 "#;
 
 /// A writable copy of the cached trixie root, deleted on drop.
@@ -262,7 +271,13 @@ impl RootCopy {
             .stdin(Stdio::null())
             .output()
             .expect("run cp");
-        assert!(out.status.success(), "cp -a {} {} failed: {}", source.display(), copy.display(), describe_output(&out));
+        assert!(
+            out.status.success(),
+            "cp -a {} {} failed: {}",
+            source.display(),
+            copy.display(),
+            describe_output(&out)
+        );
         Self { dir }
     }
 
@@ -425,7 +440,13 @@ fn installed_package_is_loaded_by_criu_from_its_config_file_alone() {
     scratch.kill_workload();
 
     // The installed tool, with the exit codes the man page and the user guide document.
-    let cli = |name: &str| (scratch.rc(&format!("cli-{name}.rc")), scratch.read(&format!("cli-{name}.out")), scratch.read(&format!("cli-{name}.err")));
+    let cli = |name: &str| {
+        (
+            scratch.rc(&format!("cli-{name}.rc")),
+            scratch.read(&format!("cli-{name}.out")),
+            scratch.read(&format!("cli-{name}.err")),
+        )
+    };
     let (rc, out, err) = cli("version");
     assert_eq!(rc, Some(0), "criu-cuda-migrate --version: {out}{err}");
     assert!(out.contains(env!("CARGO_PKG_VERSION")), "criu-cuda-migrate --version printed {out:?}");
@@ -461,4 +482,12 @@ fn installed_package_is_loaded_by_criu_from_its_config_file_alone() {
     }
     let conf = fs::read_to_string(copy.file("/etc/criu/default.conf")).unwrap_or_default();
     assert_eq!(conf, scratch.read("default.conf"), "dpkg --purge changed /etc/criu/default.conf");
+    let after_purge = scratch.read("after-purge/dump.log");
+    assert!(
+        scratch.rc("after-purge.rc") != Some(0)
+            && after_purge.contains(&format!("Unable to open directory {PLUGIN_DIR}")),
+        "CRIU with a libdir line naming a removed plugin directory should fail loudly (docs/USER-GUIDE.md says to \
+         remove the line first); rc {:?}, dump.log:\n{after_purge}",
+        scratch.rc("after-purge.rc")
+    );
 }

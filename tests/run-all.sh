@@ -39,8 +39,8 @@ as_root bash tests/criu-root.sh prepare
 step "cargo build --workspace"
 cargo build --workspace
 
-step "cargo test --workspace"
-cargo test --workspace -- "${cargo_test_args[@]}"
+step "cargo test --workspace --no-fail-fast"
+cargo test --workspace --no-fail-fast -- "${cargo_test_args[@]}"
 
 # Further suites (e.g. the simulated NVIDIA stack's end-to-end runs) drop an executable tests/suite-*.sh here;
 # each runs from the repository root after the workspace tests and fails the run if it fails.

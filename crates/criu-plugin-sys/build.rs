@@ -28,10 +28,7 @@ fn main() {
     println!("cargo:rerun-if-changed={}", wrapper.display());
 
     let include = candidates().into_iter().find(|d| d.join("criu/criu-plugin.h").is_file()).unwrap_or_else(|| {
-        panic!(
-            "criu-plugin-sys: criu/criu-plugin.h not found (looked in {:?}); {HOWTO}",
-            candidates()
-        )
+        panic!("criu-plugin-sys: criu/criu-plugin.h not found (looked in {:?}); {HOWTO}", candidates())
     });
     let header = include.join("criu/criu-plugin.h");
     println!("cargo:rerun-if-changed={}", header.display());

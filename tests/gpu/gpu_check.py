@@ -9,12 +9,13 @@ the expectation does not hold (2 on bad input).
   report FILE [checks...]      check a ccm-sample-workload report<k>.json
   torch FILE [checks...]       check a torch_workload.py report
   nccl DIR --ranks N [checks]  check nccl_job.py's per-rank reports and NCCL's logs
-  span LOG                     seconds between the plugin's first and last `checkpoint` log line (n/a)
+  phase LOG checkpoint|restore the plugin's checkpoint / restore time from its log lines (n/a)
+  identity-times DUMP RESTORE  the plugin's identity scan (dump) and rewrite (restore) times
   plugin-lines LOG [REGEX]     the plugin's log lines (optionally filtered)
   plugin-error LOG             the first error line the plugin (or CRIU) wrote
   ratio A B C                  A / (B + C), for the parallel-vs-sequential checkpoint time (n/a)
 
-span and ratio always exit 0 (they print n/a when they cannot tell): run.sh uses them inside
+phase and ratio always exit 0 (they print n/a when they cannot tell): run.sh uses them inside
 assignments under `set -e`.
 """
 
@@ -35,6 +36,14 @@ def short_uuid(u):
     if isinstance(u, str) and u.startswith("GPU-"):
         return u[:12]
     return str(u)
+
+
+def short_bus(b):
+    """0000:00:06.0 -> 00:06.0 (the domain is 0 on every machine these tests run on)."""
+    t = norm_bus(b)
+    if t is None:
+        return str(b)
+    return (f"{t[0]:x}:" if t[0] else "") + f"{t[1]:02x}:{t[2]:02x}.{t[3]:x}"
 
 
 def norm_bus(b):
@@ -97,10 +106,12 @@ def cmd_report(a):
         d = devs[o]
         data = "-" if d.get("data_ok") is None else ("ok" if d["data_ok"] else f"BAD({d.get('bad_words')})")
         ctx = "-" if d.get("ctx_works") is None else ("ok" if d["ctx_works"] else "BAD")
+        agree = "agree" if d.get("agree") else "DISAGREE"
+        if d.get("agree") and not d.get("consistent"):
+            agree = "agree(attrs/nvml-bus differ)"
         seen.append(
-            f"o{o}:{short_uuid(d.get('uuid'))}@{d.get('cuda_bus_id')} nvml({d.get('cuda_bus_id')})="
-            f"{short_uuid(d.get('nvml_uuid_by_bus'))} agree={'y' if d.get('agree') else 'n'}"
-            f"{'' if d.get('consistent') else '(inconsistent)'} data={data} ctx={ctx}"
+            f"o{o}:{short_uuid(d.get('uuid'))}@{short_bus(d.get('cuda_bus_id'))} "
+            f"nvml:{short_uuid(d.get('nvml_uuid_by_bus'))} {agree} data:{data}" + ("" if ctx in ("ok", "-") else f" ctx:{ctx}")
         )
     for o, u in want_uuid.items():
         got = devs.get(o, {}).get("uuid")
@@ -187,7 +198,7 @@ def cmd_nccl(a):
         owner = smi.get((norm_bus(bus) or (None, None, None))[:3])
         agree = owner is not None and owner == r.get("cuda_uuid")
         seen.append(
-            f"r{rank}:{short_uuid(r.get('cuda_uuid'))}@{bus} nvml(bus)={short_uuid(owner)} "
+            f"r{rank}:{short_uuid(r.get('cuda_uuid'))}@{short_bus(bus)} nvml:{short_uuid(owner)} "
             f"agree={'y' if agree else 'n'} nccl_busId={nccl_bus} sum={r.get('allreduce')} "
             f"data={'ok' if r.get('data_ok') else 'BAD'}" + (f" error={r['error'][:160]}" if r.get("error") else "")
         )
@@ -226,16 +237,48 @@ def plugin_lines(path, pattern=None):
     return out
 
 
-def cmd_span(a):
-    """The plugin's checkpoint phase in a dump log: from its first to its last log line that
-    mentions `checkpoint`, by CRIU's own timestamps. Works whatever words the plugin uses around
-    it, as long as it logs the start and the end of the checkpoint work (issue 4 asks it to log
-    the timing of every driver call)."""
-    lines = [(ts, t) for ts, t in plugin_lines(a.log, r"checkpoint") if ts is not None]
-    if len(lines) < 2:
-        print("n/a")
-        return 0
-    print(f"{lines[-1][0] - lines[0][0]:.3f}")
+def phase_seconds(log, phase):
+    """Seconds the plugin spent in its checkpoint (dump log) or restore (restore log) phase for all
+    processes together, from its own timing lines:
+      1. `checkpoint of N CUDA process(es) took X s` / `restore of N ... took X s` (the whole
+         parallel batch, as the engine logs it);
+      2. else the longest per-process driver call (`cuCheckpointProcessCheckpoint X s` /
+         `cuCheckpointProcessRestore ... X s`);
+      3. else, by CRIU's timestamps, the span from the first to the last plugin line naming the
+         phase.
+    None when the log has none of these."""
+    lines = plugin_lines(log)
+    batch = re.compile(rf"\b{phase} of \d+ .*?took ([0-9.]+) ?s", re.I)
+    for _ts, text in lines:
+        m = batch.search(text)
+        if m:
+            return float(m.group(1))
+    call = re.compile(rf"cuCheckpointProcess{phase}\b[^;]*?([0-9]+\.[0-9]+) ?s", re.I)
+    calls = [float(m.group(1)) for _ts, text in lines for m in [call.search(text)] if m]
+    if calls:
+        return max(calls)
+    stamped = [ts for ts, text in lines if ts is not None and phase in text.lower()]
+    if len(stamped) >= 2:
+        return stamped[-1] - stamped[0]
+    return None
+
+
+def cmd_phase(a):
+    v = phase_seconds(a.log, a.phase)
+    print("n/a" if v is None else f"{v:.3f}")
+    return 0
+
+
+def cmd_identity_times(a):
+    """Issue 6 asks for the dump-side scan and the restore-side rewrite time per process: from the
+    engine's `identity: ... in X s (total ...)` (dump) and `identity reconciliation: N site(s)
+    rewritten ..., X s` (restore) lines."""
+    scan = re.compile(r"identity: .*? in ([0-9.]+) s \(total")
+    rewrite = re.compile(r"identity reconciliation: (\d+) site\(s\) rewritten .*?([0-9.]+) s")
+    scans = [m.group(1) for _t, text in plugin_lines(a.dump_log) for m in [scan.search(text)] if m]
+    rewrites = [f"{m.group(2)}s({m.group(1)} sites)" for _t, text in plugin_lines(a.restore_log)
+                for m in [rewrite.search(text)] if m]
+    print(f"scan {'/'.join(s + 's' for s in scans) or 'n/a'} rewrite {'/'.join(rewrites) or 'n/a'}")
     return 0
 
 
@@ -305,9 +348,15 @@ def main():
     n.add_argument("--smi", help="output of `gpu_check.py gpus`, to check CUDA's bus id against NVML")
     n.set_defaults(fn=cmd_nccl)
 
-    s = sub.add_parser("span")
+    s = sub.add_parser("phase")
     s.add_argument("log")
-    s.set_defaults(fn=cmd_span)
+    s.add_argument("phase", choices=["checkpoint", "restore"])
+    s.set_defaults(fn=cmd_phase)
+
+    it = sub.add_parser("identity-times")
+    it.add_argument("dump_log")
+    it.add_argument("restore_log")
+    it.set_defaults(fn=cmd_identity_times)
 
     pl = sub.add_parser("plugin-lines")
     pl.add_argument("log")

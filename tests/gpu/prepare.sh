@@ -53,11 +53,13 @@ if ((CLI_BUILT)) && [[ -x target/release/criu-cuda-migrate ]]; then
 fi
 cp "$DEBS"/*.deb "$DEST/criu-debs/"
 
-# Line tables (profile.release debug = 1) are kept for backtraces unless the folder gets too big.
+# The tools need no debug info there (it is most of their size); the plugin keeps its line tables
+# (profile.release debug = 1) for backtraces in CRIU's log, unless the folder gets too big.
+for f in "$DEST"/bin/*; do objcopy --strip-debug "$f"; done
 size_mib() { du -sm "$DEST" | cut -f1; }
 if (($(size_mib) > LIMIT_MIB)); then
-    echo "prepare: $(size_mib) MiB > $LIMIT_MIB MiB: stripping debug info from the carried binaries"
-    for f in "$DEST"/plugin/*.so "$DEST"/bin/*; do objcopy --strip-debug "$f"; done
+    echo "prepare: $(size_mib) MiB > $LIMIT_MIB MiB: stripping debug info from the plugin too"
+    for f in "$DEST"/plugin/*.so; do objcopy --strip-debug "$f"; done
 fi
 if (($(size_mib) > LIMIT_MIB)); then
     echo "prepare: .device is $(size_mib) MiB, over $LIMIT_MIB MiB; the device tool carries at most 64 MiB" >&2

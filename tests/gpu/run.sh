@@ -61,7 +61,7 @@ print_table() {
 import sys
 rows = [l.rstrip("\n").split("\t") for l in open(sys.argv[1]) if l.strip()]
 head = ["case", "expected", "seen", "result", "times"]
-cap = [22, 48, 110, 6, 40]
+cap = [30, 48, 130, 6, 90]
 def cut(s, n): return s if len(s) <= n else s[: n - 1] + "~"
 rows = [[cut(c, cap[i]) for i, c in enumerate(r + [""] * (5 - len(r)))] for r in rows]
 w = [max([len(head[i])] + [len(r[i]) for r in rows]) for i in range(5)]
@@ -121,11 +121,17 @@ start_detached() {
     track "$STARTED_PID"
 }
 
-# wait_file FILE SECONDS
+# wait_file FILE SECONDS [PID]: 0 once FILE exists; 1 on timeout; 2 as soon as PID (the process
+# that should write FILE, or its tree's root) is gone, so a dead workload does not cost the timeout.
 wait_file() {
-    local deadline=$((SECONDS + $2))
+    local deadline=$((SECONDS + $2)) pid=${3:-}
     while [[ ! -e $1 ]]; do
         ((SECONDS >= deadline)) && return 1
+        if [[ -n $pid ]] && ! alive "$pid"; then
+            sleep 0.2
+            [[ -e $1 ]] && return 0
+            return 2
+        fi
         sleep 0.05
     done
 }
@@ -170,7 +176,8 @@ dump() {
     rc=$?
     DUMP_SECS=$(elapsed "$t0")
     if [[ $rc -eq 0 && " $* " != *" --leave-running "* ]]; then
-        wait_gone "$pid" 30 || log "pid $pid still exists after its dump"
+        wait_gone "$pid" 30 ||
+            log "pid $pid still exists 30 s after its dump (state $(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1); Z: its parent does not reap), so its restore will fail"
     fi
     return $rc
 }
@@ -199,7 +206,7 @@ launch_workload() {
     local dir=$1 mib=$2 devices=$3 rounds=$4 pid
     mkdir -p "$dir"
     start_detached "$dir" "$dir/workload.log" "$WORKLOAD" --dir "$dir" --mib "$mib" --devices "$devices" --rounds "$rounds"
-    if ! wait_file "$dir/ready" "$READY_TIMEOUT"; then
+    if ! wait_file "$dir/ready" "$READY_TIMEOUT" "$STARTED_PID"; then
         fail "$CASE" "workload ready" "not ready in ${READY_TIMEOUT}s: $(tail -n 2 "$dir/workload.log" | tr '\n' ' ')"
     fi
     pid=$(<"$dir/ready")
@@ -208,11 +215,12 @@ launch_workload() {
     W_PID=$pid
 }
 
-# round DIR K [READY-FILE-SUFFIX]: triggers go<K>, waits for done<K>. Returns 1 on timeout.
+# round DIR K [PID]: triggers go<K>, waits for done<K>. Returns non-zero on timeout or when PID
+# died first.
 round() {
-    local dir=$1 k=$2
+    local dir=$1 k=$2 pid=${3:-}
     : >"$dir/go$k"
-    wait_file "$dir/done$k" "$ROUND_TIMEOUT"
+    wait_file "$dir/done$k" "$ROUND_TIMEOUT" "$pid"
 }
 
 # image_hash IMG OUT: sha256 of every file of the image directory, sorted.
@@ -313,8 +321,8 @@ case_plain() {
         fail "$CASE" "dump+restore, data intact" "dump failed: $(criu_tail "$d/dump.log")" "dump ${DUMP_SECS}s"
     restore "$d/img" "$d/restore.log" ||
         fail "$CASE" "dump+restore, data intact" "restore failed: $(criu_tail "$d/restore.log")" "dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
-    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s ckpt $("${CHECK[@]}" span "$d/dump.log")s"
-    round "$d/w" 1 || fail "$CASE" "dump+restore, data intact" "no report after restore" "$times"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s ckpt $("${CHECK[@]}" phase "$d/dump.log" checkpoint)s rst $("${CHECK[@]}" phase "$d/restore.log" restore)s"
+    round "$d/w" 1 "$W_PID" || fail "$CASE" "dump+restore, data intact" "no report after restore" "$times"
     seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G0" --consistent --data-ok) ||
         fail "$CASE" "dump+restore, data intact" "$seen" "$times"
     record "$CASE" "dump+restore, data intact" "$seen" PASS "$times"
@@ -332,12 +340,15 @@ case_torch() {
     d=$(case_dir torch)
     mkdir -p "$d/w"
     start_detached "$d/w" "$d/w/torch.log" python3 "$REPO/tests/gpu/torch_workload.py" --dir "$d/w" --mib 1024 --device cuda:0
-    wait_file "$d/w/ready" "$READY_TIMEOUT" || fail "$CASE" "$exp" "not ready: $(tail -n 2 "$d/w/torch.log" | tr '\n' ' ')"
-    dump "$STARTED_PID" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")" "dump ${DUMP_SECS}s"
+    wait_file "$d/w/ready" "$READY_TIMEOUT" "$STARTED_PID" || fail "$CASE" "$exp" "not ready: $(tail -n 2 "$d/w/torch.log" | tr '\n' ' ')"
+    W_PID=$(<"$d/w/ready")
+    W_PID=${W_PID//[!0-9]/}
+    dump "$W_PID" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")" "dump ${DUMP_SECS}s"
     restore "$d/img" "$d/restore.log" ||
         fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")" "dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
-    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s ckpt $("${CHECK[@]}" span "$d/dump.log")s"
-    round "$d/w" 1 || fail "$CASE" "$exp" "no report after restore: $(tail -n 2 "$d/w/torch.log" | tr '\n' ' ')" "$times"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s ckpt $("${CHECK[@]}" phase "$d/dump.log" checkpoint)s"
+    times+=" $("${CHECK[@]}" identity-times "$d/dump.log" "$d/restore.log")"
+    round "$d/w" 1 "$W_PID" || fail "$CASE" "$exp" "no report after restore: $(tail -n 2 "$d/w/torch.log" | tr '\n' ' ')" "$times"
     seen=$("${CHECK[@]}" torch "$d/w/report1.json" --uuid "$G0") || fail "$CASE" "$exp" "$seen" "$times"
     record "$CASE" "$exp" "$seen" PASS "$times"
     "${CHECK[@]}" plugin-lines "$d/dump.log" >"$d/plugin-dump.txt"
@@ -354,11 +365,11 @@ case_leave_running() {
     dump "$W_PID" "$d/img" "$d/dump.log" --leave-running ||
         fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")" "dump ${DUMP_SECS}s"
     alive "$W_PID" || fail "$CASE" "$exp" "process $W_PID is gone after --leave-running" "dump ${DUMP_SECS}s"
-    round "$d/w" 1 || fail "$CASE" "$exp" "no report after the dump (left locked or checkpointed?)" "dump ${DUMP_SECS}s"
+    round "$d/w" 1 "$W_PID" || fail "$CASE" "$exp" "no report after the dump (left locked or checkpointed?)" "dump ${DUMP_SECS}s"
     seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G0" --consistent --data-ok) ||
         fail "$CASE" "$exp" "$seen" "dump ${DUMP_SECS}s"
     # A second round proves the process goes on working after the first report too.
-    round "$d/w" 2 || fail "$CASE" "$exp" "no second report" "dump ${DUMP_SECS}s"
+    round "$d/w" 2 "$W_PID" || fail "$CASE" "$exp" "no second report" "dump ${DUMP_SECS}s"
     "${CHECK[@]}" report "$d/w/report2.json" --data-ok >/dev/null || fail "$CASE" "$exp" "second round: data or context broken"
     record "$CASE" "$exp" "$seen" PASS "dump ${DUMP_SECS}s"
     save_logs "$d"
@@ -368,20 +379,20 @@ case_leave_running() {
 # restore; the plugin's parallel checkpoint time against the same two dumped one at a time.
 case_two_processes() {
     CASE=i4-4-two-processes
-    local d seen_a seen_b par s1 s2 ratio times exp="tree of 2 (GPU0, GPU1): dump+restore, data intact" mib=2048
+    local d seen_a seen_b par s1 s2 ratio times wall1 wall2 exp="tree of 2 (GPU0, GPU1): dump+restore, data intact" mib=2048
     d=$(case_dir two-processes)
     mkdir -p "$d/a" "$d/b"
 
     # Sequential reference: each workload alone in its own tree, one after the other.
     launch_workload "$d/alone-a" "$mib" 0 1
     dump "$W_PID" "$d/img-a" "$d/dump-a.log" || fail "$CASE" "$exp" "single dump A failed: $(criu_tail "$d/dump-a.log")"
-    s1=$("${CHECK[@]}" span "$d/dump-a.log")
-    local wall1=$DUMP_SECS
+    s1=$("${CHECK[@]}" phase "$d/dump-a.log" checkpoint)
+    wall1=$DUMP_SECS
     rm -rf "$d/img-a"
     launch_workload "$d/alone-b" "$mib" 1 1
     dump "$W_PID" "$d/img-b" "$d/dump-b.log" || fail "$CASE" "$exp" "single dump B failed: $(criu_tail "$d/dump-b.log")"
-    s2=$("${CHECK[@]}" span "$d/dump-b.log")
-    local wall2=$DUMP_SECS
+    s2=$("${CHECK[@]}" phase "$d/dump-b.log" checkpoint)
+    wall2=$DUMP_SECS
     rm -rf "$d/img-b"
 
     # The tree: one shell, two workloads (the script expands its own positional parameters).
@@ -391,21 +402,13 @@ case_two_processes() {
          "$0" --dir "$1/b" --mib "$2" --devices 1 --rounds 1 >"$1/b/workload.log" 2>&1 &
          wait' "$WORKLOAD" "$d" "$mib"
     local root=$STARTED_PID
-    { wait_file "$d/a/ready" "$READY_TIMEOUT" && wait_file "$d/b/ready" "$READY_TIMEOUT"; } ||
+    { wait_file "$d/a/ready" "$READY_TIMEOUT" "$root" && wait_file "$d/b/ready" "$READY_TIMEOUT" "$root"; } ||
         fail "$CASE" "$exp" "tree not ready: $(tail -n 1 "$d/a/workload.log" "$d/b/workload.log" | tr '\n' ' ')"
     dump "$root" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "tree dump failed: $(criu_tail "$d/dump.log")" "dump ${DUMP_SECS}s"
-    par=$("${CHECK[@]}" span "$d/dump.log")
-    restore "$d/img" "$d/restore.log" ||
-        fail "$CASE" "$exp" "tree restore failed: $(criu_tail "$d/restore.log")" "dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
-    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
-    { round "$d/a" 1 && round "$d/b" 1; } || fail "$CASE" "$exp" "no reports after restore" "$times"
-    seen_a=$("${CHECK[@]}" report "$d/a/report1.json" --uuid "0=$G0" --consistent --data-ok) || fail "$CASE" "$exp" "A: $seen_a" "$times"
-    seen_b=$("${CHECK[@]}" report "$d/b/report1.json" --uuid "1=$G1" --consistent --data-ok) || fail "$CASE" "$exp" "B: $seen_b" "$times"
-    record "$CASE" "$exp" "A data ok, B data ok" PASS "$times"
-
+    par=$("${CHECK[@]}" phase "$d/dump.log" checkpoint)
     "${CHECK[@]}" plugin-lines "$d/dump.log" >"$d/plugin-dump-tree.txt"
     ratio=$("${CHECK[@]}" ratio "$par" "$s1" "$s2")
-    times="ckpt tree ${par}s, alone ${s1}s+${s2}s (dump wall ${wall1}s+${wall2}s)"
+    times="ckpt tree ${par}s, alone ${s1}s+${s2}s (dump wall ${DUMP_SECS}s vs ${wall1}s+${wall2}s)"
     if [[ $ratio == n/a ]]; then
         record "$CASE-ratio" "parallel/sequential <= 0.8" "no plugin checkpoint timing lines in dump.log" FAIL "$times"
     elif awk -v r="$ratio" 'BEGIN { exit !(r <= 0.8) }'; then
@@ -413,6 +416,14 @@ case_two_processes() {
     else
         record "$CASE-ratio" "parallel/sequential <= 0.8" "ratio $ratio (not parallel)" FAIL "$times"
     fi
+    restore "$d/img" "$d/restore.log" ||
+        fail "$CASE" "$exp" "tree restore failed: $(criu_tail "$d/restore.log")" "dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    { round "$d/a" 1 "$root" && round "$d/b" 1 "$root"; } || fail "$CASE" "$exp" "no reports after restore" "$times"
+    seen_a=$("${CHECK[@]}" report "$d/a/report1.json" --uuid "0=$G0" --consistent --data-ok) || fail "$CASE" "$exp" "A: $seen_a" "$times"
+    seen_b=$("${CHECK[@]}" report "$d/b/report1.json" --uuid "1=$G1" --consistent --data-ok) || fail "$CASE" "$exp" "B: $seen_b" "$times"
+    record "$CASE" "$exp" "A data ok, B data ok" PASS "$times"
+
     save_logs "$d"
 }
 
@@ -427,7 +438,7 @@ case_explicit_map() {
     restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
         fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")"
     times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
-    round "$d/w" 1 || fail "$CASE" "$exp" "no report after restore" "$times"
+    round "$d/w" 1 "$W_PID" || fail "$CASE" "$exp" "no report after restore" "$times"
     seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G1" --bus "0=$B1" --consistent --data-ok) ||
         fail "$CASE" "$exp" "$seen" "$times"
     record "$CASE" "$exp" "$seen" PASS "$times"
@@ -444,7 +455,7 @@ case_auto_map() {
     restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_USABLE_GPUS="$G1" ||
         fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")"
     times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
-    round "$d/w" 1 || fail "$CASE" "$exp" "no report after restore" "$times"
+    round "$d/w" 1 "$W_PID" || fail "$CASE" "$exp" "no report after restore" "$times"
     seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G1" --bus "0=$B1" --consistent --data-ok) ||
         fail "$CASE" "$exp" "$seen" "$times"
     record "$CASE" "$exp" "$seen" PASS "$times"
@@ -454,18 +465,18 @@ case_auto_map() {
 # refused_restore CASE IMG LOG-NAME EXPECTED ENV...: a restore the preflight must refuse: criu
 # fails, the plugin says why, no task was restored, the images are byte-identical.
 refused_restore() {
-    local case=$1 d=$2 name=$3 exp=$4 pid=$5 msg
+    local row=$1 d=$2 name=$3 exp=$4 pid=$5 msg
     shift 5
     restore "$d/img" "$d/$name.log" "$@" &&
-        fail "$case" "$exp" "restore SUCCEEDED with $*" "restore ${RESTORE_SECS}s"
+        fail "$row" "$exp" "restore SUCCEEDED with $*" "restore ${RESTORE_SECS}s"
     msg=$("${CHECK[@]}" plugin-error "$d/$name.log") || true
     (cd "$d/img" && sha256sum --quiet -c "$d/images.sha256") >"$d/$name-images.txt" 2>&1 ||
-        fail "$case" "$exp" "images changed: $(head -n 2 "$d/$name-images.txt" | tr '\n' ' ')"
+        fail "$row" "$exp" "images changed: $(head -n 2 "$d/$name-images.txt" | tr '\n' ' ')"
     if alive "$pid"; then
-        fail "$case" "$exp" "refused, but pid $pid exists after the refused restore: $msg"
+        fail "$row" "$exp" "refused, but pid $pid exists after the refused restore: $msg"
     fi
-    [[ $msg == *criu-cuda-migrate* ]] || fail "$case" "$exp" "refused without the plugin's message: $msg"
-    record "$case" "$exp" "refused: $msg; images identical" PASS "restore ${RESTORE_SECS}s"
+    [[ $msg == *criu-cuda-migrate* ]] || fail "$row" "$exp" "refused without the plugin's message: $msg"
+    record "$row" "$exp" "refused: $msg; images identical" PASS "restore ${RESTORE_SECS}s"
 }
 
 # issue 5: preflight refuses a usable set / map naming GPUs this node lacks; the images stay
@@ -484,7 +495,7 @@ case_preflight_refusal() {
         CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$bogus,$G1=$G0"
     restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
         fail "$CASE-then-ok" "then restores with the swap" "restore failed: $(criu_tail "$d/restore.log")"
-    round "$d/w" 1 || fail "$CASE-then-ok" "then restores with the swap" "no report after restore"
+    round "$d/w" 1 "$W_PID" || fail "$CASE-then-ok" "then restores with the swap" "no report after restore"
     seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G1" --consistent --data-ok) ||
         fail "$CASE-then-ok" "then restores with the swap" "$seen"
     record "$CASE-then-ok" "then restores with the swap, data intact" "$seen" PASS "restore ${RESTORE_SECS}s"
@@ -503,7 +514,7 @@ case_repro_stale() {
     restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" CRIU_CUDA_MIGRATE_RECONCILE=off \
         CRIU_CUDA_MIGRATE_MODE=permissive || fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")"
     times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
-    round "$d/w" 1 || fail "$CASE" "$exp" "no report after restore" "$times"
+    round "$d/w" 1 "$W_PID" || fail "$CASE" "$exp" "no report after restore" "$times"
     seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G1" --bus "0=$B0" --nvml-by-bus "0=$G0" \
         --uuid "1=$G0" --bus "1=$B1" --nvml-by-bus "1=$G1" --disagree 0 --disagree 1 --data-ok) ||
         fail "$CASE" "$exp" "$seen" "$times"
@@ -520,8 +531,8 @@ case_reconciled() {
     dump "$W_PID" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")"
     restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
         fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")"
-    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
-    round "$d/w" 1 || fail "$CASE" "$exp" "no report after restore" "$times"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s $("${CHECK[@]}" identity-times "$d/dump.log" "$d/restore.log")"
+    round "$d/w" 1 "$W_PID" || fail "$CASE" "$exp" "no report after restore" "$times"
     seen=$("${CHECK[@]}" report "$d/w/report1.json" --uuid "0=$G1" --bus "0=$B1" --uuid "1=$G0" --bus "1=$B0" \
         --consistent --data-ok) || fail "$CASE" "$exp" "$seen" "$times"
     record "$CASE" "$exp" "$seen" PASS "$times"
@@ -540,7 +551,7 @@ case_chained() {
         restore "$d/img$k" "$d/restore$k.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
             fail "$CASE" "$exp" "restore $k failed: $(criu_tail "$d/restore$k.log")" "$times"
         times+="#$k ${DUMP_SECS}/${RESTORE_SECS}s "
-        round "$d/w" "$k" || fail "$CASE" "$exp" "no report after migration $k" "$times"
+        round "$d/w" "$k" "$W_PID" || fail "$CASE" "$exp" "no report after migration $k" "$times"
         # Odd migrations put ordinal 0 on GPU 1, even ones bring it back.
         if ((k % 2)); then o0=$G1 b0=$B1 o1=$G0 b1=$B0; else o0=$G0 b0=$B0 o1=$G1 b1=$B1; fi
         seen=$("${CHECK[@]}" report "$d/w/report$k.json" --uuid "0=$o0" --bus "0=$b0" --uuid "1=$o1" --bus "1=$b1" \
@@ -563,16 +574,16 @@ case_nccl() {
     fi
     d=$(case_dir "nccl-$variant")
     start_detached "$d" "$d/job.log" python3 "$REPO/tests/gpu/nccl_job.py" --dir "$d" --variant "$variant" \
-        --uuids "$G0,$G1" --mib 256
+        --uuids "$G0,$G1" --mib 256 --timeout 45
     root=$STARTED_PID
-    { wait_file "$d/ready-rank0" "$READY_TIMEOUT" && wait_file "$d/ready-rank1" "$READY_TIMEOUT"; } ||
+    { wait_file "$d/ready-rank0" "$READY_TIMEOUT" "$root" && wait_file "$d/ready-rank1" "$READY_TIMEOUT" "$root"; } ||
         fail "$CASE" "$exp" "ranks not ready: $(tail -n 1 "$d"/rank*.log | tr '\n' ' ')"
     dump "$root" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")" "dump ${DUMP_SECS}s"
     restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
         fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")" "dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
-    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+    times="dump ${DUMP_SECS}s restore ${RESTORE_SECS}s $("${CHECK[@]}" identity-times "$d/dump.log" "$d/restore.log")"
     : >"$d/go1"
-    if ! { wait_file "$d/done-rank0-1" "$ROUND_TIMEOUT" && wait_file "$d/done-rank1-1" "$ROUND_TIMEOUT"; }; then
+    if ! { wait_file "$d/done-rank0-1" "$ROUND_TIMEOUT" "$root" && wait_file "$d/done-rank1-1" "$ROUND_TIMEOUT" "$root"; }; then
         seen="ranks did not finish in ${ROUND_TIMEOUT}s: $(grep -h -m1 -E 'failure|Error|error' "$d"/rank*.log | head -n 2 | tr '\n' ' ')"
         ((known)) && { record "$CASE" "$exp" "$seen" KNOWN "$times"; save_logs "$d"; return 0; }
         fail "$CASE" "$exp" "$seen" "$times"
@@ -660,7 +671,8 @@ main() {
             "$fn"
         )
         rc=$?
-        if [[ $rc -ne 0 && $(wc -l <"$RESULTS") -eq $before ]]; then
+        # A case that stopped on a script error (not through `fail`) still gets its FAIL row.
+        if [[ $rc -ne 0 ]] && ! tail -n +"$((before + 1))" "$RESULTS" | grep -q $'\tFAIL\t'; then
             record "$label" "case runs" "script error (status $rc) after $(elapsed "$t0")s; see the case's logs" FAIL -
         fi
         cleanup_processes

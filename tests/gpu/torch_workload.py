@@ -92,8 +92,10 @@ def main():
             torch.cuda.synchronize()
             report["work_ok"] = bool(torch.isfinite(y)) and float(z) == float(1 << 20)
             report["cuda_uuid"], report["cuda_bus_id"] = cuda_identity()
+            # PyTorch's own cached cudaDeviceProp (issue 6's stretch goal); informational only.
             props = torch.cuda.get_device_properties(dev)
-            report["torch_pci"] = f"{props.pci_domain_id:04x}:{props.pci_bus_id:02x}:{props.pci_device_id:02x}"
+            pci = [getattr(props, n, None) for n in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+            report["torch_pci"] = None if None in pci else "{:04x}:{:02x}:{:02x}".format(*pci)
         except Exception as e:  # the report must be written whatever failed
             report["error"] = f"{e.__class__.__name__}: {e}"
             traceback.print_exc()

@@ -13,7 +13,11 @@ use ccm_identity::image::IdentityImage;
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
-#[command(name = "criu-cuda-migrate", version, about = "Inspect CUDA checkpoints made with the criu-cuda-migrate CRIU plugin and preflight a node for their restore")]
+#[command(
+    name = "criu-cuda-migrate",
+    version,
+    about = "Inspect CUDA checkpoints made with the criu-cuda-migrate CRIU plugin and preflight a node for their restore"
+)]
 struct Cli {
     /// Print machine-readable JSON instead of tables.
     #[arg(long, global = true)]
@@ -53,7 +57,9 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match &cli.command {
         Command::Inspect { dir } => inspect(dir, cli.json),
-        Command::Preflight { dir, device_map, usable_gpus } => run_preflight(dir, device_map.clone(), usable_gpus.clone(), cli.json),
+        Command::Preflight { dir, device_map, usable_gpus } => {
+            run_preflight(dir, device_map.clone(), usable_gpus.clone(), cli.json)
+        }
         Command::Node => node(cli.json),
         Command::Recover { pid } => recover(*pid),
     };
@@ -70,7 +76,10 @@ type CliResult = Result<ExitCode, String>;
 
 fn load_images(dir: &Path) -> Result<Vec<(PathBuf, IdentityImage)>, String> {
     if !dir.is_dir() {
-        return Err(format!("{} is not a directory; pass CRIU's image directory (the -D of `criu dump`)", dir.display()));
+        return Err(format!(
+            "{} is not a directory; pass CRIU's image directory (the -D of `criu dump`)",
+            dir.display()
+        ));
     }
     preflight::read_images(dir).map_err(|e| e.to_string())
 }
@@ -88,7 +97,10 @@ fn inspect(dir: &Path, json: bool) -> CliResult {
         return Ok(ExitCode::SUCCESS);
     }
     if images.is_empty() {
-        println!("{}: no criu-cuda-migrate identity images (no CUDA process was dumped with the plugin)", dir.display());
+        println!(
+            "{}: no criu-cuda-migrate identity images (no CUDA process was dumped with the plugin)",
+            dir.display()
+        );
         return Ok(ExitCode::SUCCESS);
     }
     for (path, img) in &images {
@@ -112,7 +124,15 @@ fn inspect(dir: &Path, json: bool) -> CliResult {
                 "-".to_string()
             };
             let sites = img.sites.iter().filter(|s| s.gpu == g.uuid).count();
-            println!("  {:<8} {:<42} {:<14} {:<22} {:>9} {:>6}", role, g.uuid.to_string(), g.pci.to_string(), g.name, g.memory_total >> 20, sites);
+            println!(
+                "  {:<8} {:<42} {:<14} {:<22} {:>9} {:>6}",
+                role,
+                g.uuid.to_string(),
+                g.pci.to_string(),
+                g.name,
+                g.memory_total >> 20,
+                sites
+            );
         }
         let env = &img.env;
         for (k, v) in [
@@ -160,7 +180,9 @@ fn run_preflight(dir: &Path, device_map: Option<String>, usable: Option<String>,
     let n = images.len();
     let gpus = match ccm_driver::nvml::Nvml::init().and_then(|n| n.gpus()) {
         Ok(g) => g,
-        Err(e) if n > 0 => return refuse(json, &format!("this node cannot restore the checkpoint's {n} CUDA process(es): {e}")),
+        Err(e) if n > 0 => {
+            return refuse(json, &format!("this node cannot restore the checkpoint's {n} CUDA process(es): {e}"))
+        }
         Err(_) => Vec::new(),
     };
     match preflight::plan(images, &gpus, &config) {

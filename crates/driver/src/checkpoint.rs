@@ -186,7 +186,8 @@ impl CheckpointApi {
                 name: "CUDA_ERROR_INVALID_VALUE".into(),
                 description: "too many GPU pairs".into(),
             })?;
-            let mut args = RestoreArgs { gpu_pairs: raw.as_ptr(), gpu_pairs_count: count, reserved: [0; 44], reserved1: 0 };
+            let mut args =
+                RestoreArgs { gpu_pairs: raw.as_ptr(), gpu_pairs_count: count, reserved: [0; 44], reserved1: 0 };
             // SAFETY: args points at `raw`, which outlives the call; count matches its length.
             unsafe { (self.restore)(pid, &mut args) }
         };

@@ -35,7 +35,9 @@ pub enum LoadError {
         #[source]
         source: libloading::Error,
     },
-    #[error("{path} has no symbol {symbol}: the driver is too old for the checkpoint API; install driver r580 or newer")]
+    #[error(
+        "{path} has no symbol {symbol}: the driver is too old for the checkpoint API; install driver r580 or newer"
+    )]
     Symbol { path: String, symbol: &'static str },
 }
 

@@ -39,7 +39,14 @@ pub struct DumpSession {
 
 impl DumpSession {
     pub fn new(config: Config) -> DumpSession {
-        DumpSession { config, node: None, node_failed: false, tracked: BTreeMap::new(), inventory_added: false, batch_done: false }
+        DumpSession {
+            config,
+            node: None,
+            node_failed: false,
+            tracked: BTreeMap::new(),
+            inventory_added: false,
+            batch_done: false,
+        }
     }
 
     fn node(&mut self) -> Option<&Node> {
@@ -96,9 +103,19 @@ impl DumpSession {
         };
         if !self.inventory_added {
             self.inventory_added = host.add_inventory_plugin(PLUGIN_NAME);
-            debug!("image inventory entry {PLUGIN_NAME}: {}", if self.inventory_added { "added" } else { "not offered by this CRIU" });
+            debug!(
+                "image inventory entry {PLUGIN_NAME}: {}",
+                if self.inventory_added { "added" } else { "not offered by this CRIU" }
+            );
         }
-        let mut t = Tracked { pid, restore_tid, initial, locked_by_us: false, checkpointed_by_us: false, checkpoint_result: None };
+        let mut t = Tracked {
+            pid,
+            restore_tid,
+            initial,
+            locked_by_us: false,
+            checkpointed_by_us: false,
+            checkpoint_result: None,
+        };
         if initial == ProcessState::Running {
             let r = timed(|| api.lock(pid, timeout_ms));
             info!("pid {pid}: cuCheckpointProcessLock (timeout {timeout_ms} ms) {:.3} s", r.elapsed.as_secs_f64());
@@ -150,8 +167,12 @@ impl DumpSession {
         // 1. Identity facts while the processes are stopped and before their device memory is
         //    copied into host memory (a scan is ~10x cheaper now than after the checkpoint).
         let facts: BTreeMap<i32, Result<IdentityImage, String>> = std::thread::scope(|s| {
-            let handles: Vec<_> = todo.iter().map(|&(pid, _)| (pid, s.spawn(move || collect_identity(pid, node)))).collect();
-            handles.into_iter().map(|(pid, h)| (pid, h.join().unwrap_or_else(|_| Err("identity collection panicked".into())))).collect()
+            let handles: Vec<_> =
+                todo.iter().map(|&(pid, _)| (pid, s.spawn(move || collect_identity(pid, node)))).collect();
+            handles
+                .into_iter()
+                .map(|(pid, h)| (pid, h.join().unwrap_or_else(|_| Err("identity collection panicked".into()))))
+                .collect()
         });
         // 2. Resume each restore thread (ptrace: this thread is CRIU's tracer).
         let mut running = Vec::new();
@@ -172,13 +193,19 @@ impl DumpSession {
                 .iter()
                 .map(|(pid, _)| {
                     let pid = *pid;
-                    (pid, s.spawn(move || {
-                        let r = timed(|| api.checkpoint(pid));
-                        r.value.map(|()| r.elapsed).map_err(|e| e.to_string())
-                    }))
+                    (
+                        pid,
+                        s.spawn(move || {
+                            let r = timed(|| api.checkpoint(pid));
+                            r.value.map(|()| r.elapsed).map_err(|e| e.to_string())
+                        }),
+                    )
                 })
                 .collect();
-            handles.into_iter().map(|(pid, h)| (pid, h.join().unwrap_or_else(|_| Err("checkpoint thread panicked".into())))).collect()
+            handles
+                .into_iter()
+                .map(|(pid, h)| (pid, h.join().unwrap_or_else(|_| Err("checkpoint thread panicked".into()))))
+                .collect()
         });
         // 4. Stop the restore threads again, restoring their signal masks and ptrace options.
         for (pid, r) in running {
@@ -251,7 +278,9 @@ fn rollback_one(api: &ccm_driver::checkpoint::CheckpointApi, t: &Tracked) {
         match r.value {
             Ok(()) => info!("pid {pid}: rolled back: cuCheckpointProcessRestore {:.3} s", r.elapsed.as_secs_f64()),
             Err(e) => {
-                error!("pid {pid} is left CHECKPOINTED: restore failed ({e}); run `criu-cuda-migrate recover --pid {pid}`");
+                error!(
+                    "pid {pid} is left CHECKPOINTED: restore failed ({e}); run `criu-cuda-migrate recover --pid {pid}`"
+                );
                 return;
             }
         }
@@ -259,7 +288,9 @@ fn rollback_one(api: &ccm_driver::checkpoint::CheckpointApi, t: &Tracked) {
     if t.locked_by_us {
         match api.unlock(pid) {
             Ok(()) => info!("pid {pid}: rolled back: unlocked, RUNNING again"),
-            Err(e) => error!("pid {pid} is left LOCKED: unlock failed ({e}); run `criu-cuda-migrate recover --pid {pid}`"),
+            Err(e) => {
+                error!("pid {pid} is left LOCKED: unlock failed ({e}); run `criu-cuda-migrate recover --pid {pid}`")
+            }
         }
     }
 }
@@ -288,7 +319,8 @@ fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
         .map_err(|e| e.to_string())?;
     // libcuda keeps the six words of every GPU it enumerated at start: that is the set the
     // driver wants pairs for at restore (CUDA_VISIBLE_DEVICES does not shrink it).
-    let mut enumerated: Vec<GpuUuid> = node.gpus.iter().map(|g| g.uuid).filter(|u| scan.sites.iter().any(|s| s.gpu == *u)).collect();
+    let mut enumerated: Vec<GpuUuid> =
+        node.gpus.iter().map(|g| g.uuid).filter(|u| scan.sites.iter().any(|s| s.gpu == *u)).collect();
     if enumerated.is_empty() {
         warn!("pid {pid}: found no PCI identity words of any GPU in its memory; assuming it enumerated every GPU of the node");
         enumerated = node.gpus.iter().map(|g| g.uuid).collect();
@@ -298,7 +330,9 @@ fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
         pid: ns_pid,
         host_pid: upid,
         dumped_at_unix: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default(),
+        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
+            .map(|s| s.trim().to_string())
+            .unwrap_or_default(),
         driver_version: node.driver_version.clone(),
         cuda_driver_version: node.cuda_driver_version,
         node_gpus: node.gpus.clone(),
@@ -358,6 +392,12 @@ fn write_image(dir: &std::path::Path, img: &IdentityImage) -> Result<(), String>
         .open(&path)
         .map_err(|e| format!("cannot create identity image {}: {e}", IdentityImage::file_name(img.pid)))?;
     f.write_all(&bytes).and_then(|()| f.sync_all()).map_err(|e| format!("cannot write identity image: {e}"))?;
-    info!("pid {}: wrote {} ({} bytes, {:.3} s)", img.host_pid, IdentityImage::file_name(img.pid), bytes.len(), t0.elapsed().as_secs_f64());
+    info!(
+        "pid {}: wrote {} ({} bytes, {:.3} s)",
+        img.host_pid,
+        IdentityImage::file_name(img.pid),
+        bytes.len(),
+        t0.elapsed().as_secs_f64()
+    );
     Ok(())
 }

@@ -29,7 +29,12 @@ impl Node {
         let lib = Libcuda::load().map_err(EngineError::NoDriver)?;
         let api = CheckpointApi::new(&lib).map_err(EngineError::NoDriver)?;
         let cuda_driver_version = lib.driver_version().unwrap_or(0);
-        info!("driver: {} loaded, CUDA driver API {} ({:.3} s)", lib.path(), cuda_driver_version, t0.elapsed().as_secs_f64());
+        info!(
+            "driver: {} loaded, CUDA driver API {} ({:.3} s)",
+            lib.path(),
+            cuda_driver_version,
+            t0.elapsed().as_secs_f64()
+        );
         let t1 = Instant::now();
         let (nvml, driver_version, gpus) = match Nvml::init() {
             Ok(n) => {

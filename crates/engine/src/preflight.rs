@@ -51,7 +51,11 @@ pub fn read_image(path: &Path) -> Result<IdentityImage, EngineError> {
 
 /// Plans one device map for the whole checkpoint (every process of a job must see the same
 /// GPU move, or NCCL ranks would disagree), then gives each process its share of it.
-pub fn plan(images: Vec<(PathBuf, IdentityImage)>, node_gpus: &[GpuIdentity], config: &Config) -> Result<Vec<ProcessPlan>, EngineError> {
+pub fn plan(
+    images: Vec<(PathBuf, IdentityImage)>,
+    node_gpus: &[GpuIdentity],
+    config: &Config,
+) -> Result<Vec<ProcessPlan>, EngineError> {
     if images.is_empty() {
         return Ok(Vec::new());
     }
@@ -61,11 +65,16 @@ pub fn plan(images: Vec<(PathBuf, IdentityImage)>, node_gpus: &[GpuIdentity], co
         ));
     }
     let explicit = match &config.device_map {
-        Some(t) => map::parse_pairs(t).map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_DEVICE_MAP: {e}")))?,
+        Some(t) => {
+            map::parse_pairs(t).map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_DEVICE_MAP: {e}")))?
+        }
         None => Vec::new(),
     };
     let usable = match &config.usable_gpus {
-        Some(t) => Some(map::parse_usable(t, node_gpus).map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_USABLE_GPUS: {e}")))?),
+        Some(t) => Some(
+            map::parse_usable(t, node_gpus)
+                .map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_USABLE_GPUS: {e}")))?,
+        ),
         None => None,
     };
     let merged = merged_view(&images);

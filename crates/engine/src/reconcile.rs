@@ -95,7 +95,8 @@ fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) 
     // process now runs on. Same length, in place.
     match ccm_process::environ::read_environ_block(pid) {
         Ok(block) => {
-            let plan_env = ccm_identity::env::plan_env_edits(&block.bytes, &plan.map, &plan.image.node_gpus, &node.gpus);
+            let plan_env =
+                ccm_identity::env::plan_env_edits(&block.bytes, &plan.map, &plan.image.node_gpus, &node.gpus);
             for w in &plan_env.warnings {
                 warn!("pid {pid}: {w}");
             }

@@ -113,10 +113,16 @@ impl RestoreSession {
             }
             return;
         }
-        // Which of these are CUDA processes waiting in CHECKPOINTED state.
+        // Which of these are CUDA processes. Only the restore thread id is asked here: the driver
+        // answers it from outside, while a state query needs the (still stopped) restore thread
+        // and would hang. The state is read by the worker once that thread runs.
         let mut jobs: Vec<(Job<'_>, u32)> = Vec::new();
         for &pid in pids {
             let plan = self.plan_for(pid);
+            if plan.is_none() && !ccm_process::devices::maps_library(pid, "libcuda").unwrap_or(false) {
+                debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");
+                continue;
+            }
             let tid = match api.restore_thread_id(pid as i32) {
                 Ok(t) => t as u32,
                 Err(e) => {
@@ -126,20 +132,6 @@ impl RestoreSession {
                     continue;
                 }
             };
-            match api.state(pid as i32) {
-                Ok(ProcessState::Checkpointed) => {}
-                Ok(other) => {
-                    debug!("pid {pid}: CUDA state {other}; nothing to restore");
-                    continue;
-                }
-                Err(e) => {
-                    error!("pid {pid}: cannot read its CUDA state ({e}); run `criu-cuda-migrate recover --pid {pid}`");
-                    continue;
-                }
-            }
-            if plan.is_none() {
-                warn!("pid {pid}: CHECKPOINTED CUDA process without identity image; restoring it onto the same GPUs");
-            }
             jobs.push((Job { pid, plan }, tid));
         }
         if jobs.is_empty() {
@@ -163,11 +155,14 @@ impl RestoreSession {
             let handles: Vec<_> = ready
                 .iter()
                 .map(|job| {
-                    (job.pid, s.spawn(move || {
-                        let mut report = String::new();
-                        let (r, kill) = restore_one(job, node, config, &mut report);
-                        (r, kill, report)
-                    }))
+                    (
+                        job.pid,
+                        s.spawn(move || {
+                            let mut report = String::new();
+                            let (r, kill) = restore_one(job, node, config, &mut report);
+                            (r, kill, report)
+                        }),
+                    )
                 })
                 .collect();
             handles
@@ -263,6 +258,24 @@ impl RestoreSession {
 fn restore_one(job: &Job<'_>, node: &Node, config: &Config, report: &mut String) -> (Result<(), String>, bool) {
     let pid = job.pid;
     let api = &node.api;
+    match api.state(pid as i32) {
+        Ok(ProcessState::Checkpointed) => {}
+        Ok(other) => {
+            if job.plan.is_some() {
+                warn!(
+                    "pid {pid}: CUDA state {other} after CRIU's restore (expected CHECKPOINTED); leaving it as it is"
+                );
+            }
+            return (Ok(()), false);
+        }
+        Err(e) => {
+            error!("pid {pid}: cannot read its CUDA state ({e}); run `criu-cuda-migrate recover --pid {pid}`");
+            return (Err(e.to_string()), false);
+        }
+    }
+    if job.plan.is_none() {
+        warn!("pid {pid}: CHECKPOINTED CUDA process without identity image; restoring it onto the same GPUs");
+    }
     let pairs: Vec<(GpuUuid, GpuUuid)> = match job.plan {
         Some(p) if !p.map.is_identity() => p.map.pairs.iter().map(|x| (x.old, x.new)).collect(),
         _ => Vec::new(),

@@ -424,12 +424,33 @@ pub extern "C" fn cuCheckpointProcessGetRestoreThreadId(pid: c_int, tid: *mut c_
     })
 }
 
+/// Whether `tid` of `pid` is in a stop (`T`, or `t` under ptrace), from /proc/PID/task/TID/stat.
+fn thread_is_stopped(pid: c_int, tid: c_int) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{tid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').and_then(|(_, rest)| rest.trim_start().chars().next()))
+        .is_some_and(|c| c == 't' || c == 'T')
+}
+
 #[no_mangle]
 pub extern "C" fn cuCheckpointProcessGetState(pid: c_int, out: *mut c_int) -> CuResult {
     guard(|| {
         let state = controller_state_dir()?;
         if !protocol::is_registered(&state, pid) {
             return Err(CUDA_ERROR_NOT_FOUND);
+        }
+        // The real driver asks the target's restore thread for its state: on driver 580 the call
+        // hangs while that thread is ptrace-stopped. Model it: wait for the thread to run, and
+        // give up with NOT_READY after the call timeout.
+        if let Some(tid) = protocol::registered_restore_tid(&state, pid) {
+            let deadline = std::time::Instant::now() + call_timeout();
+            while thread_is_stopped(pid, tid) {
+                if std::time::Instant::now() >= deadline {
+                    eprintln!("cuda-test-double: cuCheckpointProcessGetState({pid}): restore thread {tid} is stopped; the real driver hangs here");
+                    return Err(CUDA_ERROR_NOT_READY);
+                }
+                std::thread::sleep(Duration::from_millis(2));
+            }
         }
         let text = std::fs::read_to_string(state.process_state(pid)).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
         put(out, text.trim().parse().map_err(|_| CUDA_ERROR_UNKNOWN)?)
