@@ -176,8 +176,14 @@ dump() {
     rc=$?
     DUMP_SECS=$(elapsed "$t0")
     if [[ $rc -eq 0 && " $* " != *" --leave-running "* ]]; then
-        wait_gone "$pid" 30 ||
-            log "pid $pid still exists 30 s after its dump (state $(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1); Z: its parent does not reap), so its restore will fail"
+        # Every task of the dumped tree (one core-PID.img each) must be gone before a restore.
+        local core p
+        for core in "$img"/core-*.img; do
+            p=${core##*/core-}
+            p=${p%.img}
+            wait_gone "$p" 30 ||
+                log "pid $p still exists 30 s after its dump (state $(sed 's/^.*) //' "/proc/$p/stat" 2>/dev/null | cut -d' ' -f1); Z: its parent does not reap), so its restore will fail"
+        done
     fi
     return $rc
 }
@@ -450,7 +456,10 @@ case_auto_map() {
     CASE=i5-2-auto-map
     local d seen times exp="on GPU1 via USABLE_GPUS=GPU1, data intact, all agree"
     d=$(case_dir auto-map)
-    launch_workload "$d/w" 512 0 1
+    # A container-like process limited to GPU 0 (as the orchestrator gives each container its
+    # GPUs): it opens only GPU 0's device node, so GPU 0 is the one GPU it uses. (Without
+    # CUDA_VISIBLE_DEVICES libcuda opens every GPU's node and both count as used.)
+    CUDA_VISIBLE_DEVICES=$G0 launch_workload "$d/w" 512 0 1
     dump "$W_PID" "$d/img" "$d/dump.log" || fail "$CASE" "$exp" "dump failed: $(criu_tail "$d/dump.log")"
     restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_USABLE_GPUS="$G1" ||
         fail "$CASE" "$exp" "restore failed: $(criu_tail "$d/restore.log")"
@@ -566,14 +575,21 @@ case_chained() {
 case_nccl() {
     local variant=$1 d seen times root exp known=0
     CASE=i6-4$variant-nccl
+    local job_variant=$variant
     if [[ $variant == a ]]; then
         exp="ranks see both GPUs: swapped, NCCL busId = new GPU, sum 3"
+    elif [[ $variant == c ]]; then
+        # The CVD-limited ranks again, with NCCL's CUDA-IPC transports off (P2P and SHM), so NCCL
+        # falls back to its socket transport: shows whether CUDA IPC alone is what breaks (b).
+        exp="ranks CVD-limited, NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1: swapped, sum 3"
+        job_variant=b
+        known=1
     else
         exp="ranks CVD-limited: swapped, NCCL busId = new GPU, sum 3"
         known=1
     fi
     d=$(case_dir "nccl-$variant")
-    start_detached "$d" "$d/job.log" python3 "$REPO/tests/gpu/nccl_job.py" --dir "$d" --variant "$variant" \
+    start_detached "$d" "$d/job.log" python3 "$REPO/tests/gpu/nccl_job.py" --dir "$d" --variant "$job_variant" \
         --uuids "$G0,$G1" --mib 256 --timeout 45
     root=$STARTED_PID
     { wait_file "$d/ready-rank0" "$READY_TIMEOUT" "$root" && wait_file "$d/ready-rank1" "$READY_TIMEOUT" "$root"; } ||
@@ -602,6 +618,7 @@ case_nccl() {
 }
 case_nccl_a() { case_nccl a; }
 case_nccl_b() { case_nccl b; }
+case_nccl_c() { NCCL_P2P_DISABLE=1 NCCL_SHM_DISABLE=1 case_nccl c; }
 
 # issue 6 (5): no usable target for a dump GPU: refused by preflight, images intact.
 case_no_target() {
@@ -624,7 +641,7 @@ ALL_CASES=(
     case_baseline
     case_plain_1g case_plain_8g case_torch case_leave_running case_two_processes
     case_explicit_map case_auto_map case_preflight_refusal
-    case_repro_stale case_reconciled case_chained case_nccl_a case_nccl_b case_no_target
+    case_repro_stale case_reconciled case_chained case_nccl_a case_nccl_b case_nccl_c case_no_target
 )
 
 # The case name a function records under (for selection by prefix).
@@ -644,6 +661,7 @@ case_label() {
         case_chained) echo i6-3-chained ;;
         case_nccl_a) echo i6-4a-nccl ;;
         case_nccl_b) echo i6-4b-nccl ;;
+        case_nccl_c) echo i6-4c-nccl ;;
         case_no_target) echo i6-5-no-target ;;
     esac
 }

@@ -65,9 +65,14 @@ go() {
 dump() { # IMG PID
     mkdir -p "$1"
     criu dump -t "$2" -D "$1" --libdir "$WORK/plugins" -v4 -o dump.log || fail "criu dump failed"
-    # The dumped task is killed; its pid must be free again before CRIU restores it.
-    for _ in $(seq 200); do [ -d "/proc/$2" ] || break; sleep 0.05; done
-    [ -d "/proc/$2" ] && fail "pid $2 survived criu dump"
+    # The dumped tasks are killed; their pids must be free again before CRIU restores them.
+    local core p
+    for core in "$1"/core-*.img; do
+        p=${core##*/core-}
+        p=${p%.img}
+        for _ in $(seq 200); do [ -d "/proc/$p" ] || break; sleep 0.05; done
+        [ -d "/proc/$p" ] && fail "pid $p survived criu dump"
+    done
     return 0
 }
 restore() { # IMG
@@ -144,6 +149,32 @@ refuse)
     [ "$uuid0" = "$G1" ] || fail "automatic map put ordinal 0 on $uuid0, expected $G1"
     # The environment names the GPU the process now runs on, for its children.
     tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "CUDA_VISIBLE_DEVICES=$G1" || fail "CUDA_VISIBLE_DEVICES was not rewritten to $G1"
+    ;;
+two-procs)
+    # One tree: a shell with two workloads, one per GPU. Dump and restore it whole, swapped.
+    (
+        for fd in /proc/self/fd/*; do
+            fd=${fd##*/}
+            [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null || true
+        done
+        exec setsid bash -c '"$0" --dir "$1/w0" --mib 8 --devices 0 --rounds 2 >"$1/w0.out" 2>&1 &
+            "$0" --dir "$1/w1" --mib 8 --devices 1 --rounds 2 >"$1/w1.out" 2>&1 &
+            wait' "$BIN/ccm-sample-workload" "$WORK" </dev/null >"$WORK/tree.out" 2>&1
+    ) &
+    root=$!
+    disown $root
+    for _ in $(seq 200); do [ -s "$WORK/w0/ready" ] && [ -s "$WORK/w1/ready" ] && break; sleep 0.05; done
+    [ -s "$WORK/w1/ready" ] || fail "tree did not get ready"
+    dump "$WORK/img" "$root"
+    [ "$(ls "$WORK"/img/cuda-migrate-*.img | wc -l)" = 2 ] || fail "expected 2 identity images"
+    grep -q "checkpoint of 2 CUDA process(es)" "$WORK/img/dump.log" || fail "the two processes were not checkpointed together"
+    export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
+    restore "$WORK/img" || fail "criu restore of the tree failed"
+    go "$WORK/w0" 1 >/dev/null
+    go "$WORK/w1" 1 >/dev/null
+    check_agree "$WORK/w0" 1
+    check_agree "$WORK/w1" 1
+    [ "$(ordinal_uuid "$WORK/w0/report1.json" 0)" = "$G1" ] || fail "process 0 not on $G1"
     ;;
 *)
     fail "unknown case"

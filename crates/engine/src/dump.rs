@@ -352,6 +352,17 @@ fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
         scan.elapsed.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
+    for site in &img.sites {
+        debug!(
+            "pid {pid}: PCI site of {} at {:#x} in {} ({:#x}-{:#x}, {} KiB)",
+            site.gpu,
+            site.addr,
+            if site.mapping_name.is_empty() { "[anonymous]" } else { &site.mapping_name },
+            site.mapping_start,
+            site.mapping_end,
+            (site.mapping_end - site.mapping_start) >> 10
+        );
+    }
     Ok(img)
 }
 

@@ -146,39 +146,95 @@ pub fn scan_signatures(
     }
     let mem = ProcessMemory::open_read_only(pid)?;
     let maps = read_maps(pid)?;
-    let mut buf = vec![0u8; SCAN_OVERLAP_BYTES + SCAN_CHUNK_BYTES];
-    for mapping in &maps {
-        if !is_scannable(mapping, max_mapping_bytes) {
-            report.mappings_skipped += 1;
-            continue;
-        }
-        match scan_mapping(&mem, mapping, wanted, &mut buf, &mut report) {
-            Ok(()) => report.mappings_scanned += 1,
-            Err(ProcessError::Unmapped { addr, source, .. }) if addr == mapping.start => {
-                log::warn!(
-                    "process {pid}: skipping mapping {:#x}-{:#x} {}: not readable ({source}); it was \
-                     probably unmapped after /proc/{pid}/maps was read",
-                    mapping.start,
-                    mapping.end,
-                    mapping.display_name()
-                );
-                report.mappings_skipped += 1;
-            }
-            Err(ProcessError::Unmapped { addr, source, .. }) => {
-                log::warn!(
-                    "process {pid}: mapping {:#x}-{:#x} {} stopped being readable at {addr:#x} \
-                     ({source}); the rest of it was not scanned",
-                    mapping.start,
-                    mapping.end,
-                    mapping.display_name()
-                );
-                report.mappings_scanned += 1;
-            }
-            Err(e) => return Err(e),
+    let (scannable, skipped): (Vec<&Mapping>, Vec<&Mapping>) =
+        maps.iter().partition(|m| is_scannable(m, max_mapping_bytes));
+    report.mappings_skipped = skipped.len();
+    // A PyTorch process holds gigabytes of host memory: spread the mappings over a few threads
+    // (balanced by size, largest first) so the scan is bound by memory bandwidth, not one core.
+    let threads = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, MAX_SCAN_THREADS);
+    let mut groups: Vec<(u64, Vec<&Mapping>)> = vec![(0, Vec::new()); threads];
+    let mut by_size = scannable;
+    by_size.sort_by_key(|m| std::cmp::Reverse(m.len()));
+    for m in by_size {
+        if let Some(g) = groups.iter_mut().min_by_key(|g| g.0) {
+            g.0 += m.len();
+            g.1.push(m);
         }
     }
+    let partials: Vec<Result<ScanReport, ProcessError>> = std::thread::scope(|scope| {
+        let handles: Vec<_> = groups
+            .iter()
+            .filter(|g| !g.1.is_empty())
+            .map(|(_, group)| {
+                let mem = &mem;
+                scope.spawn(move || {
+                    let mut part = ScanReport::default();
+                    let mut buf = vec![0u8; SCAN_OVERLAP_BYTES + SCAN_CHUNK_BYTES];
+                    for mapping in group {
+                        scan_one(pid, mem, mapping, wanted, &mut buf, &mut part)?;
+                    }
+                    Ok(part)
+                })
+            })
+            .collect();
+        handles
+            .into_iter()
+            .map(|h| {
+                h.join().unwrap_or_else(|_| {
+                    Err(ProcessError::Parse { pid, path: proc_path(pid, "mem"), detail: "scan worker panicked".into() })
+                })
+            })
+            .collect()
+    });
+    for part in partials {
+        let part = part?;
+        report.sites.extend(part.sites);
+        report.bytes_scanned += part.bytes_scanned;
+        report.mappings_scanned += part.mappings_scanned;
+        report.mappings_skipped += part.mappings_skipped;
+    }
+    report.sites.sort_by_key(|s| s.addr);
     report.elapsed = started.elapsed();
     Ok(report)
+}
+
+/// Most threads one scan uses.
+const MAX_SCAN_THREADS: usize = 8;
+
+/// Scans one mapping; a mapping that vanished since the maps were read is skipped with a warning.
+fn scan_one(
+    pid: u32,
+    mem: &ProcessMemory,
+    mapping: &Mapping,
+    wanted: &[(GpuUuid, PciSignature)],
+    buf: &mut [u8],
+    report: &mut ScanReport,
+) -> Result<(), ProcessError> {
+    match scan_mapping(mem, mapping, wanted, buf, report) {
+        Ok(()) => report.mappings_scanned += 1,
+        Err(ProcessError::Unmapped { addr, source, .. }) if addr == mapping.start => {
+            log::warn!(
+                "process {pid}: skipping mapping {:#x}-{:#x} {}: not readable ({source}); it was \
+                 probably unmapped after /proc/{pid}/maps was read",
+                mapping.start,
+                mapping.end,
+                mapping.display_name()
+            );
+            report.mappings_skipped += 1;
+        }
+        Err(ProcessError::Unmapped { addr, source, .. }) => {
+            log::warn!(
+                "process {pid}: mapping {:#x}-{:#x} {} stopped being readable at {addr:#x} \
+                 ({source}); the rest of it was not scanned",
+                mapping.start,
+                mapping.end,
+                mapping.display_name()
+            );
+            report.mappings_scanned += 1;
+        }
+        Err(e) => return Err(e),
+    }
+    Ok(())
 }
 
 /// Scans one mapping in chunks, appending its sites to `report`.
