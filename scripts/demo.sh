@@ -7,8 +7,9 @@
 # What it runs, in order of preference:
 #   gpu    `nvidia-smi -L` lists a GPU: the sample CUDA workload (ccm-sample-workload) under the host's CRIU
 #          (>= 4.0; set CCM_CRIU to its path if it is not `criu` on PATH).
-#   sim    no GPU, but the simulated NVIDIA stack (test doubles of libcuda/NVML, crates/sim) is available: the
-#          same sample workload on the doubles, under CRIU in the Debian trixie root.  [not built yet]
+#   sim    no GPU: the same sample workload on the simulated NVIDIA stack (TEST DOUBLES of libcuda/NVML from
+#          crates/sim, two simulated H200s), under CRIU in the Debian trixie root, restored onto the other
+#          simulated GPU (a swap map) so the plugin's reconciliation shows.
 #   plain  otherwise: a plain shell process under CRIU in the trixie root; the plugin loads, answers -ENOTSUP
 #          ("not a CUDA process") and writes nothing.
 # CCM_DEMO_MODE=gpu|sim|plain forces one. CCM_DEMO_DIR (default /tmp/ccm-demo) keeps the images and CRIU's logs.
@@ -100,6 +101,10 @@ scenario() {
         touch "$ctl/go2"
         wait_for_file "$ctl/done2" 60 || die "the restored workload did not report"
         say "identity after the restore: $(cat "$ctl/report2.json")"
+        tr -d ' \n' <"$ctl/report2.json" | grep -q '"all_data_ok":true' || die "device data was not intact after the restore"
+        tr -d ' \n' <"$ctl/report2.json" | grep -q '"all_agree":true' ||
+            die "CUDA's bus ids and NVML disagree after the restore (see restore.log)"
+        say "after the restore every ordinal's CUDA bus id, UUID and NVML agree, and the device data is intact"
         ;;
     esac
 }
@@ -107,20 +112,45 @@ scenario() {
 wait_for_file() {
     local file=$1 seconds=$2 i
     for ((i = 0; i < seconds * 10; i++)); do
-        [ -s "$file" ] && return 0
+        [ -e "$file" ] && return 0
         sleep 0.1
     done
     return 1
 }
 
 # ---------------------------------------------------------------------------------------------------------------
-# Hook for the simulated NVIDIA stack (issue 3: crates/sim, test doubles of libcuda.so.1 and libnvidia-ml.so.1).
-# When the stack exists, this prints the environment (NAME=VALUE lines) that makes ccm-sample-workload and the
-# plugin load the doubles from target/release and describes the simulated GPUs, and returns 0. Until then it
-# returns 1, and the demo runs a plain process instead.
+# The simulated NVIDIA stack (crates/sim: TEST DOUBLES of libcuda.so.1 and libnvidia-ml.so.1, never packaged).
+# sim_stack_env prints the environment (NAME=VALUE lines) that makes ccm-sample-workload and the plugin load the
+# doubles and describes two simulated GPUs; sim_stack_setup lays those files out after the build.
 # ---------------------------------------------------------------------------------------------------------------
+SIM_G0=GPU-5e110000-aabb-ccdd-0001-020304050600
+SIM_G1=GPU-5e110001-aabb-ccdd-0001-020304050601
+
+sim_dir() { echo "${CCM_DEMO_DIR:-/tmp/ccm-demo}/sim"; }
+
 sim_stack_env() {
-    return 1
+    [ -d "$REPO/crates/sim/libcuda" ] || return 1
+    local d
+    d=$(sim_dir)
+    echo "LD_LIBRARY_PATH=$d/lib"
+    echo "CCM_SIM_CONFIG=$d/gpus.json"
+    echo "CCM_SIM_STATE_DIR=$d/state"
+    echo "CRIU_CUDA_MIGRATE_LIBNVML=$d/lib/libnvidia-ml.so.1"
+    # Restore onto the other simulated GPU, so the demo shows a migration and its reconciliation.
+    echo "CRIU_CUDA_MIGRATE_DEVICE_MAP=$SIM_G0=$SIM_G1,$SIM_G1=$SIM_G0"
+}
+
+sim_stack_setup() {
+    local d
+    d=$(sim_dir)
+    mkdir -p "$d/lib" "$d/state"
+    cp "$REPO/target/release/libcuda_test_double.so" "$d/lib/libcuda.so.1"
+    cp "$REPO/target/release/libnvml_test_double.so" "$d/lib/libnvidia-ml.so.1"
+    cat >"$d/gpus.json" <<JSON
+{"driver_version":"580.159.04","cuda_driver_version":13000,"gpus":[
+ {"uuid":"$SIM_G0","pci_bus_id":"0000:06:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":0,"name":"NVIDIA H200 (simulated)","memory_total":1073741824},
+ {"uuid":"$SIM_G1","pci_bus_id":"0000:07:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":1,"name":"NVIDIA H200 (simulated)","memory_total":1073741824}]}
+JSON
 }
 
 pick_mode() {
@@ -173,6 +203,7 @@ main() {
         ;;
     sim)
         say "mode sim: the simulated NVIDIA stack (test doubles, not a GPU) under CRIU in the trixie root"
+        sim_stack_setup
         local env_lines=()
         mapfile -t env_lines < <(sim_stack_env)
         env "${env_lines[@]}" bash tests/criu-root.sh run --bind "$work" -- \
