@@ -80,3 +80,9 @@ fn preflight_refusal_then_automatic_map() {
 fn two_process_tree_swapped() {
     run_case("two-procs");
 }
+
+/// The dump adds the plugin to CRIU's image inventory: CRIU refuses a restore without it.
+#[test]
+fn restore_without_the_plugin_is_refused_by_criu() {
+    run_case("no-plugin");
+}

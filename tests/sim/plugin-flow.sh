@@ -150,6 +150,20 @@ refuse)
     # The environment names the GPU the process now runs on, for its children.
     tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "CUDA_VISIBLE_DEVICES=$G1" || fail "CUDA_VISIBLE_DEVICES was not rewritten to $G1"
     ;;
+no-plugin)
+    # The dump lists the plugin in CRIU's image inventory: a restore without it must fail clearly
+    # instead of resuming a process whose GPU state was never restored. Then with it, it works.
+    pid=$(start "$WORK/w0" 0)
+    dump "$WORK/img" "$pid"
+    mkdir -p "$WORK/no-plugins"
+    if criu restore -d -D "$WORK/img" --libdir "$WORK/no-plugins" -v4 -o restore-without.log; then
+        fail "a restore without the plugin succeeded"
+    fi
+    grep -q "Missing required plugin" "$WORK/img/restore-without.log" || fail "CRIU did not name the missing plugin"
+    restore "$WORK/img" || fail "criu restore with the plugin failed"
+    go "$WORK/w0" 1 >/dev/null
+    check_agree "$WORK/w0" 1
+    ;;
 two-procs)
     # One tree: a shell with two workloads, one per GPU. Dump and restore it whole, swapped.
     (
