@@ -20,7 +20,13 @@ fn run_case(case: &str) {
     let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(root) = support::criu_root_or_skip(&format!("sim_flow::{case}")) else { return };
     let bin = target_dir();
-    for f in ["libcriu_cuda_migrate.so", "ccm-sample-workload", "libcuda_test_double.so", "libnvml_test_double.so"] {
+    for f in [
+        "libcriu_cuda_migrate.so",
+        "ccm-sample-workload",
+        "criu-cuda-migrate",
+        "libcuda_test_double.so",
+        "libnvml_test_double.so",
+    ] {
         assert!(
             bin.join(f).exists(),
             "{} is missing: run `cargo build --workspace` first (tests/run-all.sh does)",
@@ -50,7 +56,8 @@ fn same_gpus() {
     run_case("same");
 }
 
-/// Restore with the swap map: the stale PCI words are rewritten from the sites recorded at dump.
+/// Restore with the swap map: the stale PCI words are rewritten from the sites recorded at dump;
+/// `criu-cuda-migrate inspect` and `preflight` read the same images.
 #[test]
 fn swap_is_reconciled() {
     run_case("swap");
@@ -85,4 +92,10 @@ fn two_process_tree_swapped() {
 #[test]
 fn restore_without_the_plugin_is_refused_by_criu() {
     run_case("no-plugin");
+}
+
+/// Three GPUs moved in a cycle: one snapshot of the sites, every ordinal on its new GPU.
+#[test]
+fn three_gpu_cycle() {
+    run_case("cycle3");
 }

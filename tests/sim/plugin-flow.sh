@@ -14,6 +14,7 @@ CASE=${2:?usage: plugin-flow.sh BIN_DIR CASE}
 WORK=${CCM_FLOW_WORK:-/tmp/ccm-flow-$CASE}
 G0=GPU-5e110000-aabb-ccdd-0001-020304050600
 G1=GPU-5e110001-aabb-ccdd-0001-020304050601
+G2=GPU-5e110002-aabb-ccdd-0001-020304050602
 
 fail() {
     echo "plugin-flow[$CASE]: FAIL: $*" >&2
@@ -31,7 +32,8 @@ cp "$BIN/libcriu_cuda_migrate.so" "$WORK/plugins/"
 cat >"$WORK/gpus.json" <<JSON
 {"driver_version":"580.159.04","cuda_driver_version":13000,"gpus":[
  {"uuid":"$G0","pci_bus_id":"0000:06:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":0,"name":"NVIDIA H200","memory_total":1073741824},
- {"uuid":"$G1","pci_bus_id":"0000:07:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":1,"name":"NVIDIA H200","memory_total":1073741824}]}
+ {"uuid":"$G1","pci_bus_id":"0000:07:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":1,"name":"NVIDIA H200","memory_total":1073741824}$(
+    [ "$CASE" = cycle3 ] && printf ',\n {"uuid":"%s","pci_bus_id":"0000:08:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":2,"name":"NVIDIA H200","memory_total":1073741824}' "$G2")]}
 JSON
 export LD_LIBRARY_PATH=$WORK/lib CCM_SIM_CONFIG=$WORK/gpus.json CCM_SIM_STATE_DIR=$WORK/state
 export CRIU_CUDA_MIGRATE_LIBNVML=$WORK/lib/libnvidia-ml.so.1
@@ -110,6 +112,18 @@ swap | swap-noreconcile)
     if [ "$CASE" = swap ]; then
         check_agree "$WORK/w0" 1
         grep -q "sites recorded at dump" "$WORK/img/restore.log" || fail "restore did not use the recorded sites"
+        # The tool reads the same images: the GPUs, and the report the plugin left next to them.
+        "$BIN/criu-cuda-migrate" inspect "$WORK/img" >"$WORK/inspect.txt" || fail "criu-cuda-migrate inspect failed"
+        grep -q "cuda:0" "$WORK/inspect.txt" && grep -q "sites rewritten" "$WORK/inspect.txt" ||
+            fail "inspect lacks the GPUs or the restore report: $(cat "$WORK/inspect.txt")"
+        "$BIN/criu-cuda-migrate" --json inspect "$WORK/img" | grep -q '"processes"' || fail "inspect --json failed"
+        "$BIN/criu-cuda-migrate" preflight "$WORK/img" --device-map "$G0=$G1,$G1=$G0" >"$WORK/preflight.txt" ||
+            fail "preflight refused a valid map: $(cat "$WORK/preflight.txt")"
+        grep -q "preflight passed" "$WORK/preflight.txt" || fail "preflight output: $(cat "$WORK/preflight.txt")"
+        if "$BIN/criu-cuda-migrate" preflight "$WORK/img" --usable-gpus "$G1" >"$WORK/preflight2.txt"; then
+            fail "preflight accepted 1 usable GPU for a process that uses 2"
+        fi
+        grep -q "preflight refused" "$WORK/preflight2.txt" || fail "preflight refusal output: $(cat "$WORK/preflight2.txt")"
     else
         grep -q '"all_agree": *false' "$r" || fail "without reconciliation the bug must show: $(cat "$r")"
     fi
@@ -149,6 +163,18 @@ refuse)
     [ "$uuid0" = "$G1" ] || fail "automatic map put ordinal 0 on $uuid0, expected $G1"
     # The environment names the GPU the process now runs on, for its children.
     tr '\0' '\n' <"/proc/$pid/environ" | grep -qx "CUDA_VISIBLE_DEVICES=$G1" || fail "CUDA_VISIBLE_DEVICES was not rewritten to $G1"
+    ;;
+cycle3)
+    # Three GPUs moved in a cycle (0->1, 1->2, 2->0): rewritten from one snapshot of the sites.
+    pid=$(start "$WORK/w0" 0,1,2)
+    dump "$WORK/img" "$pid"
+    export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G2,$G2=$G0"
+    restore "$WORK/img" || fail "criu restore failed"
+    go "$WORK/w0" 1 >/dev/null
+    check_agree "$WORK/w0" 1
+    [ "$(ordinal_uuid "$WORK/w0/report1.json" 0)" = "$G1" ] || fail "ordinal 0 not on $G1"
+    [ "$(ordinal_uuid "$WORK/w0/report1.json" 1)" = "$G2" ] || fail "ordinal 1 not on $G2"
+    [ "$(ordinal_uuid "$WORK/w0/report1.json" 2)" = "$G0" ] || fail "ordinal 2 not on $G0"
     ;;
 no-plugin)
     # The dump lists the plugin in CRIU's image inventory: a restore without it must fail clearly

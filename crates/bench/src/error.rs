@@ -54,6 +54,9 @@ pub enum BenchError {
         source: serde_json::Error,
     },
 
+    #[error("{cause}; rolling back failed too: {left}")]
+    LeftBehind { cause: Box<BenchError>, left: String },
+
     #[error("cannot write the result: {0}")]
     Output(#[from] serde_json::Error),
 }

@@ -73,10 +73,6 @@ impl Controller {
         Ok(Controller { api, lock_timeout_ms, load_s, cuinit_s: secs(init.elapsed) })
     }
 
-    pub fn api(&self) -> &CheckpointApi {
-        &self.api
-    }
-
     /// Runs `repeats` full sequences on `pids` and collects the times.
     pub fn run(&self, pids: &[i32], repeats: u32) -> Result<FloorResult, BenchError> {
         let mut out = Vec::new();
@@ -196,10 +192,7 @@ impl Controller {
                     )
                 })
                 .collect();
-            handles
-                .into_iter()
-                .map(|(pid, h)| h.join().map_err(|_| BenchError::ThreadPanicked { what, pid }))
-                .collect()
+            handles.into_iter().map(|(pid, h)| h.join().map_err(|_| BenchError::ThreadPanicked { what, pid })).collect()
         })
     }
 

@@ -1,0 +1,455 @@
+#!/usr/bin/env bash
+# Fault injection: the plugin under REAL CRIU on the TEST DOUBLES, one CASE per failure it can meet.
+# For each case it checks the outcome CRIU reports, the error line the user sees in CRIU's log, and the
+# CUDA state of every process afterwards (through the double's controller `ccm-sim-ctl PID state`):
+#   - dump side: whatever fails, every process the plugin touched is back as it was (RUNNING);
+#   - restore side: no process is left LOCKED or CHECKPOINTED without a line naming its pid and
+#     `criu-cuda-migrate recover --pid N`, and the identity images are never modified.
+#
+# Runs inside the trixie root: tests/criu-root.sh run tests/sim/faults.sh BIN_DIR CASE
+#   BIN_DIR  cargo's target dir: libcriu_cuda_migrate.so, ccm-sample-workload, ccm-sim-ctl,
+#            criu-cuda-migrate (the CLI), libcuda_test_double.so, libnvml_test_double.so
+#   CASE     lock-timeout | checkpoint-fail-one-of-two | restore-fail | unlock-fail | nvml-missing-dump |
+#            nvml-missing-restore | libcuda-missing-dump | libcuda-missing-restore | image-missing |
+#            image-truncated | image-newer-version | map-unknown-gpu | sites-moved-strict |
+#            sites-moved-permissive | criu-killed-mid-dump | leave-running
+# Prints `SEEN <line>` (the error line the user sees), `STATE pid=N <state>` (every process after) and
+# `FAULT <case> OK`, exit 0, when the case behaves as documented in docs/RELIABILITY.md; exits 1 with
+# the relevant logs otherwise.
+set -euo pipefail
+
+BIN=${1:?usage: faults.sh BIN_DIR CASE}
+CASE=${2:?usage: faults.sh BIN_DIR CASE}
+WORK=${CCM_FAULT_WORK:-/tmp/ccm-fault-$CASE}
+G0=GPU-5e110000-aabb-ccdd-0001-020304050600
+G1=GPU-5e110001-aabb-ccdd-0001-020304050601
+# A well-formed UUID that is no GPU of the simulated node.
+UNKNOWN_GPU=GPU-0badc0de-0000-0000-0000-000000000000
+
+fail() {
+    echo "faults[$CASE]: FAIL: $*" >&2
+    for f in "$WORK"/w*.out "$WORK"/*.out "$WORK"/img*/dump.log "$WORK"/img*/restore.log; do
+        [ -f "$f" ] && { echo "----- $f" >&2; grep -E "criu-cuda-migrate|Error|rror \(|CTL" "$f" | tail -n 60 >&2; }
+    done
+    exit 1
+}
+
+rm -rf "$WORK"
+mkdir -p "$WORK/lib" "$WORK/state" "$WORK/plugins" "$WORK/w0" "$WORK/w1"
+cp "$BIN/libcuda_test_double.so" "$WORK/lib/libcuda.so.1"
+cp "$BIN/libnvml_test_double.so" "$WORK/lib/libnvidia-ml.so.1"
+cp "$BIN/libcriu_cuda_migrate.so" "$WORK/plugins/"
+cat >"$WORK/gpus.json" <<JSON
+{"driver_version":"580.159.04","cuda_driver_version":13000,"gpus":[
+ {"uuid":"$G0","pci_bus_id":"0000:06:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":0,"name":"NVIDIA H200","memory_total":1073741824},
+ {"uuid":"$G1","pci_bus_id":"0000:07:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":1,"name":"NVIDIA H200","memory_total":1073741824}]}
+JSON
+export LD_LIBRARY_PATH=$WORK/lib CCM_SIM_CONFIG=$WORK/gpus.json CCM_SIM_STATE_DIR=$WORK/state
+export CRIU_CUDA_MIGRATE_LIBNVML=$WORK/lib/libnvidia-ml.so.1
+unset CUDA_VISIBLE_DEVICES CCM_SIM_VISIBLE CCM_SIM_FAULTS CRIU_CUDA_MIGRATE_DEVICE_MAP CRIU_CUDA_MIGRATE_USABLE_GPUS \
+    CRIU_CUDA_MIGRATE_MODE CRIU_CUDA_MIGRATE_LIBCUDA CRIU_CUDA_MIGRATE_DISABLE CRIU_CUDA_MIGRATE_RECONCILE \
+    CRIU_CUDA_MIGRATE_LEAVE_RUNNING
+
+# Every process this script starts is recorded here and killed at exit (by pid, after checking it is
+# still ours), so a failed case leaves nothing behind.
+: >"$WORK/started"
+cleanup() {
+    local p
+    while read -r p; do
+        [ -n "$p" ] || continue
+        if grep -qa -e ccm-sample-workload -e ccm-fault-loop "/proc/$p/cmdline" 2>/dev/null; then
+            kill -9 "$p" 2>/dev/null || true
+        fi
+    done <"$WORK/started"
+}
+trap cleanup EXIT
+
+# close_fds: the processes CRIU dumps must not inherit descriptors of files outside the root.
+close_fds() {
+    local fd
+    for fd in /proc/self/fd/*; do
+        fd=${fd##*/}
+        [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null || true
+    done
+}
+
+# start DIR DEVICES: a workload leading its own session; prints its pid once its data is on the GPUs.
+# The caller's environment goes with it (CCM_SIM_FAULTS=... start ... gives it its own fault knobs).
+start() {
+    local dir=$1 devices=$2
+    (
+        close_fds
+        exec setsid "$BIN/ccm-sample-workload" --dir "$dir" --mib 8 --devices "$devices" --rounds 4 </dev/null >"$dir.out" 2>&1
+    ) &
+    disown $!
+    for _ in $(seq 200); do [ -s "$dir/ready" ] && break; sleep 0.05; done
+    [ -s "$dir/ready" ] || fail "workload in $dir did not get ready"
+    cat "$dir/ready" >>"$WORK/started"
+    cat "$dir/ready"
+}
+
+# start_tree: one tree, a shell holding two workloads (w0 on GPU 0, w1 on GPU 1); prints the shell's pid.
+# W0_FAULTS: fault knobs of w0 alone (the process that serves a checkpoint call reads its own knobs).
+start_tree() {
+    (
+        close_fds
+        exec setsid bash -c 'CCM_SIM_FAULTS="$2" "$0" --dir "$1/w0" --mib 8 --devices 0 --rounds 2 >"$1/w0.out" 2>&1 &
+            "$0" --dir "$1/w1" --mib 8 --devices 1 --rounds 2 >"$1/w1.out" 2>&1 &
+            wait' "$BIN/ccm-sample-workload" "$WORK" "${W0_FAULTS:-}" </dev/null >"$WORK/tree.out" 2>&1
+    ) &
+    local root=$!
+    disown $root
+    for _ in $(seq 200); do [ -s "$WORK/w0/ready" ] && [ -s "$WORK/w1/ready" ] && break; sleep 0.05; done
+    [ -s "$WORK/w0/ready" ] && [ -s "$WORK/w1/ready" ] || fail "tree did not get ready"
+    cat "$WORK/w0/ready" "$WORK/w1/ready" >>"$WORK/started"
+    echo "$root"
+}
+
+# start_plain: a process without CUDA (a shell loop); prints its pid.
+start_plain() {
+    (
+        close_fds
+        exec setsid bash -c 'echo $$ >"$1.tmp" && mv "$1.tmp" "$1"; while :; do sleep 0.1; done' ccm-fault-loop "$WORK/plain.pid" \
+            </dev/null >/dev/null 2>&1
+    ) &
+    disown $!
+    for _ in $(seq 200); do [ -s "$WORK/plain.pid" ] && break; sleep 0.05; done
+    [ -s "$WORK/plain.pid" ] || fail "plain process did not start"
+    cat "$WORK/plain.pid" >>"$WORK/started"
+    cat "$WORK/plain.pid"
+}
+
+# go DIR ROUND: lets the workload report and waits for its report (it must be RUNNING to answer).
+go() {
+    local dir=$1 k=$2
+    : >"$dir/go$k"
+    for _ in $(seq 200); do [ -e "$dir/done$k" ] && break; sleep 0.05; done
+    [ -e "$dir/done$k" ] || fail "no report $k from $dir: the workload does not run"
+}
+
+check_agree() { # DIR ROUND
+    local r="$1/report$2.json"
+    grep -q '"all_data_ok": *true' "$r" || fail "data not intact in $r: $(cat "$r")"
+    grep -q '"all_agree": *true' "$r" || fail "identity disagrees in $r: $(cat "$r")"
+}
+
+# dump IMG PID [CRIU ARGS...]: runs criu dump; returns CRIU's exit status (never fails the script).
+dump() {
+    local img=$1 pid=$2
+    shift 2
+    mkdir -p "$img"
+    local rc=0
+    criu dump -t "$pid" -D "$img" --libdir "$WORK/plugins" -v4 -o dump.log "$@" || rc=$?
+    return $rc
+}
+# dump_ok IMG PID: a dump that must succeed; waits until the dumped pids are free for the restore.
+dump_ok() {
+    dump "$1" "$2" || fail "criu dump failed"
+    local core p
+    for core in "$1"/core-*.img; do
+        p=${core##*/core-}
+        p=${p%.img}
+        wait_gone "$p" || fail "pid $p survived criu dump"
+    done
+}
+restore() { # IMG: returns CRIU's exit status
+    local rc=0
+    criu restore -d -D "$1" --libdir "$WORK/plugins" -v4 -o restore.log || rc=$?
+    return $rc
+}
+wait_gone() { # PID: 0 once the pid no longer exists (10 s at most)
+    for _ in $(seq 200); do [ -d "/proc/$1" ] || return 0; sleep 0.05; done
+    return 1
+}
+
+# state PID: RUNNING, LOCKED, CHECKPOINTED (the double's CUDA state of a live process), GONE, or UNKNOWN.
+state() {
+    [ -d "/proc/$1" ] || { echo GONE; return; }
+    local n
+    n=$("$BIN/ccm-sim-ctl" "$1" state 2>/dev/null | sed -n 's/^CTL state=//p' | head -n1)
+    case $n in
+    0) echo RUNNING ;;
+    1) echo LOCKED ;;
+    2) echo CHECKPOINTED ;;
+    *) echo UNKNOWN ;;
+    esac
+}
+# expect_state PID STATE...: the process's state must be one of these; prints the STATE line.
+expect_state() {
+    local pid=$1 st
+    shift
+    st=$(state "$pid")
+    echo "STATE pid=$pid $st"
+    local want
+    for want in "$@"; do [ "$st" = "$want" ] && return 0; done
+    fail "pid $pid is $st, expected $*"
+}
+# seen LOG REGEX: the log must hold a line matching REGEX; prints it (without CRIU's timestamp) as SEEN.
+seen() {
+    local line
+    line=$(grep -E -m1 -- "$2" "$1" 2>/dev/null) || fail "no line matching /$2/ in $1"
+    echo "SEEN ${line#*) }"
+}
+# not_stuck_silently LOG PID...: a process left LOCKED or CHECKPOINTED must be named by an error line that
+# says what to run.
+not_stuck_silently() {
+    local log=$1 pid st
+    shift
+    for pid in "$@"; do
+        st=$(state "$pid")
+        case $st in
+        LOCKED | CHECKPOINTED)
+            grep -qE "pid $pid .*criu-cuda-migrate recover --pid $pid" "$log" ||
+                fail "pid $pid is left $st and $log has no line naming it with \`criu-cuda-migrate recover --pid $pid\`"
+            ;;
+        esac
+    done
+}
+images_sum() { sha256sum "$1"/cuda-migrate-*.img | sha256sum; }
+# recover PID: the CLI brings a process left LOCKED or CHECKPOINTED back to RUNNING.
+recover() {
+    "$BIN/criu-cuda-migrate" recover --pid "$1" >"$WORK/recover-$1.out" 2>&1 || fail "criu-cuda-migrate recover --pid $1 failed: $(cat "$WORK/recover-$1.out")"
+    echo "RECOVER $(tr '\n' ';' <"$WORK/recover-$1.out")"
+}
+# refused_cleanly IMG PID SUM REGEX: a restore refused in preflight: CRIU fails, the refusal names the
+# cause, nothing was restored and the images are byte-identical.
+refused_cleanly() {
+    local img=$1 pid=$2 sum=$3 why=$4
+    if restore "$img"; then fail "restore was not refused"; fi
+    seen "$img/restore.log" "restore refused before anything was restored: .*$why"
+    [ -d "/proc/$pid" ] && fail "a refused restore left pid $pid behind"
+    expect_state "$pid" GONE
+    [ "$(images_sum "$img")" = "$sum" ] || fail "identity images changed after a refused restore"
+}
+# restore_works IMG PID DIR ROUND: a restore that must bring the workload back with its data and identity.
+restore_works() {
+    restore "$1" || fail "criu restore failed"
+    expect_state "$2" RUNNING
+    go "$3" "$4"
+    check_agree "$3" "$4"
+}
+
+case $CASE in
+lock-timeout)
+    # The driver does not lock in time: PAUSE_DEVICES fails, CRIU aborts the dump, nothing changed.
+    pid=$(start "$WORK/w0" 0,1)
+    echo lock-timeout >"$WORK/state/faults"
+    if dump "$WORK/img" "$pid" --timeout 2; then fail "the dump succeeded although the lock timed out"; fi
+    rm -f "$WORK/state/faults"
+    seen "$WORK/img/dump.log" "PAUSE_DEVICES\(pid $pid\) failed: .*CUDA_ERROR_NOT_READY"
+    expect_state "$pid" RUNNING
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+checkpoint-fail-one-of-two)
+    # One process of a two-process tree fails its checkpoint; the other was already checkpointed.
+    root=$(W0_FAULTS=checkpoint-fail start_tree)
+    p0=$(cat "$WORK/w0/ready")
+    p1=$(cat "$WORK/w1/ready")
+    if dump "$WORK/img" "$root"; then fail "the dump succeeded although a checkpoint failed"; fi
+    seen "$WORK/img/dump.log" "CHECKPOINT_DEVICES\(pid $p0\) failed: .*CUDA_ERROR_UNKNOWN"
+    seen "$WORK/img/dump.log" "pid $p1: rolled back: cuCheckpointProcessRestore"
+    expect_state "$p0" RUNNING
+    expect_state "$p1" RUNNING
+    [ -d "/proc/$root" ] || fail "the tree's root $root did not survive the failed dump"
+    go "$WORK/w0" 1
+    go "$WORK/w1" 1
+    check_agree "$WORK/w0" 1
+    check_agree "$WORK/w1" 1
+    ;;
+restore-fail)
+    # The driver's restore fails: the process stays CHECKPOINTED with an error line naming the fix;
+    # the CLI's recover brings it back.
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    sum=$(images_sum "$WORK/img")
+    echo restore-fail >"$WORK/state/faults"
+    restore "$WORK/img" && rc=0 || rc=$?
+    rm -f "$WORK/state/faults"
+    echo "CRIU restore rc=$rc"
+    seen "$WORK/img/restore.log" "pid $pid is left CHECKPOINTED: .*criu-cuda-migrate recover --pid $pid"
+    [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "identity images changed"
+    expect_state "$pid" CHECKPOINTED
+    not_stuck_silently "$WORK/img/restore.log" "$pid"
+    recover "$pid"
+    expect_state "$pid" RUNNING
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+unlock-fail)
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    echo unlock-fail >"$WORK/state/faults"
+    restore "$WORK/img" && rc=0 || rc=$?
+    rm -f "$WORK/state/faults"
+    echo "CRIU restore rc=$rc"
+    seen "$WORK/img/restore.log" "pid $pid is left LOCKED: .*criu-cuda-migrate recover --pid $pid"
+    expect_state "$pid" LOCKED
+    not_stuck_silently "$WORK/img/restore.log" "$pid"
+    recover "$pid"
+    expect_state "$pid" RUNNING
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+nvml-missing-dump)
+    # NVML cannot be initialised in CRIU at dump.
+    pid=$(start "$WORK/w0" 0,1)
+    CCM_SIM_FAULTS=nvml-missing dump "$WORK/img" "$pid" && rc=0 || rc=$?
+    echo "CRIU dump rc=$rc"
+    seen "$WORK/img/dump.log" "NVML"
+    if [ "$rc" = 0 ]; then
+        # The dump went through: the restore must still bring the process back on its GPUs.
+        wait_gone "$pid" || fail "pid $pid survived criu dump"
+        restore_works "$WORK/img" "$pid" "$WORK/w0" 1
+    else
+        expect_state "$pid" RUNNING
+        go "$WORK/w0" 1
+        check_agree "$WORK/w0" 1
+    fi
+    ;;
+nvml-missing-restore)
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    sum=$(images_sum "$WORK/img")
+    export CCM_SIM_FAULTS=nvml-missing
+    refused_cleanly "$WORK/img" "$pid" "$sum" "NVML"
+    unset CCM_SIM_FAULTS
+    restore_works "$WORK/img" "$pid" "$WORK/w0" 1
+    ;;
+libcuda-missing-dump)
+    # No libcuda for CRIU: the plugin disables itself and a plain process dumps and restores as before.
+    pid=$(start_plain)
+    export CRIU_CUDA_MIGRATE_LIBCUDA=$WORK/no-such-dir/libcuda.so.1
+    dump "$WORK/img" "$pid" || fail "dump of a plain process failed without libcuda"
+    seen "$WORK/img/dump.log" "criu-cuda-migrate: disabled: .*libcuda"
+    ls "$WORK"/img/cuda-migrate-*.img >/dev/null 2>&1 && fail "an identity image was written for a plain process"
+    wait_gone "$pid" || fail "pid $pid survived criu dump"
+    restore "$WORK/img" || fail "restore of a plain process failed without libcuda"
+    [ -d "/proc/$pid" ] || fail "plain process $pid was not restored"
+    echo "STATE pid=$pid ALIVE (no CUDA)"
+    ;;
+libcuda-missing-restore)
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    sum=$(images_sum "$WORK/img")
+    export CRIU_CUDA_MIGRATE_LIBCUDA=$WORK/no-such-dir/libcuda.so.1
+    refused_cleanly "$WORK/img" "$pid" "$sum" "libcuda"
+    unset CRIU_CUDA_MIGRATE_LIBCUDA
+    restore_works "$WORK/img" "$pid" "$WORK/w0" 1
+    ;;
+image-missing)
+    # The identity image is lost between dump and restore.
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    mv "$WORK/img/cuda-migrate-$pid.img" "$WORK/saved.img"
+    if restore "$WORK/img"; then
+        echo "CRIU restore rc=0"
+        not_stuck_silently "$WORK/img/restore.log" "$pid"
+        expect_state "$pid" RUNNING GONE
+    else
+        seen "$WORK/img/restore.log" "restore refused before anything was restored: .*cuda-migrate"
+        expect_state "$pid" GONE
+    fi
+    ;;
+image-truncated | image-newer-version)
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    img=$WORK/img/cuda-migrate-$pid.img
+    cp -p "$img" "$WORK/good.img"
+    if [ "$CASE" = image-truncated ]; then
+        truncate -s 100 "$img"
+        why="truncated.*re-dump"
+    else
+        # Format version (u16 LE at offset 8) = 2: read before the checksum, so no CRC fix-up is needed.
+        printf '\002\000' | dd of="$img" bs=1 seek=8 conv=notrunc status=none
+        why="format version 2 is newer than this plugin reads.*upgrade criu-cuda-migrate"
+    fi
+    sum=$(images_sum "$WORK/img")
+    refused_cleanly "$WORK/img" "$pid" "$sum" "$why"
+    # Put the good image back: the same directory restores.
+    cp -p "$WORK/good.img" "$img"
+    restore_works "$WORK/img" "$pid" "$WORK/w0" 1
+    ;;
+map-unknown-gpu)
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    sum=$(images_sum "$WORK/img")
+    export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$UNKNOWN_GPU,$G1=$G0"
+    refused_cleanly "$WORK/img" "$pid" "$sum" "$UNKNOWN_GPU"
+    unset CRIU_CUDA_MIGRATE_DEVICE_MAP
+    restore_works "$WORK/img" "$pid" "$WORK/w0" 1
+    ;;
+sites-moved-strict | sites-moved-permissive)
+    # The memory the dump recorded no longer holds GPU 0's PCI words: every copy of them is overwritten in
+    # CRIU's page images between dump and restore. A swap restore cannot reconcile GPU 0.
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    sum=$(images_sum "$WORK/img")
+    # G0's six words {0, 6, 0, 0, 0x233510de, 0x18bf10de}, little endian; the bus becomes 0x66.
+    n=$(perl -0777 -e '
+        my $n = 0;
+        for my $f (@ARGV) {
+            open(my $h, "+<:raw", $f) or die "$f: $!";
+            local $/; my $d = <$h>;
+            my $c = ($d =~ s/\x00{4}\x06\x00{11}\xde\x10\x35\x23\xde\x10\xbf\x18/\x00{4}\x66\x00{11}\xde\x10\x35\x23\xde\x10\xbf\x18/g);
+            $n += $c || 0;
+            seek($h, 0, 0); print $h $d; close($h);
+        }
+        print $n;' "$WORK"/img/pages-*.img)
+    [ "$n" -gt 0 ] || fail "found no copy of GPU 0's PCI words in the page images"
+    echo "CORRUPTED $n copies of GPU 0's PCI words"
+    export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
+    if [ "$CASE" = sites-moved-strict ]; then
+        if restore "$WORK/img"; then fail "strict mode restored a process whose identity is inconsistent"; fi
+        seen "$WORK/img/restore.log" "pid $pid: GPU identity is inconsistent after restore: "
+        seen "$WORK/img/restore.log" "strict mode: killed the restored tree"
+        wait_gone "$pid" || true
+        expect_state "$pid" GONE
+    else
+        export CRIU_CUDA_MIGRATE_MODE=permissive
+        restore "$WORK/img" || fail "permissive mode failed the restore"
+        seen "$WORK/img/restore.log" "pid $pid: GPU identity is inconsistent after restore \(permissive mode: it resumes anyway\)"
+        expect_state "$pid" RUNNING
+        go "$WORK/w0" 1
+        grep -q '"all_data_ok": *true' "$WORK/w0/report1.json" || fail "data not intact"
+    fi
+    [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "identity images changed"
+    ;;
+criu-killed-mid-dump)
+    # CRIU dies (SIGKILL) while the driver checkpoints: the process is left LOCKED with nobody to say so.
+    # The next run finds it that way; `criu-cuda-migrate recover` brings it back.
+    pid=$(start "$WORK/w0" 0,1)
+    # The restore thread stops answering, so CHECKPOINT_DEVICES waits in the driver call.
+    echo restore-thread-stall >"$WORK/state/faults"
+    mkdir -p "$WORK/img"
+    criu dump -t "$pid" -D "$WORK/img" --libdir "$WORK/plugins" -v4 -o dump.log &
+    criu_pid=$!
+    for _ in $(seq 200); do grep -q "pid $pid: identity:" "$WORK/img/dump.log" 2>/dev/null && break; sleep 0.05; done
+    grep -q "pid $pid: identity:" "$WORK/img/dump.log" || fail "CRIU never reached CHECKPOINT_DEVICES"
+    sleep 0.3
+    kill -9 "$criu_pid"
+    wait "$criu_pid" 2>/dev/null || true
+    rm -f "$WORK/state/faults"
+    # Once CRIU is gone the task is no longer traced; give the kernel a moment to detach it.
+    for _ in $(seq 100); do grep -q "^TracerPid:[[:space:]]*0$" "/proc/$pid/status" && break; sleep 0.05; done
+    expect_state "$pid" LOCKED CHECKPOINTED
+    echo "PROC $(grep -E '^(State|TracerPid):' "/proc/$pid/status" | tr -s '\t\n' ' ')"
+    recover "$pid"
+    expect_state "$pid" RUNNING
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+leave-running)
+    pid=$(start "$WORK/w0" 0,1)
+    dump "$WORK/img" "$pid" --leave-running || fail "criu dump --leave-running failed"
+    [ -f "$WORK/img/cuda-migrate-$pid.img" ] || fail "no identity image written"
+    seen "$WORK/img/dump.log" "rolling back 1 CUDA process\(es\): --leave-running"
+    expect_state "$pid" RUNNING
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+*)
+    fail "unknown case"
+    ;;
+esac
+echo "FAULT $CASE OK"
