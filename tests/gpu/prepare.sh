@@ -4,6 +4,7 @@
 #
 #   .device/plugin/libcriu_cuda_migrate.so   the CRIU plugin (run.sh gives CRIU a libdir holding only it)
 #   .device/bin/ccm-sample-workload          the sample CUDA workload
+#   .device/bin/ccm-bench                    the benchmark controller (bench/run-gpu.sh)
 #   .device/bin/criu-cuda-migrate            the CLI, when crates/cli builds (optional)
 #   .device/criu-debs/*.deb                  CRIU 4.1.1 and its libraries (unpacked there by run.sh)
 #   .device/MANIFEST                         git revision, build time, sha256 of every file
@@ -33,7 +34,7 @@ find_debs() {
 DEBS=$(find_debs) || { echo "prepare: no CRIU .debs found; set CRIU_DEBS=DIR (shared/device/criu-debs)" >&2; exit 1; }
 
 echo "prepare: building the plugin and the sample workload (release)"
-cargo build --release -p criu-cuda-migrate -p ccm-workload
+cargo build --release -p criu-cuda-migrate -p ccm-workload -p ccm-bench
 
 CLI_BUILT=0
 if cargo metadata --format-version 1 --no-deps 2>/dev/null | grep -q '"name":"ccm-cli"'; then
@@ -48,6 +49,7 @@ rm -rf "${DEST:?}/plugin" "${DEST:?}/bin" "${DEST:?}/criu-debs" "${DEST:?}/MANIF
 mkdir -p "$DEST/plugin" "$DEST/bin" "$DEST/criu-debs"
 cp target/release/libcriu_cuda_migrate.so "$DEST/plugin/"
 cp target/release/ccm-sample-workload "$DEST/bin/"
+cp target/release/ccm-bench "$DEST/bin/"
 if ((CLI_BUILT)) && [[ -x target/release/criu-cuda-migrate ]]; then
     cp target/release/criu-cuda-migrate "$DEST/bin/"
 fi

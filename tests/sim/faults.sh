@@ -89,13 +89,15 @@ start() {
 }
 
 # start_tree: one tree, a shell holding two workloads (w0 on GPU 0, w1 on GPU 1); prints the shell's pid.
-# W0_FAULTS: fault knobs of w0 alone (the process that serves a checkpoint call reads its own knobs).
+# W0_FAULTS, W1_FAULTS: fault knobs of w0 or w1 alone (the process that serves a checkpoint call reads its
+# own knobs). w1 starts after w0, so w0 has the lower pid and CRIU asks about it first.
 start_tree() {
     (
         close_fds
         exec setsid bash -c 'CCM_SIM_FAULTS="$2" "$0" --dir "$1/w0" --mib 8 --devices 0 --rounds 2 >"$1/w0.out" 2>&1 &
-            "$0" --dir "$1/w1" --mib 8 --devices 1 --rounds 2 >"$1/w1.out" 2>&1 &
-            wait' "$BIN/ccm-sample-workload" "$WORK" "${W0_FAULTS:-}" </dev/null >"$WORK/tree.out" 2>&1
+            sleep 0.2
+            CCM_SIM_FAULTS="$3" "$0" --dir "$1/w1" --mib 8 --devices 1 --rounds 2 >"$1/w1.out" 2>&1 &
+            wait' "$BIN/ccm-sample-workload" "$WORK" "${W0_FAULTS:-}" "${W1_FAULTS:-}" </dev/null >"$WORK/tree.out" 2>&1
     ) &
     local root=$!
     disown $root
@@ -300,6 +302,12 @@ nvml-missing-dump)
     if [ "$rc" = 0 ]; then
         # The dump went through: the restore must still bring the process back on its GPUs.
         wait_gone "$pid" || fail "pid $pid survived criu dump"
+        sum=$(images_sum "$WORK/img")
+        # The image recorded no GPU identity, so it cannot be migrated: a restore onto other GPUs is
+        # refused in preflight, and one onto the same GPUs works.
+        export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
+        refused_cleanly "$WORK/img" "$pid" "$sum" ""
+        unset CRIU_CUDA_MIGRATE_DEVICE_MAP
         restore_works "$WORK/img" "$pid" "$WORK/w0" 1
     else
         expect_state "$pid" RUNNING
@@ -386,14 +394,17 @@ sites-moved-strict | sites-moved-permissive)
     dump_ok "$WORK/img" "$pid"
     sum=$(images_sum "$WORK/img")
     # G0's six words {0, 6, 0, 0, 0x233510de, 0x18bf10de}, little endian; the bus becomes 0x66.
-    n=$(perl -0777 -e '
+    n=$(perl -e '
+        my $old = pack("V6", 0, 6, 0, 0, 0x233510de, 0x18bf10de);
+        my $new = pack("V6", 0, 0x66, 0, 0, 0x233510de, 0x18bf10de);
         my $n = 0;
         for my $f (@ARGV) {
             open(my $h, "+<:raw", $f) or die "$f: $!";
-            local $/; my $d = <$h>;
-            my $c = ($d =~ s/\x00{4}\x06\x00{11}\xde\x10\x35\x23\xde\x10\xbf\x18/\x00{4}\x66\x00{11}\xde\x10\x35\x23\xde\x10\xbf\x18/g);
-            $n += $c || 0;
-            seek($h, 0, 0); print $h $d; close($h);
+            my $d = do { local $/; <$h> };
+            my $c = ($d =~ s/\Q$old\E/$new/g) || 0;
+            if ($c) { seek($h, 0, 0) or die; print $h $d or die; }
+            close($h) or die;
+            $n += $c;
         }
         print $n;' "$WORK"/img/pages-*.img)
     [ "$n" -gt 0 ] || fail "found no copy of GPU 0's PCI words in the page images"
@@ -416,28 +427,35 @@ sites-moved-strict | sites-moved-permissive)
     [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "identity images changed"
     ;;
 criu-killed-mid-dump)
-    # CRIU dies (SIGKILL) while the driver checkpoints: the process is left LOCKED with nobody to say so.
-    # The next run finds it that way; `criu-cuda-migrate recover` brings it back.
-    pid=$(start "$WORK/w0" 0,1)
-    # The restore thread stops answering, so CHECKPOINT_DEVICES waits in the driver call.
-    echo restore-thread-stall >"$WORK/state/faults"
+    # CRIU dies (SIGKILL) between dump hooks: PAUSE_DEVICES has locked w0 and waits for w1's lock (w1's
+    # restore thread never answers). Nobody is left to roll back: w0 stays LOCKED with no error line,
+    # because the process that would write it is gone. `criu-cuda-migrate recover` brings it back.
+    root=$(W1_FAULTS=restore-thread-stall start_tree)
+    p0=$(cat "$WORK/w0/ready")
+    p1=$(cat "$WORK/w1/ready")
     mkdir -p "$WORK/img"
-    criu dump -t "$pid" -D "$WORK/img" --libdir "$WORK/plugins" -v4 -o dump.log &
+    criu dump -t "$root" -D "$WORK/img" --libdir "$WORK/plugins" -v4 -o dump.log &
     criu_pid=$!
-    for _ in $(seq 200); do grep -q "pid $pid: identity:" "$WORK/img/dump.log" 2>/dev/null && break; sleep 0.05; done
-    grep -q "pid $pid: identity:" "$WORK/img/dump.log" || fail "CRIU never reached CHECKPOINT_DEVICES"
+    for _ in $(seq 400); do grep -q "pid $p0: CUDA process, restore thread" "$WORK/img/dump.log" 2>/dev/null && break; sleep 0.05; done
+    grep -q "pid $p0: CUDA process, restore thread" "$WORK/img/dump.log" || fail "CRIU never locked pid $p0"
     sleep 0.3
+    grep -q "cuCheckpointProcessLock" <(grep "pid $p1" "$WORK/img/dump.log") && fail "pid $p1 was locked: the stall did not hold"
     kill -9 "$criu_pid"
     wait "$criu_pid" 2>/dev/null || true
-    rm -f "$WORK/state/faults"
-    # Once CRIU is gone the task is no longer traced; give the kernel a moment to detach it.
-    for _ in $(seq 100); do grep -q "^TracerPid:[[:space:]]*0$" "/proc/$pid/status" && break; sleep 0.05; done
-    expect_state "$pid" LOCKED CHECKPOINTED
-    echo "PROC $(grep -E '^(State|TracerPid):' "/proc/$pid/status" | tr -s '\t\n' ' ')"
-    recover "$pid"
-    expect_state "$pid" RUNNING
+    # Once CRIU is gone its tasks are no longer traced.
+    for p in "$root" "$p0" "$p1"; do
+        for _ in $(seq 100); do grep -q "^TracerPid:[[:space:]]*0$" "/proc/$p/status" && break; sleep 0.05; done
+        grep -q "^TracerPid:[[:space:]]*0$" "/proc/$p/status" || fail "pid $p is still traced after CRIU died"
+    done
+    expect_state "$p0" LOCKED
+    expect_state "$p1" RUNNING
+    # The next run: recover finds pid p0 LOCKED and unlocks it.
+    recover "$p0"
+    expect_state "$p0" RUNNING
     go "$WORK/w0" 1
+    go "$WORK/w1" 1
     check_agree "$WORK/w0" 1
+    check_agree "$WORK/w1" 1
     ;;
 leave-running)
     pid=$(start "$WORK/w0" 0,1)

@@ -14,6 +14,7 @@
 
 pub mod devices;
 pub mod environ;
+pub mod fds;
 pub mod maps;
 pub mod mem;
 mod procfs;

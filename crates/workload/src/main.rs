@@ -69,7 +69,7 @@ enum WorkloadError {
 }
 
 fn main() -> ExitCode {
-    close_inherited_fds();
+    ccm_process::fds::close_inherited_fds();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,
@@ -77,20 +77,6 @@ fn main() -> ExitCode {
             eprintln!("ccm-sample-workload: error: {e}");
             ExitCode::FAILURE
         }
-    }
-}
-
-/// Closes every fd above stdio that the process inherited.
-///
-/// CRIU must be able to dump this process, and an inherited fd it cannot restore (a file on
-/// another mount, a socket of the launcher) would fail the dump. Runs before anything of ours
-/// opens a file, so only inherited fds are affected.
-fn close_inherited_fds() {
-    // SAFETY: close_range on fds 3.. with no flags only closes descriptors; nothing in this
-    // process uses them yet (this runs first in main). An old kernel without close_range
-    // returns ENOSYS, which is harmless here.
-    unsafe {
-        libc::syscall(libc::SYS_close_range, 3 as libc::c_uint, libc::c_uint::MAX, 0 as libc::c_uint);
     }
 }
 

@@ -1,0 +1,146 @@
+#!/usr/bin/env python3
+"""Renders the results section of docs/BENCHMARKS.md from bench-results.json.
+
+  python3 bench/render-md.py RESULTS.json                  print the tables (markdown)
+  python3 bench/render-md.py RESULTS.json --doc FILE.md    replace the text between
+                                                           <!-- bench-results:begin --> and
+                                                           <!-- bench-results:end --> in FILE.md
+
+Every cell is `median (min-max)` over the repeats; goals missed say so in the row.
+"""
+
+import argparse
+import json
+import sys
+
+BEGIN = "<!-- bench-results:begin -->"
+END = "<!-- bench-results:end -->"
+
+
+def cell(s, unit="s", scale=1.0, digits=3):
+    if not s:
+        return "n/a"
+    f = f"{{:.{digits}f}}"
+    med, lo, hi = (f.format(s[k] * scale) for k in ("median", "min", "max"))
+    if s.get("n", 1) <= 1 or lo == hi:
+        return f"{med} {unit}".strip()
+    return f"{med} {unit} ({lo}-{hi})".replace(" )", ")").strip()
+
+
+def ms(s):
+    return cell(s, "ms", 1000.0, 1)
+
+
+def goal(met):
+    return {True: "met", False: "**MISSED**", None: "n/a"}[met]
+
+
+def table(head, rows):
+    out = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    out += ["| " + " | ".join(str(c) for c in r) + " |" for r in rows]
+    return "\n".join(out)
+
+
+def render(res):
+    m = res.get("meta", {})
+    parts = []
+    gpus = (m.get("gpus") or "").replace("\n", "; ")
+    parts.append(
+        f"Run: {', '.join(m.get('manifest', []) or ['revision unknown'])}; GPUs: {gpus or 'n/a'}; "
+        f"{m.get('repeats', '?')} repeats (cells: median (min-max)); images on {m.get('images_fs', '?')}; "
+        f"{m.get('criu_version', 'CRIU ?')}; whole run {m.get('elapsed_s', '?')} s.")
+
+    rows = []
+    for r in res.get("floor_vs_plugin", []):
+        f, p, g = r.get("floor", {}), r.get("plugin"), r.get("goal", {})
+        rows.append([f"{r['mib']} MiB", r.get("repeats"), cell(f.get("checkpoint_s")), cell(f.get("restore_s")),
+                     ms(f.get("lock_s")) + " / " + ms(f.get("unlock_s")), ms(f.get("cuinit_s")), cell(f.get("total_s")),
+                     cell(p["plugin_s"]) if p else "floor only", cell(p["driver_s"]) if p else "-",
+                     ms(p["overhead_s"]) if p else "-", cell(p["overhead_pct"], "%", 1.0, 2) if p else "-",
+                     (goal(g.get("met")) + f" (≤ {g['limit_s'] * 1000:.0f} ms)") if p else "-"])
+    parts.append("### 1. Driver floor vs the plugin (one process, device memory on GPU 0)\n\n" + table(
+        ["device memory", "n", "floor checkpoint", "floor restore", "floor lock / unlock", "floor cuInit",
+         "floor total", "plugin hooks (dump+restore)", "driver calls in plugin", "plugin overhead", "overhead %",
+         "goal ≤ 2% or ≤ 50 ms"], rows))
+
+    rows = []
+    for r in res.get("per_action", []):
+        rows.append([r["processes"], r.get("children"), cell(r.get("per_action_s")), cell(r.get("in_process_s")),
+                     cell(r.get("ratio"), "×", 1.0, 2), ms(r.get("per_action_overhead_s")),
+                     ms(r.get("per_child_overhead_s")), cell(r.get("saved_s"))])
+    parts.append("### 2. Per-action tool path vs one in-process controller (1 GiB per process)\n\n" + table(
+        ["CUDA processes", "tool runs per process", "per-action total", "in-process total", "ratio",
+         "per-action overhead", "per tool run", "saved"], rows))
+
+    p = res.get("parallel")
+    if p:
+        g = p.get("goal", {})
+        rows = [
+            ["checkpoint", cell(p.get("single_a_checkpoint_s")), cell(p.get("single_b_checkpoint_s")),
+             cell(p.get("sum_single_checkpoint_s")), cell(p.get("floor_parallel_checkpoint_s")),
+             cell(p.get("plugin_tree_checkpoint_s")), cell(p.get("plugin_tree_checkpoint_over_slowest"), "×", 1, 2),
+             cell(p.get("floor_parallel_checkpoint_over_slowest"), "×", 1, 2), goal(g.get("checkpoint_met"))],
+            ["restore", cell(p.get("single_a_restore_s")), cell(p.get("single_b_restore_s")),
+             cell(p.get("sum_single_restore_s")), cell(p.get("floor_parallel_restore_s")),
+             cell(p.get("plugin_tree_restore_s")), cell(p.get("plugin_tree_restore_over_slowest"), "×", 1, 2),
+             cell(p.get("floor_parallel_restore_over_slowest"), "×", 1, 2), goal(g.get("restore_met"))],
+        ]
+        parts.append("### 3. Parallelism: 2 processes on 2 GPUs in one tree\n\n" + table(
+            ["phase", "GPU 0 alone (floor)", "GPU 1 alone (floor)", "sum of singles", "floor, both in parallel",
+             "plugin, tree", "plugin tree / slowest single", "floor parallel / slowest single", "goal ≤ 1.25×"],
+            rows))
+
+    rows = []
+    for r in res.get("identity", []):
+        rows.append([r["process"], r.get("repeats"), ms(r.get("scan_s")), cell(r.get("scanned_mib"), "MiB", 1, 0),
+                     cell(r.get("sites"), "", 1, 0), ms(r.get("identity_dump_s")), ms(r.get("reconcile_s")),
+                     r.get("sites_from") or "-", goal(r.get("goal_met"))])
+    parts.append("### 4. Identity: dump-side scan, restore-side verify + rewrite (per process)\n\n" + table(
+        ["process", "n", "dump scan", "scanned", "PCI sites", "dump identity total", "restore verify+rewrite",
+         "sites from", "goal ≤ 50 ms"], rows))
+
+    rows = []
+    for r in res.get("criu_split", []):
+        rows.append([r["process"], r.get("repeats"), cell(r.get("image_mib"), "MiB", 1, 0),
+                     cell(r.get("dump_wall_s")), cell(r.get("plugin_dump_s")), cell(r.get("driver_dump_s")),
+                     cell(r.get("criu_dump_s")), cell(r.get("restore_wall_s")), cell(r.get("plugin_restore_s")),
+                     cell(r.get("driver_restore_s")), cell(r.get("criu_restore_s"))])
+    parts.append("### 5. Whole CRIU dump and restore of the PyTorch process\n\n" + table(
+        ["process", "n", "images", "dump wall", "plugin", "of it driver", "CRIU own", "restore wall", "plugin",
+         "of it driver", "CRIU own"], rows))
+
+    notes = []
+    for c in res.get("checks", []):
+        notes.append(f"- check {c['section']} {c['label']}: {'data intact' if c.get('ok') else 'FAILED'} ({c.get('what')})")
+    for e in res.get("errors", []):
+        notes.append(f"- error {e.get('section')} {e.get('label')} #{e.get('repeat')}: {e.get('error')}")
+    for s in res.get("skipped", []):
+        notes.append(f"- skipped {s.get('section')} {s.get('label')}: {s.get('skipped')}")
+    if notes:
+        parts.append("Checks, errors and skipped rows:\n\n" + "\n".join(notes))
+    return "\n\n".join(parts) + "\n"
+
+
+def main():
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("results")
+    p.add_argument("--doc", help="markdown file whose results section is replaced")
+    a = p.parse_args()
+    with open(a.results) as f:
+        text = render(json.load(f))
+    if not a.doc:
+        sys.stdout.write(text)
+        return 0
+    with open(a.doc) as f:
+        doc = f.read()
+    if BEGIN not in doc or END not in doc or doc.index(BEGIN) > doc.index(END):
+        sys.exit(f"render-md: {a.doc} has no {BEGIN} ... {END} section; add the two markers where the tables go")
+    head, rest = doc.split(BEGIN, 1)
+    _, tail = rest.split(END, 1)
+    with open(a.doc, "w") as f:
+        f.write(head + BEGIN + "\n" + text + END + tail)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

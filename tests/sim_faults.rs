@@ -1,0 +1,158 @@
+//! Fault injection under REAL CRIU 4.x on the TEST DOUBLES of libcuda and NVML: one test per case of
+//! `tests/sim/faults.sh`. Each case injects one failure (a fault knob of the doubles, a damaged or missing
+//! image, a bad configuration, a killed CRIU) and checks what the user sees in CRIU's log and the CUDA
+//! state of every process afterwards. The table of outcomes is `docs/RELIABILITY.md`.
+
+mod support;
+
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// The cases share the machine's two cores with the doubles' call timeouts: run them one at a time so
+/// a timeout measures the plugin, not the scheduler.
+static SERIAL: Mutex<()> = Mutex::new(());
+
+fn target_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test binary");
+    exe.parent().and_then(|p| p.parent()).expect("target/<profile>/deps/").to_path_buf()
+}
+
+fn run_case(case: &str) {
+    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(root) = support::criu_root_or_skip(&format!("sim_faults::{case}")) else { return };
+    let bin = target_dir();
+    for f in [
+        "libcriu_cuda_migrate.so",
+        "ccm-sample-workload",
+        "ccm-sim-ctl",
+        "criu-cuda-migrate",
+        "libcuda_test_double.so",
+        "libnvml_test_double.so",
+    ] {
+        assert!(
+            bin.join(f).exists(),
+            "{} is missing: run `cargo build --workspace` first (tests/run-all.sh does)",
+            bin.join(f).display()
+        );
+    }
+    let script = support::repo_root().join("tests/sim/faults.sh");
+    let work = tempfile::tempdir().expect("scratch dir");
+    let work_dir = work.path().join(case);
+    let out = root.run(
+        &[bin.as_path(), work.path()],
+        &["bash", script.to_str().expect("UTF-8 script path"), bin.to_str().expect("UTF-8 target path"), case],
+        &[("CCM_FAULT_WORK", work_dir.to_str().expect("UTF-8 scratch path")), ("CCM_SIM_CALL_TIMEOUT_MS", "20000")],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains(&format!("FAULT {case} OK")),
+        "faults.sh {case} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        out.status
+    );
+}
+
+/// The driver does not lock in time: PAUSE_DEVICES fails, the dump fails, the process runs on.
+#[test]
+fn lock_timeout_fails_the_dump_and_leaves_the_process_running() {
+    run_case("lock-timeout");
+}
+
+/// One of two processes of a tree fails its checkpoint: the dump fails and BOTH are RUNNING again.
+#[test]
+#[ignore = "bug: DumpSession::finish resumes the restore thread only of checkpointed processes, so the \
+            unlock of a process whose checkpoint failed (still ptrace-stopped by CRIU) times out and it is \
+            left LOCKED"]
+fn checkpoint_failure_of_one_of_two_rolls_both_back() {
+    run_case("checkpoint-fail-one-of-two");
+}
+
+/// The driver's restore fails: the process stays CHECKPOINTED, the log names `recover --pid N`, and
+/// `criu-cuda-migrate recover` brings it back with its data.
+#[test]
+fn restore_failure_leaves_checkpointed_and_recover_brings_it_back() {
+    run_case("restore-fail");
+}
+
+/// The unlock after a restore fails: LOCKED, named in the log, recovered by the CLI.
+#[test]
+fn unlock_failure_at_restore_leaves_locked_and_recover_unlocks() {
+    run_case("unlock-fail");
+}
+
+/// NVML cannot be initialised at dump: the dump succeeds with an image that records no GPU, so a
+/// remapped restore is refused in preflight and a restore onto the same GPUs works.
+#[test]
+fn nvml_missing_at_dump() {
+    run_case("nvml-missing-dump");
+}
+
+/// NVML cannot be initialised at restore: refused in preflight, images unchanged, a later restore works.
+#[test]
+fn nvml_missing_at_restore_is_refused_in_preflight() {
+    run_case("nvml-missing-restore");
+}
+
+/// No libcuda for CRIU: the plugin disables itself and a plain process dumps and restores as before.
+#[test]
+fn libcuda_missing_at_dump_disables_the_plugin() {
+    run_case("libcuda-missing-dump");
+}
+
+/// No libcuda at restore of a CUDA checkpoint: refused in preflight, images unchanged.
+#[test]
+fn libcuda_missing_at_restore_is_refused_in_preflight() {
+    run_case("libcuda-missing-restore");
+}
+
+/// The identity image is missing from the image directory: the restore must be refused (CRIU's
+/// inventory says the dump had CUDA processes) or at least name the process it leaves CHECKPOINTED.
+#[test]
+#[ignore = "bug: RestoreSession::init accepts an image directory without cuda-migrate-*.img although \
+            CRIU's inventory lists criu-cuda-migrate; the restored CUDA process is left CHECKPOINTED with \
+            no error line"]
+fn missing_identity_image_is_refused() {
+    run_case("image-missing");
+}
+
+/// A truncated identity image: refused in preflight naming the fix, images byte-identical.
+#[test]
+fn truncated_identity_image_is_refused_in_preflight() {
+    run_case("image-truncated");
+}
+
+/// An identity image of a newer format version: refused in preflight naming the upgrade.
+#[test]
+fn newer_format_version_is_refused_in_preflight() {
+    run_case("image-newer-version");
+}
+
+/// A device map naming a GPU this node does not have: refused in preflight, listing the node's GPUs.
+#[test]
+fn device_map_naming_an_unknown_gpu_is_refused_in_preflight() {
+    run_case("map-unknown-gpu");
+}
+
+/// The recorded PCI sites no longer hold the expected words: strict mode kills the restored tree.
+#[test]
+fn moved_sites_in_strict_mode_kill_the_tree() {
+    run_case("sites-moved-strict");
+}
+
+/// The same in permissive mode: the process runs on, with an error line.
+#[test]
+fn moved_sites_in_permissive_mode_resume_with_an_error() {
+    run_case("sites-moved-permissive");
+}
+
+/// CRIU is SIGKILLed between dump hooks: the locked process is found LOCKED and recovered by the CLI.
+#[test]
+fn criu_killed_mid_dump_leaves_locked_and_recover_unlocks() {
+    run_case("criu-killed-mid-dump");
+}
+
+/// `criu dump --leave-running`: the process keeps running and its GPU state is RUNNING again.
+#[test]
+fn leave_running_dump_puts_the_process_back_to_running() {
+    run_case("leave-running");
+}
