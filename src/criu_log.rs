@@ -58,12 +58,16 @@ fn criu_level(level: Level) -> c_uint {
 }
 
 /// One CRIU log line per message line: CRIU prefixes each call with a timestamp, so a
-/// multi-line message (a table) is split and every line carries the plugin's prefix.
-fn format_lines(msg: &str) -> Vec<CString> {
+/// multi-line message (a table) is split and every line carries the plugin's prefix. Error lines
+/// also carry `Error: `, the word CRIU's own error lines start with, so `grep Error restore.log`
+/// finds ours too (CRIU ignores RESUME_DEVICES_LATE failures and still exits 0).
+fn format_lines(msg: &str, level: Level) -> Vec<CString> {
+    let marker = if level == Level::Error { "Error: " } else { "" };
     msg.lines()
         .map(|l| {
-            let mut s = String::with_capacity(PREFIX.len() + l.len() + 1);
+            let mut s = String::with_capacity(PREFIX.len() + marker.len() + l.len() + 1);
             s.push_str(PREFIX);
+            s.push_str(marker);
             s.push_str(l);
             s.push('\n');
             CString::new(s.replace('\0', "\\0")).unwrap_or_default()
@@ -79,7 +83,7 @@ impl Log for CriuLogger {
     fn log(&self, record: &Record<'_>) {
         let Some(print) = self.print else { return };
         let msg = record.args().to_string();
-        for line in format_lines(&msg) {
+        for line in format_lines(&msg, record.level()) {
             // SAFETY: `print` is CRIU's print_on_level; "%s" consumes exactly one C string,
             // which `line` keeps alive for the duration of the call.
             unsafe { print(criu_level(record.level()), c"%s".as_ptr(), line.as_ptr()) };
@@ -95,10 +99,11 @@ mod tests {
 
     #[test]
     fn lines_are_prefixed_and_terminated() {
-        let l = format_lines("a\nb 100%");
+        let l = format_lines("a\nb 100%", Level::Info);
         assert_eq!(l.len(), 2);
         assert_eq!(l[0].to_str().unwrap(), "criu-cuda-migrate: a\n");
         assert_eq!(l[1].to_str().unwrap(), "criu-cuda-migrate: b 100%\n");
-        assert_eq!(format_lines("nul\0x")[0].to_str().unwrap(), "criu-cuda-migrate: nul\\0x\n");
+        assert_eq!(format_lines("nul\0x", Level::Warn)[0].to_str().unwrap(), "criu-cuda-migrate: nul\\0x\n");
+        assert_eq!(format_lines("bad", Level::Error)[0].to_str().unwrap(), "criu-cuda-migrate: Error: bad\n");
     }
 }

@@ -60,9 +60,6 @@ fn lock_timeout_fails_the_dump_and_leaves_the_process_running() {
 
 /// One of two processes of a tree fails its checkpoint: the dump fails and BOTH are RUNNING again.
 #[test]
-#[ignore = "bug: DumpSession::finish resumes the restore thread only of checkpointed processes, so the \
-            unlock of a process whose checkpoint failed (still ptrace-stopped by CRIU) times out and it is \
-            left LOCKED"]
 fn checkpoint_failure_of_one_of_two_rolls_both_back() {
     run_case("checkpoint-fail-one-of-two");
 }
@@ -108,9 +105,6 @@ fn libcuda_missing_at_restore_is_refused_in_preflight() {
 /// The identity image is missing from the image directory: the restore must be refused (CRIU's
 /// inventory says the dump had CUDA processes) or at least name the process it leaves CHECKPOINTED.
 #[test]
-#[ignore = "bug: RestoreSession::init accepts an image directory without cuda-migrate-*.img although \
-            CRIU's inventory lists criu-cuda-migrate; the restored CUDA process is left CHECKPOINTED with \
-            no error line"]
 fn missing_identity_image_is_refused() {
     run_case("image-missing");
 }

@@ -132,7 +132,10 @@ impl DumpSession {
             }
             t.locked_by_us = true;
         } else {
-            info!("pid {pid} is already {initial}; leaving its CUDA state as found");
+            warn!(
+                "pid {pid} is already {initial} (an earlier run that died, or another tool?); leaving its CUDA state as found. \
+                 If nothing else is checkpointing it, run `criu-cuda-migrate recover --pid {pid}` after this dump"
+            );
         }
         info!("pid {pid}: CUDA process, restore thread {restore_tid}, initial state {initial}");
         self.tracked.insert(pid, t);
@@ -214,6 +217,8 @@ impl DumpSession {
             }
         }
         let dir = host.image_dir_fd().map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")));
+        // (Written through CRIU's own descriptor of the image directory: it may be in another
+        // mount namespace than any path we could name.)
         for (pid, r) in results {
             let Some(t) = self.tracked.get_mut(&pid) else { continue };
             match r {
@@ -248,14 +253,13 @@ impl DumpSession {
         let Some(node) = self.node.as_ref() else { return };
         let api = &node.api;
         let todo: Vec<&Tracked> = self.tracked.values().filter(|t| t.locked_by_us || t.checkpointed_by_us).collect();
-        // The tasks may still be ptrace-stopped by CRIU; their restore threads must run.
+        // The tasks may still be ptrace-stopped by CRIU; the driver needs their restore threads
+        // to run for a restore and for an unlock alike.
         let mut running = Vec::new();
         for t in &todo {
-            if t.checkpointed_by_us {
-                match ccm_process::ptrace::resume_restore_thread(t.restore_tid as u32) {
-                    Ok(r) => running.push(r),
-                    Err(e) => debug!("pid {}: restore thread not resumed ({e}); assuming it is not stopped", t.pid),
-                }
+            match ccm_process::ptrace::resume_restore_thread(t.restore_tid as u32) {
+                Ok(r) => running.push(r),
+                Err(e) => debug!("pid {}: restore thread not resumed ({e}); assuming it is not stopped", t.pid),
             }
         }
         std::thread::scope(|s| {
@@ -321,7 +325,12 @@ fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
     // driver wants pairs for at restore (CUDA_VISIBLE_DEVICES does not shrink it).
     let mut enumerated: Vec<GpuUuid> =
         node.gpus.iter().map(|g| g.uuid).filter(|u| scan.sites.iter().any(|s| s.gpu == *u)).collect();
-    if enumerated.is_empty() {
+    if node.gpus.is_empty() {
+        warn!(
+            "pid {pid}: NVML is unavailable, so its image records no GPU identity: this checkpoint can be restored only \
+             onto the same GPUs, without a device map. Fix NVML (libnvidia-ml.so.1) and dump again to allow migration"
+        );
+    } else if enumerated.is_empty() {
         warn!("pid {pid}: found no PCI identity words of any GPU in its memory; assuming it enumerated every GPU of the node");
         enumerated = node.gpus.iter().map(|g| g.uuid).collect();
     }

@@ -35,7 +35,11 @@ impl RestoreSession {
     /// `init(RESTORE)`: read the images and check this node before CRIU restores anything. An
     /// error here makes CRIU abort the restore with our message; nothing has been touched.
     pub fn init(config: Config, host: &dyn CriuHost) -> Result<RestoreSession, EngineError> {
-        let image_dir = host.image_dir_fd().map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")));
+        let image_dir = host.image_dir_fd().map(|fd| {
+            // Read through CRIU's own descriptor; name the directory as the user knows it.
+            let via_fd = PathBuf::from(format!("/proc/self/fd/{fd}"));
+            std::fs::read_link(&via_fd).ok().filter(|p| p.is_dir()).unwrap_or(via_fd)
+        });
         // Our inventory entry (if the dump added one) must be claimed, or CRIU reports us missing.
         let in_inventory = host.check_and_remove_inventory_plugin(PLUGIN_NAME);
         let images = match &image_dir {
@@ -44,6 +48,19 @@ impl RestoreSession {
         };
         let mut s = RestoreSession { config, node: None, plans: Vec::new(), image_dir, results: BTreeMap::new() };
         if images.is_empty() {
+            if in_inventory == Some(true) {
+                // The dump checkpointed CUDA processes with this plugin, but their identity images are
+                // gone: restoring would leave them CHECKPOINTED with no way to map their GPUs.
+                return Err(EngineError::Preflight(format!(
+                    "the image inventory says these images were dumped with {PLUGIN_NAME}, but {} holds no \
+                     cuda-migrate-*.img: copy every cuda-migrate-*.img of the dump into it (they travel with the other \
+                     images), or dump again",
+                    s.image_dir
+                        .as_ref()
+                        .map(|d| d.display().to_string())
+                        .unwrap_or_else(|| "the image directory".into())
+                )));
+            }
             debug!("no identity images: no CUDA process to restore (inventory entry: {in_inventory:?})");
             return Ok(s);
         }

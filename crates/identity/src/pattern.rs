@@ -96,7 +96,7 @@ impl RewritePlan {
 pub enum PlanError {
     #[error("the dump found PCI words for GPUs in uneven numbers ({counts}); libcuda keeps the same number per GPU, so some hits are something else; nothing was rewritten: re-dump the process, or restore onto the same GPUs")]
     UnevenSites { counts: String },
-    #[error("GPU {old} moves to {new} but the dump found no place where libcuda keeps its PCI words; its PCI identity cannot be corrected (unsupported driver layout?): restore onto the same GPUs or a GPU at the same PCI location")]
+    #[error("GPU {old} moves to {new} but no place in the process holds its PCI words any more (none recorded at dump still matches, and a scan found none): its PCI identity cannot be corrected. Restore onto the same GPUs, or onto a GPU at the same PCI location, or dump again with this plugin")]
     NoSiteForChangedGpu { old: GpuUuid, new: GpuUuid },
     #[error("site at {addr:#x} recorded for {gpu} holds {found:x?}, not that GPU's signature {expected:x?}; the image is inconsistent: re-dump the process")]
     NotOldSignature { addr: u64, gpu: GpuUuid, found: PciSignature, expected: PciSignature },
