@@ -319,8 +319,17 @@ fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
     let mut used: Vec<&GpuIdentity> = minors.iter().filter_map(|m| node.gpu_by_minor(*m)).collect();
     order_by_cuda_view(&mut used, &env, &node.gpus);
     let wanted: Vec<(GpuUuid, PciSignature)> = node.gpus.iter().map(|g| (g.uuid, g.signature())).collect();
-    let scan = ccm_process::mem::scan_signatures(upid, &wanted, ccm_process::maps::DEFAULT_MAX_MAPPING_BYTES)
+    // Where libcuda keeps its words first (heap and small mappings: tens of ms even for a framework
+    // process with gigabytes of host memory); everything only when that finds nothing.
+    let mut scan = ccm_process::scan_signatures_in(upid, &wanted, ccm_process::ScanScope::LIBCUDA_OBJECTS)
         .map_err(|e| e.to_string())?;
+    if scan.sites.is_empty() && !wanted.is_empty() {
+        debug!("pid {pid}: no PCI words in the heap or small mappings; scanning all of its memory");
+        let narrow = scan.elapsed;
+        scan =
+            ccm_process::scan_signatures_in(upid, &wanted, ccm_process::ScanScope::FULL).map_err(|e| e.to_string())?;
+        scan.elapsed += narrow;
+    }
     // libcuda keeps the six words of every GPU it enumerated at start: that is the set the
     // driver wants pairs for at restore (CUDA_VISIBLE_DEVICES does not shrink it).
     let mut enumerated: Vec<GpuUuid> =

@@ -68,8 +68,17 @@ fn current_sites(pid: u32, plan: &ProcessPlan, mem: &ProcessMemory) -> Result<(V
     }
     let wanted: Vec<(GpuUuid, PciSignature)> =
         plan.image.enumerated.iter().filter_map(|u| old_signature(plan, u).map(|s| (*u, s))).collect();
-    let scan = ccm_process::mem::scan_signatures(pid, &wanted, ccm_process::maps::DEFAULT_MAX_MAPPING_BYTES)
+    // The heap and small mappings first (where libcuda keeps the words); all of the process's
+    // memory, which after a restore also holds the host copy of its device memory, only when
+    // the narrow scan does not find every enumerated GPU the same number of times.
+    let mut scan = ccm_process::scan_signatures_in(pid, &wanted, ccm_process::ScanScope::LIBCUDA_OBJECTS)
         .map_err(|e| format!("scan failed: {e}"))?;
+    if !evenly_found(&scan.sites, &wanted) {
+        let narrow = scan.elapsed;
+        scan = ccm_process::scan_signatures_in(pid, &wanted, ccm_process::ScanScope::FULL)
+            .map_err(|e| format!("scan failed: {e}"))?;
+        scan.elapsed += narrow;
+    }
     info!(
         "pid {pid}: scanned {} MiB in {} mapping(s) in {:.3} s: {} site(s)",
         scan.bytes_scanned >> 20,
@@ -78,6 +87,13 @@ fn current_sites(pid: u32, plan: &ProcessPlan, mem: &ProcessMemory) -> Result<(V
         scan.sites.len()
     );
     Ok((scan.sites, false))
+}
+
+/// Every wanted GPU found, and found the same number of times (libcuda keeps the same objects
+/// for each GPU it enumerated).
+fn evenly_found(sites: &[PciSite], wanted: &[(GpuUuid, PciSignature)]) -> bool {
+    let counts: Vec<usize> = wanted.iter().map(|(u, _)| sites.iter().filter(|s| s.gpu == *u).count()).collect();
+    counts.first().is_some_and(|&c| c > 0 && counts.iter().all(|&n| n == c))
 }
 
 fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) -> Result<(), String> {

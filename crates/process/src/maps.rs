@@ -134,6 +134,33 @@ const KERNEL_PSEUDO_MAPPINGS: [&str; 4] = ["[vvar]", "[vvar_vclock]", "[vsyscall
 /// `[stack]`, anonymous and private file-backed data), at most `max_mapping_bytes` long, and
 /// neither a device mapping (`/dev/*`: reading GPU BARs or driver memory through
 /// `/proc/PID/mem` is at best useless) nor a kernel pseudo-mapping.
+/// Which mappings a scan reads.
+///
+/// On driver 580 libcuda keeps its per-GPU PCI words in the glibc `[heap]` and in small
+/// anonymous mappings (one of 480 KiB in a PyTorch process whose scannable memory is 2.3 GiB).
+/// [`ScanScope::LIBCUDA_OBJECTS`] reads just those, which is what keeps a scan of a framework
+/// process in the tens of milliseconds; [`ScanScope::FULL`] is the fallback.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ScanScope {
+    /// Largest mapping read, other than the heap.
+    pub max_mapping_bytes: u64,
+    /// Largest `[heap]` read.
+    pub max_heap_bytes: u64,
+}
+
+impl ScanScope {
+    /// The heap (up to the default bound) and mappings of at most 64 MiB.
+    pub const LIBCUDA_OBJECTS: ScanScope =
+        ScanScope { max_mapping_bytes: 64 << 20, max_heap_bytes: DEFAULT_MAX_MAPPING_BYTES };
+    /// Every private writable mapping up to the default bound.
+    pub const FULL: ScanScope =
+        ScanScope { max_mapping_bytes: DEFAULT_MAX_MAPPING_BYTES, max_heap_bytes: DEFAULT_MAX_MAPPING_BYTES };
+
+    pub fn admits(&self, m: &Mapping) -> bool {
+        is_scannable(m, if m.path == "[heap]" { self.max_heap_bytes } else { self.max_mapping_bytes })
+    }
+}
+
 pub fn is_scannable(m: &Mapping, max_mapping_bytes: u64) -> bool {
     m.readable
         && m.writable

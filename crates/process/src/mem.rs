@@ -5,7 +5,7 @@
 //! it (root, or CRIU as its tracer). Writes go through even to read-only pages (the kernel uses
 //! `FOLL_FORCE`), so callers must only write where they have verified what is there.
 
-use crate::maps::{is_scannable, read_maps, Mapping};
+use crate::maps::{read_maps, Mapping, ScanScope};
 use crate::procfs::{io_error, proc_path};
 use crate::{ProcessError, SiteError};
 use ccm_identity::pattern::find_signatures;
@@ -111,7 +111,7 @@ pub struct ScanReport {
     pub bytes_scanned: u64,
     /// Mappings read (fully or up to the point where they stopped being readable).
     pub mappings_scanned: usize,
-    /// Mappings not read: not scannable (see [`is_scannable`]) or unreadable from the start
+    /// Mappings not read: not scannable (see [`crate::is_scannable`]) or unreadable from the start
     /// (unmapped since `/proc/PID/maps` was read; logged at warn level).
     pub mappings_skipped: usize,
     /// Wall time of the scan.
@@ -127,7 +127,7 @@ pub const SCAN_CHUNK_BYTES: usize = 8 << 20;
 /// window's base address 8-byte aligned like the chunk size.
 const SCAN_OVERLAP_BYTES: usize = PciSignature::LEN_BYTES;
 
-/// Scans every scannable mapping of `pid` (see [`is_scannable`]) for the wanted signatures and
+/// Scans every scannable mapping of `pid` (see [`crate::is_scannable`]) for the wanted signatures and
 /// returns where each was found.
 ///
 /// The target may run during the scan (a site can then change before it is rewritten, which
@@ -138,6 +138,15 @@ pub fn scan_signatures(
     wanted: &[(GpuUuid, PciSignature)],
     max_mapping_bytes: u64,
 ) -> Result<ScanReport, ProcessError> {
+    scan_signatures_in(pid, wanted, ScanScope { max_mapping_bytes, max_heap_bytes: max_mapping_bytes })
+}
+
+/// [`scan_signatures`] over the mappings `scope` admits.
+pub fn scan_signatures_in(
+    pid: u32,
+    wanted: &[(GpuUuid, PciSignature)],
+    scope: ScanScope,
+) -> Result<ScanReport, ProcessError> {
     let started = Instant::now();
     let mut report = ScanReport::default();
     if wanted.is_empty() {
@@ -146,8 +155,7 @@ pub fn scan_signatures(
     }
     let mem = ProcessMemory::open_read_only(pid)?;
     let maps = read_maps(pid)?;
-    let (scannable, skipped): (Vec<&Mapping>, Vec<&Mapping>) =
-        maps.iter().partition(|m| is_scannable(m, max_mapping_bytes));
+    let (scannable, skipped): (Vec<&Mapping>, Vec<&Mapping>) = maps.iter().partition(|m| scope.admits(m));
     report.mappings_skipped = skipped.len();
     // A PyTorch process holds gigabytes of host memory: spread the mappings over a few threads
     // (balanced by size, largest first) so the scan is bound by memory bandwidth, not one core.
