@@ -9,7 +9,7 @@ use ccm_identity::pattern::plan_rewrites;
 use ccm_identity::validate::{validate_gpu, GpuObservation, ReconcileReport, ReportRow, Verdict};
 use ccm_identity::{GpuUuid, PciSignature};
 use ccm_process::mem::ProcessMemory;
-use log::{info, warn};
+use log::{debug, info, warn};
 
 use crate::node::Node;
 use crate::preflight::ProcessPlan;
@@ -56,7 +56,12 @@ fn old_signature(plan: &ProcessPlan, u: &GpuUuid) -> Option<PciSignature> {
 /// The sites to rewrite: those recorded at dump when each still holds its old words, otherwise
 /// a fresh scan for the old signatures of every enumerated GPU (one snapshot before any write,
 /// so swaps and cycles are never rewritten twice).
-fn current_sites(pid: u32, plan: &ProcessPlan, mem: &ProcessMemory) -> Result<(Vec<PciSite>, bool), String> {
+fn current_sites(
+    pid: u32,
+    plan: &ProcessPlan,
+    node: &Node,
+    mem: &ProcessMemory,
+) -> Result<(Vec<PciSite>, bool), String> {
     let recorded = &plan.image.sites;
     if !recorded.is_empty()
         && recorded.iter().all(|site| ccm_process::mem::read_signature(mem, site.addr).is_ok_and(|w| w == site.words))
@@ -64,7 +69,27 @@ fn current_sites(pid: u32, plan: &ProcessPlan, mem: &ProcessMemory) -> Result<(V
         return Ok((recorded.clone(), true));
     }
     if !recorded.is_empty() {
-        warn!("pid {pid}: the PCI sites recorded at dump moved; scanning its memory");
+        // Say what the stale records hold now: it tells a driver that refreshed its own copies
+        // from memory that was freed and reused, which decides whether a scan can be avoided.
+        let new_words: Vec<PciSignature> =
+            plan.map.pairs.iter().filter_map(|p| node.gpu(&p.new).map(|g| g.signature())).collect();
+        let (mut new_now, mut other_now, mut unreadable) = (0, 0, 0);
+        for site in recorded {
+            match ccm_process::mem::read_signature(mem, site.addr) {
+                Ok(w) if w == site.words => {}
+                Ok(w) if new_words.contains(&w) => new_now += 1,
+                Ok(w) => {
+                    other_now += 1;
+                    debug!("pid {pid}: recorded site {:#x} ({}) now holds {:x?}", site.addr, site.mapping_name, w.0);
+                }
+                Err(_) => unreadable += 1,
+            }
+        }
+        warn!(
+            "pid {pid}: {} of {} PCI sites recorded at dump changed ({new_now} hold a restore GPU's words, {other_now} other words, {unreadable} unreadable); scanning its memory",
+            new_now + other_now + unreadable,
+            recorded.len()
+        );
     }
     let wanted: Vec<(GpuUuid, PciSignature)> =
         plan.image.enumerated.iter().filter_map(|u| old_signature(plan, u).map(|s| (*u, s))).collect();
@@ -98,7 +123,7 @@ fn evenly_found(sites: &[PciSite], wanted: &[(GpuUuid, PciSignature)]) -> bool {
 
 fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) -> Result<(), String> {
     let mem = ProcessMemory::open_read_write(pid).map_err(|e| e.to_string())?;
-    let (sites, recorded) = current_sites(pid, plan, &mem)?;
+    let (sites, recorded) = current_sites(pid, plan, node, &mem)?;
     s.used_recorded_sites = recorded;
     let rewrites = plan_rewrites(&sites, &plan.map, &plan.image.node_gpus, &node.gpus).map_err(|e| e.to_string())?;
     for w in &rewrites.writes {
