@@ -56,6 +56,13 @@ pub fn plan(
     node_gpus: &[GpuIdentity],
     config: &Config,
 ) -> Result<Vec<ProcessPlan>, EngineError> {
+    // A malformed map is an error even when there is nothing to map: it is the user's input.
+    let explicit = match &config.device_map {
+        Some(t) => {
+            map::parse_pairs(t).map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_DEVICE_MAP: {e}")))?
+        }
+        None => Vec::new(),
+    };
     if images.is_empty() {
         return Ok(Vec::new());
     }
