@@ -71,12 +71,6 @@ pub fn plan(
             "the checkpoint holds CUDA processes but NVML lists no GPU on this node; check the NVIDIA driver (`nvidia-smi`) and that CRIU runs where it sees the GPUs".into(),
         ));
     }
-    let explicit = match &config.device_map {
-        Some(t) => {
-            map::parse_pairs(t).map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_DEVICE_MAP: {e}")))?
-        }
-        None => Vec::new(),
-    };
     let usable = match &config.usable_gpus {
         Some(t) => Some(
             map::parse_usable(t, node_gpus)
