@@ -14,7 +14,7 @@ use log::{debug, error, info, warn};
 
 use crate::host::CriuHost;
 use crate::node::Node;
-use crate::{Config, EngineError, HookOutcome, PLUGIN_NAME};
+use crate::{Config, EngineError, HookOutcome, LIBCUDA_FILE, PLUGIN_NAME};
 
 /// One CUDA process this dump touched.
 #[derive(Debug)]
@@ -70,7 +70,7 @@ impl DumpSession {
         }
         // Cheap filter first: a process that has not mapped libcuda cannot be a CUDA process, and
         // this keeps cuInit off every dump of plain processes.
-        match ccm_process::devices::maps_library(pid as u32, "libcuda") {
+        match ccm_process::devices::maps_library(pid as u32, LIBCUDA_FILE) {
             Ok(true) => {}
             Ok(false) => {
                 debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");

@@ -45,6 +45,11 @@ pub fn conflicting_plugin() -> Option<EngineError> {
     }
 }
 
+/// How a process's mappings name the driver library (`/usr/lib/.../libcuda.so.580.x`,
+/// `libcuda.so.1`), and not the CUDA runtime (`libcudart.so`), which alone makes no process a
+/// CUDA process in the driver's sense.
+pub const LIBCUDA_FILE: &str = "/libcuda.so";
+
 /// A hook's answer to CRIU.
 #[derive(Debug)]
 pub enum HookOutcome {

@@ -136,7 +136,7 @@ impl RestoreSession {
         let mut jobs: Vec<(Job<'_>, u32)> = Vec::new();
         for &pid in pids {
             let plan = self.plan_for(pid);
-            if plan.is_none() && !ccm_process::devices::maps_library(pid, "libcuda").unwrap_or(false) {
+            if plan.is_none() && !ccm_process::devices::maps_library(pid, crate::LIBCUDA_FILE).unwrap_or(false) {
                 debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");
                 continue;
             }
@@ -185,8 +185,10 @@ impl RestoreSession {
             handles
                 .into_iter()
                 .map(|(pid, h)| {
-                    let (r, kill, report) =
-                        h.join().unwrap_or_else(|_| (Err("restore worker panicked".into()), false, String::new()));
+                    let (r, kill, report) = h.join().unwrap_or_else(|_| {
+                        error!("pid {pid}: internal error (the restore worker panicked); its CUDA state is unknown: run `criu-cuda-migrate recover --pid {pid}`");
+                        (Err("restore worker panicked".into()), false, String::new())
+                    });
                     (pid, r, kill, report)
                 })
                 .collect()
