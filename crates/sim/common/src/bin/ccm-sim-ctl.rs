@@ -9,109 +9,78 @@
 //! read from `CCM_SIM_CONFIG`. Prints one `CTL` line per call; exits 0 when every call succeeded,
 //! 1 when a call failed (its CUresult is printed), 2 on bad usage.
 
-use std::ffi::{c_int, c_uint, c_void};
 use std::process::ExitCode;
 use std::time::Instant;
 
-use ccm_sim_common::dl::{cuda_error_name, libcuda_path, Lib};
+use ccm_driver::checkpoint::{CheckpointApi, ProcessState};
+use ccm_driver::{CudaError, Libcuda};
+use ccm_identity::GpuUuid;
+use ccm_sim_common::dl::libcuda_path;
 use ccm_sim_common::{SimConfig, SimUuid};
-
-#[repr(C)]
-struct LockArgs {
-    timeout_ms: c_uint,
-    reserved0: c_uint,
-    reserved1: [u64; 7],
-}
-
-#[repr(C)]
-struct GpuPair {
-    old_uuid: [u8; 16],
-    new_uuid: [u8; 16],
-}
-
-#[repr(C)]
-struct RestoreArgs {
-    gpu_pairs: *const GpuPair,
-    gpu_pairs_count: c_uint,
-    reserved: [u8; 44],
-    reserved1: u64,
-}
-
-type PidOutFn = unsafe extern "C" fn(c_int, *mut c_int) -> c_int;
-type LockFn = unsafe extern "C" fn(c_int, *const LockArgs) -> c_int;
-type PlainFn = unsafe extern "C" fn(c_int, *const c_void) -> c_int;
-type RestoreFn = unsafe extern "C" fn(c_int, *const RestoreArgs) -> c_int;
-type InitFn = unsafe extern "C" fn(c_uint) -> c_int;
 
 const USAGE: &str =
     "usage: ccm-sim-ctl PID tid|state|lock [MS]|checkpoint|lockckpt [MS]|restore [OLD=NEW,...|swap]|unlock";
 
+/// The controller: the project's own driver wrapper (`ccm_driver`), so the test double is driven
+/// through exactly the calls the plugin makes.
 struct Ctl {
-    lib: Lib,
+    api: CheckpointApi,
     failed: bool,
 }
 
+fn state_code(s: ProcessState) -> i32 {
+    match s {
+        ProcessState::Running => 0,
+        ProcessState::Locked => 1,
+        ProcessState::Checkpointed => 2,
+        ProcessState::Failed => 3,
+        ProcessState::Other(v) => v,
+    }
+}
+
 impl Ctl {
-    fn report(&mut self, what: &str, code: c_int, started: Instant) {
-        println!("CTL {what} -> {code} {} ({:.3}s)", cuda_error_name(&self.lib, code), started.elapsed().as_secs_f64());
+    fn report<T>(&mut self, what: &str, r: &Result<T, CudaError>, started: Instant) {
+        let (code, name) = match r {
+            Ok(_) => (0, "CUDA_SUCCESS".to_string()),
+            Err(e) => (e.code, e.name.clone()),
+        };
+        println!("CTL {what} -> {code} {name} ({:.3}s)", started.elapsed().as_secs_f64());
         if code != 0 {
             self.failed = true;
         }
     }
 
-    fn pid_out(&mut self, name: &str, label: &str, pid: c_int) -> Result<(), String> {
-        // SAFETY: both functions take (int pid, int *out) in cuda.h.
-        let f: PidOutFn = unsafe { self.lib.get(name) }.map_err(|e| e.to_string())?;
-        let mut out: c_int = -1;
+    fn tid(&mut self, pid: i32) {
         let t = Instant::now();
-        // SAFETY: writes one int.
-        let r = unsafe { f(pid, &mut out) };
-        self.report(name, r, t);
-        if r == 0 {
-            println!("CTL {label}={out}");
+        let r = self.api.restore_thread_id(pid);
+        self.report("cuCheckpointProcessGetRestoreThreadId", &r, t);
+        if let Ok(tid) = r {
+            println!("CTL restore_tid={tid}");
         }
-        Ok(())
     }
 
-    fn lock(&mut self, pid: c_int, timeout_ms: u32) -> Result<(), String> {
-        // SAFETY: cuCheckpointProcessLock(int, CUcheckpointLockArgs*).
-        let f: LockFn = unsafe { self.lib.get("cuCheckpointProcessLock") }.map_err(|e| e.to_string())?;
-        let args = LockArgs { timeout_ms, reserved0: 0, reserved1: [0; 7] };
+    fn state(&mut self, pid: i32) {
         let t = Instant::now();
-        // SAFETY: args is a valid 64-byte CUcheckpointLockArgs.
-        let r = unsafe { f(pid, &args) };
-        self.report("cuCheckpointProcessLock", r, t);
-        Ok(())
+        let r = self.api.state(pid);
+        self.report("cuCheckpointProcessGetState", &r, t);
+        if let Ok(s) = r {
+            println!("CTL state={}", state_code(s));
+        }
     }
 
-    fn plain(&mut self, name: &str, pid: c_int) -> Result<(), String> {
-        // SAFETY: checkpoint and unlock take (int, args*) and accept NULL args.
-        let f: PlainFn = unsafe { self.lib.get(name) }.map_err(|e| e.to_string())?;
+    fn call(&mut self, what: &str, f: impl FnOnce(&CheckpointApi) -> Result<(), CudaError>) {
         let t = Instant::now();
-        // SAFETY: NULL args are allowed.
-        let r = unsafe { f(pid, std::ptr::null()) };
-        self.report(name, r, t);
-        Ok(())
+        let r = f(&self.api);
+        self.report(what, &r, t);
     }
 
-    fn restore(&mut self, pid: c_int, pairs: &[(SimUuid, SimUuid)]) -> Result<(), String> {
-        // SAFETY: cuCheckpointProcessRestore(int, CUcheckpointRestoreArgs*).
-        let f: RestoreFn = unsafe { self.lib.get("cuCheckpointProcessRestore") }.map_err(|e| e.to_string())?;
-        let raw: Vec<GpuPair> = pairs.iter().map(|(o, n)| GpuPair { old_uuid: o.0, new_uuid: n.0 }).collect();
-        let args = RestoreArgs {
-            gpu_pairs: raw.as_ptr(),
-            gpu_pairs_count: raw.len() as c_uint,
-            reserved: [0; 44],
-            reserved1: 0,
-        };
+    fn restore(&mut self, pid: i32, pairs: &[(SimUuid, SimUuid)]) {
         for (o, n) in pairs {
             println!("CTL pair {o} -> {n}");
         }
-        let t = Instant::now();
-        // SAFETY: args points to `raw`, alive for the call; NULL args when there are no pairs.
-        let r = unsafe { f(pid, if raw.is_empty() { std::ptr::null() } else { &args }) };
-        self.report("cuCheckpointProcessRestore", r, t);
-        Ok(())
+        let pairs: Vec<(GpuUuid, GpuUuid)> =
+            pairs.iter().map(|(o, n)| (GpuUuid::from_bytes(o.0), GpuUuid::from_bytes(n.0))).collect();
+        self.call("cuCheckpointProcessRestore", |api| api.restore(pid, &pairs));
     }
 }
 
@@ -135,44 +104,47 @@ fn parse_pairs(spec: &str) -> Result<Vec<(SimUuid, SimUuid)>, String> {
 
 fn run(args: &[String]) -> Result<bool, String> {
     let (pid, op) = match args {
-        [pid, op, ..] => (pid.parse::<c_int>().map_err(|_| format!("`{pid}` is not a pid"))?, op.as_str()),
+        [pid, op, ..] => (pid.parse::<i32>().map_err(|_| format!("`{pid}` is not a pid"))?, op.as_str()),
         _ => return Err(USAGE.to_string()),
     };
     let rest = &args[2..];
-    let lib = Lib::open(&libcuda_path()).map_err(|e| e.to_string())?;
-    let mut ctl = Ctl { lib, failed: false };
-    // SAFETY: cuInit(unsigned int).
-    let init: InitFn = unsafe { ctl.lib.get("cuInit") }.map_err(|e| e.to_string())?;
+    let lib = Libcuda::load_from(&libcuda_path()).map_err(|e| e.to_string())?;
+    let api = CheckpointApi::new(&lib).map_err(|e| e.to_string())?;
+    let mut ctl = Ctl { api, failed: false };
     let t = Instant::now();
-    // SAFETY: plain call; the restoring process must have initialised the driver.
-    let r = unsafe { init(0) };
-    ctl.report("cuInit", r, t);
+    // The restoring process must have initialised the driver.
+    let r = lib.init();
+    ctl.report("cuInit", &r, t);
     let timeout = |i: usize| {
         rest.get(i).map_or(Ok(10_000), |v| v.parse::<u32>().map_err(|_| format!("`{v}` is not a timeout in ms")))
     };
     match op {
-        "tid" => ctl.pid_out("cuCheckpointProcessGetRestoreThreadId", "restore_tid", pid)?,
-        "state" => ctl.pid_out("cuCheckpointProcessGetState", "state", pid)?,
-        "lock" => ctl.lock(pid, timeout(0)?)?,
-        "checkpoint" => ctl.plain("cuCheckpointProcessCheckpoint", pid)?,
+        "tid" => ctl.tid(pid),
+        "state" => ctl.state(pid),
+        "lock" => {
+            let ms = timeout(0)?;
+            ctl.call("cuCheckpointProcessLock", |api| api.lock(pid, ms));
+        }
+        "checkpoint" => ctl.call("cuCheckpointProcessCheckpoint", |api| api.checkpoint(pid)),
         "lockckpt" => {
-            ctl.lock(pid, timeout(0)?)?;
+            let ms = timeout(0)?;
+            ctl.call("cuCheckpointProcessLock", |api| api.lock(pid, ms));
             if !ctl.failed {
-                ctl.plain("cuCheckpointProcessCheckpoint", pid)?;
+                ctl.call("cuCheckpointProcessCheckpoint", |api| api.checkpoint(pid));
             }
-            ctl.pid_out("cuCheckpointProcessGetState", "state", pid)?;
+            ctl.state(pid);
         }
         "restore" => {
             let pairs = match rest.first() {
                 Some(spec) => parse_pairs(spec)?,
                 None => Vec::new(),
             };
-            ctl.restore(pid, &pairs)?;
-            ctl.pid_out("cuCheckpointProcessGetState", "state", pid)?;
+            ctl.restore(pid, &pairs);
+            ctl.state(pid);
         }
         "unlock" => {
-            ctl.plain("cuCheckpointProcessUnlock", pid)?;
-            ctl.pid_out("cuCheckpointProcessGetState", "state", pid)?;
+            ctl.call("cuCheckpointProcessUnlock", |api| api.unlock(pid));
+            ctl.state(pid);
         }
         _ => return Err(USAGE.to_string()),
     }
