@@ -4,49 +4,16 @@
 
 mod support;
 
-use std::path::PathBuf;
-use std::sync::Mutex;
-
-/// The cases share the two simulated GPUs' state directory layout and the machine's two cores:
-/// run them one at a time so the doubles' call timeouts measure the plugin, not the scheduler.
-static SERIAL: Mutex<()> = Mutex::new(());
-
-fn target_dir() -> PathBuf {
-    let exe = std::env::current_exe().expect("path of the test binary");
-    exe.parent().and_then(|p| p.parent()).expect("target/<profile>/deps/").to_path_buf()
-}
-
 fn run_case(case: &str) {
-    let _serial = SERIAL.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(root) = support::criu_root_or_skip(&format!("sim_flow::{case}")) else { return };
-    let bin = target_dir();
-    for f in [
-        "libcriu_cuda_migrate.so",
-        "ccm-sample-workload",
-        "criu-cuda-migrate",
-        "libcuda_test_double.so",
-        "libnvml_test_double.so",
-    ] {
-        assert!(
-            bin.join(f).exists(),
-            "{} is missing: run `cargo build --workspace` first (tests/run-all.sh does)",
-            bin.join(f).display()
-        );
-    }
-    let script = support::repo_root().join("tests/sim/plugin-flow.sh");
-    let work = tempfile::tempdir().expect("scratch dir");
-    let work_dir = work.path().join(case);
-    let out = root.run(
-        &[bin.as_path(), work.path()],
-        &["bash", script.to_str().unwrap(), bin.to_str().unwrap(), case],
-        &[("CCM_FLOW_WORK", work_dir.to_str().unwrap()), ("CCM_SIM_CALL_TIMEOUT_MS", "20000")],
-    );
-    let stdout = String::from_utf8_lossy(&out.stdout);
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        out.status.success() && stdout.contains(&format!("FLOW {case} OK")),
-        "plugin-flow.sh {case} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
-        out.status
+    support::run_sim_case(
+        &support::SimScript {
+            test: "sim_flow",
+            script: "tests/sim/plugin-flow.sh",
+            work_var: "CCM_FLOW_WORK",
+            ok_word: "FLOW",
+            extra_bins: &[],
+        },
+        case,
     );
 }
 

@@ -21,8 +21,8 @@ set -euo pipefail
 BIN=${1:?usage: faults.sh BIN_DIR CASE}
 CASE=${2:?usage: faults.sh BIN_DIR CASE}
 WORK=${CCM_FAULT_WORK:-/tmp/ccm-fault-$CASE}
-G0=GPU-5e110000-aabb-ccdd-0001-020304050600
-G1=GPU-5e110001-aabb-ccdd-0001-020304050601
+# shellcheck source=tests/sim/stack.sh
+. "$(dirname "${BASH_SOURCE[0]}")/stack.sh"
 # A well-formed UUID that is no GPU of the simulated node.
 UNKNOWN_GPU=GPU-0badc0de-0000-0000-0000-000000000000
 
@@ -34,21 +34,7 @@ fail() {
     exit 1
 }
 
-rm -rf "$WORK"
-mkdir -p "$WORK/lib" "$WORK/state" "$WORK/plugins" "$WORK/w0" "$WORK/w1"
-cp "$BIN/libcuda_test_double.so" "$WORK/lib/libcuda.so.1"
-cp "$BIN/libnvml_test_double.so" "$WORK/lib/libnvidia-ml.so.1"
-cp "$BIN/libcriu_cuda_migrate.so" "$WORK/plugins/"
-cat >"$WORK/gpus.json" <<JSON
-{"driver_version":"580.159.04","cuda_driver_version":13000,"gpus":[
- {"uuid":"$G0","pci_bus_id":"0000:06:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":0,"name":"NVIDIA H200","memory_total":1073741824},
- {"uuid":"$G1","pci_bus_id":"0000:07:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":1,"name":"NVIDIA H200","memory_total":1073741824}]}
-JSON
-export LD_LIBRARY_PATH=$WORK/lib CCM_SIM_CONFIG=$WORK/gpus.json CCM_SIM_STATE_DIR=$WORK/state
-export CRIU_CUDA_MIGRATE_LIBNVML=$WORK/lib/libnvidia-ml.so.1
-unset CUDA_VISIBLE_DEVICES CCM_SIM_VISIBLE CCM_SIM_FAULTS CRIU_CUDA_MIGRATE_DEVICE_MAP CRIU_CUDA_MIGRATE_USABLE_GPUS \
-    CRIU_CUDA_MIGRATE_MODE CRIU_CUDA_MIGRATE_LIBCUDA CRIU_CUDA_MIGRATE_DISABLE CRIU_CUDA_MIGRATE_RECONCILE \
-    CRIU_CUDA_MIGRATE_LEAVE_RUNNING
+sim_stack_setup 2
 
 # Every process this script starts is recorded here and killed at exit (by pid, after checking it is
 # still ours), so a failed case leaves nothing behind.
@@ -63,15 +49,6 @@ cleanup() {
     done <"$WORK/started"
 }
 trap cleanup EXIT
-
-# close_fds: the processes CRIU dumps must not inherit descriptors of files outside the root.
-close_fds() {
-    local fd
-    for fd in /proc/self/fd/*; do
-        fd=${fd##*/}
-        [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null || true
-    done
-}
 
 # start DIR DEVICES: a workload leading its own session; prints its pid once its data is on the GPUs.
 # The caller's environment goes with it (CCM_SIM_FAULTS=... start ... gives it its own fault knobs).

@@ -12,9 +12,8 @@ set -euo pipefail
 BIN=${1:?usage: plugin-flow.sh BIN_DIR CASE}
 CASE=${2:?usage: plugin-flow.sh BIN_DIR CASE}
 WORK=${CCM_FLOW_WORK:-/tmp/ccm-flow-$CASE}
-G0=GPU-5e110000-aabb-ccdd-0001-020304050600
-G1=GPU-5e110001-aabb-ccdd-0001-020304050601
-G2=GPU-5e110002-aabb-ccdd-0001-020304050602
+# shellcheck source=tests/sim/stack.sh
+. "$(dirname "${BASH_SOURCE[0]}")/stack.sh"
 
 fail() {
     echo "plugin-flow[$CASE]: FAIL: $*" >&2
@@ -24,29 +23,13 @@ fail() {
     exit 1
 }
 
-rm -rf "$WORK"
-mkdir -p "$WORK/lib" "$WORK/state" "$WORK/plugins" "$WORK/w0" "$WORK/w1"
-cp "$BIN/libcuda_test_double.so" "$WORK/lib/libcuda.so.1"
-cp "$BIN/libnvml_test_double.so" "$WORK/lib/libnvidia-ml.so.1"
-cp "$BIN/libcriu_cuda_migrate.so" "$WORK/plugins/"
-cat >"$WORK/gpus.json" <<JSON
-{"driver_version":"580.159.04","cuda_driver_version":13000,"gpus":[
- {"uuid":"$G0","pci_bus_id":"0000:06:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":0,"name":"NVIDIA H200","memory_total":1073741824},
- {"uuid":"$G1","pci_bus_id":"0000:07:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":1,"name":"NVIDIA H200","memory_total":1073741824}$(
-    [ "$CASE" = cycle3 ] && printf ',\n {"uuid":"%s","pci_bus_id":"0000:08:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":2,"name":"NVIDIA H200","memory_total":1073741824}' "$G2")]}
-JSON
-export LD_LIBRARY_PATH=$WORK/lib CCM_SIM_CONFIG=$WORK/gpus.json CCM_SIM_STATE_DIR=$WORK/state
-export CRIU_CUDA_MIGRATE_LIBNVML=$WORK/lib/libnvidia-ml.so.1
-unset CUDA_VISIBLE_DEVICES CCM_SIM_VISIBLE CCM_SIM_FAULTS CRIU_CUDA_MIGRATE_DEVICE_MAP CRIU_CUDA_MIGRATE_USABLE_GPUS
+if [ "$CASE" = cycle3 ]; then sim_stack_setup 3; else sim_stack_setup 2; fi
 
 # start DIR DEVICES: a workload leading its own session, holding no inherited descriptor.
 start() {
     local dir=$1 devices=$2
     (
-        for fd in /proc/self/fd/*; do
-            fd=${fd##*/}
-            [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null || true
-        done
+        close_fds
         exec setsid "$BIN/ccm-sample-workload" --dir "$dir" --mib 8 --devices "$devices" --rounds 4 </dev/null >"$dir.out" 2>&1
     ) &
     disown $!
@@ -193,10 +176,7 @@ no-plugin)
 two-procs)
     # One tree: a shell with two workloads, one per GPU. Dump and restore it whole, swapped.
     (
-        for fd in /proc/self/fd/*; do
-            fd=${fd##*/}
-            [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null || true
-        done
+        close_fds
         exec setsid bash -c '"$0" --dir "$1/w0" --mib 8 --devices 0 --rounds 2 >"$1/w0.out" 2>&1 &
             "$0" --dir "$1/w1" --mib 8 --devices 1 --rounds 2 >"$1/w1.out" 2>&1 &
             wait' "$BIN/ccm-sample-workload" "$WORK" </dev/null >"$WORK/tree.out" 2>&1

@@ -367,3 +367,51 @@ impl Drop for PlainOutcome {
         }
     }
 }
+
+/// One case of a simulated-stack script (`tests/sim/plugin-flow.sh`, `tests/sim/faults.sh`) under real CRIU in
+/// the trixie root, on the binaries of this test's target dir. The script runs `CASE` in the scratch dir named by
+/// `work_var` and prints `<ok_word> <case> OK` on success.
+pub struct SimScript<'a> {
+    pub test: &'a str,
+    pub script: &'a str,
+    pub work_var: &'a str,
+    pub ok_word: &'a str,
+    /// Binaries of the target dir the script needs besides the plugin, the workload and the doubles.
+    pub extra_bins: &'a [&'a str],
+}
+
+/// The simulated-stack cases share the machine's two cores with the doubles' call timeouts: one at a time, so a
+/// timeout measures the plugin, not the scheduler.
+static SIM_SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
+
+pub fn run_sim_case(s: &SimScript<'_>, case: &str) {
+    let _serial = SIM_SERIAL.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(root) = criu_root_or_skip(&format!("{}::{case}", s.test)) else { return };
+    let exe = std::env::current_exe().expect("path of the test binary");
+    let bin = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/").to_path_buf();
+    let common =
+        [PLUGIN_FILE, "ccm-sample-workload", "criu-cuda-migrate", "libcuda_test_double.so", "libnvml_test_double.so"];
+    for f in common.iter().chain(s.extra_bins) {
+        assert!(
+            bin.join(f).exists(),
+            "{} is missing: run `cargo build --workspace` first (tests/run-all.sh does)",
+            bin.join(f).display()
+        );
+    }
+    let script = repo_root().join(s.script);
+    let work = tempfile::tempdir().expect("scratch dir");
+    let work_dir = work.path().join(case);
+    let out = root.run(
+        &[bin.as_path(), work.path()],
+        &["bash", script.to_str().expect("UTF-8 script path"), bin.to_str().expect("UTF-8 target path"), case],
+        &[(s.work_var, work_dir.to_str().expect("UTF-8 scratch path")), ("CCM_SIM_CALL_TIMEOUT_MS", "20000")],
+    );
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        out.status.success() && stdout.contains(&format!("{} {case} OK", s.ok_word)),
+        "{} {case} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+        s.script,
+        out.status
+    );
+}

@@ -1,0 +1,41 @@
+# Sourced by the simulated-stack scripts (plugin-flow.sh, faults.sh): lays out the TEST DOUBLES, the plugin
+# and a node of simulated H200s in $WORK, and points this shell's environment at them.
+# Needs BIN (cargo's target dir with the built doubles and plugin) and WORK (scratch dir, recreated).
+
+G0=GPU-5e110000-aabb-ccdd-0001-020304050600
+G1=GPU-5e110001-aabb-ccdd-0001-020304050601
+G2=GPU-5e110002-aabb-ccdd-0001-020304050602
+
+# sim_stack_setup GPUS: GPUS simulated H200s (2 or 3) at 0000:06:00.0, 07, 08, minors 0, 1, 2.
+sim_stack_setup() {
+    local n=$1 i sep=""
+    local uuids=("$G0" "$G1" "$G2")
+    rm -rf "$WORK"
+    mkdir -p "$WORK/lib" "$WORK/state" "$WORK/plugins" "$WORK/w0" "$WORK/w1"
+    cp "$BIN/libcuda_test_double.so" "$WORK/lib/libcuda.so.1"
+    cp "$BIN/libnvml_test_double.so" "$WORK/lib/libnvidia-ml.so.1"
+    cp "$BIN/libcriu_cuda_migrate.so" "$WORK/plugins/"
+    {
+        echo '{"driver_version":"580.159.04","cuda_driver_version":13000,"gpus":['
+        for ((i = 0; i < n; i++)); do
+            printf '%s {"uuid":"%s","pci_bus_id":"0000:%02x:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":%d,"name":"NVIDIA H200","memory_total":1073741824}\n' \
+                "$sep" "${uuids[$i]}" $((6 + i)) "$i"
+            sep=","
+        done
+        echo ']}'
+    } >"$WORK/gpus.json"
+    export LD_LIBRARY_PATH=$WORK/lib CCM_SIM_CONFIG=$WORK/gpus.json CCM_SIM_STATE_DIR=$WORK/state
+    export CRIU_CUDA_MIGRATE_LIBNVML=$WORK/lib/libnvidia-ml.so.1
+    unset CUDA_VISIBLE_DEVICES CCM_SIM_VISIBLE CCM_SIM_FAULTS CRIU_CUDA_MIGRATE_DEVICE_MAP CRIU_CUDA_MIGRATE_USABLE_GPUS \
+        CRIU_CUDA_MIGRATE_MODE CRIU_CUDA_MIGRATE_LIBCUDA CRIU_CUDA_MIGRATE_DISABLE CRIU_CUDA_MIGRATE_RECONCILE \
+        CRIU_CUDA_MIGRATE_LEAVE_RUNNING
+}
+
+# close_fds: the processes CRIU dumps must not inherit descriptors of files outside the root.
+close_fds() {
+    local fd
+    for fd in /proc/self/fd/*; do
+        fd=${fd##*/}
+        [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null || true
+    done
+}
