@@ -78,69 +78,9 @@ skip() { rec --section "$1" --label "$2" --skipped "$3"; log "SKIP $1 $2: $3"; }
 # ---------------------------------------------------------------------------------------------
 # Processes (as tests/gpu/run.sh: every process its own session, tracked by pid, killed by pid)
 
-track() { printf '%s\n' "$1" >>"$WORK/pids"; }
-alive() { [[ -e /proc/$1 ]] && [[ $(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) != Z ]]; }
-
-wait_gone() {
-    local pid=$1 deadline=$((SECONDS + ${2:-30})) state
-    while [[ -e /proc/$pid ]]; do
-        state=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
-        [[ $state == Z ]] && wait "$pid" 2>/dev/null
-        ((SECONDS >= deadline)) && return 1
-        sleep 0.05
-    done
-}
-
-cleanup_processes() {
-    local pid
-    [[ -f $WORK/pids ]] || return 0
-    while read -r pid; do
-        [[ $pid =~ ^[0-9]+$ ]] || continue
-        kill -9 -- "-$pid" 2>/dev/null
-        kill -9 "$pid" 2>/dev/null
-    done <"$WORK/pids"
-    while read -r pid; do
-        [[ $pid =~ ^[0-9]+$ ]] && wait_gone "$pid" 10
-    done <"$WORK/pids"
-    : >"$WORK/pids"
-}
-
-close_inherited_fds() {
-    local path fd
-    for path in /proc/"$BASHPID"/fd/*; do
-        fd=${path##*/}
-        if [[ $fd =~ ^[0-9]+$ ]] && ((fd > 2)) && [[ -e $path ]]; then
-            eval "exec $fd>&-"
-        fi
-    done
-}
-
-# start_detached DIR LOG CMD...: CMD in its own session, cwd DIR, stdin /dev/null. Sets STARTED_PID.
-start_detached() {
-    local dir=$1 logfile=$2
-    shift 2
-    (
-        cd "$dir" || exit 1
-        exec </dev/null >"$logfile" 2>&1
-        close_inherited_fds
-        exec setsid "$@"
-    ) &
-    STARTED_PID=$!
-    track "$STARTED_PID"
-}
-
-wait_file() {
-    local deadline=$((SECONDS + $2)) pid=${3:-}
-    while [[ ! -e $1 ]]; do
-        ((SECONDS >= deadline)) && return 1
-        if [[ -n $pid ]] && ! alive "$pid"; then
-            sleep 0.2
-            [[ -e $1 ]] && return 0
-            return 2
-        fi
-        sleep 0.05
-    done
-}
+# track, cleanup_processes, close_inherited_fds, start_detached, wait_file, wait_gone, alive
+# shellcheck source=tests/gpu/processes.sh
+. "$REPO/tests/gpu/processes.sh"
 
 read_pid() { local p; p=$(<"$1"); printf '%s' "${p//[!0-9]/}"; }
 

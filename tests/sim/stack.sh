@@ -1,3 +1,4 @@
+# shellcheck shell=bash
 # Sourced by the simulated-stack scripts (plugin-flow.sh, faults.sh): lays out the TEST DOUBLES, the plugin
 # and a node of simulated H200s in $WORK, and points this shell's environment at them.
 # Needs BIN (cargo's target dir with the built doubles and plugin) and WORK (scratch dir, recreated).

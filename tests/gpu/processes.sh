@@ -1,0 +1,78 @@
+# shellcheck shell=bash
+# Sourced by the GPU scripts (tests/gpu/run.sh, bench/run-gpu.sh): starting, tracking, waiting for and
+# cleaning up the processes a case runs. Needs WORK (the scratch dir holding the list of pids).
+
+# Every process a case started or restored, by pid: cleanup kills exactly these (and, as each is
+# a session and group leader, its process group).
+track() { printf '%s\n' "$1" >>"$WORK/pids"; }
+
+cleanup_processes() {
+    local pid
+    [[ -f $WORK/pids ]] || return 0
+    while read -r pid; do
+        [[ $pid =~ ^[0-9]+$ ]] || continue
+        kill -9 -- "-$pid" 2>/dev/null
+        kill -9 "$pid" 2>/dev/null
+    done <"$WORK/pids"
+    while read -r pid; do
+        [[ $pid =~ ^[0-9]+$ ]] && wait_gone "$pid" 10
+    done <"$WORK/pids"
+    : >"$WORK/pids"
+}
+
+# close_inherited_fds: closes fds above stdio of the calling (sub)shell. CRIU cannot dump a
+# process holding fds of the launcher's files on other mounts.
+close_inherited_fds() {
+    local path fd
+    for path in /proc/"$BASHPID"/fd/*; do
+        fd=${path##*/}
+        if [[ $fd =~ ^[0-9]+$ ]] && ((fd > 2)) && [[ -e $path ]]; then
+            eval "exec $fd>&-"
+        fi
+    done
+}
+
+# start_detached DIR LOG CMD...: CMD in its own session (CRIU dumps a session whole without
+# --shell-job), cwd DIR, stdin /dev/null, stdout+stderr to LOG. Sets STARTED_PID.
+start_detached() {
+    local dir=$1 logfile=$2
+    shift 2
+    (
+        cd "$dir" || exit 1
+        exec </dev/null >"$logfile" 2>&1
+        close_inherited_fds
+        # Not a group leader here (no job control), so setsid(1) calls setsid(2) without forking:
+        # $! below is CMD's pid.
+        exec setsid "$@"
+    ) &
+    STARTED_PID=$!
+    track "$STARTED_PID"
+}
+
+# wait_file FILE SECONDS [PID]: 0 once FILE exists; 1 on timeout; 2 as soon as PID (the process
+# that should write FILE, or its tree's root) is gone, so a dead workload does not cost the timeout.
+wait_file() {
+    local deadline=$((SECONDS + $2)) pid=${3:-}
+    while [[ ! -e $1 ]]; do
+        ((SECONDS >= deadline)) && return 1
+        if [[ -n $pid ]] && ! alive "$pid"; then
+            sleep 0.2
+            [[ -e $1 ]] && return 0
+            return 2
+        fi
+        sleep 0.05
+    done
+}
+
+# wait_gone PID SECONDS: until PID no longer exists (reaping it if it is our zombie child).
+wait_gone() {
+    local pid=$1 deadline=$((SECONDS + ${2:-30})) state
+    while [[ -e /proc/$pid ]]; do
+        state=$(sed 's/^.*) //' "/proc/$pid/stat" 2>/dev/null | cut -d' ' -f1)
+        [[ $state == Z ]] && wait "$pid" 2>/dev/null
+        ((SECONDS >= deadline)) && return 1
+        sleep 0.05
+    done
+}
+
+alive() { [[ -e /proc/$1 ]] && [[ $(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) != Z ]]; }
