@@ -83,6 +83,11 @@ impl Log for CriuLogger {
     fn log(&self, record: &Record<'_>) {
         let Some(print) = self.print else { return };
         let msg = record.args().to_string();
+        // CRIU formats every message in one static buffer: two of our threads (the parallel
+        // checkpoint, restore and rollback workers log) must never be inside print_on_level at
+        // once. CRIU's own thread does not log while ours run: it is waiting in our hook.
+        static PRINTING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+        let _one_at_a_time = PRINTING.lock().unwrap_or_else(|p| p.into_inner());
         for line in format_lines(&msg, record.level()) {
             // SAFETY: `print` is CRIU's print_on_level; "%s" consumes exactly one C string,
             // which `line` keeps alive for the duration of the call.

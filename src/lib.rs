@@ -148,6 +148,7 @@ extern "C" fn plugin_init(stage: c_int) -> c_int {
                 return -libc::EINVAL;
             }
         };
+        info!("settings: {config}");
         let mut s = session();
         *s = Session::Off;
         if config.disabled {

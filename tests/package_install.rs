@@ -14,13 +14,13 @@
 mod support;
 
 use std::fs;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
-use std::sync::OnceLock;
+use std::path::Path;
+use std::process::{Command, Output};
 use std::thread::sleep;
 use std::time::{Duration, Instant};
 
-use support::{criu_root_or_skip, init_line, repo_root, CriuRoot, LOG_PREFIX};
+use support::package::{deb, describe_output, run_ok, RootCopy, RootKind};
+use support::{criu_root_or_skip, init_line, CriuRoot, LOG_PREFIX};
 
 const PACKAGE: &str = "criu-cuda-migrate";
 const PLUGIN_DIR: &str = "/usr/lib/criu-cuda-migrate/plugins";
@@ -41,45 +41,6 @@ const EXPECTED_FILES: &[&str] = &[
     "/usr/share/doc/criu-cuda-migrate/copyright",
     "/usr/share/doc/criu-cuda-migrate/changelog.Debian.gz",
 ];
-
-/// The package file: `CCM_DEB` if set, else built once for this test binary by `packaging/build-deb.sh`.
-fn deb() -> &'static Path {
-    static DEB: OnceLock<PathBuf> = OnceLock::new();
-    DEB.get_or_init(|| {
-        if let Some(path) = std::env::var_os("CCM_DEB") {
-            let path = PathBuf::from(path);
-            assert!(path.is_file(), "CCM_DEB={} is not a file", path.display());
-            return path;
-        }
-        let script = repo_root().join("packaging/build-deb.sh");
-        let out = Command::new("bash")
-            .arg(&script)
-            .stdin(Stdio::null())
-            .stderr(Stdio::inherit())
-            .output()
-            .unwrap_or_else(|e| panic!("run {}: {e}", script.display()));
-        assert!(out.status.success(), "{} failed ({}); its messages are above", script.display(), out.status);
-        let stdout = String::from_utf8_lossy(&out.stdout);
-        let path = PathBuf::from(stdout.lines().last().unwrap_or_default().trim());
-        assert!(path.is_file(), "build-deb.sh did not print the path of a .deb as its last line: {stdout:?}");
-        path
-    })
-}
-
-fn run_ok(cmd: &mut Command) -> String {
-    let out = cmd.stdin(Stdio::null()).output().unwrap_or_else(|e| panic!("run {cmd:?}: {e}"));
-    assert!(out.status.success(), "{cmd:?} failed: {}", describe_output(&out));
-    String::from_utf8_lossy(&out.stdout).into_owned()
-}
-
-fn describe_output(out: &Output) -> String {
-    format!(
-        "{}\nstdout:\n{}\nstderr:\n{}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    )
-}
 
 /// `dpkg-deb --contents` lines end in `./path` (directories with a trailing `/`); the files only, as `/path`.
 fn packaged_files(deb: &Path) -> Vec<String> {
@@ -234,6 +195,13 @@ cli preflight-json --json preflight "$S/images"
 cli inspect-missing inspect "$S/no-such-directory"
 cli node node
 cli bad-usage frobnicate
+# The user guide's alternative to a libdir line: CRIU_LIBS_DIR in CRIU's environment. A pid that cannot exist:
+# CRIU loads its plugins before it looks for the task, so the log shows whether it found this one.
+mv /etc/criu/default.conf /tmp/default.conf.saved
+mkdir -p "$S/libs-dir"
+CRIU_LIBS_DIR=/usr/lib/criu-cuda-migrate/plugins criu dump -t 2147483646 -D "$S/libs-dir" -v4 -o dump.log 2>/dev/null
+echo $? >"$S/libs-dir.rc"
+mv /tmp/default.conf.saved /etc/criu/default.conf
 "#;
 
 /// Runs inside the same copy after the install scenario: purge the package.
@@ -248,48 +216,6 @@ mkdir -p "$S/after-purge"
 criu dump -t 2147483646 -D "$S/after-purge" -v4 -o dump.log 2>/dev/null
 echo $? >"$S/after-purge.rc"
 "#;
-
-/// A writable copy of the cached trixie root, deleted on drop.
-struct RootCopy {
-    dir: tempfile::TempDir,
-}
-
-impl RootCopy {
-    fn of(root: &CriuRoot) -> Self {
-        // `tests/criu-root.sh path` names the cached root (it honours CCM_TRIXIE_ROOT).
-        let located = run_ok(Command::new("bash").arg(repo_root().join("tests/criu-root.sh")).arg("path"));
-        let source = PathBuf::from(located.trim());
-        assert!(root.plugin_header().starts_with(&source), "criu-root.sh path disagrees with the located root");
-        // Next to the cached root: same file system, so `cp --reflink=auto` may share blocks.
-        let parent = std::env::var_os("CCM_PACKAGE_TEST_TMP").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
-        let dir = tempfile::Builder::new().prefix("ccm-package-root-").tempdir_in(parent).expect("temporary directory");
-        let copy = dir.path().join("trixie");
-        let out = Command::new("cp")
-            .args(["-a", "--reflink=auto"])
-            .arg(&source)
-            .arg(&copy)
-            .stdin(Stdio::null())
-            .output()
-            .expect("run cp");
-        assert!(
-            out.status.success(),
-            "cp -a {} {} failed: {}",
-            source.display(),
-            copy.display(),
-            describe_output(&out)
-        );
-        Self { dir }
-    }
-
-    fn path(&self) -> PathBuf {
-        self.dir.path().join("trixie")
-    }
-
-    /// A file of the copy, by its path inside the root.
-    fn file(&self, inside: &str) -> PathBuf {
-        self.path().join(inside.trim_start_matches('/'))
-    }
-}
 
 /// The scratch directory shared with the scenarios (bound into the root at its own path).
 struct Scratch {
@@ -394,7 +320,7 @@ fn installed_package_is_loaded_by_criu_from_its_config_file_alone() {
         return;
     };
     let deb = deb();
-    let copy = RootCopy::of(&root);
+    let copy = RootCopy::of(&root, RootKind::Criu);
     let mut scratch = Scratch {
         dir: tempfile::Builder::new().prefix("ccm-package-test-").tempdir().expect("scratch directory"),
         pid: 0,
@@ -472,6 +398,12 @@ fn installed_package_is_loaded_by_criu_from_its_config_file_alone() {
         assert_eq!(rc, Some(2), "node without NVIDIA driver must exit 2: {out}{err}");
         assert!(!err.is_empty(), "node without NVIDIA driver must say why on stderr");
     }
+
+    let libs_dir_log = scratch.read("libs-dir/dump.log");
+    assert!(
+        libs_dir_log.contains(&init_line("dump")),
+        "with CRIU_LIBS_DIR and no libdir line CRIU did not load the plugin (docs/USER-GUIDE.md section 3); dump.log:\n{libs_dir_log}"
+    );
 
     // Removal: everything the package installed goes, and /etc/criu/default.conf (the user's file) stays as is.
     let purge = run_in(&root, &copy, scratch.path(), PURGE_SCENARIO, &[&scratch_str]);

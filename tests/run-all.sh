@@ -35,6 +35,8 @@ bash scripts/install-deps.sh
 
 step "Debian trixie root with CRIU 4.x (tests/criu-root.sh prepare)"
 as_root bash tests/criu-root.sh prepare
+step "the same root with Podman, containerd, runc and crun (tests/criu-root.sh prepare-runtimes)"
+as_root bash tests/criu-root.sh prepare-runtimes
 
 step "cargo build --workspace"
 cargo build --workspace

@@ -23,6 +23,8 @@ CRIU_BIN=$CRIU_ROOT/usr/sbin/criu
 CRIU_LIBS=$CRIU_ROOT/usr/lib/x86_64-linux-gnu
 PLUGIN_DIR=$WORK/plugins
 WORKLOAD=$DEVICE_DIR/bin/ccm-sample-workload
+CLI=$DEVICE_DIR/bin/criu-cuda-migrate
+CKPT_CTL=(python3 "$REPO/tests/gpu/ckpt_ctl.py")
 CHECK=(python3 "$REPO/tests/gpu/gpu_check.py")
 RESULTS=$RESULTS_DIR/results.tsv
 # Bounds: every wait and every criu run has one, so a hung case cannot eat the run.
@@ -192,7 +194,7 @@ setup() {
     : >"$RESULTS"
     : >"$WORK/pids"
     local f plugin
-    for f in "$WORKLOAD" "$DEVICE_DIR"/plugin/*.so; do
+    for f in "$WORKLOAD" "$CLI" "$DEVICE_DIR"/plugin/*.so; do
         [[ -e $f ]] || { echo "missing $f: run tests/gpu/prepare.sh on the build machine and carry .device" >&2; exit 2; }
     done
     if ! ls "$DEVICE_DIR"/criu-debs/*.deb >/dev/null 2>&1; then
@@ -566,11 +568,67 @@ case_no_target() {
     save_logs "$d"
 }
 
+# The command-line tool on real GPUs (docs/USER-GUIDE.md section 7): node, inspect and preflight of
+# real identity images, and recover of a process left CHECKPOINTED the way an interrupted dump
+# leaves it (locked and checkpointed from outside through the driver API by ckpt_ctl.py).
+case_cli() {
+    CASE=c1-cli
+    local d out rc seen bogus=GPU-00000000-0000-0000-0000-000000000000 exp
+    d=$(case_dir cli)
+
+    exp="node lists both GPUs (table and --json)"
+    "$CLI" node >"$d/node.txt" 2>&1 || fail "$CASE-node" "$exp" "node exited $?: $(head -c 200 "$d/node.txt")"
+    "$CLI" node --json >"$d/node.json" 2>&1 || fail "$CASE-node" "$exp" "node --json exited $?"
+    grep -q "$G0" "$d/node.txt" && grep -q "$G1" "$d/node.txt" && grep -q "$G0" "$d/node.json" &&
+        grep -q "$G1" "$d/node.json" || fail "$CASE-node" "$exp" "missing a GPU: $(tr '\n' ' ' <"$d/node.txt" | head -c 200)"
+    record "$CASE-node" "$exp" "$(grep -c GPU- "$d/node.txt") GPUs, driver $(head -n 1 "$d/node.txt")" PASS -
+
+    exp="inspect shows the dump GPU; preflight: swap passes, unknown GPU refused (exit 1)"
+    launch_workload "$d/w" 256 0 1
+    dump "$W_PID" "$d/img" "$d/dump.log" || fail "$CASE-inspect-preflight" "$exp" "dump failed: $(criu_tail "$d/dump.log")"
+    "$CLI" inspect "$d/img" >"$d/inspect.txt" 2>&1 || fail "$CASE-inspect-preflight" "$exp" "inspect exited $?"
+    grep -E "cuda:0 +$G0" "$d/inspect.txt" >/dev/null ||
+        fail "$CASE-inspect-preflight" "$exp" "inspect does not show cuda:0 on GPU 0: $(head -c 300 "$d/inspect.txt")"
+    "$CLI" --json inspect "$d/img" >"$d/inspect.json" 2>&1 || fail "$CASE-inspect-preflight" "$exp" "inspect --json exited $?"
+    python3 -c 'import json,sys; v=json.load(open(sys.argv[1])); sys.exit(v["processes"][0]["used"][0] != sys.argv[2])' \
+        "$d/inspect.json" "$G0" || fail "$CASE-inspect-preflight" "$exp" "inspect --json: used[0] is not GPU 0"
+    "$CLI" preflight "$d/img" --device-map "$SWAP" >"$d/preflight-swap.txt" 2>&1 ||
+        fail "$CASE-inspect-preflight" "$exp" "preflight with the swap exited $?: $(tail -n 1 "$d/preflight-swap.txt")"
+    grep -q "preflight passed" "$d/preflight-swap.txt" || fail "$CASE-inspect-preflight" "$exp" "no 'preflight passed'"
+    rc=0
+    "$CLI" --json preflight "$d/img" --usable-gpus "$bogus" >"$d/preflight-bogus.json" 2>&1 || rc=$?
+    [[ $rc -eq 1 ]] && grep -q '"ok":false' "$d/preflight-bogus.json" ||
+        fail "$CASE-inspect-preflight" "$exp" "unknown usable GPU: exit $rc, $(head -c 200 "$d/preflight-bogus.json")"
+    restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
+        fail "$CASE-inspect-preflight" "$exp" "restore failed: $(criu_tail "$d/restore.log")"
+    round "$d/w" 1 "$W_PID" || fail "$CASE-inspect-preflight" "$exp" "no report after restore"
+    "$CLI" inspect "$d/img" >"$d/inspect-after.txt" 2>&1
+    seen="inspect: cuda:0=GPU0; swap passes; bogus refused: $(head -c 90 "$d/preflight-bogus.json")"
+    record "$CASE-inspect-preflight" "$exp" "$seen" PASS -
+
+    exp="recover brings a CHECKPOINTED process back: RUNNING, data intact"
+    launch_workload "$d/r" 512 0 1
+    out=$("${CKPT_CTL[@]}" lock-checkpoint "$W_PID" 2>&1) || fail "$CASE-recover" "$exp" "could not checkpoint it: $out"
+    [[ $out == checkpointed ]] || fail "$CASE-recover" "$exp" "state after lock+checkpoint: $out"
+    local t0
+    t0=$(now)
+    "$CLI" recover --pid "$W_PID" >"$d/recover.txt" 2>&1 || fail "$CASE-recover" "$exp" "recover exited $?: $(tr '\n' ' ' <"$d/recover.txt")"
+    local secs
+    secs=$(elapsed "$t0")
+    out=$("${CKPT_CTL[@]}" state "$W_PID" 2>&1)
+    [[ $out == running ]] || fail "$CASE-recover" "$exp" "state after recover: $out"
+    round "$d/r" 1 "$W_PID" || fail "$CASE-recover" "$exp" "no report after recover"
+    seen=$("${CHECK[@]}" report "$d/r/report1.json" --uuid "0=$G0" --consistent --data-ok) || fail "$CASE-recover" "$exp" "$seen"
+    record "$CASE-recover" "$exp" "checkpointed -> $(tail -n 1 "$d/recover.txt"); $seen" PASS "recover ${secs}s"
+    save_logs "$d"
+}
+
 ALL_CASES=(
     case_baseline
     case_plain_1g case_plain_8g case_torch case_leave_running case_two_processes
     case_explicit_map case_auto_map case_preflight_refusal
     case_repro_stale case_reconciled case_chained case_nccl_a case_nccl_b case_nccl_c case_no_target
+    case_cli
 )
 
 # The case name a function records under (for selection by prefix).
@@ -592,6 +650,7 @@ case_label() {
         case_nccl_b) echo i6-4b-nccl ;;
         case_nccl_c) echo i6-4c-nccl ;;
         case_no_target) echo i6-5-no-target ;;
+        case_cli) echo c1-cli ;;
     esac
 }
 

@@ -5,6 +5,7 @@
 #![allow(dead_code)]
 
 pub mod elf;
+pub mod package;
 
 use std::fs;
 use std::io::Write;

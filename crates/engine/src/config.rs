@@ -24,7 +24,28 @@ pub struct Config {
     /// Lock timeout: CRIU's `--timeout` (seconds) when we can see it, else 10 s like CRIU.
     pub lock_timeout: Duration,
     /// Whether the dump leaves the tree running (`-R`/`--leave-running`).
-    pub leave_running: bool,
+    pub leave_running: LeaveRunning,
+}
+
+/// What the plugin knows about CRIU's `--leave-running`, which the plugin ABI does not expose.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum LeaveRunning {
+    /// `-R`/`--leave-running` on CRIU's command line, or `CRIU_CUDA_MIGRATE_LEAVE_RUNNING=1`.
+    Yes,
+    /// A `criu dump` command line without it, or `CRIU_CUDA_MIGRATE_LEAVE_RUNNING=0`.
+    No,
+    /// CRIU driven over RPC (`criu swrk` under runc and crun, `criu service`): the request carries the
+    /// option and nobody said. The dump then restores the devices at its end as for `Yes`: a final dump
+    /// only pays that time before CRIU ends the tasks, while treating a dump that leaves the tasks running
+    /// as final would leave them CHECKPOINTED, hung on their next CUDA call.
+    Unknown,
+}
+
+impl LeaveRunning {
+    /// Whether the end of a successful dump restores the devices.
+    pub fn restores_devices(self) -> bool {
+        !matches!(self, LeaveRunning::No)
+    }
 }
 
 pub const ENV_DISABLE: &str = "CRIU_CUDA_MIGRATE_DISABLE";
@@ -45,6 +66,10 @@ pub enum ConfigError {
 
 fn truthy(v: &str) -> bool {
     matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "yes" | "true" | "on")
+}
+
+fn falsy(v: &str) -> bool {
+    matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "no" | "false" | "off")
 }
 
 impl Config {
@@ -81,49 +106,111 @@ impl Config {
             }
         };
         let disabled = env(ENV_DISABLE).is_some_and(|v| truthy(&v));
-        let (timeout_s, leave_running_arg) = parse_criu_args(criu_args);
-        let leave_running = leave_running_arg || env(ENV_LEAVE_RUNNING).is_some_and(|v| truthy(&v));
+        let args = parse_criu_args(criu_args);
+        let leave_running = match env(ENV_LEAVE_RUNNING).filter(|v| !v.trim().is_empty()) {
+            _ if args.leave_running => LeaveRunning::Yes,
+            Some(v) if truthy(&v) => LeaveRunning::Yes,
+            Some(v) if falsy(&v) => LeaveRunning::No,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: ENV_LEAVE_RUNNING,
+                    value: other,
+                    expected: "`1` (the dump leaves the processes running) or `0` (it ends them)",
+                })
+            }
+            None if args.over_rpc => LeaveRunning::Unknown,
+            None => LeaveRunning::No,
+        };
         Ok(Config {
             disabled,
             device_map,
             usable_gpus,
             strictness,
             reconcile,
-            lock_timeout: Duration::from_secs(timeout_s.unwrap_or(10).max(1)),
+            lock_timeout: Duration::from_secs(args.timeout_s.unwrap_or(10).max(1)),
             leave_running,
         })
     }
 
     pub fn from_process(plugin_options: &[(String, String)]) -> Result<Config, ConfigError> {
-        let args: Vec<String> = std::fs::read("/proc/self/cmdline")
-            .map(|b| b.split(|&c| c == 0).map(|s| String::from_utf8_lossy(s).into_owned()).collect())
-            .unwrap_or_default();
+        let args = criu_command_line(&std::fs::read("/proc/self/cmdline").unwrap_or_default());
+        log::debug!("CRIU's command line: {args:?}");
         Config::from_sources(|k| std::env::var(k).ok(), &args, plugin_options)
     }
 }
 
-/// CRIU's own `--timeout N` / `--timeout=N` and `-R` / `--leave-running`, read from its command
-/// line: the plugin ABI offers no access to CRIU's options. Under `criu swrk` (RPC) neither is on
-/// the command line; `CRIU_CUDA_MIGRATE_LEAVE_RUNNING=1` tells the plugin instead.
-fn parse_criu_args(args: &[String]) -> (Option<u64>, bool) {
-    let mut timeout = None;
-    let mut leave_running = false;
-    let mut it = args.iter().peekable();
+/// The one `settings:` line the plugin logs at every init, so that whoever configured it through a
+/// runtime (containers.conf, a systemd drop-in, `sudo env`) can see in CRIU's log what arrived.
+impl std::fmt::Display for Config {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, lock timeout {} s",
+            self.device_map.as_deref().unwrap_or("automatic"),
+            self.usable_gpus.as_deref().unwrap_or("all"),
+            match self.strictness {
+                Strictness::Strict => "strict",
+                Strictness::Permissive => "permissive",
+            },
+            if self.reconcile { "on" } else { "off" },
+            match self.leave_running {
+                LeaveRunning::Yes => "yes",
+                LeaveRunning::No => "no",
+                LeaveRunning::Unknown => "unknown (CRIU over RPC; devices restored after the dump)",
+            },
+            self.lock_timeout.as_secs(),
+        )
+    }
+}
+
+/// CRIU's arguments from `/proc/self/cmdline`. A CRIU serving an RPC request has retitled itself through
+/// libbsd's setproctitle, which leaves one NUL-free string (`criu: dump --rpc -t 4242 -D /ckpt`, measured
+/// under runc 1.1): that one is split into words.
+fn criu_command_line(raw: &[u8]) -> Vec<String> {
+    let raw = raw.strip_suffix(&[0]).unwrap_or(raw);
+    let args: Vec<String> = raw.split(|&c| c == 0).map(|s| String::from_utf8_lossy(s).into_owned()).collect();
+    match args.as_slice() {
+        [title] if title.contains(' ') => title.split_whitespace().map(str::to_string).collect(),
+        _ => args,
+    }
+}
+
+/// What CRIU's own command line says: `--timeout N` / `--timeout=N`, `-R` / `--leave-running`, and
+/// whether CRIU serves an RPC request (`criu swrk` under runc and crun, `criu service`), whose options never
+/// appear on the command line: such a CRIU retitles itself `dump --rpc -t PID -D DIR` before it loads plugins. The plugin ABI offers no access to CRIU's options.
+#[derive(Debug, Default, PartialEq, Eq)]
+struct CriuArgs {
+    timeout_s: Option<u64>,
+    leave_running: bool,
+    over_rpc: bool,
+}
+
+fn parse_criu_args(args: &[String]) -> CriuArgs {
+    let mut parsed = CriuArgs::default();
+    let mut it = args.iter().skip(1).peekable();
+    let mut command_seen = false;
     while let Some(a) = it.next() {
         if a == "--timeout" {
-            timeout = it.peek().and_then(|v| v.parse().ok());
+            parsed.timeout_s = it.peek().and_then(|v| v.parse().ok());
         } else if let Some(v) = a.strip_prefix("--timeout=") {
-            timeout = v.parse().ok();
+            parsed.timeout_s = v.parse().ok();
         } else if a == "--leave-running" {
-            leave_running = true;
+            parsed.leave_running = true;
+        } else if a == "--rpc" {
+            // CRIU serving an RPC request retitles itself `dump --rpc -t PID -D DIR` (setproctitle).
+            parsed.over_rpc = true;
         } else if a.starts_with('-') && !a.starts_with("--") && a.len() > 1 {
             // Short options may be bundled (`-vR`), but never look inside an option's value.
             if a[1..].chars().all(|c| c.is_ascii_alphabetic()) && a.contains('R') {
-                leave_running = true;
+                parsed.leave_running = true;
             }
+        } else if !a.starts_with('-') && !command_seen {
+            // CRIU's command is its first word that is not an option.
+            command_seen = true;
+            parsed.over_rpc |= a == "swrk" || a == "service";
         }
     }
-    (timeout, leave_running)
+    parsed
 }
 
 #[cfg(test)]
@@ -134,12 +221,50 @@ mod tests {
         s.split_whitespace().map(String::from).collect()
     }
 
+    fn parsed(timeout_s: Option<u64>, leave_running: bool, over_rpc: bool) -> CriuArgs {
+        CriuArgs { timeout_s, leave_running, over_rpc }
+    }
+
     #[test]
-    fn criu_command_line() {
-        assert_eq!(parse_criu_args(&args("criu dump -t 5 -D d --timeout 30 -R")), (Some(30), true));
-        assert_eq!(parse_criu_args(&args("criu dump --timeout=7 --leave-running")), (Some(7), true));
-        assert_eq!(parse_criu_args(&args("criu dump -t 5 -D /R")), (None, false));
-        assert_eq!(parse_criu_args(&args("criu swrk 3")), (None, false));
+    fn criu_command_lines() {
+        assert_eq!(parse_criu_args(&args("criu dump -t 5 -D d --timeout 30 -R")), parsed(Some(30), true, false));
+        assert_eq!(parse_criu_args(&args("criu dump --timeout=7 --leave-running")), parsed(Some(7), true, false));
+        assert_eq!(parse_criu_args(&args("criu dump -t 5 -D /R")), parsed(None, false, false));
+        assert_eq!(parse_criu_args(&args("criu swrk 3")), parsed(None, false, true));
+        assert_eq!(
+            parse_criu_args(&args("/usr/sbin/criu service --address /run/criu.sock")),
+            parsed(None, false, true)
+        );
+        assert_eq!(parse_criu_args(&args("criu -v4 dump -t 5 -D swrk")), parsed(None, false, false));
+        // What /proc/self/cmdline says while CRIU serves runc's or crun's request (measured under runc 1.1).
+        let retitled = criu_command_line(b"criu: dump --rpc -t 4242 -D /ckpt\0");
+        assert_eq!(retitled, args("criu: dump --rpc -t 4242 -D /ckpt"));
+        assert_eq!(parse_criu_args(&retitled), parsed(None, false, true));
+        let restore = criu_command_line(b"criu: restore --rpc -D /ckpt\0");
+        assert_eq!(parse_criu_args(&restore), parsed(None, false, true));
+        // A command line of several arguments keeps spaces inside them.
+        assert_eq!(criu_command_line(b"criu\0dump\0-D\0/a -R b\0"), ["criu", "dump", "-D", "/a -R b"]);
+        assert_eq!(parse_criu_args(&criu_command_line(b"criu\0dump\0-D\0/a -R b\0")), parsed(None, false, false));
+    }
+
+    #[test]
+    fn leave_running_is_known_from_the_command_line_or_the_environment_else_unknown_over_rpc() {
+        let with_env = |value: Option<&str>, cmdline: &str| {
+            let value = value.map(str::to_string);
+            Config::from_sources(|k| if k == ENV_LEAVE_RUNNING { value.clone() } else { None }, &args(cmdline), &[])
+                .map(|c| c.leave_running)
+        };
+        assert_eq!(with_env(None, "criu dump -t 5 -D d").unwrap(), LeaveRunning::No);
+        assert_eq!(with_env(None, "criu dump -t 5 -D d -R").unwrap(), LeaveRunning::Yes);
+        assert_eq!(with_env(Some("0"), "criu dump -t 5 -D d -R").unwrap(), LeaveRunning::Yes);
+        assert_eq!(with_env(None, "criu swrk 3").unwrap(), LeaveRunning::Unknown);
+        assert_eq!(with_env(Some(""), "criu swrk 3").unwrap(), LeaveRunning::Unknown);
+        assert_eq!(with_env(Some("1"), "criu swrk 3").unwrap(), LeaveRunning::Yes);
+        assert_eq!(with_env(Some("no"), "criu swrk 3").unwrap(), LeaveRunning::No);
+        let bad = with_env(Some("sometimes"), "criu swrk 3").unwrap_err().to_string();
+        assert!(bad.contains(ENV_LEAVE_RUNNING) && bad.contains("`0`"), "{bad}");
+        assert!(LeaveRunning::Unknown.restores_devices() && LeaveRunning::Yes.restores_devices());
+        assert!(!LeaveRunning::No.restores_devices());
     }
 
     #[test]
@@ -154,6 +279,10 @@ mod tests {
         assert_eq!(c.strictness, Strictness::Permissive);
         assert!(c.reconcile);
         assert_eq!(c.lock_timeout, Duration::from_secs(10));
+        assert_eq!(
+            c.to_string(),
+            "device map C=D, usable GPUs all, mode permissive, reconcile on, leave-running no, lock timeout 10 s"
+        );
         let bad = Config::from_sources(|k| (k == ENV_MODE).then(|| "loose".to_string()), &[], &[]);
         assert!(bad.unwrap_err().to_string().contains("strict"));
     }

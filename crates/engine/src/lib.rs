@@ -22,7 +22,7 @@ pub mod restore;
 use ccm_driver::cuda::LoadError;
 use ccm_driver::CudaError;
 
-pub use config::{Config, Strictness};
+pub use config::{Config, LeaveRunning, Strictness};
 pub use host::{CriuHost, NoCriu};
 
 /// The name CRIU knows the plugin by (descriptor and image inventory).

@@ -125,7 +125,7 @@ fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) 
     let mem = ProcessMemory::open_read_write(pid).map_err(|e| e.to_string())?;
     let (sites, recorded) = current_sites(pid, plan, node, &mem)?;
     s.used_recorded_sites = recorded;
-    let rewrites = plan_rewrites(&sites, &plan.map, &plan.image.node_gpus, &node.gpus).map_err(|e| e.to_string())?;
+    let rewrites = plan_rewrites(&sites, &plan.map, &plan.image.node_gpus, node.gpus()).map_err(|e| e.to_string())?;
     for w in &rewrites.writes {
         ccm_process::mem::verify_and_write(&mem, w.addr, &w.expect, &w.write)
             .map_err(|e| format!("site {:#x} ({} -> {}): {e}", w.addr, w.gpu_old, w.gpu_new))?;
@@ -137,7 +137,7 @@ fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) 
     match ccm_process::environ::read_environ_block(pid) {
         Ok(block) => {
             let plan_env =
-                ccm_identity::env::plan_env_edits(&block.bytes, &plan.map, &plan.image.node_gpus, &node.gpus);
+                ccm_identity::env::plan_env_edits(&block.bytes, &plan.map, &plan.image.node_gpus, node.gpus());
             for w in &plan_env.warnings {
                 warn!("pid {pid}: {w}");
             }
@@ -177,7 +177,7 @@ fn validate(pid: u32, plan: &ProcessPlan, node: &Node, changed: &[(GpuUuid, GpuU
         // NVML by the PCI location the process will now report must be the GPU the driver
         // restored onto.
         let named = words.first().map(|w| w.pci()).unwrap_or(new_gpu.pci);
-        let nvml_uuid = node.nvml.as_ref().and_then(|n| n.uuid_at_pci(&named).ok().flatten());
+        let nvml_uuid = node.nvml().and_then(|n| n.uuid_at_pci(&named).ok().flatten());
         let obs = GpuObservation { old: *old, new: *new, words_in_process: words, nvml_uuid_at_new_pci: nvml_uuid };
         let verdict = validate_gpu(&obs, new_gpu);
         if let Verdict::Mismatch(m) = &verdict {

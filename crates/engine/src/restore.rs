@@ -74,14 +74,14 @@ impl RestoreSession {
                 images.len()
             ))
         })?;
-        s.plans = preflight::plan(images, &node.gpus, &s.config)?;
+        s.plans = preflight::plan(images, node.gpus(), &s.config)?;
         for p in &s.plans {
             info!(
                 "preflight: pid {} (dumped on {} with driver {}): device map\n{}",
                 p.image.pid,
                 p.image.hostname,
                 p.image.driver_version,
-                p.map.render_table(&p.image, &node.gpus)
+                p.map.render_table(&p.image, node.gpus())
             );
         }
         info!("preflight passed for {} CUDA process(es) in {:.3} s", s.plans.len(), t0.elapsed().as_secs_f64());
@@ -247,7 +247,7 @@ impl RestoreSession {
                 Ok(()) => "ok".to_string(),
                 Err(e) => format!("FAILED: {e}"),
             },
-            plan.map.render_table(&plan.image, &node.gpus),
+            plan.map.render_table(&plan.image, node.gpus()),
             reconcile
         );
         if let Err(e) = std::fs::write(dir.join(&name), text) {

@@ -1,0 +1,140 @@
+#!/usr/bin/env bash
+# The user guide's containerd flow (docs/USER-GUIDE.md, 5.3), run inside a copy of the runtimes root by
+# tests/container_runtime.rs, after podman-flow.sh installed the package into the same copy:
+#
+#   bash tests/container/containerd-flow.sh SCRATCH
+#
+# containerd 1.7 with its runc shim, the libdir line in /etc/criu/runc.conf only, and the plugin's settings in
+# containerd's own environment (what the guide's systemd drop-in gives the service; systemd itself does not run
+# here, containerd is started with that environment). With `ctr`:
+#   - `ctr task checkpoint --image-path --work-path`: a checkpoint that leaves the task running, CRIU's dump.log
+#     kept in the work path;
+#   - `ctr containers checkpoint --task`: a checkpoint into containerd's content store (the task keeps running),
+#     then the task is killed and `ctr containers restore --live` brings it back from that checkpoint with its
+#     memory (same token, counter going on); CRIU's restore.log is copied while the task exists.
+# Every step's status goes to SCRATCH/ctrd-NAME.rc as in podman-flow.sh.
+#
+# No host adjustment is needed beyond the cgroup2-only view: CRIU's soft cgroup mode finds every v1 cgroup of
+# a containerd task existing (containerd leaves its tasks in the v1 root cgroups here), and the one missing
+# cgroup2 controller is avoided with `--cpu-shares 0` (ctr asks for cpu.weight by default).
+set -u
+
+S=$1
+D=/tmp/ccm-containerd
+IMAGE=localhost/ccm-busybox:1
+CHECKPOINT=localhost/ccm-checkpoint:1
+LOOP='tok=$$-$RANDOM-$RANDOM; i=0; while :; do i=$((i+1)); echo "$tok $i" >/out/count; sleep 0.1; done'
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+step() {
+    local name=ctrd-$1 rc
+    shift
+    "$@" >"$S/$name.out" 2>"$S/$name.err" </dev/null
+    rc=$?
+    echo "$rc" >"$S/$name.rc"
+    return "$rc"
+}
+
+C() { ctr --address "$D/containerd.sock" "$@"; }
+
+# wait_counter MIN: until /out/count (SCRATCH/ctrd-out/count) shows a counter >= MIN (10 s at most).
+wait_counter() {
+    local min=$1 line
+    for _ in $(seq 100); do
+        line=$(cat "$S/ctrd-out/count" 2>/dev/null) || line=
+        if [ -n "$line" ] && [ "${line##* }" -ge "$min" ] 2>/dev/null; then
+            printf '%s\n' "$line"
+            return 0
+        fi
+        sleep 0.1
+    done
+    printf '%s\n' "$line"
+    return 1
+}
+
+cleanup() {
+    local t c
+    for t in $(C task ls -q 2>/dev/null); do C task kill -s KILL "$t" >/dev/null 2>&1; done
+    sleep 0.5
+    for t in $(C task ls -q 2>/dev/null); do C task rm -f "$t" >/dev/null 2>&1; done
+    for c in $(C containers ls -q 2>/dev/null); do C containers rm "$c" >/dev/null 2>&1; done
+    [ -n "${CONTAINERD_PID:-}" ] && kill "$CONTAINERD_PID" 2>/dev/null && wait "$CONTAINERD_PID" 2>/dev/null
+    # containerd's cgroups (namespace "default"), deepest first.
+    [ -d /sys/fs/cgroup/default ] && find /sys/fs/cgroup/default -depth -type d -exec rmdir {} + 2>/dev/null
+}
+trap cleanup EXIT
+
+[ -f /etc/criu/criu-cuda-migrate.conf.example ] || { echo "the package is not installed" >"$S/ctrd-setup.err"; exit 0; }
+mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mkdir -p /etc/criu "$D" "$S/ctrd-out"
+rm -f /etc/criu/default.conf
+grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example >/etc/criu/runc.conf
+cp /etc/criu/runc.conf "$S/ctrd-runc.conf"
+
+# A minimal OCI image archive of busybox-static for `ctr images import` (no registry here).
+make_image() {
+    local out=$1 w diffid layer layer_size config config_size manifest manifest_size
+    w=$(mktemp -d)
+    mkdir -p "$w/rootfs/bin" "$w/rootfs/tmp" "$w/rootfs/proc" "$w/rootfs/sys" "$w/rootfs/dev" "$w/rootfs/etc" \
+        "$w/rootfs/out" "$w/oci/blobs/sha256"
+    cp /bin/busybox "$w/rootfs/bin/busybox"
+    for applet in sh sleep cat echo; do ln -s busybox "$w/rootfs/bin/$applet"; done
+    tar -C "$w/rootfs" --owner=0 --group=0 --numeric-owner -cf "$w/layer.tar" .
+    diffid=$(sha256sum "$w/layer.tar" | cut -d' ' -f1)
+    gzip -n -c "$w/layer.tar" >"$w/layer.tar.gz"
+    blob() { # blob FILE: store FILE under its digest; prints "digest size"
+        local d
+        d=$(sha256sum "$1" | cut -d' ' -f1)
+        cp "$1" "$w/oci/blobs/sha256/$d"
+        echo "$d $(stat -c %s "$1")"
+    }
+    read -r layer layer_size < <(blob "$w/layer.tar.gz")
+    printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/bin"],"Cmd":["/bin/sh"],"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+        "$diffid" >"$w/config.json"
+    read -r config config_size < <(blob "$w/config.json")
+    printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s}]}' \
+        "$config" "$config_size" "$layer" "$layer_size" >"$w/manifest.json"
+    read -r manifest manifest_size < <(blob "$w/manifest.json")
+    printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"1"}}]}' \
+        "$manifest" "$manifest_size" "$IMAGE" >"$w/oci/index.json"
+    echo '{"imageLayoutVersion":"1.0.0"}' >"$w/oci/oci-layout"
+    tar -C "$w/oci" -cf "$out" oci-layout index.json blobs
+    rm -rf "$w"
+}
+
+cat >"$D/config.toml" <<EOF
+version = 2
+root = "$D/root"
+state = "$D/state"
+disabled_plugins = ["io.containerd.grpc.v1.cri"]
+[grpc]
+  address = "$D/containerd.sock"
+EOF
+# The service environment of the guide's drop-in (what `systemctl edit containerd` would give it).
+env CRIU_CUDA_MIGRATE_USABLE_GPUS=0 CRIU_CUDA_MIGRATE_MODE=permissive \
+    containerd --config "$D/config.toml" >"$S/ctrd-containerd.log" 2>&1 &
+CONTAINERD_PID=$!
+for _ in $(seq 100); do C version >/dev/null 2>&1 && break; sleep 0.1; done
+step version C version || exit 0
+make_image /tmp/ccm-busybox-oci.tar
+step image C images import /tmp/ccm-busybox-oci.tar || exit 0
+
+step run C run -d --cpu-shares 0 --mount "type=bind,src=$S/ctrd-out,dst=/out,options=rbind:rw" \
+    "$IMAGE" ccm-c1 /bin/sh -c "$LOOP" || exit 0
+wait_counter 10 >"$S/ctrd-before.count"
+
+# A checkpoint that leaves the task running, with its CRIU log kept in the work path.
+step checkpoint-workpath C task checkpoint --image-path "$S/ctrd-img" --work-path "$S/ctrd-work" ccm-c1
+cp "$S/ctrd-work/dump.log" "$S/ctrd-dump.log" 2>/dev/null
+wait_counter "$(($(cut -d' ' -f2 "$S/ctrd-before.count") + 5))" >"$S/ctrd-after-checkpoint.count"
+
+# The checkpoint into the content store, then the task ends and comes back from it.
+step checkpoint C containers checkpoint --task ccm-c1 "$CHECKPOINT" || exit 0
+cat "$S/ctrd-out/count" >"$S/ctrd-checkpointed.count"
+C task kill -s KILL ccm-c1 >/dev/null 2>&1
+sleep 0.5
+C task rm --force ccm-c1 >/dev/null 2>&1
+step restore C containers restore --live ccm-c2 "$CHECKPOINT"
+cp "$D/root/io.containerd.runtime.v2.task/default/ccm-c2/restore.log" "$S/ctrd-restore.log" 2>/dev/null
+wait_counter "$(($(cut -d' ' -f2 "$S/ctrd-checkpointed.count") + 5))" >"$S/ctrd-after-restore.count"
+C task ls >"$S/ctrd-tasks.txt" 2>&1

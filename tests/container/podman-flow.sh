@@ -1,0 +1,222 @@
+#!/usr/bin/env bash
+# The user guide's Podman flow (docs/USER-GUIDE.md, 5.2), run inside a copy of the runtimes root
+# (`tests/criu-root.sh prepare-runtimes`) by tests/container_runtime.rs:
+#
+#   bash tests/container/podman-flow.sh SCRATCH
+#
+# SCRATCH holds package.deb and receives every step's status (`NAME.rc`), output and the CRIU logs the
+# runtimes leave, for the Rust test to check. The script never fails early on a step's failure: it records
+# the status and skips what depends on it, so the test can say which step broke.
+#
+# What it does, with the package installed as a user installs it (dpkg -i) and CRIU configured by files only:
+#   1. runc: the libdir line in /etc/criu/runc.conf only. A busybox container counting in its memory:
+#      `podman container checkpoint --leave-running --export` (the container keeps running; settings given
+#      to podman or conmon do not reach this CRIU, which the dump log shows), then `checkpoint --export` (it stops),
+#      `podman rm`, and `podman container restore --import` with the plugin's settings given to conmon
+#      through a CONTAINERS_CONF_OVERRIDE file: the container comes back with its memory (same token,
+#      counter going on), and CRIU's logs show the plugin loaded with those settings.
+#   2. crun: the libdir line in /etc/criu/default.conf (crun 1.21 with libcriu 4.1 reads no other file).
+#      `checkpoint --export` and, where the host allows it, `restore --import`.
+#
+# This host's cgroups: CI machines here are hybrid cgroup v1 hosts (every controller bound to a v1
+# hierarchy, cgroup2 mounted with none). The script mounts only cgroup2 at /sys/fs/cgroup in its mount
+# namespace, which is what crun and runc see on a current distribution, and on a hybrid host adds two
+# settings a pure cgroup v2 host does not need (each written to `host-adjustments.txt`):
+#   - containers.conf `pids_limit = 0`: the pids controller is not available in cgroup2 there;
+#   - `manage-cgroups ignore` in /etc/criu/runc.conf: CRIU reads every task's v1 cgroups from
+#     /proc/PID/cgroup and, restoring them, fails to write cpuset.cpus of a cpuset cgroup it creates
+#     (Permission denied). runc passes runc.conf to CRIU over RPC, where it overrides runc's own cgroup
+#     mode; crun 1.21 cannot pass a configuration file with libcriu 4.1 (criu_set_config_file is 4.2), so on
+#     a hybrid host crun's restore is not attempted (`crun-restore.skipped` says why).
+set -u
+
+S=$1
+LIBDIR_LINE=
+IMAGE=localhost/ccm-busybox:1
+# The container's loop: a token fixed at start (in the shell's memory only) and a counter, written to a file
+# every 0.1 s. After a restore the same token must come back with a larger counter; a restarted container
+# would start a new token at 1.
+LOOP='tok=$$-$RANDOM-$RANDOM; i=0; while :; do i=$((i+1)); echo "$tok $i" >/tmp/count; sleep 0.1; done'
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+step() {
+    # step NAME CMD...: run CMD, its output in NAME.out/.err and its status in NAME.rc; returns the status.
+    local name=$1 rc
+    shift
+    "$@" >"$S/$name.out" 2>"$S/$name.err" </dev/null
+    rc=$?
+    echo "$rc" >"$S/$name.rc"
+    return "$rc"
+}
+
+note() { printf '%s\n' "$*" >>"$S/flow.log"; }
+
+# wait_counter NAME MIN: until the container's /tmp/count shows a counter >= MIN (10 s at most); its line
+# goes to NAME.
+wait_counter() {
+    local name=$1 min=$2 line
+    for _ in $(seq 100); do
+        line=$(podman exec "$name" cat /tmp/count 2>/dev/null) || line=
+        if [ -n "$line" ] && [ "${line##* }" -ge "$min" ] 2>/dev/null; then
+            printf '%s\n' "$line"
+            return 0
+        fi
+        sleep 0.1
+    done
+    printf '%s\n' "$line"
+    return 1
+}
+
+# The counter line the archive's rootfs diff holds: the container's /tmp/count when it was checkpointed.
+# (podman compresses exported checkpoints with zstd whatever the archive's name; tar detects it.)
+unpack_archive() {
+    local archive=$1 prefix=$2 dir
+    dir=$(mktemp -d)
+    tar -C "$dir" -xf "$archive" 2>>"$S/$prefix-archive.err"
+    (cd "$dir" && find . -type f | sort) >"$S/$prefix-archive.list" 2>&1
+    [ -f "$dir/rootfs-diff.tar" ] && tar -xOf "$dir/rootfs-diff.tar" tmp/count >"$S/$prefix-checkpointed-count" 2>/dev/null
+    rm -rf "$dir"
+}
+
+# CRIU's logs are not in the exported archive; with --keep podman leaves them in the container's directory.
+copy_criu_log() {
+    local name=$1 log=$2 dest=$3 dir
+    dir=$(podman inspect --format '{{.StaticDir}}' "$name" 2>/dev/null)
+    [ -n "$dir" ] && [ -f "$dir/$log" ] && cp "$dir/$log" "$dest"
+}
+
+cleanup() {
+    podman rm --all --force --time 0 >/dev/null 2>&1
+    # Whatever podman could not stop: kill it by cgroup, then remove the cgroups, deepest first.
+    local cg=/sys/fs/cgroup/libpod_parent pid
+    if [ -d "$cg" ]; then
+        for pid in $(find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+        sleep 0.5
+        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+    fi
+    umount -l /var/lib/containers 2>/dev/null
+}
+trap cleanup EXIT
+
+: >"$S/flow.log"
+: >"$S/host-adjustments.txt"
+
+# --- install, as the user guide says
+step install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
+LIBDIR_LINE=$(grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example)
+unset CRIU_LIBS_DIR CRIU_CONFIG_FILE
+
+# --- cgroups: cgroup2 only, as on a current distribution
+mkdir -p /sys/fs/cgroup
+step cgroup2-mount mount -t cgroup2 cgroup2 /sys/fs/cgroup || exit 0
+HYBRID=0
+grep -qv '^0::' /proc/self/cgroup && HYBRID=1
+echo "$HYBRID" >"$S/hybrid"
+
+# --- podman: storage on a tmpfs (the root copy may sit on overlayfs), no network (nothing to reach)
+mkdir -p /var/lib/containers /etc/containers
+mount -t tmpfs tmpfs /var/lib/containers
+{
+    echo '[containers]'
+    [ "$HYBRID" = 1 ] && echo 'pids_limit = 0'
+    echo '[engine]'
+    echo 'cgroup_manager = "cgroupfs"'
+    echo 'events_logger = "file"'
+} >/etc/containers/containers.conf
+[ "$HYBRID" = 1 ] && echo "containers.conf: pids_limit = 0 (no pids controller in cgroup2 on this hybrid host)" >>"$S/host-adjustments.txt"
+
+# A local image of busybox-static (no registry here): /bin/busybox and the few names the loop uses.
+mkdir -p /tmp/ccm-image/bin /tmp/ccm-image/tmp /tmp/ccm-image/proc /tmp/ccm-image/sys /tmp/ccm-image/dev /tmp/ccm-image/etc
+cp /bin/busybox /tmp/ccm-image/bin/busybox
+for applet in sh sleep cat echo; do ln -sf busybox "/tmp/ccm-image/bin/$applet"; done
+tar -C /tmp/ccm-image -cf /tmp/ccm-image.tar .
+step image podman import /tmp/ccm-image.tar "$IMAGE" || exit 0
+
+# --- 1. runc, configured by /etc/criu/runc.conf alone
+mkdir -p /etc/criu
+rm -f /etc/criu/default.conf
+{
+    echo "$LIBDIR_LINE"
+    [ "$HYBRID" = 1 ] && echo 'manage-cgroups ignore'
+} >/etc/criu/runc.conf
+cp /etc/criu/runc.conf "$S/runc.conf"
+[ "$HYBRID" = 1 ] && echo "runc.conf: manage-cgroups ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$S/host-adjustments.txt"
+
+if step runc-run podman run --runtime runc -d --name ccm-runc --network none "$IMAGE" /bin/sh -c "$LOOP"; then
+    wait_counter ccm-runc 10 >"$S/runc-before.count"
+    note "runc: counting: $(cat "$S/runc-before.count")"
+
+    # Keep it running. Podman runs runc, runc runs CRIU over RPC, so the plugin cannot see --leave-running.
+    # Nor can it be told: podman runs `runc checkpoint` with an environment of its own, so neither podman's
+    # environment nor conmon_env_vars reach a checkpoint's CRIU. Both are set here to keep that true: the dump
+    # log must say mode strict and leave-running unknown (the plugin then restores the devices after the dump,
+    # which is right for --leave-running and only costs time for a final checkpoint).
+    cat >"$S/checkpoint-override.conf" <<'EOF'
+[engine]
+conmon_env_vars = [
+  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+  "CRIU_CUDA_MIGRATE_LEAVE_RUNNING=1",
+]
+EOF
+    step runc-checkpoint-leave-running env CONTAINERS_CONF_OVERRIDE="$S/checkpoint-override.conf" \
+        CRIU_CUDA_MIGRATE_MODE=permissive \
+        podman container checkpoint --keep --leave-running --export "$S/runc-leave-running.tar.gz" ccm-runc
+    podman inspect --format '{{.State.Status}}' ccm-runc >"$S/runc-after-leave-running.state" 2>&1
+    copy_criu_log ccm-runc dump.log "$S/runc-leave-running-dump.log"
+    unpack_archive "$S/runc-leave-running.tar.gz" runc-leave-running
+    wait_counter ccm-runc "$(($(cut -d' ' -f2 "$S/runc-before.count") + 5))" >"$S/runc-after-leave-running.count"
+
+    # The portable checkpoint: the container stops.
+    if step runc-checkpoint podman container checkpoint --keep --export "$S/runc.tar.gz" ccm-runc; then
+        podman inspect --format '{{.State.Status}}' ccm-runc >"$S/runc-after-checkpoint.state" 2>&1
+        copy_criu_log ccm-runc dump.log "$S/runc-dump.log"
+        unpack_archive "$S/runc.tar.gz" runc
+        step runc-rm podman rm --force ccm-runc
+        # The plugin's settings for this one restore: the user guide's CONTAINERS_CONF_OVERRIDE file.
+        cat >"$S/restore-override.conf" <<'EOF'
+[engine]
+conmon_env_vars = [
+  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+  "CRIU_CUDA_MIGRATE_DEVICE_MAP=GPU-aaaaaaaa-0000-0000-0000-000000000000=GPU-bbbbbbbb-0000-0000-0000-000000000000",
+  "CRIU_CUDA_MIGRATE_MODE=permissive",
+]
+EOF
+        if step runc-restore env CONTAINERS_CONF_OVERRIDE="$S/restore-override.conf" \
+            podman container restore --keep --import "$S/runc.tar.gz"; then
+            copy_criu_log ccm-runc restore.log "$S/runc-restore.log"
+            wait_counter ccm-runc "$(($(cut -d' ' -f2 "$S/runc-checkpointed-count" 2>/dev/null || echo 0) + 5))" \
+                >"$S/runc-after-restore.count"
+            podman inspect --format '{{.State.Status}}' ccm-runc >"$S/runc-after-restore.state" 2>&1
+        else
+            find /var/lib/containers -name restore.log -exec cp {} "$S/runc-restore.log" \; 2>/dev/null
+        fi
+    fi
+    podman rm --force --time 0 ccm-runc >/dev/null 2>&1
+fi
+
+# --- 2. crun, configured by /etc/criu/default.conf (read by every CRIU run, RPC included)
+rm -f /etc/criu/runc.conf
+echo "$LIBDIR_LINE" >/etc/criu/default.conf
+cp /etc/criu/default.conf "$S/default.conf"
+if step crun-run podman run --runtime crun -d --name ccm-crun --network none "$IMAGE" /bin/sh -c "$LOOP"; then
+    wait_counter ccm-crun 10 >"$S/crun-before.count"
+    if step crun-checkpoint podman container checkpoint --keep --export "$S/crun.tar.gz" ccm-crun; then
+        copy_criu_log ccm-crun dump.log "$S/crun-dump.log"
+        unpack_archive "$S/crun.tar.gz" crun
+        step crun-rm podman rm --force ccm-crun
+        if [ "$HYBRID" = 1 ]; then
+            echo "not attempted: this is a hybrid cgroup v1 host; CRIU would restore the tasks' v1 cgroups and fail" \
+                "writing cpuset.cpus (Permission denied), and crun 1.21 with libcriu 4.1 cannot pass CRIU the" \
+                "configuration file that says manage-cgroups ignore (criu_set_config_file is libcriu 4.2)" \
+                >"$S/crun-restore.skipped"
+        elif step crun-restore podman container restore --keep --import "$S/crun.tar.gz"; then
+            copy_criu_log ccm-crun restore.log "$S/crun-restore.log"
+            wait_counter ccm-crun "$(($(cut -d' ' -f2 "$S/crun-checkpointed-count" 2>/dev/null || echo 0) + 5))" \
+                >"$S/crun-after-restore.count"
+        else
+            find /var/lib/containers -name restore.log -exec cp {} "$S/crun-restore.log" \; 2>/dev/null
+        fi
+    fi
+    podman rm --force --time 0 ccm-crun >/dev/null 2>&1
+fi
+note "done"
