@@ -290,7 +290,11 @@ def cmd_plugin_lines(a):
 
 def cmd_plugin_error(a):
     """The plugin's first error line, else CRIU's first `Error` line: what a refused restore said."""
-    mine = plugin_lines(a.log, r"error|refus|preflight|cannot|fail")
+    # ERROR lines of the plugin carry `Error: `; else any line of it that sounds like a refusal
+    # (not the DEBUG echo of CRIU's command line, whose paths may contain those words).
+    mine = plugin_lines(a.log, r"Error: ") or [
+        l for l in plugin_lines(a.log, r"error|refus|preflight|cannot|fail") if "command line" not in l[1]
+    ]
     if mine:
         print(mine[0][1][:300])
         return 0

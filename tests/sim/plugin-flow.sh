@@ -99,7 +99,11 @@ swap | swap-noreconcile)
         "$BIN/criu-cuda-migrate" inspect "$WORK/img" >"$WORK/inspect.txt" || fail "criu-cuda-migrate inspect failed"
         grep -q "cuda:0" "$WORK/inspect.txt" && grep -q "sites rewritten" "$WORK/inspect.txt" ||
             fail "inspect lacks the GPUs or the restore report: $(cat "$WORK/inspect.txt")"
-        "$BIN/criu-cuda-migrate" --json inspect "$WORK/img" | grep -q '"processes"' || fail "inspect --json failed"
+        "$BIN/criu-cuda-migrate" --json inspect "$WORK/img" >"$WORK/inspect.json" || fail "inspect --json failed"
+        # JSON for scripts: GPUs as nvidia-smi writes them, not as byte arrays.
+        grep -q '"processes"' "$WORK/inspect.json" && grep -q "\"uuid\": \"$G0\"" "$WORK/inspect.json" ||
+            fail "inspect --json lacks the processes or GPU $G0 as text: $(head -c 600 "$WORK/inspect.json")"
+        "$BIN/criu-cuda-migrate" --json node | grep -q "\"uuid\":\"$G1\"" || fail "node --json lacks GPU $G1 as text"
         "$BIN/criu-cuda-migrate" preflight "$WORK/img" --device-map "$G0=$G1,$G1=$G0" >"$WORK/preflight.txt" ||
             fail "preflight refused a valid map: $(cat "$WORK/preflight.txt")"
         grep -q "preflight passed" "$WORK/preflight.txt" || fail "preflight output: $(cat "$WORK/preflight.txt")"

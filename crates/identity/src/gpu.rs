@@ -5,9 +5,42 @@ use std::str::FromStr;
 
 /// A GPU's 16-byte UUID, as the driver and NVML report it.
 ///
-/// Text form is NVML's: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (lower-case hex).
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+/// Text form is NVML's: `GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx` (lower-case hex), also in JSON (the
+/// tool's `--json` output is for scripts that compare it with `nvidia-smi`).
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GpuUuid(pub [u8; 16]);
+
+/// Serde through the text form (`Display` / a parser), for types whose JSON should read as people write them.
+macro_rules! serde_as_text {
+    ($ty:ty, $expecting:literal, $parse:expr) => {
+        impl serde::Serialize for $ty {
+            fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+                serializer.collect_str(self)
+            }
+        }
+
+        impl<'de> serde::Deserialize<'de> for $ty {
+            fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+                struct Text;
+                impl serde::de::Visitor<'_> for Text {
+                    type Value = $ty;
+                    fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                        f.write_str($expecting)
+                    }
+                    fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<$ty, E> {
+                        let parse: fn(&str) -> Result<$ty, String> = $parse;
+                        parse(v).map_err(E::custom)
+                    }
+                }
+                deserializer.deserialize_str(Text)
+            }
+        }
+    };
+}
+
+serde_as_text!(GpuUuid, "a GPU UUID such as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", |v| v
+    .parse::<GpuUuid>()
+    .map_err(|e| e.to_string()));
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{text}` is not a GPU UUID; expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (as `nvidia-smi -L` prints)")]
@@ -61,8 +94,8 @@ impl FromStr for GpuUuid {
     }
 }
 
-/// A PCI location: domain, bus, device, function.
-#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug, serde::Serialize, serde::Deserialize)]
+/// A PCI location: domain, bus, device, function. Text (and JSON) form `0000:06:00.0`.
+#[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, Debug)]
 pub struct PciAddress {
     pub domain: u32,
     pub bus: u32,
@@ -105,6 +138,9 @@ impl fmt::Display for PciAddress {
         f.write_str(&self.to_short_string())
     }
 }
+
+serde_as_text!(PciAddress, "a PCI address such as 0000:06:00.0", |v| PciAddress::parse(v)
+    .ok_or_else(|| format!("`{v}` is not a PCI address (expected DOMAIN:BUS:DEVICE.FUNCTION)")));
 
 /// The six 32-bit words that libcuda caches per GPU and answers `cuDeviceGetPCIBusId` from:
 /// `{domain, bus, device, 0, pciDeviceId, pciSubSystemId}` (they are NVML's `nvmlPciInfo_t`
@@ -192,6 +228,27 @@ mod tests {
         assert_eq!(u.to_string(), s);
         assert!("GPU-xyz".parse::<GpuUuid>().is_err());
         assert!("0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9".parse::<GpuUuid>().is_err());
+    }
+
+    #[test]
+    fn json_holds_the_text_forms() {
+        let g = GpuIdentity {
+            uuid: "GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9".parse().unwrap(),
+            pci: PciAddress::parse("0000:06:00.0").unwrap(),
+            pci_device_id: 0x233510de,
+            pci_subsystem_id: 0x18bf10de,
+            minor: 0,
+            name: "NVIDIA H200".into(),
+            memory_total: 1 << 30,
+        };
+        let json = serde_json::to_string(&g).unwrap();
+        assert!(json.contains(r#""uuid":"GPU-0a1b2c3d-4e5f-6071-8293-a4b5c6d7e8f9""#), "{json}");
+        assert!(json.contains(r#""pci":"0000:06:00.0""#), "{json}");
+        assert_eq!(serde_json::from_str::<GpuIdentity>(&json).unwrap(), g);
+        let bad = serde_json::from_str::<GpuUuid>(r#""GPU-12""#).unwrap_err().to_string();
+        assert!(bad.contains("nvidia-smi -L"), "{bad}");
+        assert!(serde_json::from_str::<PciAddress>(r#""06:00""#).is_ok());
+        assert!(serde_json::from_str::<PciAddress>(r#""zz""#).is_err());
     }
 
     #[test]
