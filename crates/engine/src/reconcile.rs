@@ -5,7 +5,7 @@
 use std::time::{Duration, Instant};
 
 use ccm_identity::image::PciSite;
-use ccm_identity::pattern::plan_rewrites;
+use ccm_identity::pattern::{classify_recorded_sites, plan_rewrites};
 use ccm_identity::validate::{validate_gpu, GpuObservation, ReconcileReport, ReportRow, Verdict};
 use ccm_identity::{GpuUuid, PciSignature};
 use ccm_process::mem::ProcessMemory;
@@ -20,6 +20,8 @@ pub struct ReconcileSummary {
     pub sites_rewritten: usize,
     /// `(old GPU, address)` of every site rewritten.
     pub written: Vec<(GpuUuid, u64)>,
+    /// `(old GPU, address)` of every recorded site the driver's restore had already refreshed.
+    pub fresh: Vec<(GpuUuid, u64)>,
     /// The sites recorded at dump still held the old words (no scan was needed).
     pub used_recorded_sites: bool,
     pub env_edits: usize,
@@ -53,42 +55,45 @@ fn old_signature(plan: &ProcessPlan, u: &GpuUuid) -> Option<PciSignature> {
     plan.image.gpu(u).map(|g| g.signature())
 }
 
-/// The sites to rewrite: those recorded at dump when each still holds its old words, otherwise
-/// a fresh scan for the old signatures of every enumerated GPU (one snapshot before any write,
-/// so swaps and cycles are never rewritten twice).
-fn current_sites(
-    pid: u32,
-    plan: &ProcessPlan,
-    node: &Node,
-    mem: &ProcessMemory,
-) -> Result<(Vec<PciSite>, bool), String> {
+/// The sites to rewrite, and those the driver already refreshed: the sites recorded at dump when
+/// each still holds its old words or the new words of its own mapping, otherwise a fresh scan
+/// for the old signatures of every enumerated GPU (one snapshot before any write, so swaps and
+/// cycles are never rewritten twice).
+fn current_sites(pid: u32, plan: &ProcessPlan, node: &Node, mem: &ProcessMemory) -> Result<CurrentSites, String> {
     let recorded = &plan.image.sites;
-    if !recorded.is_empty()
-        && recorded.iter().all(|site| ccm_process::mem::read_signature(mem, site.addr).is_ok_and(|w| w == site.words))
-    {
-        return Ok((recorded.clone(), true));
-    }
     if !recorded.is_empty() {
-        // Say what the stale records hold now: it tells a driver that refreshed its own copies
-        // from memory that was freed and reused, which decides whether a scan can be avoided.
-        let new_words: Vec<PciSignature> =
-            plan.map.pairs.iter().filter_map(|p| node.gpu(&p.new).map(|g| g.signature())).collect();
-        let (mut new_now, mut other_now, mut unreadable) = (0, 0, 0);
-        for site in recorded {
-            match ccm_process::mem::read_signature(mem, site.addr) {
-                Ok(w) if w == site.words => {}
-                Ok(w) if new_words.contains(&w) => new_now += 1,
-                Ok(w) => {
-                    other_now += 1;
+        let now: Vec<Option<PciSignature>> =
+            recorded.iter().map(|site| ccm_process::mem::read_signature(mem, site.addr).ok()).collect();
+        let c = classify_recorded_sites(recorded, &now, &plan.map, &node.gpus);
+        if c.usable() {
+            if !c.fresh.is_empty() {
+                info!(
+                    "pid {pid}: {} of {} PCI sites recorded at dump were already refreshed by the driver's restore",
+                    c.fresh.len(),
+                    recorded.len()
+                );
+            }
+            return Ok(CurrentSites { stale: c.stale, fresh: c.fresh, recorded: true });
+        }
+        // Say what the unexplained records hold now: it tells whether a driver reused that
+        // memory, which decides whether a scan can be avoided.
+        let (mut unreadable, mut other) = (0, 0);
+        for (site, words) in &c.unexplained {
+            match words {
+                Some(w) => {
+                    other += 1;
                     debug!("pid {pid}: recorded site {:#x} ({}) now holds {:x?}", site.addr, site.mapping_name, w.0);
                 }
-                Err(_) => unreadable += 1,
+                None => unreadable += 1,
             }
         }
         warn!(
-            "pid {pid}: {} of {} PCI sites recorded at dump changed ({new_now} hold a restore GPU's words, {other_now} other words, {unreadable} unreadable); scanning its memory",
-            new_now + other_now + unreadable,
-            recorded.len()
+            "pid {pid}: {} of {} PCI sites recorded at dump are unexplained ({other} hold other words, {unreadable} \
+             unreadable; {} still stale, {} refreshed by the driver); scanning its memory",
+            c.unexplained.len(),
+            recorded.len(),
+            c.stale.len(),
+            c.fresh.len()
         );
     }
     let wanted: Vec<(GpuUuid, PciSignature)> =
@@ -111,7 +116,17 @@ fn current_sites(
         scan.elapsed.as_secs_f64(),
         scan.sites.len()
     );
-    Ok((scan.sites, false))
+    Ok(CurrentSites { stale: scan.sites, fresh: Vec::new(), recorded: false })
+}
+
+/// Where the process's PCI words are, just before the rewrite.
+struct CurrentSites {
+    /// Holding the dump GPUs' words: rewritten.
+    stale: Vec<PciSite>,
+    /// Already holding the new GPUs' words (the driver refreshed them): kept, and validated.
+    fresh: Vec<PciSite>,
+    /// From the records of the dump (no scan).
+    recorded: bool,
 }
 
 /// Every wanted GPU found, and found the same number of times (libcuda keeps the same objects
@@ -123,9 +138,11 @@ fn evenly_found(sites: &[PciSite], wanted: &[(GpuUuid, PciSignature)]) -> bool {
 
 fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) -> Result<(), String> {
     let mem = ProcessMemory::open_read_write(pid).map_err(|e| e.to_string())?;
-    let (sites, recorded) = current_sites(pid, plan, node, &mem)?;
-    s.used_recorded_sites = recorded;
-    let rewrites = plan_rewrites(&sites, &plan.map, &plan.image.node_gpus, node.gpus()).map_err(|e| e.to_string())?;
+    let sites = current_sites(pid, plan, node, &mem)?;
+    s.used_recorded_sites = sites.recorded;
+    s.fresh = sites.fresh.iter().map(|site| (site.gpu, site.addr)).collect();
+    let rewrites =
+        plan_rewrites(&sites.stale, &plan.map, &plan.image.node_gpus, &node.gpus).map_err(|e| e.to_string())?;
     for w in &rewrites.writes {
         ccm_process::mem::verify_and_write(&mem, w.addr, &w.expect, &w.write)
             .map_err(|e| format!("site {:#x} ({} -> {}): {e}", w.addr, w.gpu_old, w.gpu_new))?;
@@ -137,7 +154,7 @@ fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) 
     match ccm_process::environ::read_environ_block(pid) {
         Ok(block) => {
             let plan_env =
-                ccm_identity::env::plan_env_edits(&block.bytes, &plan.map, &plan.image.node_gpus, node.gpus());
+                ccm_identity::env::plan_env_edits(&block.bytes, &plan.map, &plan.image.node_gpus, &node.gpus);
             for w in &plan_env.warnings {
                 warn!("pid {pid}: {w}");
             }
@@ -166,10 +183,12 @@ fn validate(pid: u32, plan: &ProcessPlan, node: &Node, changed: &[(GpuUuid, GpuU
             s.failures.push(format!("{old} -> {new}: one of them is unknown (not in the image / not on this node)"));
             continue;
         };
-        // Read back every place rewritten for this GPU: what the process reads after unlock.
+        // Read back every place rewritten (or found refreshed) for this GPU: what the process
+        // reads after unlock.
         let words: Vec<PciSignature> = s
             .written
             .iter()
+            .chain(&s.fresh)
             .filter(|(gpu, _)| gpu == old)
             .filter_map(|(_, addr)| ccm_process::mem::read_signature(&mem, *addr).ok())
             .collect();
@@ -177,7 +196,7 @@ fn validate(pid: u32, plan: &ProcessPlan, node: &Node, changed: &[(GpuUuid, GpuU
         // NVML by the PCI location the process will now report must be the GPU the driver
         // restored onto.
         let named = words.first().map(|w| w.pci()).unwrap_or(new_gpu.pci);
-        let nvml_uuid = node.nvml().and_then(|n| n.uuid_at_pci(&named).ok().flatten());
+        let nvml_uuid = node.nvml.as_ref().and_then(|n| n.uuid_at_pci(&named).ok().flatten());
         let obs = GpuObservation { old: *old, new: *new, words_in_process: words, nvml_uuid_at_new_pci: nvml_uuid };
         let verdict = validate_gpu(&obs, new_gpu);
         if let Verdict::Mismatch(m) = &verdict {

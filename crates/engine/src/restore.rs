@@ -74,14 +74,14 @@ impl RestoreSession {
                 images.len()
             ))
         })?;
-        s.plans = preflight::plan(images, node.gpus(), &s.config)?;
+        s.plans = preflight::plan(images, &node.gpus, &s.config)?;
         for p in &s.plans {
             info!(
                 "preflight: pid {} (dumped on {} with driver {}): device map\n{}",
                 p.image.pid,
                 p.image.hostname,
                 p.image.driver_version,
-                p.map.render_table(&p.image, node.gpus())
+                p.map.render_table(&p.image, &node.gpus)
             );
         }
         info!("preflight passed for {} CUDA process(es) in {:.3} s", s.plans.len(), t0.elapsed().as_secs_f64());
@@ -247,7 +247,7 @@ impl RestoreSession {
                 Ok(()) => "ok".to_string(),
                 Err(e) => format!("FAILED: {e}"),
             },
-            plan.map.render_table(&plan.image, node.gpus()),
+            plan.map.render_table(&plan.image, &node.gpus),
             reconcile
         );
         if let Err(e) = std::fs::write(dir.join(&name), text) {
@@ -315,10 +315,15 @@ fn restore_one(job: &Job<'_>, node: &Node, config: &Config, report: &mut String)
         if !plan.map.changed().is_empty() {
             if config.reconcile {
                 let s: ReconcileSummary = reconcile(pid, plan, node);
+                let source = match (s.used_recorded_sites, s.fresh.len()) {
+                    (false, _) => "found by scan".to_string(),
+                    (true, 0) => "sites recorded at dump".to_string(),
+                    (true, n) => format!("sites recorded at dump; {n} more already refreshed by the driver"),
+                };
                 report.push_str(&format!(
                     "reconciliation: {} site(s) rewritten ({}), {} environment edit(s), {:.3} s\n{}\n",
                     s.sites_rewritten,
-                    if s.used_recorded_sites { "sites recorded at dump" } else { "found by scan" },
+                    source,
                     s.env_edits,
                     s.elapsed.as_secs_f64(),
                     s.table
@@ -326,7 +331,7 @@ fn restore_one(job: &Job<'_>, node: &Node, config: &Config, report: &mut String)
                 info!(
                     "pid {pid}: identity reconciliation: {} site(s) rewritten ({}), {} environment edit(s), {:.3} s\n{}",
                     s.sites_rewritten,
-                    if s.used_recorded_sites { "sites recorded at dump" } else { "found by scan" },
+                    source,
                     s.env_edits,
                     s.elapsed.as_secs_f64(),
                     s.table

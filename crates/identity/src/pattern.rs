@@ -110,6 +110,51 @@ pub enum PlanError {
     WouldWriteUuid { addr: u64, gpu: GpuUuid },
 }
 
+/// What the sites recorded at dump hold after the driver's restore, before any write of ours.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct RecordedSites {
+    /// Still the dump GPU's words: to be rewritten.
+    pub stale: Vec<PciSite>,
+    /// Already the words of the GPU their dump GPU maps to: the driver refreshed its own copy
+    /// during the restore. Left as they are (and read back by the validation like a rewrite).
+    pub fresh: Vec<PciSite>,
+    /// Anything else (other words, or unreadable: `None`): the records no longer describe the
+    /// process, and only a scan can tell where the stale words are.
+    pub unexplained: Vec<(PciSite, Option<PciSignature>)>,
+}
+
+impl RecordedSites {
+    /// Whether the records can be used as they are (no scan needed).
+    pub fn usable(&self) -> bool {
+        self.unexplained.is_empty() && !(self.stale.is_empty() && self.fresh.is_empty())
+    }
+}
+
+/// Sorts the recorded sites by what each holds now (`now[i]` for `recorded[i]`; `None` when it
+/// could not be read). Process memory after a restore is the dumped memory except where the
+/// driver wrote, and the driver writes only current identities: a site that now holds the new
+/// words of its own GPU's mapping was refreshed by the driver and is right. A site holding any
+/// other words (another GPU's included: with a swap the restore GPUs are the dump GPUs) is not
+/// explained and sends the caller to a scan.
+pub fn classify_recorded_sites(
+    recorded: &[PciSite],
+    now: &[Option<PciSignature>],
+    map: &DeviceMap,
+    new_gpus: &[GpuIdentity],
+) -> RecordedSites {
+    let mut out = RecordedSites::default();
+    for (site, words) in recorded.iter().zip(now.iter().copied().chain(std::iter::repeat(None))) {
+        let new_words =
+            map.new_for(&site.gpu).and_then(|n| new_gpus.iter().find(|g| g.uuid == n)).map(|g| g.signature());
+        match words {
+            Some(w) if w == site.words => out.stale.push(site.clone()),
+            Some(w) if Some(w) == new_words => out.fresh.push(site.clone()),
+            other => out.unexplained.push((site.clone(), other)),
+        }
+    }
+    out
+}
+
 /// Plans the writes that make libcuda's cached PCI words name the new GPUs.
 ///
 /// `sites` is the snapshot recorded at dump; `old_gpus` the dump node's GPUs (image), `new_gpus`
@@ -233,6 +278,33 @@ mod tests {
                 .map(|&(old, new)| MapPair { old, new, used: true, reason: PairReason::Explicit })
                 .collect(),
         }
+    }
+
+    #[test]
+    fn recorded_sites_refreshed_by_the_driver_are_kept_and_anything_else_is_unexplained() {
+        let (a, b) = (h200(0, 6), h200(1, 7));
+        let swap = map_of(&[(a.uuid, b.uuid), (b.uuid, a.uuid)]);
+        let recorded = vec![site(&a, 0x1000), site(&b, 0x2000), site(&a, 0x3000), site(&b, 0x4000)];
+        let gpus = [a.clone(), b.clone()];
+        // Stale (still the dump words), refreshed (the mapped GPU's words), stale, refreshed.
+        let now = [Some(a.signature()), Some(a.signature()), Some(a.signature()), Some(a.signature())];
+        let c = classify_recorded_sites(&recorded, &now, &swap, &gpus);
+        assert_eq!(c.stale.iter().map(|s| s.addr).collect::<Vec<_>>(), [0x1000, 0x3000]);
+        assert_eq!(c.fresh.iter().map(|s| s.addr).collect::<Vec<_>>(), [0x2000, 0x4000]);
+        assert!(c.usable());
+        // A site of A that holds B's words now: under the swap B's words are A's new words, so
+        // it is refreshed; under a map that keeps A, B's words there are unexplained.
+        let c = classify_recorded_sites(&recorded[..1], &[Some(b.signature())], &swap, &gpus);
+        assert_eq!(c.fresh.len(), 1);
+        let keep = map_of(&[(a.uuid, a.uuid), (b.uuid, b.uuid)]);
+        let c = classify_recorded_sites(&recorded[..1], &[Some(b.signature())], &keep, &gpus);
+        assert_eq!(c.unexplained.len(), 1);
+        assert!(!c.usable());
+        // Unreadable, other words, or fewer readings than sites: unexplained.
+        let other = PciSignature([9; 6]);
+        let c = classify_recorded_sites(&recorded, &[None, Some(other)], &swap, &gpus);
+        assert_eq!(c.unexplained.len(), 4);
+        assert!(!classify_recorded_sites(&[], &[], &swap, &gpus).usable());
     }
 
     #[test]
