@@ -88,9 +88,9 @@ copy_criu_log() {
 cleanup() {
     podman rm --all --force --time 0 >/dev/null 2>&1
     # Whatever podman could not stop: kill it by cgroup, then remove the cgroups, deepest first.
-    local cg=/sys/fs/cgroup/libpod_parent pid
+    local cg=/sys/fs/cgroup/libpod_parent
     if [ -d "$cg" ]; then
-        for pid in $(find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null); do kill -9 "$pid" 2>/dev/null; done
+        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
         sleep 0.5
         find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
     fi

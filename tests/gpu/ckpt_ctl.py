@@ -6,12 +6,17 @@ recover. Standard library only (ctypes on libcuda.so.1).
 
   ckpt_ctl.py state PID                 prints the process's state (running, locked, checkpointed, failed)
   ckpt_ctl.py lock-checkpoint PID       cuCheckpointProcessLock (10 s timeout), then cuCheckpointProcessCheckpoint
+  ckpt_ctl.py restore-unlock PID [--no-cuinit]
+                                        cuCheckpointProcessRestore onto the same GPUs, then Unlock; prints each
+                                        call's time (with --no-cuinit this process never calls cuInit: the driver
+                                        documents persistence mode as the alternative)
 
 Exits 1 when a driver call fails (the error name is printed), 2 on bad usage.
 """
 
 import ctypes
 import sys
+import time
 
 STATES = {0: "running", 1: "locked", 2: "checkpointed", 3: "failed"}
 
@@ -26,9 +31,13 @@ class ReservedArgs(ctypes.Structure):
     _fields_ = [("reserved", ctypes.c_uint64 * 8)]
 
 
-def driver():
+def driver(init=True, timed=False):
     cuda = ctypes.CDLL("libcuda.so.1")
-    check(cuda, "cuInit", cuda.cuInit(0))
+    if init:
+        t0 = time.monotonic()
+        check(cuda, "cuInit", cuda.cuInit(0))
+        if timed:
+            print(f"cuInit {time.monotonic() - t0:.3f} s")
     return cuda
 
 
@@ -47,11 +56,26 @@ def state(cuda, pid):
 
 
 def main(argv):
-    if len(argv) != 3 or argv[1] not in ("state", "lock-checkpoint") or not argv[2].isdigit():
+    flags = argv[3:]
+    if (
+        len(argv) < 3
+        or argv[1] not in ("state", "lock-checkpoint", "restore-unlock")
+        or not argv[2].isdigit()
+        or any(f != "--no-cuinit" for f in flags)
+    ):
         print(__doc__.strip(), file=sys.stderr)
         return 2
-    cuda = driver()
+    cuda = driver(init="--no-cuinit" not in flags, timed=argv[1] == "restore-unlock")
     pid = int(argv[2])
+    if argv[1] == "restore-unlock":
+        # NULL restore args: onto the same GPUs (cuda.h); zeroed reserved args for the unlock.
+        for name, call, args in (
+            ("cuCheckpointProcessRestore", cuda.cuCheckpointProcessRestore, None),
+            ("cuCheckpointProcessUnlock", cuda.cuCheckpointProcessUnlock, ctypes.byref(ReservedArgs())),
+        ):
+            t0 = time.monotonic()
+            check(cuda, name, call(pid, args))
+            print(f"{name} {time.monotonic() - t0:.3f} s")
     if argv[1] == "lock-checkpoint":
         lock = LockArgs(timeoutMs=10000)
         check(cuda, "cuCheckpointProcessLock", cuda.cuCheckpointProcessLock(pid, ctypes.byref(lock)))
