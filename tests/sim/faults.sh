@@ -186,9 +186,13 @@ not_stuck_silently() {
 }
 images_sum() { sha256sum "$1"/cuda-migrate-*.img | sha256sum; }
 # recover PID: the CLI brings a process left LOCKED or CHECKPOINTED back to RUNNING.
+# With --json: one document on stdout (the progress line goes to stderr) that says RUNNING after.
 recover() {
-    "$BIN/criu-cuda-migrate" recover --pid "$1" >"$WORK/recover-$1.out" 2>&1 || fail "criu-cuda-migrate recover --pid $1 failed: $(cat "$WORK/recover-$1.out")"
-    echo "RECOVER $(tr '\n' ';' <"$WORK/recover-$1.out")"
+    "$BIN/criu-cuda-migrate" --json recover --pid "$1" >"$WORK/recover-$1.json" 2>"$WORK/recover-$1.err" ||
+        fail "criu-cuda-migrate recover --pid $1 failed: $(cat "$WORK/recover-$1.json" "$WORK/recover-$1.err")"
+    grep -q '"after":"RUNNING"' "$WORK/recover-$1.json" && grep -q '"ok":true' "$WORK/recover-$1.json" ||
+        fail "recover --json of pid $1 does not say RUNNING and ok: $(cat "$WORK/recover-$1.json")"
+    echo "RECOVER $(cat "$WORK/recover-$1.json") $(tr '\n' ';' <"$WORK/recover-$1.err")"
 }
 # refused_cleanly IMG PID SUM REGEX: a restore refused in preflight: CRIU fails, the refusal names the
 # cause, nothing was restored and the images are byte-identical.

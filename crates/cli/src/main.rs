@@ -61,7 +61,7 @@ fn main() -> ExitCode {
             run_preflight(dir, device_map.clone(), usable_gpus.clone(), cli.json)
         }
         Command::Node => node(cli.json),
-        Command::Recover { pid } => recover(*pid),
+        Command::Recover { pid } => recover(*pid, cli.json),
     };
     match r {
         Ok(code) => code,
@@ -237,30 +237,55 @@ fn node(json: bool) -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
-fn recover(pid: i32) -> CliResult {
+fn recover(pid: i32, json: bool) -> CliResult {
     use ccm_driver::checkpoint::{CheckpointApi, ProcessState};
+    use std::time::Instant;
     let lib = ccm_driver::Libcuda::load().map_err(|e| e.to_string())?;
     let api = CheckpointApi::new(&lib).map_err(|e| e.to_string())?;
     lib.init().map_err(|e| e.to_string())?;
-    let state = api.state(pid).map_err(|e| format!("pid {pid}: {e}"))?;
-    println!("pid {pid}: {state}");
-    let step = |r: Result<(), ccm_driver::CudaError>, what: &str| -> Result<(), String> {
+    let before = api.state(pid).map_err(|e| format!("pid {pid}: {e}"))?;
+    if !json {
+        println!("pid {pid}: {before}");
+    }
+    let mut steps: Vec<serde_json::Value> = Vec::new();
+    let mut step = |what: &str, call: &dyn Fn() -> Result<(), ccm_driver::CudaError>| -> Result<(), String> {
+        let t0 = Instant::now();
+        let r = call();
+        let secs = t0.elapsed().as_secs_f64();
+        steps.push(serde_json::json!({"step": what, "ok": r.is_ok(), "seconds": secs}));
         r.map_err(|e| format!("pid {pid}: {what} failed: {e}"))?;
-        println!("pid {pid}: {what} done");
+        if !json {
+            println!("pid {pid}: {what} done ({secs:.3} s)");
+        }
         Ok(())
     };
     let r = (|| -> Result<(), String> {
-        if state == ProcessState::Checkpointed {
-            step(api.restore(pid, &[]), "restore")?;
+        if before == ProcessState::Checkpointed {
+            // The long step: the device memory goes back onto the GPUs (about 1 s per GiB). A
+            // progress line on stderr, so that --json output stays one document on stdout.
+            eprintln!("criu-cuda-migrate: pid {pid}: restoring its device memory onto the same GPUs ...");
+            step("restore", &|| api.restore(pid, &[]))?;
         }
-        if matches!(state, ProcessState::Checkpointed | ProcessState::Locked) {
-            step(api.unlock(pid), "unlock")?;
+        if matches!(before, ProcessState::Checkpointed | ProcessState::Locked) {
+            step("unlock", &|| api.unlock(pid))?;
         }
         Ok(())
     })();
+    let after = api.state(pid).map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "pid": pid, "before": before.to_string(), "steps": steps, "after": after,
+                "ok": r.is_ok(), "error": r.as_ref().err(),
+            })
+        );
+    }
     match r {
         Ok(()) => {
-            println!("pid {pid}: {}", api.state(pid).map(|s| s.to_string()).unwrap_or_else(|e| e.to_string()));
+            if !json {
+                println!("pid {pid}: {after}");
+            }
             Ok(ExitCode::SUCCESS)
         }
         Err(e) => {
