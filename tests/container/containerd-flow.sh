@@ -26,31 +26,14 @@ CHECKPOINT=localhost/ccm-checkpoint:1
 LOOP='tok=$$-$RANDOM-$RANDOM; i=0; while :; do i=$((i+1)); echo "$tok $i" >/out/count; sleep 0.1; done'
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
-step() {
-    local name=ctrd-$1 rc
-    shift
-    "$@" >"$S/$name.out" 2>"$S/$name.err" </dev/null
-    rc=$?
-    echo "$rc" >"$S/$name.rc"
-    return "$rc"
-}
+# step, wait_counter
+# shellcheck source=tests/container/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-C() { ctr --address "$D/containerd.sock" "$@"; }
-
-# wait_counter MIN: until /out/count (SCRATCH/ctrd-out/count) shows a counter >= MIN (10 s at most).
-wait_counter() {
-    local min=$1 line
-    for _ in $(seq 100); do
-        line=$(cat "$S/ctrd-out/count" 2>/dev/null) || line=
-        if [ -n "$line" ] && [ "${line##* }" -ge "$min" ] 2>/dev/null; then
-            printf '%s\n' "$line"
-            return 0
-        fi
-        sleep 0.1
-    done
-    printf '%s\n' "$line"
-    return 1
-}
+# A containerd namespace of this run's own: its tasks' cgroups are /NAMESPACE/ID, which the cleanup may remove
+# without touching anything else in the host's cgroup2 hierarchy.
+NS=ccm-$$
+C() { ctr --address "$D/containerd.sock" --namespace "$NS" "$@"; }
 
 cleanup() {
     local t c
@@ -59,8 +42,8 @@ cleanup() {
     for t in $(C task ls -q 2>/dev/null); do C task rm -f "$t" >/dev/null 2>&1; done
     for c in $(C containers ls -q 2>/dev/null); do C containers rm "$c" >/dev/null 2>&1; done
     [ -n "${CONTAINERD_PID:-}" ] && kill "$CONTAINERD_PID" 2>/dev/null && wait "$CONTAINERD_PID" 2>/dev/null
-    # containerd's cgroups (namespace "default"), deepest first.
-    [ -d /sys/fs/cgroup/default ] && find /sys/fs/cgroup/default -depth -type d -exec rmdir {} + 2>/dev/null
+    # This run's cgroups, deepest first.
+    [ -d "/sys/fs/cgroup/$NS" ] && find "/sys/fs/cgroup/$NS" -depth -type d -exec rmdir {} + 2>/dev/null
 }
 trap cleanup EXIT
 
@@ -115,26 +98,26 @@ env CRIU_CUDA_MIGRATE_USABLE_GPUS=0 CRIU_CUDA_MIGRATE_MODE=permissive \
     containerd --config "$D/config.toml" >"$S/ctrd-containerd.log" 2>&1 &
 CONTAINERD_PID=$!
 for _ in $(seq 100); do C version >/dev/null 2>&1 && break; sleep 0.1; done
-step version C version || exit 0
+step ctrd-version C version || exit 0
 make_image /tmp/ccm-busybox-oci.tar
-step image C images import /tmp/ccm-busybox-oci.tar || exit 0
+step ctrd-image C images import /tmp/ccm-busybox-oci.tar || exit 0
 
-step run C run -d --cpu-shares 0 --mount "type=bind,src=$S/ctrd-out,dst=/out,options=rbind:rw" \
+step ctrd-run C run -d --cpu-shares 0 --mount "type=bind,src=$S/ctrd-out,dst=/out,options=rbind:rw" \
     "$IMAGE" ccm-c1 /bin/sh -c "$LOOP" || exit 0
-wait_counter 10 >"$S/ctrd-before.count"
+wait_counter 10 cat "$S/ctrd-out/count" >"$S/ctrd-before.count"
 
 # A checkpoint that leaves the task running, with its CRIU log kept in the work path.
-step checkpoint-workpath C task checkpoint --image-path "$S/ctrd-img" --work-path "$S/ctrd-work" ccm-c1
+step ctrd-checkpoint-workpath C task checkpoint --image-path "$S/ctrd-img" --work-path "$S/ctrd-work" ccm-c1
 cp "$S/ctrd-work/dump.log" "$S/ctrd-dump.log" 2>/dev/null
-wait_counter "$(($(cut -d' ' -f2 "$S/ctrd-before.count") + 5))" >"$S/ctrd-after-checkpoint.count"
+wait_counter "$(beyond "$S/ctrd-before.count")" cat "$S/ctrd-out/count" >"$S/ctrd-after-checkpoint.count"
 
 # The checkpoint into the content store, then the task ends and comes back from it.
-step checkpoint C containers checkpoint --task ccm-c1 "$CHECKPOINT" || exit 0
+step ctrd-checkpoint C containers checkpoint --task ccm-c1 "$CHECKPOINT" || exit 0
 cat "$S/ctrd-out/count" >"$S/ctrd-checkpointed.count"
 C task kill -s KILL ccm-c1 >/dev/null 2>&1
 sleep 0.5
 C task rm --force ccm-c1 >/dev/null 2>&1
-step restore C containers restore --live ccm-c2 "$CHECKPOINT"
-cp "$D/root/io.containerd.runtime.v2.task/default/ccm-c2/restore.log" "$S/ctrd-restore.log" 2>/dev/null
-wait_counter "$(($(cut -d' ' -f2 "$S/ctrd-checkpointed.count") + 5))" >"$S/ctrd-after-restore.count"
+step ctrd-restore C containers restore --live ccm-c2 "$CHECKPOINT"
+cp "$D/root/io.containerd.runtime.v2.task/$NS/ccm-c2/restore.log" "$S/ctrd-restore.log" 2>/dev/null
+wait_counter "$(beyond "$S/ctrd-checkpointed.count")" cat "$S/ctrd-out/count" >"$S/ctrd-after-restore.count"
 C task ls >"$S/ctrd-tasks.txt" 2>&1

@@ -33,39 +33,23 @@ set -u
 S=$1
 LIBDIR_LINE=
 IMAGE=localhost/ccm-busybox:1
+# The containers' cgroups, one parent per run: the cleanup below may then sweep it without touching what another
+# run, or anything else on the host, keeps in the same cgroup2 hierarchy.
+CGROUP_PARENT=/ccm-podman-$$
 # The container's loop: a token fixed at start (in the shell's memory only) and a counter, written to a file
 # every 0.1 s. After a restore the same token must come back with a larger counter; a restarted container
 # would start a new token at 1.
 LOOP='tok=$$-$RANDOM-$RANDOM; i=0; while :; do i=$((i+1)); echo "$tok $i" >/tmp/count; sleep 0.1; done'
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
-step() {
-    # step NAME CMD...: run CMD, its output in NAME.out/.err and its status in NAME.rc; returns the status.
-    local name=$1 rc
-    shift
-    "$@" >"$S/$name.out" 2>"$S/$name.err" </dev/null
-    rc=$?
-    echo "$rc" >"$S/$name.rc"
-    return "$rc"
-}
+# step, wait_counter
+# shellcheck source=tests/container/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 note() { printf '%s\n' "$*" >>"$S/flow.log"; }
 
-# wait_counter NAME MIN: until the container's /tmp/count shows a counter >= MIN (10 s at most); its line
-# goes to NAME.
-wait_counter() {
-    local name=$1 min=$2 line
-    for _ in $(seq 100); do
-        line=$(podman exec "$name" cat /tmp/count 2>/dev/null) || line=
-        if [ -n "$line" ] && [ "${line##* }" -ge "$min" ] 2>/dev/null; then
-            printf '%s\n' "$line"
-            return 0
-        fi
-        sleep 0.1
-    done
-    printf '%s\n' "$line"
-    return 1
-}
+# counter NAME: the container's /tmp/count.
+counter() { podman exec "$1" cat /tmp/count; }
 
 # The counter line the archive's rootfs diff holds: the container's /tmp/count when it was checkpointed.
 # (podman compresses exported checkpoints with zstd whatever the archive's name; tar detects it.)
@@ -88,7 +72,7 @@ copy_criu_log() {
 cleanup() {
     podman rm --all --force --time 0 >/dev/null 2>&1
     # Whatever podman could not stop: kill it by cgroup, then remove the cgroups, deepest first.
-    local cg=/sys/fs/cgroup/libpod_parent
+    local cg=/sys/fs/cgroup$CGROUP_PARENT
     if [ -d "$cg" ]; then
         find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
         sleep 0.5
@@ -142,8 +126,8 @@ rm -f /etc/criu/default.conf
 cp /etc/criu/runc.conf "$S/runc.conf"
 [ "$HYBRID" = 1 ] && echo "runc.conf: manage-cgroups ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$S/host-adjustments.txt"
 
-if step runc-run podman run --runtime runc -d --name ccm-runc --network none "$IMAGE" /bin/sh -c "$LOOP"; then
-    wait_counter ccm-runc 10 >"$S/runc-before.count"
+if step runc-run podman run --runtime runc -d --name ccm-runc --network none --cgroup-parent "$CGROUP_PARENT" "$IMAGE" /bin/sh -c "$LOOP"; then
+    wait_counter 10 counter ccm-runc >"$S/runc-before.count"
     note "runc: counting: $(cat "$S/runc-before.count")"
 
     # Keep it running. Podman runs runc, runc runs CRIU over RPC, so the plugin cannot see --leave-running.
@@ -164,7 +148,7 @@ EOF
     podman inspect --format '{{.State.Status}}' ccm-runc >"$S/runc-after-leave-running.state" 2>&1
     copy_criu_log ccm-runc dump.log "$S/runc-leave-running-dump.log"
     unpack_archive "$S/runc-leave-running.tar.gz" runc-leave-running
-    wait_counter ccm-runc "$(($(cut -d' ' -f2 "$S/runc-before.count") + 5))" >"$S/runc-after-leave-running.count"
+    wait_counter "$(beyond "$S/runc-before.count")" counter ccm-runc >"$S/runc-after-leave-running.count"
 
     # The portable checkpoint: the container stops.
     if step runc-checkpoint podman container checkpoint --keep --export "$S/runc.tar.gz" ccm-runc; then
@@ -184,7 +168,7 @@ EOF
         if step runc-restore env CONTAINERS_CONF_OVERRIDE="$S/restore-override.conf" \
             podman container restore --keep --import "$S/runc.tar.gz"; then
             copy_criu_log ccm-runc restore.log "$S/runc-restore.log"
-            wait_counter ccm-runc "$(($(cut -d' ' -f2 "$S/runc-checkpointed-count" 2>/dev/null || echo 0) + 5))" \
+            wait_counter "$(beyond "$S/runc-checkpointed-count")" counter ccm-runc \
                 >"$S/runc-after-restore.count"
             podman inspect --format '{{.State.Status}}' ccm-runc >"$S/runc-after-restore.state" 2>&1
         else
@@ -198,8 +182,8 @@ fi
 rm -f /etc/criu/runc.conf
 echo "$LIBDIR_LINE" >/etc/criu/default.conf
 cp /etc/criu/default.conf "$S/default.conf"
-if step crun-run podman run --runtime crun -d --name ccm-crun --network none "$IMAGE" /bin/sh -c "$LOOP"; then
-    wait_counter ccm-crun 10 >"$S/crun-before.count"
+if step crun-run podman run --runtime crun -d --name ccm-crun --network none --cgroup-parent "$CGROUP_PARENT" "$IMAGE" /bin/sh -c "$LOOP"; then
+    wait_counter 10 counter ccm-crun >"$S/crun-before.count"
     if step crun-checkpoint podman container checkpoint --keep --export "$S/crun.tar.gz" ccm-crun; then
         copy_criu_log ccm-crun dump.log "$S/crun-dump.log"
         unpack_archive "$S/crun.tar.gz" crun
@@ -211,7 +195,7 @@ if step crun-run podman run --runtime crun -d --name ccm-crun --network none "$I
                 >"$S/crun-restore.skipped"
         elif step crun-restore podman container restore --keep --import "$S/crun.tar.gz"; then
             copy_criu_log ccm-crun restore.log "$S/crun-restore.log"
-            wait_counter ccm-crun "$(($(cut -d' ' -f2 "$S/crun-checkpointed-count" 2>/dev/null || echo 0) + 5))" \
+            wait_counter "$(beyond "$S/crun-checkpointed-count")" counter ccm-crun \
                 >"$S/crun-after-restore.count"
         else
             find /var/lib/containers -name restore.log -exec cp {} "$S/crun-restore.log" \; 2>/dev/null
