@@ -78,7 +78,7 @@ skip() { rec --section "$1" --label "$2" --skipped "$3"; log "SKIP $1 $2: $3"; }
 # ---------------------------------------------------------------------------------------------
 # Processes (as tests/gpu/run.sh: every process its own session, tracked by pid, killed by pid)
 
-# track, cleanup_processes, close_inherited_fds, start_detached, wait_file, wait_gone, alive
+# track, cleanup_processes, close_inherited_fds, start_detached, wait_file, wait_gone, alive, criu_cmd
 # shellcheck source=tests/gpu/processes.sh
 . "$REPO/tests/gpu/processes.sh"
 
@@ -121,17 +121,6 @@ bench() {
         rec --section "$section" --label "$label" --repeat "$k" --error "ccm-bench $*: $(tail -c 400 "$err")"
         return 1
     fi
-}
-
-criu_cmd() {
-    local envs=()
-    while [[ $# -gt 0 && $1 != -- ]]; do
-        envs+=("$1")
-        shift
-    done
-    shift
-    env "${envs[@]}" LD_LIBRARY_PATH="$CRIU_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        timeout --kill-after=10 "$CRIU_TIMEOUT" "$CRIU_BIN" "$@"
 }
 
 # criu_cycle SECTION LABEL REPEAT PID [ENV-ASSIGNMENT...]: criu dump of PID's tree, then criu

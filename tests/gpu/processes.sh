@@ -1,6 +1,7 @@
 # shellcheck shell=bash
 # Sourced by the GPU scripts (tests/gpu/run.sh, bench/run-gpu.sh): starting, tracking, waiting for and
-# cleaning up the processes a case runs. Needs WORK (the scratch dir holding the list of pids).
+# cleaning up the processes a case runs, and running CRIU. Needs WORK (the scratch dir holding the list of pids);
+# criu_cmd needs CRIU_BIN, CRIU_LIBS and CRIU_TIMEOUT.
 
 # Every process a case started or restored, by pid: cleanup kills exactly these (and, as each is
 # a session and group leader, its process group).
@@ -76,3 +77,16 @@ wait_gone() {
 }
 
 alive() { [[ -e /proc/$1 ]] && [[ $(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) != Z ]]; }
+
+# criu_cmd ENV-ASSIGNMENT... -- CRIU-ARGS...: CRIU with its own libraries. LD_LIBRARY_PATH is set
+# for CRIU only: the Debian libraries must not shadow Ubuntu's in the workloads (python, torch).
+criu_cmd() {
+    local envs=()
+    while [[ $# -gt 0 && $1 != -- ]]; do
+        envs+=("$1")
+        shift
+    done
+    shift
+    env "${envs[@]}" LD_LIBRARY_PATH="$CRIU_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        timeout --kill-after=10 "$CRIU_TIMEOUT" "$CRIU_BIN" "$@"
+}

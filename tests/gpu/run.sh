@@ -76,25 +76,12 @@ EOF
 # ---------------------------------------------------------------------------------------------
 # Processes
 
-# track, cleanup_processes, close_inherited_fds, start_detached, wait_file, wait_gone, alive
+# track, cleanup_processes, close_inherited_fds, start_detached, wait_file, wait_gone, alive, criu_cmd
 # shellcheck source=tests/gpu/processes.sh
 . "$REPO/tests/gpu/processes.sh"
 
 # ---------------------------------------------------------------------------------------------
 # CRIU
-
-# criu_cmd ENV-ASSIGNMENT... -- CRIU-ARGS...: CRIU with its own libraries. LD_LIBRARY_PATH is set
-# for CRIU only: the Debian libraries must not shadow Ubuntu's in the workloads (python, torch).
-criu_cmd() {
-    local envs=()
-    while [[ $# -gt 0 && $1 != -- ]]; do
-        envs+=("$1")
-        shift
-    done
-    shift
-    env "${envs[@]}" LD_LIBRARY_PATH="$CRIU_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        timeout --kill-after=10 "$CRIU_TIMEOUT" "$CRIU_BIN" "$@"
-}
 
 # dump PID IMG LOG [CRIU-ARGS...]: sets DUMP_SECS; returns criu's status. Without
 # --leave-running, waits until PID is gone so its pid is free for the restore.
