@@ -16,11 +16,10 @@ mod support;
 use std::fs;
 use std::path::Path;
 use std::process::{Command, Output};
-use std::thread::sleep;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use support::package::{deb, describe_output, run_ok, RootCopy, RootKind};
-use support::{criu_root_or_skip, init_line, CriuRoot, LOG_PREFIX};
+use support::{criu_root_or_skip, init_line, CriuRoot, MarkedWorkload, LOG_PREFIX};
 
 const PACKAGE: &str = "criu-cuda-migrate";
 const PLUGIN_DIR: &str = "/usr/lib/criu-cuda-migrate/plugins";
@@ -239,42 +238,8 @@ impl Scratch {
         self.read(name).trim().parse().ok()
     }
 
-    fn is_our_workload(&self) -> bool {
-        fs::read(format!("/proc/{}/cmdline", self.pid))
-            .map(|cmdline| cmdline.split(|&b| b == 0).any(|arg| arg == WORKLOAD_MARK.as_bytes()))
-            .unwrap_or(false)
-    }
-
-    /// The restored workload's latest counter, read through its own root (its output lives in that /tmp).
-    fn counter(&self) -> Option<u64> {
-        let out = fs::read_to_string(format!("/proc/{}/root/tmp/ccm-workload.out", self.pid)).ok()?;
-        out.lines().rev().find_map(|l| l.trim().parse().ok())
-    }
-
-    fn workload_makes_progress(&self, within: Duration) -> bool {
-        let first = self.counter();
-        let deadline = Instant::now() + within;
-        while Instant::now() < deadline {
-            sleep(Duration::from_millis(100));
-            if !self.is_our_workload() {
-                return false;
-            }
-            if first.is_some() && self.counter() > first {
-                return true;
-            }
-        }
-        false
-    }
-
-    fn kill_workload(&self) {
-        if self.pid > 0 && self.is_our_workload() {
-            // SAFETY: kill has no memory-safety preconditions; the pid was checked to be our marked workload,
-            // which leads its own process group (setsid) holding its `sleep` children.
-            unsafe {
-                libc::kill(-self.pid, libc::SIGKILL);
-                libc::kill(self.pid, libc::SIGKILL);
-            }
-        }
+    fn workload(&self) -> MarkedWorkload {
+        MarkedWorkload { pid: self.pid, mark: WORKLOAD_MARK }
     }
 
     fn describe(&self) -> String {
@@ -301,7 +266,7 @@ impl Scratch {
 
 impl Drop for Scratch {
     fn drop(&mut self) {
-        self.kill_workload();
+        self.workload().kill();
     }
 }
 
@@ -362,8 +327,8 @@ fn installed_package_is_loaded_by_criu_from_its_config_file_alone() {
         init_line("restore")
     );
     assert!(dump_log.contains(LOG_PREFIX), "dump.log holds no line of the plugin:\n{why}");
-    assert!(scratch.workload_makes_progress(Duration::from_secs(5)), "the restored workload does not run:\n{why}");
-    scratch.kill_workload();
+    assert!(scratch.workload().makes_progress(Duration::from_secs(5)), "the restored workload does not run:\n{why}");
+    scratch.workload().kill();
 
     // The installed tool, with the exit codes the man page and the user guide document.
     let cli = |name: &str| {

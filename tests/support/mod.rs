@@ -323,44 +323,70 @@ impl PlainOutcome {
         )
     }
 
-    fn is_our_workload(&self) -> bool {
-        fs::read(format!("/proc/{}/cmdline", self.pid))
-            .map(|cmdline| cmdline.split(|&b| b == 0).any(|arg| arg == WORKLOAD_MARK.as_bytes()))
-            .unwrap_or(false)
+    fn workload(&self) -> MarkedWorkload {
+        MarkedWorkload { pid: self.pid, mark: WORKLOAD_MARK }
     }
 
-    /// The workload's latest counter, read through its own root (its output lives in the namespace's /tmp).
+    /// Whether the (restored) workload is alive and still counting within `within`.
+    pub fn workload_makes_progress(&self, within: Duration) -> bool {
+        self.workload().makes_progress(within)
+    }
+
+    pub fn workload_alive(&self) -> bool {
+        self.workload().is_ours()
+    }
+}
+
+impl Drop for PlainOutcome {
+    fn drop(&mut self) {
+        self.workload().kill();
+    }
+}
+
+/// The counting shell loop the real-CRIU tests start detached inside the trixie root (`setsid`, so it leads its
+/// own process group with its `sleep` children). An extra argument, `mark`, identifies it: a pid that no longer
+/// carries the mark is someone else's and is never touched. It writes one counter per line to its `/tmp`
+/// (`/tmp/ccm-workload.out` in the root's namespace).
+pub struct MarkedWorkload {
+    pub pid: i32,
+    pub mark: &'static str,
+}
+
+impl MarkedWorkload {
+    pub fn is_ours(&self) -> bool {
+        self.pid > 0
+            && fs::read(format!("/proc/{}/cmdline", self.pid))
+                .map(|cmdline| cmdline.split(|&b| b == 0).any(|arg| arg == self.mark.as_bytes()))
+                .unwrap_or(false)
+    }
+
+    /// The latest counter, read through the workload's own root (its output lives in that namespace's /tmp).
     fn counter(&self) -> Option<u64> {
         let out = fs::read_to_string(format!("/proc/{}/root/tmp/ccm-workload.out", self.pid)).ok()?;
         out.lines().rev().find_map(|l| l.trim().parse().ok())
     }
 
-    /// Whether the (restored) workload is alive and still counting within `within`.
-    pub fn workload_makes_progress(&self, within: Duration) -> bool {
-        if !self.is_our_workload() {
-            return false;
-        }
+    /// Whether it stays ours and its counter moves within `within`.
+    pub fn makes_progress(&self, within: Duration) -> bool {
         let first = self.counter();
         let deadline = Instant::now() + within;
         while Instant::now() < deadline {
             sleep(Duration::from_millis(100));
-            if self.counter() > first && first.is_some() {
+            if !self.is_ours() {
+                return false;
+            }
+            if first.is_some() && self.counter() > first {
                 return true;
             }
         }
         false
     }
 
-    pub fn workload_alive(&self) -> bool {
-        self.is_our_workload()
-    }
-}
-
-impl Drop for PlainOutcome {
-    fn drop(&mut self) {
-        if self.pid > 0 && self.is_our_workload() {
+    /// Kills its process group, if the pid is still ours.
+    pub fn kill(&self) {
+        if self.is_ours() {
             // SAFETY: kill has no memory-safety preconditions; the pid was checked to be our marked workload,
-            // and it leads its own process group (setsid), which also holds its `sleep` children.
+            // which leads its own process group (setsid) holding its `sleep` children.
             unsafe {
                 libc::kill(-self.pid, libc::SIGKILL);
                 libc::kill(self.pid, libc::SIGKILL);
