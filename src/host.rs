@@ -53,6 +53,17 @@ impl CriuHost for RunningCriu {
         Some(f(cname.as_ptr(), name.len()))
     }
 
+    fn log_fd(&self) -> Option<RawFd> {
+        let p = lookup(c"log_get_fd");
+        if p.is_null() {
+            return None;
+        }
+        // SAFETY: CRIU (criu/log.c): `int log_get_fd(void)`.
+        let f: extern "C" fn() -> c_int = unsafe { std::mem::transmute(p) };
+        let fd = f();
+        (fd >= 0).then_some(fd)
+    }
+
     fn set_interrupt_only_mode(&self) -> bool {
         for name in [c"set_compel_interrupt_only_mode", c"dont_use_freeze_cgroup"] {
             let p = lookup(name);

@@ -116,6 +116,9 @@ fn not_cuda(pid: c_int) -> HookOutcome {
 }
 
 fn outcome_code(pid: c_int, hook: &str, o: HookOutcome) -> c_int {
+    if !matches!(o, HookOutcome::NotMine) {
+        ccm_engine::check_single_threaded(hook);
+    }
     match o {
         HookOutcome::NotMine => -libc::ENOTSUP,
         HookOutcome::Done => 0,
@@ -157,15 +160,25 @@ extern "C" fn plugin_init(stage: c_int) -> c_int {
         }
         match stage as c_uint {
             sys::CR_PLUGIN_STAGE__DUMP => {
-                // dlopen only (no cuInit): hosts without the NVIDIA driver must dump as before.
-                match ccm_driver::Libcuda::load() {
-                    Ok(_) => {
+                // The driver agent loads libcuda (no cuInit wait here): hosts without the NVIDIA
+                // driver must dump as before. Its cuInit and NVML go on while CRIU collects the tree.
+                let agent = match ccm_engine::node::spawn_agent(&host) {
+                    Ok(a) => a,
+                    Err(e) => {
+                        error!("{e}; CUDA processes cannot be checkpointed in this run");
+                        *s = Session::NoDriver;
+                        return 0;
+                    }
+                };
+                match agent.driver() {
+                    Ok(d) => {
                         use ccm_engine::CriuHost;
+                        debug!("driver agent pid {} loaded {}", d.agent_pid, d.libcuda_path);
                         // The driver's restore thread must run during CHECKPOINT_DEVICES, which
                         // the cgroup freezer would prevent.
                         let set = host.set_interrupt_only_mode();
                         debug!("compel interrupt-only mode: {}", if set { "set" } else { "not offered by this CRIU" });
-                        *s = Session::Dump(DumpSession::new(config));
+                        *s = Session::Dump(DumpSession::new(config, agent));
                     }
                     Err(e) => {
                         warn!("disabled: {e}");

@@ -105,9 +105,9 @@ fn moved_sites_in_permissive_mode_resume_with_an_error() {
     run_case("sites-moved-permissive");
 }
 
-/// CRIU is SIGKILLed between dump hooks: the locked process is found LOCKED and recovered by the CLI.
+/// CRIU is SIGKILLed between dump hooks: the driver agent unlocks what it had locked.
 #[test]
-fn criu_killed_mid_dump_leaves_locked_and_recover_unlocks() {
+fn criu_killed_mid_dump_is_rolled_back_by_the_driver_agent() {
     run_case("criu-killed-mid-dump");
 }
 

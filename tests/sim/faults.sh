@@ -409,8 +409,9 @@ sites-moved-strict | sites-moved-permissive)
     ;;
 criu-killed-mid-dump)
     # CRIU dies (SIGKILL) between dump hooks: PAUSE_DEVICES has locked w0 and waits for w1's lock (w1's
-    # restore thread never answers). Nobody is left to roll back: w0 stays LOCKED with no error line,
-    # because the process that would write it is gone. `criu-cuda-migrate recover` brings it back.
+    # restore thread never answers). The driver agent sees CRIU's end of its socket close and puts back
+    # what it locked itself: once CRIU is gone its tasks are no longer traced, so w0's restore thread
+    # answers the unlock. Its lines land in CRIU's dump.log. `recover` afterwards finds nothing to do.
     root=$(W1_FAULTS=restore-thread-stall start_tree)
     p0=$(cat "$WORK/w0/ready")
     p1=$(cat "$WORK/w1/ready")
@@ -423,14 +424,17 @@ criu-killed-mid-dump)
     grep -q "cuCheckpointProcessLock" <(grep "pid $p1" "$WORK/img/dump.log") && fail "pid $p1 was locked: the stall did not hold"
     kill -9 "$criu_pid"
     wait "$criu_pid" 2>/dev/null || true
-    # Once CRIU is gone its tasks are no longer traced.
     for p in "$root" "$p0" "$p1"; do
         for _ in $(seq 100); do grep -q "^TracerPid:[[:space:]]*0$" "/proc/$p/status" && break; sleep 0.05; done
         grep -q "^TracerPid:[[:space:]]*0$" "/proc/$p/status" || fail "pid $p is still traced after CRIU died"
     done
-    expect_state "$p0" LOCKED
+    for _ in $(seq 200); do [ "$(state "$p0")" = RUNNING ] && break; sleep 0.05; done
+    expect_state "$p0" RUNNING
+    seen "$WORK/img/dump.log" "driver agent: pid $p0: unlocked, RUNNING again after CRIU went away"
+    # w1's stalled lock ends with the double's call timeout; whatever it did, the agent undoes it.
+    for _ in $(seq 300); do pgrep -x ccm-agent >/dev/null || break; sleep 0.05; done
+    pgrep -x ccm-agent >/dev/null && fail "the driver agent outlived CRIU by more than 15 s"
     expect_state "$p1" RUNNING
-    # The next run: recover finds pid p0 LOCKED and unlocks it.
     recover "$p0"
     expect_state "$p0" RUNNING
     go "$WORK/w0" 1

@@ -23,7 +23,8 @@ pub enum ProcessState {
 }
 
 impl ProcessState {
-    fn from_raw(v: c_int) -> Self {
+    /// The state from the driver's raw `CUprocessState` value.
+    pub fn from_raw(v: c_int) -> Self {
         match v {
             0 => ProcessState::Running,
             1 => ProcessState::Locked,
@@ -147,11 +148,16 @@ impl CheckpointApi {
     }
 
     pub fn state(&self, pid: i32) -> Result<ProcessState, CudaError> {
+        self.state_raw(pid).map(ProcessState::from_raw)
+    }
+
+    /// The raw `CUprocessState` (what crosses the driver agent's socket).
+    pub fn state_raw(&self, pid: i32) -> Result<c_int, CudaError> {
         let mut st: c_int = 0;
         // SAFETY: CUprocessState is a C enum (int-sized); the driver writes one value.
         let r = unsafe { (self.get_state)(pid, &mut st) };
         self.lib.check("cuCheckpointProcessGetState", r)?;
-        Ok(ProcessState::from_raw(st))
+        Ok(st)
     }
 
     /// Locks `pid`: waits up to `timeout_ms` (0 = no timeout) for its submitted work to finish

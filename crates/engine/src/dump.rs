@@ -5,8 +5,10 @@ use std::collections::BTreeMap;
 use std::io::Write;
 use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
+use ccm_agent::Agent;
 use ccm_driver::checkpoint::{timed, ProcessState};
 use ccm_identity::image::{IdentityImage, ProcessEnv};
 use ccm_identity::{GpuIdentity, GpuUuid, PciSignature};
@@ -30,7 +32,9 @@ struct Tracked {
 
 pub struct DumpSession {
     config: Config,
-    node: Option<Node>,
+    /// The driver agent until [`Node::load`] takes it.
+    agent: Option<Agent>,
+    node: Option<Arc<Node>>,
     node_failed: bool,
     tracked: BTreeMap<i32, Tracked>,
     inventory_added: bool,
@@ -38,9 +42,10 @@ pub struct DumpSession {
 }
 
 impl DumpSession {
-    pub fn new(config: Config) -> DumpSession {
+    pub fn new(config: Config, agent: Agent) -> DumpSession {
         DumpSession {
             config,
+            agent: Some(agent),
             node: None,
             node_failed: false,
             tracked: BTreeMap::new(),
@@ -49,17 +54,18 @@ impl DumpSession {
         }
     }
 
-    fn node(&mut self) -> Option<&Node> {
+    fn node(&mut self) -> Option<Arc<Node>> {
         if self.node.is_none() && !self.node_failed {
-            match Node::load() {
-                Ok(n) => self.node = Some(n),
-                Err(e) => {
+            match self.agent.take().map(Node::load) {
+                Some(Ok(n)) => self.node = Some(Arc::new(n)),
+                Some(Err(e)) => {
                     warn!("disabled: {e}");
                     self.node_failed = true;
                 }
+                None => self.node_failed = true,
             }
         }
-        self.node.as_ref()
+        self.node.clone()
     }
 
     /// PAUSE_DEVICES: the task still runs. Decide whether it is a CUDA process, remember its
@@ -86,7 +92,7 @@ impl DumpSession {
         }
         let timeout_ms = u32::try_from(self.config.lock_timeout.as_millis()).unwrap_or(u32::MAX);
         let Some(node) = self.node() else { return HookOutcome::NotMine };
-        let api = node.api.clone();
+        let api = &node.agent;
         if let Err(e) = node.cuinit() {
             return HookOutcome::Failed(EngineError::Driver { pid, source: e });
         }
@@ -190,7 +196,7 @@ impl DumpSession {
             }
         }
         // 3. Checkpoint in parallel.
-        let api = &node.api;
+        let api = &node.agent;
         let results: Vec<(i32, Result<std::time::Duration, String>)> = std::thread::scope(|s| {
             let handles: Vec<_> = running
                 .iter()
@@ -258,7 +264,7 @@ impl DumpSession {
         };
         info!("rolling back {} CUDA process(es): {why}", self.tracked.len());
         let Some(node) = self.node.as_ref() else { return };
-        let api = &node.api;
+        let api = &node.agent;
         let todo: Vec<&Tracked> = self.tracked.values().filter(|t| t.locked_by_us || t.checkpointed_by_us).collect();
         // The tasks may still be ptrace-stopped by CRIU; the driver needs their restore threads
         // to run for a restore and for an unlock alike.
@@ -282,7 +288,7 @@ impl DumpSession {
     }
 }
 
-fn rollback_one(api: &ccm_driver::checkpoint::CheckpointApi, t: &Tracked) {
+fn rollback_one(api: &Agent, t: &Tracked) {
     let pid = t.pid;
     if t.checkpointed_by_us {
         let r = timed(|| api.restore(pid, &[]));

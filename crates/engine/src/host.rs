@@ -13,6 +13,8 @@ pub trait CriuHost {
     /// `set_compel_interrupt_only_mode()` (4.1+) or `dont_use_freeze_cgroup()` (4.0): the driver
     /// needs the restore thread to run, so CRIU must not use the cgroup freezer.
     fn set_interrupt_only_mode(&self) -> bool;
+    /// `log_get_fd()`: CRIU's log, which the driver agent keeps open to log into it.
+    fn log_fd(&self) -> Option<RawFd>;
 }
 
 /// A host for tests and for the command-line tool: no CRIU around.
@@ -33,5 +35,8 @@ impl CriuHost for NoCriu {
     }
     fn set_interrupt_only_mode(&self) -> bool {
         false
+    }
+    fn log_fd(&self) -> Option<RawFd> {
+        None
     }
 }

@@ -8,8 +8,11 @@
 //!   restores every CUDA process of the tree in parallel with the planned device map, rewrites the
 //!   stale PCI identity, validates it against NVML, and only then unlocks.
 //!
-//! Rule for threads: CRIU's main thread is the ptrace tracer, so ptrace runs on the hook's thread;
-//! driver calls and memory work run on one worker thread per process.
+//! Rule for threads: CRIU's own process must have no thread of ours when a hook returns (CRIU
+//! then works on namespaces, which one extra thread breaks). Every driver call is made in the
+//! driver agent (`ccm_agent`), a helper process; CRIU's main thread is the ptrace tracer, so
+//! ptrace runs on the hook's thread; memory work runs on scoped worker threads, one per process,
+//! which end before the hook returns.
 
 pub mod config;
 pub mod dump;
@@ -19,8 +22,7 @@ pub mod preflight;
 pub mod reconcile;
 pub mod restore;
 
-use ccm_driver::cuda::LoadError;
-use ccm_driver::CudaError;
+use ccm_agent::AgentError;
 
 pub use config::{Config, LeaveRunning, Strictness};
 pub use host::{CriuHost, NoCriu};
@@ -50,6 +52,19 @@ pub fn conflicting_plugin() -> Option<EngineError> {
 /// CUDA process in the driver's sense.
 pub const LIBCUDA_FILE: &str = "/libcuda.so";
 
+/// Warns when CRIU's process has more than its own thread as a hook returns: CRIU then fails
+/// every `setns` into a mount namespace (a container's dump or restore). The plugin calls it
+/// after each hook; with the driver agent it never fires.
+pub fn check_single_threaded(hook: &str) {
+    let n = ccm_process::helper::own_thread_count();
+    if n > 1 {
+        log::warn!(
+            "CRIU has {n} threads after {hook}: CRIU's namespace work (a container's dump or restore) fails with \
+             them; this is a bug in {PLUGIN_NAME}, please report it with this log"
+        );
+    }
+}
+
 /// A hook's answer to CRIU.
 #[derive(Debug)]
 pub enum HookOutcome {
@@ -62,12 +77,14 @@ pub enum HookOutcome {
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
     #[error("no usable NVIDIA driver: {0}")]
-    NoDriver(#[source] LoadError),
+    NoDriver(String),
+    #[error("{0}")]
+    Agent(#[source] AgentError),
     #[error("pid {pid}: {source}")]
     Driver {
         pid: i32,
         #[source]
-        source: CudaError,
+        source: AgentError,
     },
     #[error("pid {pid}: {message}")]
     Process { pid: i32, message: String },

@@ -1,74 +1,86 @@
-//! This node's driver stack, loaded once per CRIU run and only when a CUDA process shows up.
+//! This node's driver stack, as the driver agent sees it.
+//!
+//! Every libcuda and NVML call goes through [`Agent`]: CRIU's own process must never get the
+//! driver's threads (see `ccm_agent`). The agent is forked at `init` and warms up by itself;
+//! [`Node::load`] waits for its GPU list only when a CUDA process is actually handled.
 
-use std::time::Instant;
+use std::sync::OnceLock;
 
-use ccm_driver::checkpoint::CheckpointApi;
-use ccm_driver::nvml::Nvml;
-use ccm_driver::Libcuda;
-use ccm_identity::{GpuIdentity, GpuUuid};
+use ccm_agent::{Agent, AgentError};
+use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
 use log::{info, warn};
 
+use crate::host::CriuHost;
 use crate::EngineError;
 
 pub struct Node {
-    lib: Libcuda,
-    cuinit: std::sync::OnceLock<Result<(), ccm_driver::CudaError>>,
-    pub api: CheckpointApi,
+    pub agent: Agent,
+    cuinit: OnceLock<Result<(), AgentError>>,
     pub cuda_driver_version: i32,
-    pub nvml: Option<Nvml>,
+    /// NVML answered (lookups by bus id can validate).
+    pub nvml_ok: bool,
     pub driver_version: String,
     /// Every GPU NVML sees, NVML index order. Empty when NVML is unavailable.
     pub gpus: Vec<GpuIdentity>,
 }
 
+/// Starts the driver agent for this CRIU run, keeping CRIU's log open in it.
+pub fn spawn_agent(host: &dyn CriuHost) -> Result<Agent, EngineError> {
+    let keep: Vec<i32> = host.log_fd().into_iter().collect();
+    Agent::spawn(&keep).map_err(EngineError::Agent)
+}
+
 impl Node {
-    /// Loads libcuda and reads the GPUs from NVML. NVML failing is not fatal here: the caller
-    /// decides. `cuInit` comes later ([`Node::cuinit`]), when a process is actually handled.
-    pub fn load() -> Result<Node, EngineError> {
-        let t0 = Instant::now();
-        let lib = Libcuda::load().map_err(EngineError::NoDriver)?;
-        let api = CheckpointApi::new(&lib).map_err(EngineError::NoDriver)?;
-        let cuda_driver_version = lib.driver_version().unwrap_or(0);
+    /// Waits until the agent has loaded libcuda and listed the GPUs. NVML failing is not fatal
+    /// here: the caller decides. `cuInit` is awaited later ([`Node::cuinit`]).
+    pub fn load(agent: Agent) -> Result<Node, EngineError> {
+        let n = agent.node().map_err(|e| match e {
+            AgentError::NoDriver(m) => EngineError::NoDriver(m),
+            other => EngineError::Agent(other),
+        })?;
         info!(
-            "driver: {} loaded, CUDA driver API {} ({:.3} s)",
-            lib.path(),
-            cuda_driver_version,
-            t0.elapsed().as_secs_f64()
+            "driver: {} loaded, CUDA driver API {} ({:.3} s, in the driver agent, pid {})",
+            n.driver.libcuda_path, n.driver.cuda_driver_version, n.driver.load_seconds, n.driver.agent_pid
         );
-        let t1 = Instant::now();
-        let (nvml, driver_version, gpus) = match Nvml::init() {
-            Ok(n) => {
-                let v = n.driver_version().unwrap_or_default();
-                match n.gpus() {
-                    Ok(g) => (Some(n), v, g),
-                    Err(e) => {
-                        warn!("NVML lists no GPUs: {e}");
-                        (Some(n), v, Vec::new())
-                    }
+        let (nvml_ok, driver_version, gpus) = match n.nvml {
+            Ok(v) => {
+                if let Some(e) = &v.gpus_error {
+                    warn!("NVML lists no GPUs: {e}");
                 }
+                info!("NVML: driver {}, {} GPU(s) ({:.3} s)", v.driver_version, v.gpus.len(), v.seconds);
+                (true, v.driver_version, v.gpus)
             }
             Err(e) => {
                 warn!("{e}");
-                (None, String::new(), Vec::new())
+                (false, String::new(), Vec::new())
             }
         };
-        info!("NVML: driver {driver_version}, {} GPU(s) ({:.3} s)", gpus.len(), t1.elapsed().as_secs_f64());
         for (i, g) in gpus.iter().enumerate() {
             info!("  GPU {i}: {} {} {} minor {} {} MiB", g.uuid, g.pci, g.name, g.minor, g.memory_total >> 20);
         }
-        Ok(Node { lib, cuinit: std::sync::OnceLock::new(), api, cuda_driver_version, nvml, driver_version, gpus })
+        Ok(Node {
+            agent,
+            cuinit: OnceLock::new(),
+            cuda_driver_version: n.driver.cuda_driver_version,
+            nvml_ok,
+            driver_version,
+            gpus,
+        })
     }
 
-    /// `cuInit(0)` once per CRIU run: the driver requires it in the process that restores
-    /// another one. At restore it runs only after CRIU has forked every task, so no restored
-    /// task inherits driver state from CRIU.
-    pub fn cuinit(&self) -> Result<(), ccm_driver::CudaError> {
+    /// The agent's `cuInit(0)`, which it started at its own start: the driver requires it in the
+    /// process that checkpoints or restores another one. The log line says how long CRIU waited.
+    pub fn cuinit(&self) -> Result<(), AgentError> {
         self.cuinit
             .get_or_init(|| {
-                let t0 = Instant::now();
-                let r = self.lib.init();
-                info!("cuInit {:.3} s", t0.elapsed().as_secs_f64());
-                r
+                let r = self.agent.cuinit();
+                if let Ok(c) = &r {
+                    info!(
+                        "cuInit {:.3} s in the driver agent (started at init; this hook waited {:.3} s for it)",
+                        c.seconds, c.waited_seconds
+                    );
+                }
+                r.map(|_| ())
             })
             .clone()
     }
@@ -79,5 +91,13 @@ impl Node {
 
     pub fn gpu_by_minor(&self, minor: u32) -> Option<&GpuIdentity> {
         self.gpus.iter().find(|g| g.minor == minor)
+    }
+
+    /// NVML's answer for "which GPU is at `pci`" (`None` for Not Found or without NVML).
+    pub fn uuid_at_pci(&self, pci: &PciAddress) -> Option<GpuUuid> {
+        if !self.nvml_ok {
+            return None;
+        }
+        self.agent.uuid_at_pci(*pci).ok().flatten()
     }
 }

@@ -196,7 +196,7 @@ fn validate(pid: u32, plan: &ProcessPlan, node: &Node, changed: &[(GpuUuid, GpuU
         // NVML by the PCI location the process will now report must be the GPU the driver
         // restored onto.
         let named = words.first().map(|w| w.pci()).unwrap_or(new_gpu.pci);
-        let nvml_uuid = node.nvml.as_ref().and_then(|n| n.uuid_at_pci(&named).ok().flatten());
+        let nvml_uuid = node.uuid_at_pci(&named);
         let obs = GpuObservation { old: *old, new: *new, words_in_process: words, nvml_uuid_at_new_pci: nvml_uuid };
         let verdict = validate_gpu(&obs, new_gpu);
         if let Verdict::Mismatch(m) = &verdict {

@@ -68,7 +68,13 @@ impl RestoreSession {
             return Err(e);
         }
         let t0 = Instant::now();
-        let node = Node::load().map_err(|e| {
+        let agent = crate::node::spawn_agent(host).map_err(|e| {
+            EngineError::Preflight(format!(
+                "the checkpoint holds {} CUDA process(es) but the driver agent cannot start: {e}",
+                images.len()
+            ))
+        })?;
+        let node = Node::load(agent).map_err(|e| {
             EngineError::Preflight(format!(
                 "the checkpoint holds {} CUDA process(es) but this node cannot restore them: {e}",
                 images.len()
@@ -120,7 +126,7 @@ impl RestoreSession {
 
     fn restore_batch(&mut self, pids: &[u32]) {
         let Some(node) = self.node.as_ref() else { return };
-        let api = &node.api;
+        let api = &node.agent;
         let t0 = Instant::now();
         if let Err(e) = node.cuinit() {
             for &pid in pids {
@@ -276,7 +282,7 @@ impl RestoreSession {
 /// tree must be killed (strict mode failure).
 fn restore_one(job: &Job<'_>, node: &Node, config: &Config, report: &mut String) -> (Result<(), String>, bool) {
     let pid = job.pid;
-    let api = &node.api;
+    let api = &node.agent;
     match api.state(pid as i32) {
         Ok(ProcessState::Checkpointed) => {}
         Ok(other) => {
@@ -301,7 +307,7 @@ fn restore_one(job: &Job<'_>, node: &Node, config: &Config, report: &mut String)
     };
     let r = timed(|| api.restore(pid as i32, &pairs));
     if let Err(e) = r.value {
-        let hint = if e.code == ccm_driver::cuda::CUDA_ERROR_INVALID_VALUE && !pairs.is_empty() {
+        let hint = if e.cuda_code() == Some(ccm_driver::cuda::CUDA_ERROR_INVALID_VALUE) && !pairs.is_empty() {
             " (the driver refused the device map: it must pair every GPU the process enumerated with a distinct GPU of the same chip and enough memory)"
         } else {
             ""

@@ -6,6 +6,7 @@
 //! - [`environ`]: the live environ block (`env_start..env_end` of `/proc/PID/stat`);
 //! - [`devices`]: which `/dev/nvidiaN` a process holds open or mapped, and which libraries it maps;
 //! - [`tree`]: namespace pids, process tree, threads;
+//! - [`helper`]: forking the detached helper process that makes the plugin's driver calls;
 //! - [`ptrace`]: resuming and re-stopping the CUDA restore thread of a task that CRIU holds
 //!   ptrace-stopped (CRIU is the tracer; see the threads rule on that module).
 //!
@@ -15,6 +16,7 @@
 pub mod devices;
 pub mod environ;
 pub mod fds;
+pub mod helper;
 pub mod maps;
 pub mod mem;
 mod procfs;

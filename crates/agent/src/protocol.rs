@@ -1,0 +1,182 @@
+//! What the plugin and its driver agent say to each other: one JSON document per frame, a frame
+//! being a 4-byte little-endian length and the document. Requests carry an id; the agent answers
+//! each in its own thread, so replies may come back in any order and carry the same id.
+
+use std::io::{Read, Write};
+
+use ccm_driver::CudaError;
+use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
+use serde::{de::DeserializeOwned, Deserialize, Serialize};
+
+/// Largest frame either side accepts (a node with hundreds of GPUs stays far below).
+pub const MAX_FRAME: usize = 4 << 20;
+
+/// One driver or NVML call for the agent to make.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Call {
+    /// Wait until libcuda is loaded (dlopen and `cuDriverGetVersion`, no `cuInit`).
+    Driver,
+    /// Wait until NVML has listed the node's GPUs too.
+    Node,
+    /// Wait for the agent's `cuInit(0)` (started as soon as libcuda was loaded).
+    CuInit,
+    RestoreThreadId {
+        pid: i32,
+    },
+    State {
+        pid: i32,
+    },
+    Lock {
+        pid: i32,
+        timeout_ms: u32,
+    },
+    Checkpoint {
+        pid: i32,
+    },
+    Restore {
+        pid: i32,
+        pairs: Vec<(GpuUuid, GpuUuid)>,
+    },
+    Unlock {
+        pid: i32,
+    },
+    /// NVML's `nvmlDeviceGetHandleByPciBusId_v2`, answered with the UUID found there.
+    UuidAtPci {
+        pci: PciAddress,
+    },
+    /// The plugin is done: exit without touching any process.
+    Exit,
+}
+
+/// libcuda as the agent loaded it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct DriverInfo {
+    pub agent_pid: u32,
+    pub libcuda_path: String,
+    pub cuda_driver_version: i32,
+    pub load_seconds: f64,
+}
+
+/// The node as NVML lists it.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NodeInfo {
+    pub driver: DriverInfo,
+    /// `Err` with NVML's message when NVML is unavailable (the caller decides whether that is fatal).
+    pub nvml: Result<NvmlInfo, String>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub struct NvmlInfo {
+    pub driver_version: String,
+    /// Every GPU NVML sees, NVML index order.
+    pub gpus: Vec<GpuIdentity>,
+    /// Why the GPU list is empty, when it is.
+    pub gpus_error: Option<String>,
+    pub seconds: f64,
+}
+
+/// `cuInit` in the agent: how long it took there, and when it ended relative to the request.
+#[derive(Debug, Clone, Copy, Serialize, Deserialize)]
+pub struct CuInitInfo {
+    pub seconds: f64,
+    /// How long the request waited for it (0 when it had ended before).
+    pub waited_seconds: f64,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum Answer {
+    Driver(DriverInfo),
+    Node(NodeInfo),
+    CuInit(CuInitInfo),
+    Done,
+    Tid(i32),
+    State(i32),
+    Uuid(Option<GpuUuid>),
+}
+
+/// A failure as it crosses the socket.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+pub enum WireError {
+    Cuda { call: String, code: i32, name: String, description: String },
+    NoDriver(String),
+    Nvml(String),
+    Agent(String),
+}
+
+impl WireError {
+    pub fn from_cuda(e: &CudaError) -> WireError {
+        WireError::Cuda {
+            call: e.call.to_string(),
+            code: e.code,
+            name: e.name.clone(),
+            description: e.description.clone(),
+        }
+    }
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Request {
+    pub id: u64,
+    pub call: Call,
+}
+
+#[derive(Debug, Serialize, Deserialize)]
+pub struct Reply {
+    pub id: u64,
+    pub result: Result<Answer, WireError>,
+}
+
+/// Writes one frame. The caller serialises writers.
+pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Result<()> {
+    let body = serde_json::to_vec(msg).map_err(std::io::Error::other)?;
+    if body.len() > MAX_FRAME {
+        return Err(std::io::Error::other(format!("frame of {} bytes is over {MAX_FRAME}", body.len())));
+    }
+    let mut frame = Vec::with_capacity(4 + body.len());
+    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&body);
+    w.write_all(&frame)
+}
+
+/// Reads one frame; `Ok(None)` at a clean end of stream (the peer is gone).
+pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> std::io::Result<Option<T>> {
+    let mut len = [0u8; 4];
+    match r.read_exact(&mut len) {
+        Ok(()) => {}
+        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => return Ok(None),
+        Err(e) => return Err(e),
+    }
+    let len = u32::from_le_bytes(len) as usize;
+    if len > MAX_FRAME {
+        return Err(std::io::Error::other(format!("frame of {len} bytes is over {MAX_FRAME}")));
+    }
+    let mut body = vec![0u8; len];
+    r.read_exact(&mut body)?;
+    serde_json::from_slice(&body).map(Some).map_err(std::io::Error::other)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn frames_round_trip_and_end_cleanly() {
+        let mut buf = Vec::new();
+        write_frame(&mut buf, &Request { id: 7, call: Call::Lock { pid: 42, timeout_ms: 10_000 } }).unwrap();
+        write_frame(&mut buf, &Reply { id: 7, result: Err(WireError::Agent("x".into())) }).unwrap();
+        let mut r = &buf[..];
+        let req: Request = read_frame(&mut r).unwrap().unwrap();
+        assert_eq!(req.id, 7);
+        assert!(matches!(req.call, Call::Lock { pid: 42, timeout_ms: 10_000 }));
+        let rep: Reply = read_frame(&mut r).unwrap().unwrap();
+        assert!(matches!(rep.result, Err(WireError::Agent(_))));
+        assert!(read_frame::<Reply>(&mut r).unwrap().is_none());
+    }
+
+    #[test]
+    fn an_oversized_frame_is_refused() {
+        let mut buf = Vec::new();
+        buf.extend_from_slice(&(MAX_FRAME as u32 + 1).to_le_bytes());
+        assert!(read_frame::<Reply>(&mut &buf[..]).is_err());
+    }
+}

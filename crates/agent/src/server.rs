@@ -1,0 +1,273 @@
+//! The agent's side: runs in the helper process, owns libcuda and NVML, answers calls.
+//!
+//! It warms up by itself as soon as it starts: libcuda is loaded, then `cuInit` and NVML's GPU
+//! list run at the same time in two threads, so that by the time CRIU asks (a CUDA process found
+//! at dump, the driver's restore at the end of a restore) they are usually done.
+//!
+//! If the plugin's end of the socket closes without an `Exit` (CRIU was killed), the agent puts
+//! back every process it locked or checkpointed itself: the tasks are no longer traced once
+//! CRIU is gone, so their restore threads answer the driver again.
+
+use std::collections::BTreeSet;
+use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Condvar, Mutex, OnceLock};
+use std::time::{Duration, Instant};
+
+use ccm_driver::checkpoint::CheckpointApi;
+use ccm_driver::nvml::Nvml;
+use ccm_driver::{CudaError, Libcuda};
+use log::{error, info, warn};
+
+use crate::protocol::{
+    read_frame, write_frame, Answer, Call, CuInitInfo, DriverInfo, NodeInfo, NvmlInfo, Reply, Request, WireError,
+};
+
+/// How long an orphaned agent waits for calls still running in the driver (a lock waits up to
+/// its own timeout) before it gives up on them.
+const ORPHAN_DRAIN: Duration = Duration::from_secs(60);
+
+/// A value set once by one thread and waited for by others.
+struct Ready<T> {
+    cell: OnceLock<T>,
+    lock: Mutex<()>,
+    set: Condvar,
+}
+
+impl<T> Ready<T> {
+    fn new() -> Self {
+        Ready { cell: OnceLock::new(), lock: Mutex::new(()), set: Condvar::new() }
+    }
+    fn put(&self, v: T) {
+        let _ = self.cell.set(v);
+        let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        self.set.notify_all();
+    }
+    fn wait(&self) -> &T {
+        let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(v) = self.cell.get() {
+                return v;
+            }
+            g = self.set.wait(g).unwrap_or_else(|p| p.into_inner());
+        }
+    }
+}
+
+struct Loaded {
+    lib: Libcuda,
+    api: CheckpointApi,
+    info: DriverInfo,
+}
+
+/// Processes this agent changed and has not yet put back.
+#[derive(Default)]
+struct Touched {
+    locked: BTreeSet<i32>,
+    checkpointed: BTreeSet<i32>,
+}
+
+struct Shared {
+    driver: Ready<Result<Loaded, String>>,
+    nvml: Ready<(Option<Nvml>, Result<NvmlInfo, String>)>,
+    cuinit: Ready<Result<f64, WireError>>,
+    touched: Mutex<Touched>,
+    inflight: AtomicUsize,
+}
+
+/// The agent's main loop; returns the process's exit code.
+pub fn serve(stream: UnixStream) -> i32 {
+    let shared = Arc::new(Shared {
+        driver: Ready::new(),
+        nvml: Ready::new(),
+        cuinit: Ready::new(),
+        touched: Mutex::new(Touched::default()),
+        inflight: AtomicUsize::new(0),
+    });
+    {
+        let shared = shared.clone();
+        std::thread::spawn(move || warm_up(&shared));
+    }
+    let writer = Arc::new(Mutex::new(match stream.try_clone() {
+        Ok(s) => s,
+        Err(e) => {
+            error!("driver agent: cannot clone its socket: {e}");
+            return 1;
+        }
+    }));
+    loop {
+        match read_frame::<Request>(&mut &stream) {
+            Ok(Some(Request { call: Call::Exit, .. })) => return 0,
+            Ok(Some(req)) => {
+                shared.inflight.fetch_add(1, Ordering::SeqCst);
+                let (shared, writer) = (shared.clone(), writer.clone());
+                std::thread::spawn(move || {
+                    let result = answer(&shared, &req.call);
+                    track(&shared, &req.call, &result);
+                    let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
+                    // A failed write means the plugin is gone; the read side sees that too.
+                    let _ = write_frame(&mut *w, &Reply { id: req.id, result });
+                    drop(w);
+                    shared.inflight.fetch_sub(1, Ordering::SeqCst);
+                });
+            }
+            Ok(None) | Err(_) => {
+                orphaned(&shared);
+                return 0;
+            }
+        }
+    }
+}
+
+fn warm_up(shared: &Arc<Shared>) {
+    let t0 = Instant::now();
+    let loaded = Libcuda::load().map_err(|e| e.to_string()).and_then(|lib| {
+        let api = CheckpointApi::new(&lib).map_err(|e| e.to_string())?;
+        let info = DriverInfo {
+            agent_pid: std::process::id(),
+            libcuda_path: lib.path().to_string(),
+            cuda_driver_version: lib.driver_version().unwrap_or(0),
+            load_seconds: t0.elapsed().as_secs_f64(),
+        };
+        Ok(Loaded { lib, api, info })
+    });
+    let lib = loaded.as_ref().ok().map(|l| l.lib.clone());
+    let failed = loaded.as_ref().err().cloned();
+    shared.driver.put(loaded);
+    let Some(lib) = lib else {
+        let why = failed.unwrap_or_default();
+        shared.cuinit.put(Err(WireError::NoDriver(why.clone())));
+        shared.nvml.put((None, Err(why)));
+        return;
+    };
+    {
+        let shared = shared.clone();
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let r = lib.init().map(|()| t.elapsed().as_secs_f64()).map_err(|e| WireError::from_cuda(&e));
+            shared.cuinit.put(r);
+        });
+    }
+    let t1 = Instant::now();
+    let nvml = match Nvml::init() {
+        Ok(n) => {
+            let driver_version = n.driver_version().unwrap_or_default();
+            let (gpus, gpus_error) = match n.gpus() {
+                Ok(g) => (g, None),
+                Err(e) => (Vec::new(), Some(e.to_string())),
+            };
+            let info = NvmlInfo { driver_version, gpus, gpus_error, seconds: t1.elapsed().as_secs_f64() };
+            (Some(n), Ok(info))
+        }
+        Err(e) => (None, Err(e.to_string())),
+    };
+    shared.nvml.put(nvml);
+}
+
+fn loaded(shared: &Shared) -> Result<&Loaded, WireError> {
+    shared.driver.wait().as_ref().map_err(|e| WireError::NoDriver(e.clone()))
+}
+
+/// The checkpoint API, once `cuInit` has ended (the driver wants it before any of its calls on
+/// another process; its failure is reported by the calls themselves).
+fn api(shared: &Shared) -> Result<&CheckpointApi, WireError> {
+    let l = loaded(shared)?;
+    shared.cuinit.wait();
+    Ok(&l.api)
+}
+
+fn cuda<T>(r: Result<T, CudaError>) -> Result<T, WireError> {
+    r.map_err(|e| WireError::from_cuda(&e))
+}
+
+fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
+    match call {
+        Call::Driver => Ok(Answer::Driver(loaded(shared)?.info.clone())),
+        Call::Node => {
+            let driver = loaded(shared)?.info.clone();
+            let nvml = shared.nvml.wait().1.clone();
+            Ok(Answer::Node(NodeInfo { driver, nvml }))
+        }
+        Call::CuInit => {
+            let t0 = Instant::now();
+            let seconds = shared.cuinit.wait().clone()?;
+            Ok(Answer::CuInit(CuInitInfo { seconds, waited_seconds: t0.elapsed().as_secs_f64() }))
+        }
+        Call::RestoreThreadId { pid } => cuda(api(shared)?.restore_thread_id(*pid)).map(Answer::Tid),
+        Call::State { pid } => cuda(api(shared)?.state_raw(*pid)).map(Answer::State),
+        Call::Lock { pid, timeout_ms } => cuda(api(shared)?.lock(*pid, *timeout_ms)).map(|()| Answer::Done),
+        Call::Checkpoint { pid } => cuda(api(shared)?.checkpoint(*pid)).map(|()| Answer::Done),
+        Call::Restore { pid, pairs } => cuda(api(shared)?.restore(*pid, pairs)).map(|()| Answer::Done),
+        Call::Unlock { pid } => cuda(api(shared)?.unlock(*pid)).map(|()| Answer::Done),
+        Call::UuidAtPci { pci } => {
+            loaded(shared)?;
+            match &shared.nvml.wait().0 {
+                Some(n) => n.uuid_at_pci(pci).map(Answer::Uuid).map_err(|e| WireError::Nvml(e.to_string())),
+                None => Err(WireError::Nvml("NVML is unavailable in the driver agent".into())),
+            }
+        }
+        Call::Exit => Ok(Answer::Done),
+    }
+}
+
+fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>) {
+    if result.is_err() {
+        return;
+    }
+    let mut t = shared.touched.lock().unwrap_or_else(|p| p.into_inner());
+    match call {
+        Call::Lock { pid, .. } => {
+            t.locked.insert(*pid);
+        }
+        Call::Checkpoint { pid } => {
+            t.checkpointed.insert(*pid);
+        }
+        Call::Restore { pid, .. } => {
+            t.checkpointed.remove(pid);
+        }
+        Call::Unlock { pid } => {
+            t.locked.remove(pid);
+        }
+        _ => {}
+    }
+}
+
+/// CRIU went away in the middle: put back what this agent changed, then exit.
+fn orphaned(shared: &Shared) {
+    let deadline = Instant::now() + ORPHAN_DRAIN;
+    let mut announced = false;
+    loop {
+        let (checkpointed, locked) = {
+            let mut t = shared.touched.lock().unwrap_or_else(|p| p.into_inner());
+            (std::mem::take(&mut t.checkpointed), std::mem::take(&mut t.locked))
+        };
+        if !(checkpointed.is_empty() && locked.is_empty()) {
+            if !announced {
+                warn!("driver agent: CRIU went away in the middle of its work; putting back the CUDA processes it had locked or checkpointed");
+                announced = true;
+            }
+            if let Ok(api) = api(shared) {
+                for pid in &checkpointed {
+                    match api.restore(*pid, &[]) {
+                        Ok(()) => info!("driver agent: pid {pid}: restored onto its GPUs after CRIU went away"),
+                        Err(e) => error!("pid {pid} is left CHECKPOINTED after CRIU went away: {e}; run `criu-cuda-migrate recover --pid {pid}`"),
+                    }
+                }
+                for pid in &locked {
+                    match api.unlock(*pid) {
+                        Ok(()) => info!("driver agent: pid {pid}: unlocked, RUNNING again after CRIU went away"),
+                        Err(e) => error!("pid {pid} is left LOCKED after CRIU went away: {e}; run `criu-cuda-migrate recover --pid {pid}`"),
+                    }
+                }
+            }
+        }
+        if shared.inflight.load(Ordering::SeqCst) == 0 {
+            return;
+        }
+        if Instant::now() > deadline {
+            error!("driver agent: driver calls still running {}s after CRIU went away; exiting. Check every CUDA process of that dump with `criu-cuda-migrate recover --pid PID`", ORPHAN_DRAIN.as_secs());
+            return;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
