@@ -7,6 +7,8 @@
 #   .device/bin/ccm-bench                    the benchmark controller (bench/run-gpu.sh)
 #   .device/bin/criu-cuda-migrate            the CLI, when crates/cli builds (optional)
 #   .device/criu-debs/*.deb                  CRIU 4.1.1 and its libraries (unpacked there by run.sh)
+#   .device/runc-debs/*.deb                  runc and libseccomp2 from Debian trixie (tests/gpu/container.sh)
+#   .device/pkg/criu-cuda-migrate_*.deb      the project's own package (container.sh installs its files)
 #   .device/MANIFEST                         git revision, build time, sha256 of every file
 #
 # Usage: bash tests/gpu/prepare.sh      (CRIU_DEBS=DIR overrides where the .debs come from)
@@ -45,8 +47,8 @@ if cargo metadata --format-version 1 --no-deps 2>/dev/null | grep -q '"name":"cc
     fi
 fi
 
-rm -rf "${DEST:?}/plugin" "${DEST:?}/bin" "${DEST:?}/criu-debs" "${DEST:?}/MANIFEST"
-mkdir -p "$DEST/plugin" "$DEST/bin" "$DEST/criu-debs"
+rm -rf "${DEST:?}/plugin" "${DEST:?}/bin" "${DEST:?}/criu-debs" "${DEST:?}/runc-debs" "${DEST:?}/pkg" "${DEST:?}/MANIFEST"
+mkdir -p "$DEST/plugin" "$DEST/bin" "$DEST/criu-debs" "$DEST/runc-debs" "$DEST/pkg"
 cp target/release/libcriu_cuda_migrate.so "$DEST/plugin/"
 cp target/release/ccm-sample-workload "$DEST/bin/"
 cp target/release/ccm-bench "$DEST/bin/"
@@ -54,6 +56,19 @@ if ((CLI_BUILT)) && [[ -x target/release/criu-cuda-migrate ]]; then
     cp target/release/criu-cuda-migrate "$DEST/bin/"
 fi
 cp "$DEBS"/*.deb "$DEST/criu-debs/"
+
+# runc from Debian trixie, downloaded inside the trixie root that tests/criu-root.sh makes (the GPU
+# machine reaches no registry).
+if ((CLI_BUILT)); then
+    bash packaging/build-deb.sh --no-build --out "$DEST/pkg"
+fi
+bash tests/criu-root.sh prepare >/dev/null
+TRIXIE=${CCM_TRIXIE_ROOT:-/var/cache/criu-cuda-migrate/trixie}
+rm -rf "$TRIXIE/tmp/ccm-runc-debs"
+mkdir -p "$TRIXIE/tmp/ccm-runc-debs"
+chroot "$TRIXIE" sh -c 'cd /tmp/ccm-runc-debs && { apt-get -qq download runc libseccomp2 || { apt-get -qq update && apt-get -qq download runc libseccomp2; }; }' ||
+    { echo "prepare: cannot download runc into the trixie root" >&2; exit 1; }
+cp "$TRIXIE"/tmp/ccm-runc-debs/*.deb "$DEST/runc-debs/"
 
 # The tools need no debug info there (it is most of their size); the plugin keeps its line tables
 # (profile.release debug = 1) for backtraces in CRIU's log, unless the folder gets too big.
@@ -71,7 +86,7 @@ fi
 {
     echo "revision: $(git rev-parse HEAD 2>/dev/null || echo unknown)$(git diff --quiet 2>/dev/null || echo ' (dirty)')"
     echo "built: $(date -u +%FT%TZ) on $(uname -n)"
-    (cd "$DEST" && find plugin bin criu-debs -type f -print0 | sort -z | xargs -0 sha256sum)
+    (cd "$DEST" && find plugin bin criu-debs runc-debs pkg -type f -print0 | sort -z | xargs -0 sha256sum)
 } >"$DEST/MANIFEST"
 
 echo "prepare: .device is ready ($(size_mib) MiB):"

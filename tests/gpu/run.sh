@@ -204,17 +204,18 @@ setup() {
         GPU_MEM[idx]=$mem
     done < <("${CHECK[@]}" gpus)
     "${CHECK[@]}" gpus >"$RESULTS_DIR/logs/gpus.txt"
-    if [[ ${#GPU_UUID[@]} -lt 2 ]]; then
-        echo "this needs 2 GPUs; nvidia-smi lists ${#GPU_UUID[@]}" >&2
+    GPU_COUNT=${#GPU_UUID[@]}
+    if [[ $GPU_COUNT -lt 1 ]]; then
+        echo "nvidia-smi lists no GPU" >&2
         exit 2
     fi
     G0=${GPU_UUID[0]}
-    G1=${GPU_UUID[1]}
+    G1=${GPU_UUID[1]:-}
     B0=${GPU_BUS[0]}
-    B1=${GPU_BUS[1]}
+    B1=${GPU_BUS[1]:-}
     SWAP="$G0=$G1,$G1=$G0"
     SMI=$(<"$RESULTS_DIR/logs/gpus.txt")
-    log "GPU 0: $G0 at $B0 (${GPU_MEM[0]} MiB); GPU 1: $G1 at $B1 (${GPU_MEM[1]} MiB)"
+    log "GPU 0: $G0 at $B0 (${GPU_MEM[0]} MiB)${G1:+; GPU 1: $G1 at $B1 (${GPU_MEM[1]} MiB)}"
     log "plugin: $(ls "$PLUGIN_DIR"); workload: $WORKLOAD"
     [[ -f $DEVICE_DIR/MANIFEST ]] && cp "$DEVICE_DIR/MANIFEST" "$RESULTS_DIR/logs/"
 }
@@ -641,6 +642,15 @@ case_label() {
     esac
 }
 
+# How many GPUs a case needs: the rest run on a machine with one (cases that need more are listed
+# as `needs N GPUs`, not failed).
+case_gpus() {
+    case $1 in
+        case_plain_1g | case_plain_8g | case_torch | case_leave_running) echo 1 ;;
+        *) echo 2 ;;
+    esac
+}
+
 selected() {
     local label=$1 p
     [[ ${#SELECT[@]} -eq 0 ]] && return 0
@@ -656,6 +666,10 @@ main() {
     for fn in "${ALL_CASES[@]}"; do
         label=$(case_label "$fn")
         selected "$label" || continue
+        if (($(case_gpus "$fn") > GPU_COUNT)); then
+            record "$label" "-" "needs $(case_gpus "$fn") GPUs; this machine has $GPU_COUNT" "needs $(case_gpus "$fn") GPUs" -
+            continue
+        fi
         log "=== $label"
         before=$(wc -l <"$RESULTS")
         t0=$(now)
