@@ -121,9 +121,9 @@ make_bundle() {
     rm -rf "$dir"
     mkdir -p "$dir/rootfs" "$ctl"
     (cd "$dir" && runc_ spec)
-    python3 - "$dir" "$ctl" "$args" "$REPO" "$GPU_MINOR" "$TORCH_DIR" <<'PY'
+    python3 - "$dir" "$ctl" "$args" "$REPO" "$GPU_MINOR" "$TORCH_DIR" "${EXTRA_DEVICE:-}" <<'PY'
 import json, os, sys
-d, ctl, args, repo, minor, torch_dir = sys.argv[1:7]
+d, ctl, args, repo, minor, torch_dir, extra = sys.argv[1:8]
 root = os.path.join(d, "rootfs")
 for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")):
     os.symlink(target, os.path.join(root, link))
@@ -162,6 +162,11 @@ for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", f"/de
     maj, mi = os.major(st.st_rdev), os.minor(st.st_rdev)
     devs.append({"path": path, "type": "c", "major": maj, "minor": mi, "fileMode": 0o666, "uid": 0, "gid": 0})
     allow.append({"allow": True, "type": "c", "major": maj, "minor": mi, "access": "rwm"})
+# A probe device only one of two bundles has: shows whether a restore takes /dev from the new
+# bundle or from the dumped container.
+if extra:
+    devs.append({"path": extra, "type": "c", "major": 1, "minor": 3, "fileMode": 0o666, "uid": 0, "gid": 0})
+    allow.append({"allow": True, "type": "c", "major": 1, "minor": 3, "access": "rwm"})
 lin["devices"] = devs
 lin.setdefault("resources", {})["devices"] = allow
 json.dump(c, open(os.path.join(d, "config.json"), "w"), indent=1)
@@ -254,12 +259,16 @@ case_checkpoint_restore() {
     fi
     td=$(elapsed "$t0")
     t0=$(now)
+    EXTRA_DEVICE=/dev/ccm-probe make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl)"
     if ! restore_container $id "$c/bundle" "$c/img"; then
         record c1-runc-checkpoint-restore "restore passes" "runc restore failed: $(grep -E 'Error' "$c/img.rwork/restore.log" | head -n2 | tr '\n' ' ' | cut -c1-200)" FAIL "checkpoint ${td}s"
         save "$c"; return
     fi
     tr=$(elapsed "$t0")
     pid2=$(container_pid $id)
+    # Which /dev the restored container holds: the dumped one, or the restore bundle's (which alone
+    # has /dev/ccm-probe)?
+    record c1-info-restored-dev "-" "restored /dev: $(ls /proc/"$pid2"/root/dev | tr '\n' ' '); probe device of the restore bundle $([[ -e /proc/$pid2/root/dev/ccm-probe ]] && echo present || echo absent)" info -
     go_round "$c/ctl" 2
     if seen=$(check_sample_report "$c/ctl/report2.json") && no_thread_warning "$c/img.work/dump.log"; then
         record c1-runc-checkpoint-restore "restored, identity agrees, data intact" "host pid $pid1 -> $pid2; $seen" PASS "checkpoint ${td}s, restore ${tr}s; dump: $(plugin_times "$c/img.work/dump.log") restore: $(plugin_times "$c/img.rwork/restore.log")"
