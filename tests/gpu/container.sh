@@ -55,7 +55,9 @@ now() { date +%s.%N; }
 elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$RESULTS"; log "$1: $4 ($3) [$5]"; }
 
-runc_() { LD_LIBRARY_PATH=$RUNC_ROOT_DIR/usr/lib/x86_64-linux-gnu "$RUNC_ROOT_DIR/usr/sbin/runc" --root "$WORK/runc-state" "$@"; }
+# runc with its Debian libseccomp and a state directory of our own (a script, so that `exec` reaches it).
+RUNC=$WORK/bin/ccm-runc
+runc_() { "$RUNC" "$@"; }
 
 # ------------------------------------------------------------------------------------------------
 # Setup: CRIU and runc from the carried Debian packages, the plugin from its own .deb.
@@ -83,6 +85,11 @@ setup() {
 LD_LIBRARY_PATH=$CRIU_LIBS\${LD_LIBRARY_PATH:+:\$LD_LIBRARY_PATH} exec $CRIU_BIN "\$@"
 EOF
     chmod +x "$WORK/bin/criu"
+    cat >"$RUNC" <<EOF
+#!/bin/sh
+LD_LIBRARY_PATH=$RUNC_ROOT_DIR/usr/lib/x86_64-linux-gnu exec $RUNC_ROOT_DIR/usr/sbin/runc --root $WORK/runc-state "\$@"
+EOF
+    chmod +x "$RUNC"
     export PATH=$WORK/bin:$PATH
     GPU_UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n1 | tr -d ' ')
     GPU_BUS=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -n1 | tr -d ' ')
@@ -187,7 +194,7 @@ with_pipes() {
 
 # start_container ID BUNDLE: runc run -d.
 start_container() {
-    with_pipes "$WORK/$1.stdio.log" runc_ run -d --bundle "$2" "$1"
+    with_pipes "$WORK/$1.stdio.log" "$RUNC" run -d --bundle "$2" "$1"
 }
 
 # container_pid ID: the container's init, as a host pid.
@@ -206,7 +213,7 @@ restore_container() { # ID BUNDLE IMG [env assignments for the runtime...]
     mkdir -p "$img.rwork"
     (
         [[ $# -gt 0 ]] && export "$@"
-        with_pipes "$WORK/$id.stdio.log" runc_ restore -d --bundle "$bundle" --image-path "$img" --work-path "$img.rwork" "$id"
+        with_pipes "$WORK/$id.stdio.log" "$RUNC" restore -d --bundle "$bundle" --image-path "$img" --work-path "$img.rwork" "$id"
     )
 }
 
@@ -361,7 +368,8 @@ case_refusal() {
 XFER_CTR=/var/tmp/ccm-xfer/ctr
 XFER_BARE=/var/tmp/ccm-xfer/bare
 
-late_args() { printf '["python3","%s","--dir","/ctl","--mib","16","--rounds","2","--nccl-round","2"]' "$LATE"; }
+# The host's python3 by its path (PyTorch may live in a venv under /opt, which the container binds).
+late_args() { printf '["%s","%s","--dir","/ctl","--mib","16","--rounds","2","--nccl-round","2"]' "$(command -v python3)" "$LATE"; }
 
 phase_dump() {
     local id=ccm-x1 t0 td tb pid bare_pid
@@ -463,7 +471,8 @@ main() {
         esac
         shift
     done
-    print_table
+    print_table | tee "$RESULTS_DIR/container-table.md"
+    tar -C "$RESULTS_DIR" -czf "$RESULTS_DIR/container-logs.tar.gz" logs && rm -rf "$RESULTS_DIR/logs"
     ! grep -q $'\tFAIL\t' "$RESULTS"
 }
 
