@@ -185,7 +185,7 @@ fn run_preflight(dir: &Path, device_map: Option<String>, usable: Option<String>,
         }
         Err(_) => Vec::new(),
     };
-    match preflight::plan(images, &gpus, &config) {
+    match preflight::plan(images, &gpus, &config, None) {
         Ok(plans) => {
             if json {
                 let v: Vec<_> = plans

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use ccm_identity::image::IdentityImage;
 use ccm_identity::map::{self, DeviceMap, MapRequest};
+use ccm_identity::runtime::GivenGpus;
 use ccm_identity::{GpuIdentity, GpuUuid};
 
 use crate::{Config, EngineError};
@@ -51,10 +52,14 @@ pub fn read_image(path: &Path) -> Result<IdentityImage, EngineError> {
 
 /// Plans one device map for the whole checkpoint (every process of a job must see the same
 /// GPU move, or NCCL ranks would disagree), then gives each process its share of it.
+///
+/// The GPUs the map may use: `CRIU_CUDA_MIGRATE_USABLE_GPUS` when set, else the GPUs the
+/// restoring container runtime gives the container (`given`, from its spec), else all of them.
 pub fn plan(
     images: Vec<(PathBuf, IdentityImage)>,
     node_gpus: &[GpuIdentity],
     config: &Config,
+    given: Option<&GivenGpus>,
 ) -> Result<Vec<ProcessPlan>, EngineError> {
     // A malformed map is an error even when there is nothing to map: it is the user's input.
     let explicit = match &config.device_map {
@@ -76,7 +81,18 @@ pub fn plan(
             map::parse_usable(t, node_gpus)
                 .map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_USABLE_GPUS: {e}")))?,
         ),
-        None => None,
+        None => match given {
+            Some(g) if g.uuids.is_empty() => {
+                return Err(EngineError::Preflight(format!(
+                    "the container being restored is given no GPU of this node ({}), but the checkpoint holds CUDA \
+                     processes: give the container this node's GPUs (device plugin / CDI), or set \
+                     CRIU_CUDA_MIGRATE_USABLE_GPUS",
+                    g.source
+                )))
+            }
+            Some(g) => Some(g.uuids.clone()),
+            None => None,
+        },
     };
     let merged = merged_view(&images);
     let whole = map::plan(&MapRequest { image: &merged, node_gpus, usable: usable.as_deref(), explicit: &explicit })

@@ -80,7 +80,23 @@ impl RestoreSession {
                 images.len()
             ))
         })?;
-        s.plans = preflight::plan(images, &node.gpus, &s.config)?;
+        // Without an explicit usable set, the GPUs the restoring runtime gives the container.
+        let given = if s.config.usable_gpus.is_none() {
+            ccm_process::container::restoring_runtime_spec().and_then(|(path, text)| {
+                ccm_identity::runtime::gpus_given_by_spec(&text, &node.gpus).map(|g| (path, g))
+            })
+        } else {
+            None
+        };
+        if let Some((path, g)) = &given {
+            info!(
+                "usable GPUs: [{}], what the restoring runtime's spec {} gives the container ({})",
+                g.uuids.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", "),
+                path.display(),
+                g.source
+            );
+        }
+        s.plans = preflight::plan(images, &node.gpus, &s.config, given.as_ref().map(|(_, g)| g))?;
         for p in &s.plans {
             info!(
                 "preflight: pid {} (dumped on {} with driver {}): device map\n{}",
@@ -160,6 +176,7 @@ impl RestoreSession {
         if jobs.is_empty() {
             return;
         }
+        fix_container_devices(&jobs, node);
         // Restore threads run; everything else of each task stays stopped until CRIU resumes it.
         let mut running = Vec::new();
         let mut failed_early: Vec<(u32, String)> = Vec::new();
@@ -274,6 +291,67 @@ impl RestoreSession {
             .collect();
         if ret == 0 && !missing.is_empty() {
             warn!("restore finished but CUDA process(es) {missing:?} of the images were never handed to the plugin");
+        }
+    }
+}
+
+/// Gives each restored container's `/dev` the nodes of its new GPUs and drops those of the GPUs
+/// it left, before the driver's restore opens them. CRIU restores the DUMPED container's `/dev`
+/// (a tmpfs), so after a move onto GPUs of other minors it holds the old node names while the
+/// runtime's devices cgroup allows only the new ones. Once per mount namespace; a process on the
+/// host's `/dev` is never touched.
+fn fix_container_devices(jobs: &[(Job<'_>, u32)], node: &Node) {
+    let mut done: Vec<u64> = Vec::new();
+    for (job, _) in jobs {
+        let Some(plan) = job.plan else { continue };
+        let moves: Vec<(u32, u32)> = plan
+            .map
+            .pairs
+            .iter()
+            .filter_map(|p| Some((plan.image.gpu(&p.old)?.minor, node.gpu(&p.new)?.minor)))
+            .collect();
+        if moves.iter().all(|(o, n)| o == n) {
+            continue;
+        }
+        let Ok(ns) = ccm_process::container::mount_namespace(job.pid) else { continue };
+        if done.contains(&ns) {
+            continue;
+        }
+        done.push(ns);
+        let dev = match ccm_process::container::container_dev(job.pid) {
+            Ok(Some(d)) => d,
+            Ok(None) => continue,
+            Err(e) => {
+                warn!(
+                    "pid {}: cannot read its container's /dev ({e}); its GPU device nodes are left as restored",
+                    job.pid
+                );
+                continue;
+            }
+        };
+        for edit in ccm_identity::runtime::plan_node_edits(&moves, &dev.gpu_minors) {
+            let (what, minor, r) = match edit {
+                ccm_identity::runtime::NodeEdit::Create { minor } => {
+                    ("created", minor, ccm_process::container::create_gpu_node(&dev, minor))
+                }
+                ccm_identity::runtime::NodeEdit::Remove { minor } => {
+                    ("removed", minor, ccm_process::container::remove_gpu_node(&dev, minor))
+                }
+            };
+            match r {
+                Ok(()) => info!(
+                    "pid {}: container /dev: {what} {} (GPU minors {:?} -> {:?})",
+                    job.pid,
+                    ccm_process::container::shown(minor),
+                    moves.iter().map(|m| m.0).collect::<Vec<_>>(),
+                    moves.iter().map(|m| m.1).collect::<Vec<_>>()
+                ),
+                Err(e) => warn!(
+                    "pid {}: container /dev: {what} {} failed: {e}; the driver's restore may not find its GPU",
+                    job.pid,
+                    ccm_process::container::shown(minor)
+                ),
+            }
         }
     }
 }

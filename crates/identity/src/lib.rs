@@ -3,7 +3,8 @@
 //! Everything here is pure: no file, process or driver access. The dump side turns what it
 //! observed into an [`image::IdentityImage`]; the restore side decodes it, plans a device map
 //! ([`map`]), finds and plans rewrites of stale PCI words ([`pattern`]) and checks the result
-//! ([`validate`]); environment strings that name GPUs are rewritten by plans from [`mod@env`].
+//! ([`validate`]); environment strings that name GPUs are rewritten by plans from [`mod@env`];
+//! [`runtime`] reads which GPUs a container runtime's spec gives a restored container.
 //! Most of the project's tests live in this crate.
 
 pub mod env;
@@ -11,6 +12,7 @@ pub mod gpu;
 pub mod image;
 pub mod map;
 pub mod pattern;
+pub mod runtime;
 pub mod validate;
 
 mod table;

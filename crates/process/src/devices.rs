@@ -16,22 +16,10 @@ const NVIDIA_MAJOR: u64 = 195;
 /// Minors at and above this are the control nodes: 254 `nvidia-modeset`, 255 `nvidiactl`.
 const NVIDIA_FIRST_CONTROL_MINOR: u64 = 254;
 
-/// The minor N of a path naming a GPU node `.../dev/nvidiaN` (N: digits only), else `None`.
-///
-/// Any directory before `dev/` is accepted: a path seen through another mount namespace (a
-/// container's `/dev`) or a test double's stand-in directory. `nvidiactl`, `nvidia-uvm`,
-/// `nvidia-modeset` and `nvidia-caps/...` are not GPUs.
+/// The minor N of a path naming a GPU node `.../dev/nvidiaN` (see
+/// [`ccm_identity::runtime::nvidia_minor_of_path`]); a deleted file's ` (deleted)` is ignored.
 pub fn gpu_minor_of_path(path: &str) -> Option<u32> {
-    let path = path.strip_suffix(" (deleted)").unwrap_or(path);
-    let (dir, name) = path.rsplit_once('/')?;
-    if !(dir == "/dev" || dir.ends_with("/dev")) {
-        return None;
-    }
-    let digits = name.strip_prefix("nvidia")?;
-    if digits.is_empty() || !digits.bytes().all(|b| b.is_ascii_digit()) {
-        return None;
-    }
-    digits.parse().ok()
+    ccm_identity::runtime::nvidia_minor_of_path(path.strip_suffix(" (deleted)").unwrap_or(path))
 }
 
 /// The GPU minor of an open fd `/proc/PID/task/TID/fd/N`: by its link target's name, or by the

@@ -4,6 +4,7 @@
 //! - [`mem`]: reading and writing another process's memory through `/proc/PID/mem`, and the
 //!   scan for the six PCI identity words of each GPU;
 //! - [`environ`]: the live environ block (`env_start..env_end` of `/proc/PID/stat`);
+//! - [`container`]: the restoring runtime's OCI spec and a restored container's `/dev`;
 //! - [`devices`]: which `/dev/nvidiaN` a process holds open or mapped, and which libraries it maps;
 //! - [`tree`]: namespace pids, process tree, threads;
 //! - [`helper`]: forking the detached helper process that makes the plugin's driver calls;
@@ -13,6 +14,7 @@
 //! All `unsafe` outside the FFI crates lives here, each block with a `// SAFETY:` comment.
 //! Everything needs root (or `CAP_SYS_PTRACE` over the target): the product runs inside CRIU.
 
+pub mod container;
 pub mod devices;
 pub mod environ;
 pub mod fds;
