@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# criu-cuda-migrate's benchmark on the 2-GPU machine (docs/BENCHMARKS.md says what each figure is).
+# criu-cuda-migrate's benchmark on a GPU machine of one or two GPUs (docs/BENCHMARKS.md says what each
+# figure is; with one GPU the restores go back onto it and the two-process rows share it).
 #
 # Run THERE, from the repository root, after tests/gpu/prepare.sh ran HERE and `.device/` was
 # carried along (it holds ccm-bench, ccm-sample-workload, the plugin and CRIU's .debs):
@@ -183,7 +184,7 @@ section_single() {
     for ((k = 1; k <= n; k++)); do
         bench s1 "$label" "$k" floor --pid "$W_PID" || break
         if ((with_criu)); then
-            criu_cycle s1 "$label" "$k" "$W_PID" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" || break
+            criu_cycle s1 "$label" "$k" "$W_PID" "${MAP_ENV[@]}" || break
         fi
         if ((with_per_action)); then
             bench s2 tree1 "$k" per-action --pid "$W_PID" || break
@@ -204,7 +205,7 @@ section_per_action_tree2() {
     ((n > 0)) || { skip s2 tree2 "over the time budget"; return 0; }
     launch_workload "$d/a" "$mib" 0 || { rec --section s2 --label tree2 --error "workload a not ready"; return 0; }
     a=$W_PID
-    launch_workload "$d/b" "$mib" 1 || { rec --section s2 --label tree2 --error "workload b not ready"; cleanup_processes; return 0; }
+    launch_workload "$d/b" "$mib" "$DEV_B" || { rec --section s2 --label tree2 --error "workload b not ready"; cleanup_processes; return 0; }
     b=$W_PID
     for ((k = 1; k <= n; k++)); do
         bench s2 tree2 "$k" per-action --pid "$a,$b" || break
@@ -226,8 +227,8 @@ section_parallel() {
     # shellcheck disable=SC2016
     start_detached "$d" "$d/tree.log" bash -c \
         '"$0" --dir "$1/a" --mib "$2" --devices 0 --rounds 1 >"$1/a/workload.log" 2>&1 &
-         "$0" --dir "$1/b" --mib "$2" --devices 1 --rounds 1 >"$1/b/workload.log" 2>&1 &
-         wait' "$WORKLOAD" "$d" "$MIB2"
+         "$0" --dir "$1/b" --mib "$2" --devices "$3" --rounds 1 >"$1/b/workload.log" 2>&1 &
+         wait' "$WORKLOAD" "$d" "$MIB2" "$DEV_B"
     root=$STARTED_PID
     if ! { wait_file "$d/a/ready" "$READY_TIMEOUT" "$root" && wait_file "$d/b/ready" "$READY_TIMEOUT" "$root"; }; then
         rec --section s3 --label tree --error "tree not ready: $(tail -n 1 "$d/a/workload.log" "$d/b/workload.log" | tr '\n' ' ')"
@@ -280,7 +281,7 @@ section_torch() {
         ((stage == ${#stages[@]} && stage > 1)) && n=$((n < 1 ? n : 1))
         ((n > 0)) || { skip s4 "host-${mib}MiB" "over the time budget"; break; }
         for ((k = 1; k <= n; k++)); do
-            criu_cycle s4 "host-${mib}MiB" "$k" "$pid" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" || break 2
+            criu_cycle s4 "host-${mib}MiB" "$k" "$pid" "${MAP_ENV[@]}" || break 2
             ((k < n)) && (($(repeats_for "$REPEATS") < 2)) && break
         done
         stage=$((stage + 1))
@@ -332,11 +333,21 @@ setup() {
     while read -r line; do
         [[ -n $line ]] && GPU_UUID+=("${line%% *}")
     done <<<"$gpus"
-    if ((${#GPU_UUID[@]} < 2)); then
-        echo "this benchmark needs 2 GPUs; found ${#GPU_UUID[@]}" >&2
+    if ((${#GPU_UUID[@]} < 1)); then
+        echo "this benchmark needs a GPU; found none" >&2
         exit 2
     fi
-    SWAP="${GPU_UUID[0]}=${GPU_UUID[1]},${GPU_UUID[1]}=${GPU_UUID[0]}"
+    # Two GPUs: restores are migrations (the swap map, so they include the identity rewrite) and
+    # the two-process rows put one process on each GPU. One GPU: restores go back onto it, and
+    # both processes share it (the one-GPU parallel rows of docs/BENCHMARKS.md).
+    if ((${#GPU_UUID[@]} >= 2)); then
+        SWAP="${GPU_UUID[0]}=${GPU_UUID[1]},${GPU_UUID[1]}=${GPU_UUID[0]}"
+        MAP_ENV=(CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP")
+        DEV_B=1
+    else
+        MAP_ENV=()
+        DEV_B=0
+    fi
     # Images in RAM when there is room (the 16 GiB host-memory stage writes about 17 GiB): CRIU's
     # page writing then measures CRIU, not this VM's disk. CCM_BENCH_IMAGES overrides.
     local shm_free_gib

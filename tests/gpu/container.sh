@@ -128,7 +128,7 @@ make_bundle() {
     rm -rf "$dir"
     mkdir -p "$dir/rootfs" "$ctl"
     (cd "$dir" && runc_ spec)
-    python3 - "$dir" "$ctl" "$args" "$REPO" "$GPU_MINOR" "$TORCH_DIR" "${EXTRA_DEVICE:-}" <<'PY'
+    python3 - "$dir" "$ctl" "$args" "$REPO" "${BUNDLE_GPU_MINOR:-$GPU_MINOR}" "$TORCH_DIR" "${EXTRA_DEVICE:-}" <<'PY'
 import json, os, sys
 d, ctl, args, repo, minor, torch_dir, extra = sys.argv[1:8]
 root = os.path.join(d, "rootfs")
@@ -165,8 +165,11 @@ lin = c["linux"]
 lin["namespaces"] = [n for n in lin["namespaces"] if n["type"] in ("pid", "mount", "ipc", "uts")]
 devs, allow = [], [{"allow": False, "access": "rwm"}]
 for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", f"/dev/nvidia{minor}"):
-    st = os.stat(path)
-    maj, mi = os.major(st.st_rdev), os.minor(st.st_rdev)
+    if os.path.exists(path):
+        st = os.stat(path)
+        maj, mi = os.major(st.st_rdev), os.minor(st.st_rdev)
+    else:  # a GPU this node does not have (the refusal case): the NVIDIA major, that minor
+        maj, mi = os.major(os.stat("/dev/nvidiactl").st_rdev), int(minor)
     devs.append({"path": path, "type": "c", "major": maj, "minor": mi, "fileMode": 0o666, "uid": 0, "gid": 0})
     allow.append({"allow": True, "type": "c", "major": maj, "minor": mi, "access": "rwm"})
 # A probe device only one of two bundles has: shows whether a restore takes /dev from the new
@@ -362,6 +365,40 @@ case_refusal() {
     save "$c"
 }
 
+# The container-aware map: the restore bundle gives the container a GPU this node does not have
+# (/dev/nvidia7), so the preflight refuses before CRIU restores anything; with the node's own GPU in
+# the bundle the same images restore, and the log says the usable set came from the bundle's spec.
+case_container_given_gpus() {
+    local c=$WORK/cases/c5 id=ccm-c5 sum1 sum2 err usable seen
+    rm -rf "$c"; mkdir -p "$c"
+    make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
+    start_container $id "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT" || { record c5-runc-container-aware-map "refused, then restored" "not started" FAIL -; return; }
+    checkpoint $id "$c/img" || { record c5-runc-container-aware-map "checkpoint passes" "$(grep -E 'Error' "$c/img.work/dump.log" | head -n2 | tr '\n' ' ')" FAIL -; save "$c"; return; }
+    sum1=$(images_sum "$c/img")
+    BUNDLE_GPU_MINOR=7 make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
+    if restore_container $id "$c/bundle" "$c/img"; then
+        record c5-runc-container-aware-map "refused: the bundle gives no GPU of this node" "the restore passed" FAIL -
+        runc_ delete -f $id >/dev/null 2>&1; save "$c"; return
+    fi
+    sum2=$(images_sum "$c/img")
+    err=$(grep -m1 'given no GPU of this node' "$c/img.rwork/restore.log" | sed 's/.*criu-cuda-migrate: //' | cut -c1-160)
+    runc_ delete -f $id >/dev/null 2>&1
+    rm -rf "$c/img.rwork"
+    make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
+    if restore_container $id "$c/bundle" "$c/img" && go_round "$c/ctl" 1 && seen=$(check_sample_report "$c/ctl/report1.json"); then
+        usable=$(grep -m1 'usable GPUs: ' "$c/img.rwork/restore.log" | sed 's/.*usable GPUs: //' | cut -c1-200)
+        if [[ -n $err && $sum1 == "$sum2" && -n $usable ]]; then
+            record c5-runc-container-aware-map "bundle naming /dev/nvidia7: refused, images intact; bundle naming this GPU: map chosen from the spec" "refused: $err; images $sum1 = $sum2; then usable GPUs: $usable; $seen" PASS -
+        else
+            record c5-runc-container-aware-map "refused, then restored from the spec" "err=${err:-none}; images $sum1 vs $sum2; usable=${usable:-no line}" FAIL -
+        fi
+    else
+        record c5-runc-container-aware-map "restored with the node's GPU in the bundle" "${seen:-restore failed}" FAIL -
+    fi
+    runc_ delete -f $id >/dev/null 2>&1
+    save "$c"
+}
+
 # ------------------------------------------------------------------------------------------------
 # Cross-machine move: phase 1 (dump) and phase 2 (restore)
 
@@ -461,6 +498,7 @@ main() {
             case_leave_running
             case_two_processes
             case_refusal
+            case_container_given_gpus
             ;;
         dump) phase_dump ;;
         restore)
