@@ -10,7 +10,7 @@
 #                                                $OUT/xfer-*.tar.xz (split into 15 MiB parts) and meta.txt
 #   bash tests/gpu/container.sh restore XFER     phase 2, on machine B: XFER is a folder holding phase 1's
 #                                                files; restores both there, NCCL after the restore
-#   bash tests/gpu/container.sh same dump        several phases in one call
+#   bash tests/gpu/container.sh same dump        several phases in one call (c1 ... c5: one same-machine case)
 #
 # Anyone with two single-GPU nodes reruns the move the same way: `dump` on node A, copy $OUT's xfer-* and
 # meta.txt to node B, `restore DIR` there. Both nodes need the same driver, the checkout at the same path,
@@ -381,7 +381,9 @@ case_container_given_gpus() {
         runc_ delete -f $id >/dev/null 2>&1; save "$c"; return
     fi
     sum2=$(images_sum "$c/img")
-    err=$(grep -m1 'given no GPU of this node' "$c/img.rwork/restore.log" | sed 's/.*criu-cuda-migrate: //' | cut -c1-160)
+    cp "$c/img.rwork/restore.log" "$c/refused-restore.log" 2>/dev/null
+    err=$(grep -m1 'given no GPU of this node' "$c/refused-restore.log" | sed 's/.*criu-cuda-migrate: //' | cut -c1-160)
+    [[ -n $err ]] || log "c5: the refused restore's errors: $(grep -m3 -E 'Error|criu-cuda-migrate: (usable|settings)' "$c/refused-restore.log" | tr '\n' ' ' | cut -c1-600)"
     runc_ delete -f $id >/dev/null 2>&1
     rm -rf "$c/img.rwork"
     make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
@@ -500,6 +502,11 @@ main() {
             case_refusal
             case_container_given_gpus
             ;;
+        c1) case_checkpoint_restore ;;
+        c2) case_leave_running ;;
+        c3) case_two_processes ;;
+        c4) case_refusal ;;
+        c5) case_container_given_gpus ;;
         dump) phase_dump ;;
         restore)
             shift

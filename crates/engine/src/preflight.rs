@@ -71,9 +71,18 @@ pub fn plan(
     if images.is_empty() {
         return Ok(Vec::new());
     }
+    if let Some(g) = given.filter(|g| g.uuids.is_empty() && config.usable_gpus.is_none()) {
+        // Under runc, CRIU (and so the driver agent) runs in the restored container's cgroup, so
+        // NVML lists only the GPUs the container may open: none, here.
+        return Err(EngineError::Preflight(format!(
+            "the container being restored is given no GPU of this node ({}), but the checkpoint holds CUDA \
+             processes: give the container this node's GPUs (device plugin / CDI), or restore it elsewhere",
+            g.source
+        )));
+    }
     if node_gpus.is_empty() {
         return Err(EngineError::Preflight(
-            "the checkpoint holds CUDA processes but NVML lists no GPU on this node; check the NVIDIA driver (`nvidia-smi`) and that CRIU runs where it sees the GPUs".into(),
+            "the checkpoint holds CUDA processes but NVML lists no GPU on this node; check the NVIDIA driver (`nvidia-smi`) and that CRIU runs where it sees the GPUs (runc runs a restore's CRIU in the container's cgroup, whose device rules then apply)".into(),
         ));
     }
     let usable = match &config.usable_gpus {
@@ -81,18 +90,7 @@ pub fn plan(
             map::parse_usable(t, node_gpus)
                 .map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_USABLE_GPUS: {e}")))?,
         ),
-        None => match given {
-            Some(g) if g.uuids.is_empty() => {
-                return Err(EngineError::Preflight(format!(
-                    "the container being restored is given no GPU of this node ({}), but the checkpoint holds CUDA \
-                     processes: give the container this node's GPUs (device plugin / CDI), or set \
-                     CRIU_CUDA_MIGRATE_USABLE_GPUS",
-                    g.source
-                )))
-            }
-            Some(g) => Some(g.uuids.clone()),
-            None => None,
-        },
+        None => given.map(|g| g.uuids.clone()),
     };
     let merged = merged_view(&images);
     let whole = map::plan(&MapRequest { image: &merged, node_gpus, usable: usable.as_deref(), explicit: &explicit })
