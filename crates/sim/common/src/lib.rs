@@ -9,11 +9,14 @@
 //! - [`state`]: the state directory (`CCM_SIM_STATE_DIR`) shared by every process of a test.
 //! - [`faults`]: fault knobs.
 //! - [`protocol`]: the file channel between a controller and a process's restore thread.
+//! - [`registry`], [`pidns`]: which processes are CUDA processes, found from a pid in any pid namespace.
 
 pub mod config;
 pub mod dl;
 pub mod faults;
+pub mod pidns;
 pub mod protocol;
+pub mod registry;
 pub mod state;
 
 pub use config::{container_view, cuda_ordinals, SimConfig, SimGpu, SimPci, SimUuid, ENV_CONFIG, ENV_VISIBLE};

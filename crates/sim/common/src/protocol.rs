@@ -10,8 +10,9 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
+use crate::registry::{self, Registration};
 use crate::state::write_atomic;
-use crate::{SimError, SimUuid, StateDir};
+use crate::{pidns, SimError, SimUuid, StateDir};
 
 /// How often both sides look at the channel.
 pub const POLL_INTERVAL: Duration = Duration::from_millis(2);
@@ -131,7 +132,7 @@ impl Response {
 /// Why a controller's call got no answer.
 #[derive(Debug, thiserror::Error)]
 pub enum ExchangeError {
-    #[error("process {pid} is not a CUDA process of the simulated driver (no {path}); start it on the test double")]
+    #[error("process {pid} is not a CUDA process of the simulated driver (no live registration at {path}); start it on the test double")]
     NotRegistered { pid: i32, path: String },
     #[error("the restore thread of process {pid} did not answer within {waited_ms} ms; if CRIU holds it ptrace-stopped, resume it first")]
     NoAnswer { pid: i32, waited_ms: u128 },
@@ -150,15 +151,21 @@ pub fn new_request_id() -> String {
     format!("{pid}.{tid}.{nanos}.{n}")
 }
 
-/// Controller side: posts `op` for `pid`'s restore thread and waits up to `wait` for its answer.
+/// Controller side: posts `op` for `pid`'s restore thread and waits up to `wait` for its answer. `pid` is a
+/// pid of the controller's `/proc`; the target may live in any pid namespace below (registry.rs).
 pub fn exchange(state: &StateDir, pid: i32, op: Op, wait: Duration) -> Result<i32, ExchangeError> {
-    if !is_registered(state, pid) {
-        return Err(ExchangeError::NotRegistered { pid, path: state.restore_tid(pid).display().to_string() });
-    }
+    let Some(resolved) = registry::resolve(state, pid) else {
+        let path = match pidns::key_of(pid) {
+            Ok(key) => state.index(&key).display().to_string(),
+            Err(_) => format!("/proc/{pid}"),
+        };
+        return Err(ExchangeError::NotRegistered { pid, path });
+    };
+    let reg = &resolved.registration;
     let request = Request { id: new_request_id(), op };
-    let response_path = state.response(pid);
+    let response_path = reg.response();
     let _ = std::fs::remove_file(&response_path);
-    write_atomic(&state.request(pid), request.encode().as_bytes())?;
+    write_atomic(&reg.request(), request.encode().as_bytes())?;
     let start = Instant::now();
     loop {
         if let Some(r) = read_response(&response_path) {
@@ -169,7 +176,7 @@ pub fn exchange(state: &StateDir, pid: i32, op: Op, wait: Duration) -> Result<i3
         }
         if start.elapsed() >= wait {
             // Withdraw the request so a thread that wakes up later does not act on an abandoned call.
-            let _ = std::fs::remove_file(state.request(pid));
+            let _ = std::fs::remove_file(reg.request());
             return Err(ExchangeError::NoAnswer { pid, waited_ms: start.elapsed().as_millis() });
         }
         std::thread::sleep(POLL_INTERVAL);
@@ -182,28 +189,28 @@ fn read_response(path: &Path) -> Option<Response> {
 }
 
 /// Server side (the restore thread): takes the pending request, if any, off the channel.
-pub fn take_request(state: &StateDir, pid: i32) -> Option<Result<Request, SimError>> {
-    let path = state.request(pid);
+pub fn take_request(reg: &Registration) -> Option<Result<Request, SimError>> {
+    let path = reg.request();
     let text = std::fs::read_to_string(&path).ok()?;
     let _ = std::fs::remove_file(&path);
     Some(Request::decode(&text))
 }
 
 /// Server side: posts the answer.
-pub fn answer(state: &StateDir, pid: i32, response: &Response) -> Result<(), SimError> {
-    write_atomic(&state.response(pid), response.encode().as_bytes())
+pub fn answer(reg: &Registration, response: &Response) -> Result<(), SimError> {
+    write_atomic(&reg.response(), response.encode().as_bytes())
 }
 
-/// Whether `pid` is a live process registered by the simulated driver: its `tid` file exists and
-/// names a thread of that process (a stale registration of a dead process does not count).
+/// Whether `pid` is a live process registered by the simulated driver (a stale registration of a dead
+/// process does not count).
 pub fn is_registered(state: &StateDir, pid: i32) -> bool {
-    registered_restore_tid(state, pid).is_some()
+    registry::resolve(state, pid).is_some()
 }
 
-/// The registered restore thread of a live `pid`.
+/// The registered restore thread of a live `pid`, as the caller's `/proc` names it (a host tid for a
+/// process in a container).
 pub fn registered_restore_tid(state: &StateDir, pid: i32) -> Option<i32> {
-    let tid: i32 = std::fs::read_to_string(state.restore_tid(pid)).ok()?.trim().parse().ok()?;
-    Path::new(&format!("/proc/{pid}/task/{tid}")).exists().then_some(tid)
+    registry::resolve(state, pid).map(|r| r.host_tid)
 }
 
 #[cfg(test)]
@@ -248,20 +255,23 @@ mod tests {
         let state = StateDir::new(dir.path());
         // SAFETY: getpid and gettid have no preconditions.
         let (pid, tid) = unsafe { (libc::getpid(), libc::gettid()) };
-        std::fs::create_dir_all(state.proc_dir(pid)).unwrap();
-        std::fs::write(state.restore_tid(pid), tid.to_string()).unwrap();
+        let id = Box::new(42_u64);
+        let reg = Registration::new(&state, *id);
+        std::fs::create_dir_all(reg.dir()).unwrap();
+        std::fs::write(reg.tid(), tid.to_string()).unwrap();
+        std::fs::write(reg.id_at(), format!("{:x}", &*id as *const u64 as usize)).unwrap();
+        state.point_index(&pidns::own_key().unwrap(), &reg).unwrap();
         assert_eq!(registered_restore_tid(&state, pid), Some(tid));
 
         // Nobody serves: the call times out and the request is withdrawn.
         let e = exchange(&state, pid, Op::Unlock, Duration::from_millis(30)).unwrap_err();
         assert!(matches!(e, ExchangeError::NoAnswer { .. }));
-        assert!(!state.request(pid).exists());
+        assert!(!reg.request().exists());
 
-        let server_state = state.clone();
         let server = std::thread::spawn(move || loop {
-            if let Some(req) = take_request(&server_state, pid) {
+            if let Some(req) = take_request(&reg) {
                 let req = req.unwrap();
-                answer(&server_state, pid, &Response { id: req.id, result: 401 }).unwrap();
+                answer(&reg, &Response { id: req.id, result: 401 }).unwrap();
                 return;
             }
             std::thread::sleep(POLL_INTERVAL);

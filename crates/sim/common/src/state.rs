@@ -4,11 +4,14 @@
 //! ```text
 //! STATE/faults                        fault knobs, read on every call (see faults.rs)
 //! STATE/dev/nvidia<minor>             regular files standing in for the device nodes
-//! STATE/gpu-<uuid>/mem-<pid>-<handle> one file per allocation: the "device memory"
-//! STATE/proc-<pid>/tid                the restore thread's tid (the process is a CUDA process)
-//! STATE/proc-<pid>/state              0 RUNNING, 1 LOCKED, 2 CHECKPOINTED
-//! STATE/proc-<pid>/request            one request for the restore thread (atomic rename)
-//! STATE/proc-<pid>/response           its answer (atomic rename)
+//! STATE/gpu-<uuid>/mem-<id>-<handle>  one file per allocation: the "device memory" (<id>: the owner's
+//!                                     registration)
+//! STATE/reg-<id>/tid                  the restore thread's tid in the process's pid namespace (the
+//!                                     process is a CUDA process); key, id-at: see registry.rs
+//! STATE/reg-<id>/state                0 RUNNING, 1 LOCKED, 2 CHECKPOINTED
+//! STATE/reg-<id>/request              one request for the restore thread (atomic rename)
+//! STATE/reg-<id>/response             its answer (atomic rename)
+//! STATE/proc-<key> -> reg-<id>        the index by <pid-namespace inode>-<namespace pid> (registry.rs)
 //! ```
 //!
 //! The process under test never keeps a descriptor open to anything here except the device-node
@@ -52,23 +55,9 @@ impl StateDir {
     pub fn gpu_dir(&self, uuid: &SimUuid) -> PathBuf {
         self.root.join(format!("gpu-{uuid}"))
     }
-    pub fn allocation(&self, uuid: &SimUuid, pid: i32, handle: u64) -> PathBuf {
-        self.gpu_dir(uuid).join(format!("mem-{pid}-{handle}"))
-    }
-    pub fn proc_dir(&self, pid: i32) -> PathBuf {
-        self.root.join(format!("proc-{pid}"))
-    }
-    pub fn restore_tid(&self, pid: i32) -> PathBuf {
-        self.proc_dir(pid).join("tid")
-    }
-    pub fn process_state(&self, pid: i32) -> PathBuf {
-        self.proc_dir(pid).join("state")
-    }
-    pub fn request(&self, pid: i32) -> PathBuf {
-        self.proc_dir(pid).join("request")
-    }
-    pub fn response(&self, pid: i32) -> PathBuf {
-        self.proc_dir(pid).join("response")
+    /// One allocation of the process registered as `owner` (`Registration::id_text`).
+    pub fn allocation(&self, uuid: &SimUuid, owner: &str, handle: u64) -> PathBuf {
+        self.gpu_dir(uuid).join(format!("mem-{owner}-{handle}"))
     }
 
     /// Bytes of simulated device memory in use on a GPU (all processes), for NVML's memory info.

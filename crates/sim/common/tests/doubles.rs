@@ -70,9 +70,22 @@ impl Sim {
 
     /// Starts a target and waits for its READY line.
     fn target(&self, extra_env: &[(&str, &str)]) -> Target {
+        self.target_under(&[], extra_env)
+    }
+
+    /// Starts a target as the last argument of `wrapper` (empty: directly) and waits for its READY line.
+    fn target_under(&self, wrapper: &[&str], extra_env: &[(&str, &str)]) -> Target {
         let out = self.root.join(format!("target-{}.out", std::process::id()));
         let go = self.root.join("go");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_ccm-sim-target"));
+        let target = env!("CARGO_BIN_EXE_ccm-sim-target");
+        let mut cmd = match wrapper.split_first() {
+            None => Command::new(target),
+            Some((program, args)) => {
+                let mut c = Command::new(program);
+                c.args(args).arg(target);
+                c
+            }
+        };
         self.env(&mut cmd);
         cmd.envs(extra_env.iter().copied());
         cmd.arg("--go").arg(&go).stdin(Stdio::null()).stdout(std::fs::File::create(&out).unwrap());
@@ -333,6 +346,68 @@ fn nvml_through_nvml_wrapper() {
     }
     assert_eq!(nvml.device_by_uuid(sim.uuid(0).as_str()).unwrap().index().unwrap(), 0);
     assert!(matches!(nvml.device_by_pci_bus_id("0000:09:00.0"), Err(nvml_wrapper::error::NvmlError::NotFound)));
+}
+
+/// The first child of `pid` (what `unshare --fork` started), as a pid of our /proc.
+fn first_child(pid: u32) -> Option<u32> {
+    std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?.split_whitespace().next()?.parse().ok()
+}
+
+/// A target in its own pid namespace (`unshare --pid --fork --mount-proc`, as a container has): driven from
+/// here, the host pid namespace, with its host pid; the restore thread id comes back as a host tid.
+#[test]
+fn a_target_in_its_own_pid_namespace_is_driven_by_its_host_pid() {
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } != 0 {
+        eprintln!("SKIPPED a_target_in_its_own_pid_namespace_is_driven_by_its_host_pid: a pid namespace needs root");
+        return;
+    }
+    let sim = Sim::new();
+    let t = sim.target_under(&["unshare", "--pid", "--mount-proc", "--kill-child", "--"], &[]);
+    let out = t.output();
+    assert!(out.contains("READY pid=1"), "the target is not pid 1 of a namespace of its own:\n{out}");
+    let host = first_child(t.pid()).expect("unshare has no child");
+    let status = std::fs::read_to_string(format!("/proc/{host}/status")).unwrap();
+    let nspid =
+        status.lines().find(|l| l.starts_with("NSpid:")).unwrap().split_whitespace().skip(1).collect::<Vec<_>>();
+    assert_eq!(nspid, [host.to_string(), "1".to_string()], "{status}");
+
+    // The namespace pid means nothing here (our pid 1 is no CUDA process of the double).
+    let (_, o) = sim.ctl(1, &["tid"]);
+    assert!(o.contains("-> 500"), "{o}");
+
+    let (rc, o) = sim.ctl(host, &["tid"]);
+    assert_eq!(rc, 0, "{o}");
+    let tid: u32 = line(&o, "CTL restore_tid=").trim_start_matches("CTL restore_tid=").parse().unwrap();
+    let tstatus = std::fs::read_to_string(format!("/proc/{host}/task/{tid}/status"))
+        .unwrap_or_else(|e| panic!("restore tid {tid} is no host tid of {host}: {e}"));
+    assert!(tstatus.contains("Name:\tcuda-restore"), "{tstatus}");
+    let ns_tid = tstatus.lines().find(|l| l.starts_with("NSpid:")).unwrap().split_whitespace().last().unwrap();
+    assert_ne!(ns_tid, tid.to_string(), "the host and namespace tids should differ: {tstatus}");
+    // The registration holds the namespace tid; the answer is the host one.
+    let key = ccm_sim_common::pidns::key_of(host as i32).unwrap();
+    assert_eq!(key.ns_pid, 1);
+    let reg = sim.state().follow(&key).expect("no index entry for the namespace key");
+    assert_eq!(reg.ns_tid().unwrap().to_string(), ns_tid);
+
+    let (rc, o) = sim.ctl(host, &["lockckpt"]);
+    assert_eq!(rc, 0, "{o}");
+    assert!(o.contains("CTL state=2"), "{o}");
+    assert_eq!(sim.state().used_bytes(&sim.config.gpus[0].uuid), 0);
+    let (rc, o) = sim.ctl(host, &["restore", "swap"]);
+    assert_eq!(rc, 0, "{o}");
+    assert!(o.contains("CTL state=1"), "{o}");
+    let (rc, o) = sim.ctl(host, &["unlock"]);
+    assert_eq!(rc, 0, "{o}");
+    assert!(o.contains("CTL state=0"), "{o}");
+
+    let (rc, out) = t.finish();
+    assert_eq!(rc, 0, "{out}");
+    assert_eq!(line(&out, "DATA"), "DATA intact");
+    let after0 = line(&out, "AFTER ordinal=0");
+    assert!(after0.contains(&format!("cuda_uuid={}", sim.uuid(1))), "{after0}");
+    // Exited normally: the registration and its index entry are gone.
+    assert!(sim.state().follow(&key).is_none() && sim.state().registrations().is_empty());
 }
 
 #[test]

@@ -9,7 +9,9 @@ use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
 use ccm_sim_common::cuda::*;
+use ccm_sim_common::pidns::{self, ProcKey};
 use ccm_sim_common::protocol::{self, Op, Response};
+use ccm_sim_common::registry::Registration;
 use ccm_sim_common::{container_view, cuda_ordinals, Faults, SimConfig, SimError, SimUuid, StateDir};
 
 /// Size of the heap object that caches one device's PCI location, and where the six words sit in
@@ -35,7 +37,15 @@ const ENV_TRACE: &str = "CCM_SIM_TRACE";
 pub struct Driver {
     pub config: SimConfig,
     pub state_dir: StateDir,
+    /// getpid() at cuInit: the pid in this process's own pid namespace (for messages).
     pub pid: i32,
+    /// `STATE/reg-<id>`. Its `id` field, in this (leaked, never moved) struct, is the word a controller
+    /// reads through `/proc/PID/mem` to recognise this process after CRIU moved it to a new pid namespace.
+    registration: Registration,
+    /// `registration.id_text()`: the owner part of the allocation files.
+    owner: String,
+    /// The key `STATE/proc-<key>` this process is indexed under now; the restore thread follows changes.
+    key: Mutex<Option<ProcKey>>,
     /// One per GPU this process's driver enumerated (its container view), in enumeration order.
     slots: Vec<Slot>,
     /// CUDA ordinal → slot (after `CUDA_VISIBLE_DEVICES`).
@@ -155,7 +165,11 @@ impl Driver {
         }
 
         let trace = std::env::var_os(ENV_TRACE).is_some_and(|v| v != "0");
+        let registration = Registration::new(&state_dir, random_id()?);
         let driver = Driver {
+            owner: registration.id_text(),
+            registration,
+            key: Mutex::new(None),
             inner: Mutex::new(Inner {
                 state: STATE_RUNNING,
                 current: view.clone(),
@@ -181,13 +195,15 @@ impl Driver {
         Ok(driver)
     }
 
-    /// Publishes this process to controllers: starts the restore thread and writes its tid.
+    /// Publishes this process to controllers: starts the restore thread, writes its tid and indexes the
+    /// registration under this process's key.
     fn register(&'static self) -> Result<(), StartError> {
-        let dir = self.state_dir.proc_dir(self.pid);
-        std::fs::create_dir_all(&dir)
+        let reg = &self.registration;
+        let dir = reg.dir();
+        std::fs::create_dir_all(dir)
             .map_err(|e| StartError::Os(format!("cannot create {}: {e}; check CCM_SIM_STATE_DIR", dir.display())))?;
-        let _ = std::fs::remove_file(self.state_dir.request(self.pid));
-        let _ = std::fs::remove_file(self.state_dir.response(self.pid));
+        let id_at = &reg.id as *const u64 as usize;
+        ccm_sim_common::write_atomic(&reg.id_at(), format!("{id_at:x}").as_bytes())?;
         self.write_state_file(STATE_RUNNING);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
@@ -199,10 +215,48 @@ impl Driver {
             })
             .map_err(|e| StartError::Os(format!("cannot start the restore thread: {e}")))?;
         let tid = rx.recv().map_err(|_| StartError::Os("the restore thread died at start".into()))?;
-        ccm_sim_common::write_atomic(&self.state_dir.restore_tid(self.pid), tid.to_string().as_bytes())?;
+        ccm_sim_common::write_atomic(&reg.tid(), tid.to_string().as_bytes())?;
+        // Last: once indexed, controllers take the process for a CUDA process.
+        self.follow_key();
+        if self.lock_key().is_none() {
+            return Err(StartError::Os(
+                "cannot read this process's pid namespace (/proc/self/ns/pid); mount /proc in its pid namespace".into(),
+            ));
+        }
         // SAFETY: registering a plain extern "C" function; the library is never unloaded (-z nodelete).
         unsafe { libc::atexit(unregister_at_exit) };
         Ok(())
+    }
+
+    fn lock_key(&self) -> MutexGuard<'_, Option<ProcKey>> {
+        self.key.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Keeps `STATE/proc-<key>` pointing here when this process's key changed (CRIU restored it into a new
+    /// pid namespace). A controller may have re-pointed it already (registry.rs); doing it again is harmless.
+    fn follow_key(&self) {
+        static WARNED: std::sync::atomic::AtomicBool = std::sync::atomic::AtomicBool::new(false);
+        let now = match pidns::own_key() {
+            Ok(k) => k,
+            Err(e) => {
+                if !WARNED.swap(true, std::sync::atomic::Ordering::Relaxed) {
+                    eprintln!("cuda-test-double[{}]: cannot read /proc/self/ns/pid: {e}", self.pid);
+                }
+                return;
+            }
+        };
+        let mut key = self.lock_key();
+        if *key == Some(now) {
+            return;
+        }
+        if let Err(e) = self.state_dir.point_index(&now, &self.registration) {
+            eprintln!("cuda-test-double[{}]: cannot register under {now}: {e}", self.pid);
+            return;
+        }
+        if let Some(old) = key.replace(now) {
+            self.state_dir.unpoint_index(&old, &self.registration);
+            self.trace(format_args!("pid namespace changed: registered under {now} (was {old})"));
+        }
     }
 
     fn trace(&self, what: std::fmt::Arguments<'_>) {
@@ -271,7 +325,7 @@ impl Driver {
     }
 
     fn write_state_file(&self, state: i32) {
-        let path = self.state_dir.process_state(self.pid);
+        let path = self.registration.state();
         if let Err(e) = ccm_sim_common::write_atomic(&path, state.to_string().as_bytes()) {
             eprintln!("cuda-test-double: {e}");
         }
@@ -281,7 +335,7 @@ impl Driver {
 
     fn allocation_path(&self, inner: &Inner, handle: u64, a: &Allocation) -> Result<std::path::PathBuf, i32> {
         let gpu = self.current_gpu(inner, a.ordinal as i32)?;
-        Ok(self.state_dir.allocation(&self.config.gpus[gpu].uuid, self.pid, handle))
+        Ok(self.state_dir.allocation(&self.config.gpus[gpu].uuid, &self.owner, handle))
     }
 
     pub fn mem_alloc(&self, inner: &mut Inner, ordinal: usize, size: u64) -> Result<u64, i32> {
@@ -377,13 +431,14 @@ impl Driver {
     fn serve_forever(&'static self) -> ! {
         loop {
             std::thread::sleep(protocol::POLL_INTERVAL);
-            if !self.state_dir.request(self.pid).exists() {
+            self.follow_key();
+            if !self.registration.request().exists() {
                 continue;
             }
             if Faults::current(Some(&self.state_dir)).restore_thread_stall {
                 continue;
             }
-            let Some(request) = protocol::take_request(&self.state_dir, self.pid) else { continue };
+            let Some(request) = protocol::take_request(&self.registration) else { continue };
             let request = match request {
                 Ok(r) => r,
                 Err(e) => {
@@ -393,7 +448,7 @@ impl Driver {
             };
             let result = std::panic::catch_unwind(|| self.serve(&request.op)).unwrap_or(CUDA_ERROR_UNKNOWN);
             self.trace(format_args!("{} -> {result}", request.op.name()));
-            if let Err(e) = protocol::answer(&self.state_dir, self.pid, &Response { id: request.id, result }) {
+            if let Err(e) = protocol::answer(&self.registration, &Response { id: request.id, result }) {
                 eprintln!("cuda-test-double: cannot answer the controller: {e}");
             }
         }
@@ -568,7 +623,7 @@ impl Driver {
 }
 
 /// Removes this process's registration when it exits normally. A process killed by CRIU's dump
-/// keeps it: the restored process has the same pid and restore thread and needs it again.
+/// keeps it: the restored process has the same registration id and restore thread and needs it again.
 /// Its device memory goes away too, as the real driver frees a process's memory at exit.
 extern "C" fn unregister_at_exit() {
     if let Some(Ok(d)) = DRIVER.get() {
@@ -580,8 +635,22 @@ extern "C" fn unregister_at_exit() {
                 }
             }
         }
-        let _ = std::fs::remove_dir_all(d.state_dir.proc_dir(d.pid));
+        if let Ok(Some(key)) = d.key.try_lock().map(|k| *k) {
+            d.state_dir.unpoint_index(&key, &d.registration);
+        }
+        let _ = std::fs::remove_dir_all(d.registration.dir());
     }
+}
+
+/// 64 random bits for a registration id (never 0).
+fn random_id() -> Result<u64, StartError> {
+    let mut bytes = [0u8; 8];
+    // SAFETY: getrandom writes at most bytes.len() bytes into the buffer it is given.
+    let n = unsafe { libc::getrandom(bytes.as_mut_ptr().cast(), bytes.len(), 0) };
+    if n != bytes.len() as isize {
+        return Err(StartError::Os(format!("getrandom failed: {}", std::io::Error::last_os_error())));
+    }
+    Ok(u64::from_ne_bytes(bytes).max(1))
 }
 
 fn anonymous_map(len: usize) -> Result<*mut u8, StartError> {

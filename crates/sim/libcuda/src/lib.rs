@@ -23,6 +23,7 @@ use std::time::Duration;
 
 use ccm_sim_common::cuda::*;
 use ccm_sim_common::protocol::{self, ExchangeError, Op};
+use ccm_sim_common::registry;
 use ccm_sim_common::{SimPci, SimUuid, StateDir};
 
 type CuResult = c_int;
@@ -415,6 +416,8 @@ fn call_target(pid: c_int, op: Op, extra: Duration) -> Result<(), i32> {
     }
 }
 
+/// The restore thread id of `pid` as the caller's `/proc` names it: for a process in a container (own pid
+/// namespace) the host tid, which the plugin can ptrace-resume.
 #[no_mangle]
 pub extern "C" fn cuCheckpointProcessGetRestoreThreadId(pid: c_int, tid: *mut c_int) -> CuResult {
     guard(|| {
@@ -436,23 +439,20 @@ fn thread_is_stopped(pid: c_int, tid: c_int) -> bool {
 pub extern "C" fn cuCheckpointProcessGetState(pid: c_int, out: *mut c_int) -> CuResult {
     guard(|| {
         let state = controller_state_dir()?;
-        if !protocol::is_registered(&state, pid) {
-            return Err(CUDA_ERROR_NOT_FOUND);
-        }
+        let resolved = registry::resolve(&state, pid).ok_or(CUDA_ERROR_NOT_FOUND)?;
         // The real driver asks the target's restore thread for its state: on driver 580 the call
         // hangs while that thread is ptrace-stopped. Model it: wait for the thread to run, and
         // give up with NOT_READY after the call timeout.
-        if let Some(tid) = protocol::registered_restore_tid(&state, pid) {
-            let deadline = std::time::Instant::now() + call_timeout();
-            while thread_is_stopped(pid, tid) {
-                if std::time::Instant::now() >= deadline {
-                    eprintln!("cuda-test-double: cuCheckpointProcessGetState({pid}): restore thread {tid} is stopped; the real driver hangs here");
-                    return Err(CUDA_ERROR_NOT_READY);
-                }
-                std::thread::sleep(Duration::from_millis(2));
+        let tid = resolved.host_tid;
+        let deadline = std::time::Instant::now() + call_timeout();
+        while thread_is_stopped(pid, tid) {
+            if std::time::Instant::now() >= deadline {
+                eprintln!("cuda-test-double: cuCheckpointProcessGetState({pid}): restore thread {tid} is stopped; the real driver hangs here");
+                return Err(CUDA_ERROR_NOT_READY);
             }
+            std::thread::sleep(Duration::from_millis(2));
         }
-        let text = std::fs::read_to_string(state.process_state(pid)).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
+        let text = std::fs::read_to_string(resolved.registration.state()).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
         put(out, text.trim().parse().map_err(|_| CUDA_ERROR_UNKNOWN)?)
     })
 }
