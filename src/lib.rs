@@ -124,7 +124,8 @@ fn outcome_code(pid: c_int, hook: &str, o: HookOutcome) -> c_int {
         HookOutcome::Done => 0,
         HookOutcome::Failed(e) => {
             error!("{hook}(pid {pid}) failed: {e}");
-            e.errno()
+            // Any negative value but -ENOTSUP fails CRIU's step; CRIU reports our ERROR line.
+            -libc::EIO
         }
     }
 }

@@ -253,3 +253,16 @@ impl Drop for Agent {
         self.exit();
     }
 }
+
+impl ccm_driver::checkpoint::PutBackCalls for Agent {
+    type Error = AgentError;
+    fn state(&self, pid: i32) -> Result<ProcessState, AgentError> {
+        Agent::state(self, pid)
+    }
+    fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), AgentError> {
+        Agent::restore(self, pid, pairs)
+    }
+    fn unlock(&self, pid: i32) -> Result<(), AgentError> {
+        Agent::unlock(self, pid)
+    }
+}

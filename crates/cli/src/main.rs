@@ -239,7 +239,6 @@ fn node(json: bool) -> CliResult {
 
 fn recover(pid: i32, json: bool) -> CliResult {
     use ccm_driver::checkpoint::{CheckpointApi, ProcessState};
-    use std::time::Instant;
     let lib = ccm_driver::Libcuda::load().map_err(|e| e.to_string())?;
     let api = CheckpointApi::new(&lib).map_err(|e| e.to_string())?;
     lib.init().map_err(|e| e.to_string())?;
@@ -247,30 +246,34 @@ fn recover(pid: i32, json: bool) -> CliResult {
     if !json {
         println!("pid {pid}: {before}");
     }
-    let mut steps: Vec<serde_json::Value> = Vec::new();
-    let mut step = |what: &str, call: &dyn Fn() -> Result<(), ccm_driver::CudaError>| -> Result<(), String> {
-        let t0 = Instant::now();
-        let r = call();
-        let secs = t0.elapsed().as_secs_f64();
-        steps.push(serde_json::json!({"step": what, "ok": r.is_ok(), "seconds": secs}));
-        r.map_err(|e| format!("pid {pid}: {what} failed: {e}"))?;
-        if !json {
-            println!("pid {pid}: {what} done ({secs:.3} s)");
+    // The engine's put-back, the one the dump's rollback uses; progress of the long step (the
+    // device memory back onto the GPUs, about 1 s per GiB) on stderr, so that --json output stays
+    // one document on stdout.
+    let done = ccm_engine::recover::put_back(
+        &api,
+        pid,
+        before == ProcessState::Checkpointed,
+        matches!(before, ProcessState::Checkpointed | ProcessState::Locked),
+        |step| {
+            if step == ccm_engine::recover::Step::Restore {
+                eprintln!("criu-cuda-migrate: pid {pid}: restoring its device memory onto the same GPUs ...");
+            }
+        },
+    );
+    let steps: Vec<serde_json::Value> = done
+        .iter()
+        .map(
+            |d| serde_json::json!({"step": d.step.name(), "ok": d.error.is_none(), "seconds": d.elapsed.as_secs_f64()}),
+        )
+        .collect();
+    let mut r: Result<(), String> = Ok(());
+    for d in &done {
+        match &d.error {
+            None if !json => println!("pid {pid}: {} done ({:.3} s)", d.step.name(), d.elapsed.as_secs_f64()),
+            None => {}
+            Some(e) => r = Err(format!("pid {pid}: {} failed: {e}", d.step.name())),
         }
-        Ok(())
-    };
-    let r = (|| -> Result<(), String> {
-        if before == ProcessState::Checkpointed {
-            // The long step: the device memory goes back onto the GPUs (about 1 s per GiB). A
-            // progress line on stderr, so that --json output stays one document on stdout.
-            eprintln!("criu-cuda-migrate: pid {pid}: restoring its device memory onto the same GPUs ...");
-            step("restore", &|| api.restore(pid, &[]))?;
-        }
-        if matches!(before, ProcessState::Checkpointed | ProcessState::Locked) {
-            step("unlock", &|| api.unlock(pid))?;
-        }
-        Ok(())
-    })();
+    }
     let after = api.state(pid).map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
     if json {
         println!(

@@ -220,3 +220,26 @@ pub fn timed<T>(f: impl FnOnce() -> T) -> Timed<T> {
     let value = f();
     Timed { value, elapsed: t0.elapsed() }
 }
+
+/// The calls that put a process back to RUNNING, from whichever process makes them: the CLI
+/// calls libcuda itself ([`CheckpointApi`]), the plugin through its driver agent.
+pub trait PutBackCalls: Sync {
+    type Error: std::fmt::Display;
+    fn state(&self, pid: i32) -> Result<ProcessState, Self::Error>;
+    /// An empty `pairs` restores onto the same GPUs.
+    fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), Self::Error>;
+    fn unlock(&self, pid: i32) -> Result<(), Self::Error>;
+}
+
+impl PutBackCalls for CheckpointApi {
+    type Error = CudaError;
+    fn state(&self, pid: i32) -> Result<ProcessState, CudaError> {
+        CheckpointApi::state(self, pid)
+    }
+    fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), CudaError> {
+        CheckpointApi::restore(self, pid, pairs)
+    }
+    fn unlock(&self, pid: i32) -> Result<(), CudaError> {
+        CheckpointApi::unlock(self, pid)
+    }
+}

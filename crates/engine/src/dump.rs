@@ -9,14 +9,16 @@ use std::sync::Arc;
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 use ccm_agent::Agent;
-use ccm_driver::checkpoint::{timed, ProcessState};
+use ccm_driver::checkpoint::{timed, ProcessState, Timed};
 use ccm_identity::image::{IdentityImage, ProcessEnv};
 use ccm_identity::{GpuIdentity, GpuUuid, PciSignature};
 use log::{debug, error, info, warn};
 
+use crate::batch::{with_restore_threads_running, OnResumeError};
 use crate::host::CriuHost;
 use crate::node::Node;
-use crate::{Config, EngineError, HookOutcome, LeaveRunning, LIBCUDA_FILE, PLUGIN_NAME};
+use crate::recover::{put_back, Step};
+use crate::{Config, EngineError, HookOutcome, LeaveRunning, ProcessFailure, LIBCUDA_FILE, PLUGIN_NAME};
 
 /// One CUDA process this dump touched.
 #[derive(Debug)]
@@ -26,8 +28,8 @@ struct Tracked {
     initial: ProcessState,
     locked_by_us: bool,
     checkpointed_by_us: bool,
-    /// Set once the batch checkpoint ran: `Ok` or the error text.
-    checkpoint_result: Option<Result<(), String>>,
+    /// Set once the batch checkpoint ran.
+    checkpoint_result: Option<Result<(), ProcessFailure>>,
 }
 
 pub struct DumpSession {
@@ -160,13 +162,14 @@ impl DumpSession {
         }
         match self.tracked.get(&pid).and_then(|t| t.checkpoint_result.clone()) {
             Some(Ok(())) | None => HookOutcome::Done,
-            Some(Err(m)) => HookOutcome::Failed(EngineError::Process { pid, message: m }),
+            Some(Err(source)) => HookOutcome::Failed(EngineError::Process { pid, source }),
         }
     }
 
     fn checkpoint_all(&mut self, host: &dyn CriuHost) {
         let t0 = Instant::now();
-        let Some(node) = self.node.as_ref() else { return };
+        let Some(node) = self.node.clone() else { return };
+        let node: &Node = &node;
         let todo: Vec<(i32, i32)> = self
             .tracked
             .values()
@@ -183,64 +186,33 @@ impl DumpSession {
                 .map(|(pid, h)| (pid, h.join().unwrap_or_else(|_| Err("identity collection panicked".into()))))
                 .collect()
         });
-        // 2. Resume each restore thread (ptrace: this thread is CRIU's tracer).
-        let mut running = Vec::new();
-        for &(pid, tid) in &todo {
-            match ccm_process::ptrace::resume_restore_thread(tid as u32) {
-                Ok(r) => running.push((pid, r)),
-                Err(e) => {
-                    if let Some(t) = self.tracked.get_mut(&pid) {
-                        t.checkpoint_result = Some(Err(format!("cannot resume restore thread {tid}: {e}")));
-                    }
-                }
-            }
-        }
-        // 3. Checkpoint in parallel.
+        // 2. Checkpoint in parallel while the restore threads run.
         let api = &node.agent;
-        let results: Vec<(i32, Result<std::time::Duration, String>)> = std::thread::scope(|s| {
-            let handles: Vec<_> = running
-                .iter()
-                .map(|(pid, _)| {
-                    let pid = *pid;
-                    (
-                        pid,
-                        s.spawn(move || {
-                            let r = timed(|| api.checkpoint(pid));
-                            r.value.map(|()| r.elapsed).map_err(|e| e.to_string())
-                        }),
-                    )
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(pid, h)| (pid, h.join().unwrap_or_else(|_| Err("checkpoint thread panicked".into()))))
-                .collect()
-        });
-        // 4. Stop the restore threads again, restoring their signal masks and ptrace options.
-        for (pid, r) in running {
-            if let Err(e) = r.stop() {
-                error!("pid {pid}: cannot stop its restore thread again: {e}");
-            }
-        }
-        let dir = host.image_dir_fd().map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")));
+        let results = with_restore_threads_running(
+            &todo,
+            |&(_, tid)| tid as u32,
+            OnResumeError::Skip,
+            |&(pid, _)| timed(|| api.checkpoint(pid)),
+        );
         // (Written through CRIU's own descriptor of the image directory: it may be in another
         // mount namespace than any path we could name.)
-        for (pid, r) in results {
+        let dir = host.image_dir_fd().map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")));
+        for (&(pid, _), r) in todo.iter().zip(results) {
             let Some(t) = self.tracked.get_mut(&pid) else { continue };
-            match r {
-                Ok(d) => {
+            t.checkpoint_result = Some(match r {
+                Err(e) => Err(ProcessFailure::Batch(e)),
+                Ok(Timed { value: Err(e), .. }) => Err(ProcessFailure::Driver(e)),
+                Ok(Timed { value: Ok(()), elapsed }) => {
                     t.checkpointed_by_us = true;
-                    info!("pid {pid}: cuCheckpointProcessCheckpoint {:.3} s", d.as_secs_f64());
-                    let res = match (facts.get(&pid), &dir) {
-                        (Some(Ok(img)), Some(dir)) => write_image(dir, img),
-                        (Some(Err(e)), _) => Err(format!("cannot record its GPU identity: {e}")),
-                        (None, _) => Err("no identity collected".into()),
-                        (_, None) => Err("CRIU gave no image directory".into()),
-                    };
-                    t.checkpoint_result = Some(res);
+                    info!("pid {pid}: cuCheckpointProcessCheckpoint {:.3} s", elapsed.as_secs_f64());
+                    match (facts.get(&pid), &dir) {
+                        (Some(Ok(img)), Some(dir)) => write_image(dir, img).map_err(ProcessFailure::Image),
+                        (Some(Err(e)), _) => Err(ProcessFailure::Identity(e.clone())),
+                        (None, _) => Err(ProcessFailure::Identity("no identity collected".into())),
+                        (_, None) => Err(ProcessFailure::Image("CRIU gave no image directory".into())),
+                    }
                 }
-                Err(e) => t.checkpoint_result = Some(Err(e)),
-            }
+            });
         }
         info!("checkpoint of {} CUDA process(es) took {:.3} s (parallel)", todo.len(), t0.elapsed().as_secs_f64());
     }
@@ -268,44 +240,34 @@ impl DumpSession {
         let todo: Vec<&Tracked> = self.tracked.values().filter(|t| t.locked_by_us || t.checkpointed_by_us).collect();
         // The tasks may still be ptrace-stopped by CRIU; the driver needs their restore threads
         // to run for a restore and for an unlock alike.
-        let mut running = Vec::new();
-        for t in &todo {
-            match ccm_process::ptrace::resume_restore_thread(t.restore_tid as u32) {
-                Ok(r) => running.push(r),
-                Err(e) => debug!("pid {}: restore thread not resumed ({e}); assuming it is not stopped", t.pid),
-            }
-        }
-        std::thread::scope(|s| {
-            for t in &todo {
-                s.spawn(move || rollback_one(api, t));
-            }
-        });
-        for r in running {
-            if let Err(e) = r.stop() {
-                warn!("cannot re-stop a restore thread after rollback: {e}");
+        let results = with_restore_threads_running(
+            &todo,
+            |t| t.restore_tid as u32,
+            OnResumeError::WorkAnyway,
+            |t| rollback_one(api, t),
+        );
+        for (t, r) in todo.iter().zip(results) {
+            if let Err(e) = r {
+                error!("pid {}: rollback failed ({e}); its CUDA state is unknown: run `criu-cuda-migrate recover --pid {}`", t.pid, t.pid);
             }
         }
     }
 }
 
+/// Puts one process back as the dump found it, with an ERROR line naming the fix for anything
+/// left LOCKED or CHECKPOINTED.
 fn rollback_one(api: &Agent, t: &Tracked) {
     let pid = t.pid;
-    if t.checkpointed_by_us {
-        let r = timed(|| api.restore(pid, &[]));
-        match r.value {
-            Ok(()) => info!("pid {pid}: rolled back: cuCheckpointProcessRestore {:.3} s", r.elapsed.as_secs_f64()),
-            Err(e) => {
-                error!(
-                    "pid {pid} is left CHECKPOINTED: restore failed ({e}); run `criu-cuda-migrate recover --pid {pid}`"
-                );
-                return;
+    for step in put_back(api, pid, t.checkpointed_by_us, t.locked_by_us, |_| {}) {
+        match (step.step, &step.error) {
+            (Step::Restore, None) => {
+                info!("pid {pid}: rolled back: cuCheckpointProcessRestore {:.3} s", step.elapsed.as_secs_f64())
             }
-        }
-    }
-    if t.locked_by_us {
-        match api.unlock(pid) {
-            Ok(()) => info!("pid {pid}: rolled back: unlocked, RUNNING again"),
-            Err(e) => {
+            (Step::Unlock, None) => info!("pid {pid}: rolled back: unlocked, RUNNING again"),
+            (Step::Restore, Some(e)) => error!(
+                "pid {pid} is left CHECKPOINTED: restore failed ({e}); run `criu-cuda-migrate recover --pid {pid}`"
+            ),
+            (Step::Unlock, Some(e)) => {
                 error!("pid {pid} is left LOCKED: unlock failed ({e}); run `criu-cuda-migrate recover --pid {pid}`")
             }
         }
@@ -425,7 +387,11 @@ fn order_by_cuda_view(used: &mut [&GpuIdentity], env: &ProcessEnv, node_gpus: &[
 fn write_image(dir: &std::path::Path, img: &IdentityImage) -> Result<(), String> {
     let path = dir.join(IdentityImage::file_name(img.pid));
     let t0 = Instant::now();
-    let bytes = img.encode();
+    // Refused here, failing the dump (which rolls the processes back), rather than written and
+    // then refused by the restore.
+    let bytes = img.try_encode().map_err(|e| {
+        format!("its identity image cannot be written: {e}; nothing was written. Report this with the dump log")
+    })?;
     let mut f = std::fs::OpenOptions::new()
         .write(true)
         .create(true)
@@ -442,4 +408,50 @@ fn write_image(dir: &std::path::Path, img: &IdentityImage) -> Result<(), String>
         t0.elapsed().as_secs_f64()
     );
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use ccm_identity::PciAddress;
+
+    fn gpu(i: u32) -> GpuIdentity {
+        GpuIdentity {
+            uuid: format!("GPU-{i:08x}-0000-0000-0000-000000000000").parse().unwrap(),
+            pci: PciAddress { domain: 0, bus: i, device: 0, function: 0 },
+            pci_device_id: 0x233510de,
+            pci_subsystem_id: 0x18bf10de,
+            minor: i,
+            name: "NVIDIA H200".into(),
+            memory_total: 1 << 30,
+        }
+    }
+
+    fn image(gpus: u32) -> IdentityImage {
+        IdentityImage {
+            pid: 7,
+            host_pid: 7,
+            dumped_at_unix: 0,
+            hostname: "node".into(),
+            driver_version: "580.159.04".into(),
+            cuda_driver_version: 13000,
+            node_gpus: (0..gpus).map(gpu).collect(),
+            enumerated: Vec::new(),
+            used: Vec::new(),
+            env: ProcessEnv::default(),
+            sites: Vec::new(),
+        }
+    }
+
+    #[test]
+    fn an_image_over_the_format_bounds_fails_the_dump_and_writes_nothing() {
+        let dir = std::env::temp_dir().join(format!("ccm-dump-test-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let err = write_image(&dir, &image(ccm_identity::image::MAX_GPUS as u32 + 1)).unwrap_err();
+        assert!(err.contains("cannot be written"), "{err}");
+        assert!(!dir.join(IdentityImage::file_name(7)).exists(), "nothing may be written");
+        write_image(&dir, &image(2)).unwrap();
+        assert!(dir.join(IdentityImage::file_name(7)).exists());
+        std::fs::remove_dir_all(&dir).unwrap();
+    }
 }

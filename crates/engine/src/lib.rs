@@ -14,12 +14,14 @@
 //! ptrace runs on the hook's thread; memory work runs on scoped worker threads, one per process,
 //! which end before the hook returns.
 
+pub mod batch;
 pub mod config;
 pub mod dump;
 pub mod host;
 pub mod node;
 pub mod preflight;
 pub mod reconcile;
+pub mod recover;
 pub mod restore;
 
 use ccm_agent::AgentError;
@@ -86,21 +88,33 @@ pub enum EngineError {
         #[source]
         source: AgentError,
     },
-    #[error("pid {pid}: {message}")]
-    Process { pid: i32, message: String },
+    /// A CUDA process of the tree whose checkpoint or restore failed.
+    #[error("pid {pid}: {source}")]
+    Process {
+        pid: i32,
+        #[source]
+        source: ProcessFailure,
+    },
     #[error("{0}")]
     Preflight(String),
-    #[error("{0}")]
-    Config(#[from] config::ConfigError),
     #[error("identity image {path}: {message}")]
     Image { path: String, message: String },
-    #[error("pid {pid}: identity reconciliation failed: {message}")]
-    Reconcile { pid: i32, message: String },
 }
 
-impl EngineError {
-    /// `-errno`-style code for CRIU (any negative value other than -ENOTSUP fails the step).
-    pub fn errno(&self) -> i32 {
-        -libc::EIO
-    }
+/// Why one CUDA process's checkpoint or restore failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProcessFailure {
+    #[error(transparent)]
+    Batch(#[from] batch::BatchError),
+    #[error(transparent)]
+    Driver(#[from] AgentError),
+    #[error("cannot record its GPU identity: {0}")]
+    Identity(String),
+    #[error("{0}")]
+    Image(String),
+    /// The GPU identity did not validate after the restore (strict mode kills the tree).
+    #[error("GPU identity is inconsistent after restore: {0}")]
+    Inconsistent(String),
+    #[error("its CUDA state cannot be read: {0}")]
+    State(AgentError),
 }

@@ -10,19 +10,20 @@ use ccm_driver::checkpoint::{timed, ProcessState};
 use ccm_identity::GpuUuid;
 use log::{debug, error, info, warn};
 
+use crate::batch::{with_restore_threads_running, BatchError, OnResumeError};
 use crate::host::CriuHost;
 use crate::node::Node;
 use crate::preflight::{self, ProcessPlan};
 use crate::reconcile::{reconcile, ReconcileSummary};
-use crate::{Config, EngineError, HookOutcome, Strictness, PLUGIN_NAME};
+use crate::{Config, EngineError, HookOutcome, ProcessFailure, Strictness, PLUGIN_NAME};
 
 pub struct RestoreSession {
     config: Config,
     node: Option<Node>,
     plans: Vec<ProcessPlan>,
     image_dir: Option<PathBuf>,
-    /// Host pid → result text of its restore.
-    results: BTreeMap<u32, Result<(), String>>,
+    /// Host pid → result of its restore.
+    results: BTreeMap<u32, Result<(), ProcessFailure>>,
 }
 
 /// One process's work in the parallel restore.
@@ -131,7 +132,7 @@ impl RestoreSession {
         match self.results.get(&pid) {
             None => HookOutcome::NotMine,
             Some(Ok(())) => HookOutcome::Done,
-            Some(Err(m)) => HookOutcome::Failed(EngineError::Process { pid: pid as i32, message: m.clone() }),
+            Some(Err(source)) => HookOutcome::Failed(EngineError::Process { pid: pid as i32, source: source.clone() }),
         }
     }
 
@@ -178,66 +179,34 @@ impl RestoreSession {
         }
         fix_container_devices(&jobs, node);
         // Restore threads run; everything else of each task stays stopped until CRIU resumes it.
-        let mut running = Vec::new();
-        let mut failed_early: Vec<(u32, String)> = Vec::new();
-        let mut ready: Vec<&Job<'_>> = Vec::new();
-        for (job, tid) in &jobs {
-            match ccm_process::ptrace::resume_restore_thread(*tid) {
-                Ok(r) => {
-                    running.push(r);
-                    ready.push(job);
-                }
-                Err(e) => failed_early.push((job.pid, format!("cannot resume restore thread {tid}: {e}"))),
-            }
-        }
         let config = &self.config;
-        let outcomes: Vec<(u32, Result<(), String>, bool, String)> = std::thread::scope(|s| {
-            let handles: Vec<_> = ready
-                .iter()
-                .map(|job| {
-                    (
-                        job.pid,
-                        s.spawn(move || {
-                            let mut report = String::new();
-                            let (r, kill) = restore_one(job, node, config, &mut report);
-                            (r, kill, report)
-                        }),
-                    )
-                })
-                .collect();
-            handles
-                .into_iter()
-                .map(|(pid, h)| {
-                    let (r, kill, report) = h.join().unwrap_or_else(|_| {
-                        error!("pid {pid}: internal error (the restore worker panicked); its CUDA state is unknown: run `criu-cuda-migrate recover --pid {pid}`");
-                        (Err("restore worker panicked".into()), false, String::new())
-                    });
-                    (pid, r, kill, report)
-                })
-                .collect()
-        });
-        for r in running {
-            if let Err(e) = r.stop() {
-                error!("cannot stop a restore thread again: {e}");
-            }
-        }
+        let outcomes = with_restore_threads_running(
+            &jobs,
+            |(_, tid)| *tid,
+            OnResumeError::Skip,
+            |(job, _)| restore_one(job, node, config),
+        );
         let mut kill = Vec::new();
         let mut new_results = Vec::new();
-        for (pid, r, k, report) in outcomes {
-            if k {
+        for ((job, _), outcome) in jobs.iter().zip(outcomes) {
+            let pid = job.pid;
+            let o = outcome.unwrap_or_else(|e| {
+                match &e {
+                    BatchError::Panicked => error!("pid {pid}: internal error (the restore worker panicked); its CUDA state is unknown: run `criu-cuda-migrate recover --pid {pid}`"),
+                    BatchError::Resume { .. } => error!("pid {pid} is left CHECKPOINTED: {e}; run `criu-cuda-migrate recover --pid {pid}`"),
+                }
+                RestoreOutcome { result: Err(e.into()), kill: false, report: String::new() }
+            });
+            if o.kill {
                 kill.push(pid);
             }
-            if let Some(plan) = jobs.iter().find(|(j, _)| j.pid == pid).and_then(|(j, _)| j.plan) {
-                self.write_report(pid, plan, &r, &report);
+            if let Some(plan) = job.plan {
+                self.write_report(pid, plan, &o.result, &o.report);
             }
-            new_results.push((pid, r));
+            new_results.push((pid, o.result));
         }
         let job_count = jobs.len();
         drop(jobs);
-        for (pid, m) in failed_early {
-            error!("pid {pid} is left CHECKPOINTED: {m}; run `criu-cuda-migrate recover --pid {pid}`");
-            new_results.push((pid, Err(m)));
-        }
         self.results.extend(new_results);
         if !kill.is_empty() {
             // Strict mode: a process whose GPU identity is wrong must not run. Kill the whole
@@ -258,7 +227,7 @@ impl RestoreSession {
 
     /// Leaves `cuda-migrate-restore-<pid>.txt` next to the images (best effort; the images
     /// themselves are never written): the map used and what reconciliation did.
-    fn write_report(&self, host_pid: u32, plan: &ProcessPlan, result: &Result<(), String>, reconcile: &str) {
+    fn write_report(&self, host_pid: u32, plan: &ProcessPlan, result: &Result<(), ProcessFailure>, reconcile: &str) {
         let Some(dir) = &self.image_dir else { return };
         let Some(node) = &self.node else { return };
         let name = format!("cuda-migrate-restore-{}.txt", plan.image.pid);
@@ -356,9 +325,28 @@ fn fix_container_devices(jobs: &[(Job<'_>, u32)], node: &Node) {
     }
 }
 
-/// Driver restore, reconciliation, unlock for one process. Returns the result and whether the
-/// tree must be killed (strict mode failure).
-fn restore_one(job: &Job<'_>, node: &Node, config: &Config, report: &mut String) -> (Result<(), String>, bool) {
+/// What the restore of one process did.
+struct RestoreOutcome {
+    result: Result<(), ProcessFailure>,
+    /// Strict mode: its identity is wrong, so the whole restored tree must be killed.
+    kill: bool,
+    /// The reconciliation report for `cuda-migrate-restore-<pid>.txt`.
+    report: String,
+}
+
+/// Driver restore, reconciliation, unlock for one process.
+fn restore_one(job: &Job<'_>, node: &Node, config: &Config) -> RestoreOutcome {
+    let mut report = String::new();
+    let (result, kill) = restore_one_steps(job, node, config, &mut report);
+    RestoreOutcome { result, kill, report }
+}
+
+fn restore_one_steps(
+    job: &Job<'_>,
+    node: &Node,
+    config: &Config,
+    report: &mut String,
+) -> (Result<(), ProcessFailure>, bool) {
     let pid = job.pid;
     let api = &node.agent;
     match api.state(pid as i32) {
@@ -373,7 +361,7 @@ fn restore_one(job: &Job<'_>, node: &Node, config: &Config, report: &mut String)
         }
         Err(e) => {
             error!("pid {pid}: cannot read its CUDA state ({e}); run `criu-cuda-migrate recover --pid {pid}`");
-            return (Err(e.to_string()), false);
+            return (Err(ProcessFailure::State(e)), false);
         }
     }
     if job.plan.is_none() {
@@ -391,7 +379,7 @@ fn restore_one(job: &Job<'_>, node: &Node, config: &Config, report: &mut String)
             ""
         };
         error!("pid {pid} is left CHECKPOINTED: {e}{hint}; fix the cause and run `criu-cuda-migrate recover --pid {pid}`, or kill it and restore again from the same images");
-        return (Err(e.to_string()), false);
+        return (Err(ProcessFailure::Driver(e)), false);
     }
     info!("pid {pid}: cuCheckpointProcessRestore with {} pair(s) {:.3} s", pairs.len(), r.elapsed.as_secs_f64());
     let mut kill = false;
@@ -432,7 +420,7 @@ fn restore_one(job: &Job<'_>, node: &Node, config: &Config, report: &mut String)
                         }
                     }
                     if kill {
-                        return (Err(msg), true);
+                        return (Err(ProcessFailure::Inconsistent(msg)), true);
                     }
                 }
             } else {
@@ -443,7 +431,7 @@ fn restore_one(job: &Job<'_>, node: &Node, config: &Config, report: &mut String)
     let u = timed(|| api.unlock(pid as i32));
     if let Err(e) = u.value {
         error!("pid {pid} is left LOCKED: {e}; run `criu-cuda-migrate recover --pid {pid}`");
-        return (Err(e.to_string()), kill);
+        return (Err(ProcessFailure::Driver(e)), kill);
     }
     info!("pid {pid}: cuCheckpointProcessUnlock {:.3} s; RUNNING", u.elapsed.as_secs_f64());
     (Ok(()), kill)

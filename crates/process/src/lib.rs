@@ -133,7 +133,7 @@ pub enum SiteError {
 }
 
 /// Failures of the ptrace requests on a restore thread.
-#[derive(Debug, thiserror::Error)]
+#[derive(Debug, Clone, thiserror::Error)]
 pub enum PtraceError {
     #[error(
         "{request} on thread {tid} failed: {errno}; ptrace requests work only from CRIU's tracer \
