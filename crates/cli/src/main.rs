@@ -157,7 +157,7 @@ fn restore_reports(dir: &Path) -> Vec<(String, String)> {
     if let Ok(rd) = std::fs::read_dir(dir) {
         for e in rd.flatten() {
             let name = e.file_name().to_string_lossy().into_owned();
-            if name.starts_with("cuda-migrate-restore-") && name.ends_with(".txt") {
+            if ccm_identity::image::is_report_file_name(&name).is_some() {
                 if let Ok(t) = std::fs::read_to_string(e.path()) {
                     out.push((name, t));
                 }

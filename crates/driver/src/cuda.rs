@@ -62,7 +62,7 @@ pub const LIBCUDA_NAME: &str = "libcuda.so.1";
 impl Libcuda {
     /// Loads `libcuda.so.1` (or `$CRIU_CUDA_MIGRATE_LIBCUDA`).
     pub fn load() -> Result<Libcuda, LoadError> {
-        let path = std::env::var("CRIU_CUDA_MIGRATE_LIBCUDA").unwrap_or_else(|_| LIBCUDA_NAME.to_string());
+        let path = std::env::var(ccm_identity::settings::LIBCUDA.env).unwrap_or_else(|_| LIBCUDA_NAME.to_string());
         Self::load_from(&path)
     }
 

@@ -36,7 +36,8 @@ fn q(what: impl Into<String>) -> impl FnOnce(NvmlError) -> NvmlFailure {
 
 impl Nvml {
     pub fn init() -> Result<Nvml, NvmlFailure> {
-        let lib = std::env::var("CRIU_CUDA_MIGRATE_LIBNVML").unwrap_or_else(|_| "libnvidia-ml.so.1".to_string());
+        let lib =
+            std::env::var(ccm_identity::settings::LIBNVML.env).unwrap_or_else(|_| "libnvidia-ml.so.1".to_string());
         let nvml = nvml_wrapper::Nvml::builder()
             .lib_path(OsStr::new(&lib))
             .init()

@@ -25,6 +25,10 @@ pub struct Config {
     pub lock_timeout: Duration,
     /// Whether the dump leaves the tree running (`-R`/`--leave-running`).
     pub leave_running: LeaveRunning,
+    /// `CRIU_CUDA_MIGRATE_LIBCUDA` / `_LIBNVML` (the driver agent reads them from the same
+    /// environment); shown in the `settings:` line.
+    pub libcuda: Option<String>,
+    pub libnvml: Option<String>,
 }
 
 /// What the plugin knows about CRIU's `--leave-running`, which the plugin ABI does not expose.
@@ -48,15 +52,17 @@ impl LeaveRunning {
     }
 }
 
-pub const ENV_DISABLE: &str = "CRIU_CUDA_MIGRATE_DISABLE";
-pub const ENV_DEVICE_MAP: &str = "CRIU_CUDA_MIGRATE_DEVICE_MAP";
-pub const ENV_USABLE_GPUS: &str = "CRIU_CUDA_MIGRATE_USABLE_GPUS";
-pub const ENV_MODE: &str = "CRIU_CUDA_MIGRATE_MODE";
-pub const ENV_RECONCILE: &str = "CRIU_CUDA_MIGRATE_RECONCILE";
-pub const ENV_LEAVE_RUNNING: &str = "CRIU_CUDA_MIGRATE_LEAVE_RUNNING";
+use ccm_identity::settings::{self, Setting};
+
+pub const ENV_DISABLE: &str = settings::DISABLE.env;
+pub const ENV_DEVICE_MAP: &str = settings::DEVICE_MAP.env;
+pub const ENV_USABLE_GPUS: &str = settings::USABLE_GPUS.env;
+pub const ENV_MODE: &str = settings::MODE.env;
+pub const ENV_RECONCILE: &str = settings::RECONCILE.env;
+pub const ENV_LEAVE_RUNNING: &str = settings::LEAVE_RUNNING.env;
 
 /// The `--plugin-option` namespace (`criu-cuda-migrate.device-map=...`).
-pub const OPTION_PREFIX: &str = "criu-cuda-migrate.";
+pub const OPTION_PREFIX: &str = settings::OPTION_PREFIX;
 
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
@@ -80,10 +86,15 @@ impl Config {
         criu_args: &[String],
         plugin_options: &[(String, String)],
     ) -> Result<Config, ConfigError> {
-        let opt = |key: &str| plugin_options.iter().rev().find(|(k, _)| k == key).map(|(_, v)| v.clone());
-        let device_map = opt("device-map").or_else(|| env(ENV_DEVICE_MAP)).filter(|s| !s.trim().is_empty());
-        let usable_gpus = opt("usable-gpus").or_else(|| env(ENV_USABLE_GPUS)).filter(|s| !s.trim().is_empty());
-        let strictness = match opt("mode").or_else(|| env(ENV_MODE)).as_deref().map(str::trim) {
+        // A plugin option overrides the environment.
+        let get = |s: &Setting| {
+            plugin_options.iter().rev().find(|(k, _)| k == s.option).map(|(_, v)| v.clone()).or_else(|| env(s.env))
+        };
+        let device_map = get(&settings::DEVICE_MAP).filter(|s| !s.trim().is_empty());
+        let usable_gpus = get(&settings::USABLE_GPUS).filter(|s| !s.trim().is_empty());
+        let libcuda = get(&settings::LIBCUDA).filter(|s| !s.trim().is_empty());
+        let libnvml = get(&settings::LIBNVML).filter(|s| !s.trim().is_empty());
+        let strictness = match get(&settings::MODE).as_deref().map(str::trim) {
             None | Some("") | Some("strict") => Strictness::Strict,
             Some("permissive") => Strictness::Permissive,
             Some(other) => {
@@ -94,7 +105,7 @@ impl Config {
                 })
             }
         };
-        let reconcile = match opt("reconcile").or_else(|| env(ENV_RECONCILE)).as_deref().map(str::trim) {
+        let reconcile = match get(&settings::RECONCILE).as_deref().map(str::trim) {
             None | Some("") | Some("on") | Some("1") => true,
             Some("off") | Some("0") => false,
             Some(other) => {
@@ -129,6 +140,8 @@ impl Config {
             reconcile,
             lock_timeout: Duration::from_secs(args.timeout_s.unwrap_or(10).max(1)),
             leave_running,
+            libcuda,
+            libnvml,
         })
     }
 
@@ -145,7 +158,7 @@ impl std::fmt::Display for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, lock timeout {} s",
+            "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, lock timeout {} s, libcuda {}, NVML {}",
             self.device_map.as_deref().unwrap_or("automatic"),
             self.usable_gpus.as_deref().unwrap_or("all"),
             match self.strictness {
@@ -159,6 +172,8 @@ impl std::fmt::Display for Config {
                 LeaveRunning::Unknown => "unknown (CRIU over RPC; devices restored after the dump)",
             },
             self.lock_timeout.as_secs(),
+            self.libcuda.as_deref().unwrap_or("default"),
+            self.libnvml.as_deref().unwrap_or("default"),
         )
     }
 }
@@ -281,7 +296,7 @@ mod tests {
         assert_eq!(c.lock_timeout, Duration::from_secs(10));
         assert_eq!(
             c.to_string(),
-            "device map C=D, usable GPUs all, mode permissive, reconcile on, leave-running no, lock timeout 10 s"
+            "device map C=D, usable GPUs all, mode permissive, reconcile on, leave-running no, lock timeout 10 s, libcuda default, NVML default"
         );
         let bad = Config::from_sources(|k| (k == ENV_MODE).then(|| "loose".to_string()), &[], &[]);
         assert!(bad.unwrap_err().to_string().contains("strict"));

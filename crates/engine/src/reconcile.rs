@@ -82,7 +82,12 @@ fn current_sites(pid: u32, plan: &ProcessPlan, node: &Node, mem: &ProcessMemory)
             match words {
                 Some(w) => {
                     other += 1;
-                    debug!("pid {pid}: recorded site {:#x} ({}) now holds {:x?}", site.addr, site.mapping_name, w.0);
+                    debug!(
+                        "pid {pid}: recorded site {:#x} ({}) now holds {:x?}",
+                        site.addr,
+                        site.mapping_name,
+                        w.words()
+                    );
                 }
                 None => unreadable += 1,
             }

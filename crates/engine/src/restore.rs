@@ -230,7 +230,7 @@ impl RestoreSession {
     fn write_report(&self, host_pid: u32, plan: &ProcessPlan, result: &Result<(), ProcessFailure>, reconcile: &str) {
         let Some(dir) = &self.image_dir else { return };
         let Some(node) = &self.node else { return };
-        let name = format!("cuda-migrate-restore-{}.txt", plan.image.pid);
+        let name = ccm_identity::image::report_file_name(plan.image.pid);
         let text = format!(
             "restored pid {} (host pid {host_pid}) at unix time {}\nresult: {}\ndevice map:\n{}\n{}",
             plan.image.pid,

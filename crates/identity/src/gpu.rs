@@ -146,18 +146,46 @@ serde_as_text!(PciAddress, "a PCI address such as 0000:06:00.0", |v| PciAddress:
 /// `{domain, bus, device, 0, pciDeviceId, pciSubSystemId}` (they are NVML's `nvmlPciInfo_t`
 /// fields, so they are built from NVML without knowing libcuda's layout).
 #[derive(Clone, Copy, PartialEq, Eq, Hash, Debug, serde::Serialize, serde::Deserialize)]
-pub struct PciSignature(pub [u32; 6]);
+#[serde(from = "[u32; 6]", into = "[u32; 6]")]
+pub struct PciSignature {
+    pub domain: u32,
+    pub bus: u32,
+    pub device: u32,
+    /// Always 0 where the driver keeps the words (the function number's slot in NVML's struct is
+    /// elsewhere); part of the pattern all the same.
+    pub zero: u32,
+    /// `pciDeviceId`: device id << 16 | vendor id (e.g. 0x233510de).
+    pub pci_device_id: u32,
+    /// `pciSubSystemId` (e.g. 0x18bf10de).
+    pub pci_subsystem_id: u32,
+}
+
+impl From<[u32; 6]> for PciSignature {
+    fn from(w: [u32; 6]) -> Self {
+        PciSignature { domain: w[0], bus: w[1], device: w[2], zero: w[3], pci_device_id: w[4], pci_subsystem_id: w[5] }
+    }
+}
+
+impl From<PciSignature> for [u32; 6] {
+    fn from(s: PciSignature) -> Self {
+        s.words()
+    }
+}
 
 impl PciSignature {
     pub const LEN_BYTES: usize = 24;
 
     pub fn new(pci: PciAddress, pci_device_id: u32, pci_subsystem_id: u32) -> Self {
-        PciSignature([pci.domain, pci.bus, pci.device, 0, pci_device_id, pci_subsystem_id])
+        PciSignature { domain: pci.domain, bus: pci.bus, device: pci.device, zero: 0, pci_device_id, pci_subsystem_id }
+    }
+    /// The six words in memory order.
+    pub fn words(&self) -> [u32; 6] {
+        [self.domain, self.bus, self.device, self.zero, self.pci_device_id, self.pci_subsystem_id]
     }
     /// Native-endian bytes, as they sit in the target's memory (x86-64: little-endian).
     pub fn to_bytes(&self) -> [u8; 24] {
         let mut out = [0u8; 24];
-        for (i, w) in self.0.iter().enumerate() {
+        for (i, w) in self.words().iter().enumerate() {
             out[i * 4..i * 4 + 4].copy_from_slice(&w.to_ne_bytes());
         }
         out
@@ -167,10 +195,10 @@ impl PciSignature {
         for (i, slot) in w.iter_mut().enumerate() {
             *slot = u32::from_ne_bytes([b[i * 4], b[i * 4 + 1], b[i * 4 + 2], b[i * 4 + 3]]);
         }
-        PciSignature(w)
+        PciSignature::from(w)
     }
     pub fn pci(&self) -> PciAddress {
-        PciAddress { domain: self.0[0], bus: self.0[1], device: self.0[2], function: 0 }
+        PciAddress { domain: self.domain, bus: self.bus, device: self.device, function: 0 }
     }
 }
 
@@ -264,7 +292,7 @@ mod tests {
 
     #[test]
     fn signature_bytes() {
-        let sig = PciSignature([0, 6, 0, 0, 0x233510de, 0x18bf10de]);
+        let sig = PciSignature::from([0, 6, 0, 0, 0x233510de, 0x18bf10de]);
         assert_eq!(PciSignature::from_bytes(&sig.to_bytes()), sig);
     }
 }

@@ -329,6 +329,18 @@ impl IdentityImage {
 
 /// Parses the pid back out of an identity image's file name (`cuda-migrate-<pid>.img`).
 /// Only the canonical decimal form that [`IdentityImage::file_name`] writes is accepted.
+/// The name of the restore report the plugin leaves next to the images (never an image itself).
+pub fn report_file_name(pid: u32) -> String {
+    format!("cuda-migrate-restore-{pid}.txt")
+}
+
+/// The pid of a restore report's file name (see [`report_file_name`]).
+pub fn is_report_file_name(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix("cuda-migrate-restore-")?.strip_suffix(".txt")?;
+    let pid: u32 = digits.parse().ok()?;
+    (pid.to_string() == digits).then_some(pid)
+}
+
 pub fn is_image_file_name(name: &str) -> Option<u32> {
     let digits = name.strip_prefix("cuda-migrate-")?.strip_suffix(".img")?;
     if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
@@ -381,7 +393,7 @@ impl Writer {
         self.0.extend_from_slice(u.as_bytes());
     }
     fn signature(&mut self, s: &PciSignature) {
-        for w in s.0 {
+        for w in s.words() {
             self.u32(w);
         }
     }
@@ -482,7 +494,7 @@ impl<'a> Reader<'a> {
         for slot in &mut w {
             *slot = self.u32()?;
         }
-        Ok(PciSignature(w))
+        Ok(PciSignature::from(w))
     }
 
     fn gpu(&mut self) -> Result<GpuIdentity, ImageError> {
@@ -680,6 +692,9 @@ pub(crate) mod tests {
         ] {
             assert_eq!(is_image_file_name(bad), None, "{bad}");
         }
+        assert_eq!(is_report_file_name(&report_file_name(12)), Some(12));
+        assert_eq!(is_report_file_name("cuda-migrate-12.img"), None);
+        assert_eq!(is_report_file_name("cuda-migrate-restore-012.txt"), None);
         let img = sample();
         assert_eq!(img.gpu(&uuid(1)).map(|g| g.pci.device), Some(7));
         assert!(img.gpu(&uuid(9)).is_none());
@@ -711,7 +726,7 @@ pub(crate) mod tests {
                 mapping_start: a[1],
                 mapping_end: a[2],
                 mapping_name,
-                words: PciSignature(w),
+                words: PciSignature::from(w),
             },
         )
     }

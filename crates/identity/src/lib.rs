@@ -13,6 +13,7 @@ pub mod image;
 pub mod map;
 pub mod pattern;
 pub mod runtime;
+pub mod settings;
 pub mod validate;
 
 mod table;

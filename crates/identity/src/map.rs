@@ -26,9 +26,9 @@ use crate::image::IdentityImage;
 use crate::table;
 
 /// Environment variable with the explicit map (named in error messages).
-pub const DEVICE_MAP_VAR: &str = "CRIU_CUDA_MIGRATE_DEVICE_MAP";
+pub const DEVICE_MAP_VAR: &str = crate::settings::DEVICE_MAP.env;
 /// Environment variable with the GPUs a restore may use (named in error messages).
-pub const USABLE_GPUS_VAR: &str = "CRIU_CUDA_MIGRATE_USABLE_GPUS";
+pub const USABLE_GPUS_VAR: &str = crate::settings::USABLE_GPUS.env;
 
 /// Why a device map cannot be built, and what to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

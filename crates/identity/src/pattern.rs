@@ -14,8 +14,8 @@ use crate::gpu::{GpuIdentity, GpuUuid, PciSignature};
 use crate::image::PciSite;
 use crate::map::DeviceMap;
 
-/// Index of the word that is tested first: the PCI device/vendor word (e.g. `0x233510de`) is
-/// rare in memory, unlike the domain (usually 0) that starts the signature.
+/// Index of the word that is tested first: the PCI device/vendor word (`pci_device_id`, e.g.
+/// `0x233510de`) is rare in memory, unlike the domain (usually 0) that starts the signature.
 const KEY_WORD: usize = 4;
 const KEY_OFFSET: usize = KEY_WORD * 4;
 
@@ -29,7 +29,7 @@ pub fn find_signatures(buf: &[u8], base_addr: u64, wanted: &[(GpuUuid, PciSignat
     if wanted.is_empty() || buf.len() < PciSignature::LEN_BYTES {
         return hits;
     }
-    let mut keys: Vec<u32> = wanted.iter().map(|(_, s)| s.0[KEY_WORD]).collect();
+    let mut keys: Vec<u32> = wanted.iter().map(|(_, s)| s.pci_device_id).collect();
     keys.sort_unstable();
     keys.dedup();
     let patterns: Vec<(GpuUuid, [u8; 24])> = wanted.iter().map(|(u, s)| (*u, s.to_bytes())).collect();
@@ -301,7 +301,7 @@ mod tests {
         assert_eq!(c.unexplained.len(), 1);
         assert!(!c.usable());
         // Unreadable, other words, or fewer readings than sites: unexplained.
-        let other = PciSignature([9; 6]);
+        let other = PciSignature::from([9; 6]);
         let c = classify_recorded_sites(&recorded, &[None, Some(other)], &swap, &gpus);
         assert_eq!(c.unexplained.len(), 4);
         assert!(!classify_recorded_sites(&[], &[], &swap, &gpus).usable());

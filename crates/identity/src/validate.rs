@@ -91,7 +91,7 @@ pub fn validate_gpu(obs: &GpuObservation, new_gpu: &GpuIdentity) -> Verdict {
 }
 
 fn describe_words(words: &PciSignature) -> String {
-    format!("device id {:#010x}, subsystem {:#010x}", words.0[4], words.0[5])
+    format!("device id {:#010x}, subsystem {:#010x}", words.pci_device_id, words.pci_subsystem_id)
 }
 
 /// One row of the reconcile report.

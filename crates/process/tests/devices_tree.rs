@@ -14,7 +14,7 @@ fn zz_child_entry() {
 }
 
 fn spawn_holder() -> TestChild {
-    let sig = sig_to_env(&PciSignature([1, 2, 3, 0, 4, 5]));
+    let sig = sig_to_env(&PciSignature::from([1, 2, 3, 0, 4, 5]));
     let mut child = TestChild::spawn("holder", &[(HOLDER_SIG_ENV, sig.as_str())]);
     child.expect("BIG");
     child
@@ -80,7 +80,7 @@ fn liveness_and_zombies() {
 /// The child's own getpid() is its innermost namespace pid.
 #[test]
 fn ns_pid_matches_the_childs_getpid() {
-    let sig = sig_to_env(&PciSignature([1, 2, 3, 0, 4, 5]));
+    let sig = sig_to_env(&PciSignature::from([1, 2, 3, 0, 4, 5]));
     let mut child = TestChild::spawn("holder", &[(HOLDER_SIG_ENV, sig.as_str())]);
     let own_pid: u32 = child.expect("PID").parse().expect("pid");
     assert_eq!(ns_pid(child.pid()).expect("ns_pid"), own_pid);

@@ -22,8 +22,8 @@ fn gpu(n: u8) -> GpuUuid {
 /// Signatures unlikely to occur by chance: per-test-process words in the subsystem slot.
 fn sigs() -> (PciSignature, PciSignature) {
     let salt = std::process::id() & 0xffff;
-    let old = PciSignature([0, 0x06, 0x00, 0, 0x233510de, 0x5eed_0000 | salt]);
-    let new = PciSignature([0, 0x07, 0x00, 0, 0x233510de, 0x5eed_0000 | salt]);
+    let old = PciSignature::from([0, 0x06, 0x00, 0, 0x233510de, 0x5eed_0000 | salt]);
+    let new = PciSignature::from([0, 0x07, 0x00, 0, 0x233510de, 0x5eed_0000 | salt]);
     (old, new)
 }
 

@@ -28,13 +28,13 @@ pub fn run_child_if_requested() {
 }
 
 pub fn sig_to_env(sig: &PciSignature) -> String {
-    sig.0.iter().map(|w| format!("{w:x}")).collect::<Vec<_>>().join(",")
+    sig.words().iter().map(|w| format!("{w:x}")).collect::<Vec<_>>().join(",")
 }
 
 fn sig_from_env() -> PciSignature {
     let text = std::env::var(HOLDER_SIG_ENV).expect("holder needs CCM_TEST_SIG");
     let words: Vec<u32> = text.split(',').map(|w| u32::from_str_radix(w, 16).expect("hex word")).collect();
-    PciSignature(words.try_into().expect("six words"))
+    PciSignature::from(<[u32; 6]>::try_from(words).expect("six words"))
 }
 
 fn say(line: &str) {

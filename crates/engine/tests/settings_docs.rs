@@ -1,0 +1,31 @@
+//! The documentation's settings tables name every setting of `ccm_identity::settings` and no
+//! other `CRIU_CUDA_MIGRATE_*` variable, so the code, the `settings:` line and the docs cannot drift.
+
+use ccm_identity::settings::ALL;
+
+fn table_names(doc: &str) -> Vec<String> {
+    let mut names = Vec::new();
+    for line in doc.lines().filter(|l| l.starts_with("| `CRIU_CUDA_MIGRATE_")) {
+        let first = line.split('|').nth(1).unwrap_or("");
+        for part in first.split('`').filter(|p| p.starts_with("CRIU_CUDA_MIGRATE_")) {
+            names.push(part.to_string());
+        }
+    }
+    names
+}
+
+fn check(doc_name: &str, doc: &str) {
+    let names = table_names(doc);
+    for s in ALL {
+        assert!(names.iter().any(|n| n == s.env), "{doc_name}'s settings table lacks {}", s.env);
+    }
+    for n in &names {
+        assert!(ALL.iter().any(|s| s.env == n), "{doc_name}'s settings table names {n}, which is no setting");
+    }
+}
+
+#[test]
+fn the_user_guide_and_the_architecture_list_every_setting() {
+    check("docs/USER-GUIDE.md", include_str!("../../../docs/USER-GUIDE.md"));
+    check("docs/ARCHITECTURE.md", include_str!("../../../docs/ARCHITECTURE.md"));
+}

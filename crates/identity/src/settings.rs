@@ -1,0 +1,112 @@
+//! Every setting of the plugin, once: its environment variable, its plugin-option key, when it
+//! applies, its default and what it does. The configuration reader, the `settings:` log line, the
+//! driver's library paths, error messages and the documentation tables all take the names from
+//! here (a test holds the user guide's and the architecture's tables to this list).
+
+/// One setting.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Setting {
+    /// The environment variable of `criu` (the product's interface for every caller).
+    pub env: &'static str,
+    /// The key after `criu-cuda-migrate.` in `--plugin-option` (CRIU with `criu_plugin_get_options`).
+    pub option: &'static str,
+    /// `dump`, `restore` or `both`.
+    pub at: &'static str,
+    /// What applies when it is unset.
+    pub default: &'static str,
+    pub help: &'static str,
+}
+
+/// The `--plugin-option` namespace (`criu-cuda-migrate.device-map=...`).
+pub const OPTION_PREFIX: &str = "criu-cuda-migrate.";
+
+pub const DEVICE_MAP: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_DEVICE_MAP",
+    option: "device-map",
+    at: "restore",
+    default: "automatic",
+    help: "explicit map OLD=NEW[,OLD=NEW...] of GPU UUIDs",
+};
+
+pub const USABLE_GPUS: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_USABLE_GPUS",
+    option: "usable-gpus",
+    at: "restore",
+    default: "the GPUs the restoring runtime's spec gives the container, else all",
+    help: "GPUs the restore may use: UUIDs or NVML indices, comma-separated",
+};
+
+pub const MODE: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_MODE",
+    option: "mode",
+    at: "restore",
+    default: "strict",
+    help: "strict: a failed identity check kills the restored tree; permissive: log it and let it run",
+};
+
+pub const RECONCILE: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_RECONCILE",
+    option: "reconcile",
+    at: "restore",
+    default: "on",
+    help: "off: restore without rewriting the stale identity (reproduces the bug; diagnosis only)",
+};
+
+pub const LEAVE_RUNNING: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_LEAVE_RUNNING",
+    option: "leave-running",
+    at: "dump",
+    default: "read from CRIU's command line; unknown over RPC",
+    help: "1: the dump leaves the tree running; 0: the dump ends it",
+};
+
+pub const DISABLE: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_DISABLE",
+    option: "disable",
+    at: "both",
+    default: "0",
+    help: "1: the plugin stays out of everything",
+};
+
+pub const LIBCUDA: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_LIBCUDA",
+    option: "libcuda",
+    at: "both",
+    default: "libcuda.so.1 (the dynamic loader's search)",
+    help: "path of the driver's libcuda.so.1 to load",
+};
+
+pub const LIBNVML: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_LIBNVML",
+    option: "libnvml",
+    at: "both",
+    default: "libnvidia-ml.so.1 (the dynamic loader's search)",
+    help: "path of the driver's libnvidia-ml.so.1 to load",
+};
+
+/// All of them, in the order of the documentation tables.
+pub const ALL: [Setting; 8] = [DEVICE_MAP, USABLE_GPUS, MODE, RECONCILE, LEAVE_RUNNING, DISABLE, LIBCUDA, LIBNVML];
+
+impl Setting {
+    /// `criu-cuda-migrate.KEY`.
+    pub fn option_name(&self) -> String {
+        format!("{OPTION_PREFIX}{}", self.option)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_are_unique_and_prefixed() {
+        for (i, a) in ALL.iter().enumerate() {
+            assert!(a.env.starts_with("CRIU_CUDA_MIGRATE_"), "{}", a.env);
+            for b in &ALL[i + 1..] {
+                assert_ne!(a.env, b.env);
+                assert_ne!(a.option, b.option);
+            }
+        }
+        assert_eq!(DEVICE_MAP.option_name(), "criu-cuda-migrate.device-map");
+    }
+}
