@@ -7,6 +7,7 @@
 //! STATE/reg-<id>/tid              the restore thread's tid, in the process's own pid namespace
 //! STATE/reg-<id>/key              the key it is indexed under now (pidns.rs: <ns inode>-<ns pid>)
 //! STATE/reg-<id>/id-at            address (hex) of a u64 in the process's memory that holds <id>
+//! STATE/reg-<id>/state-at         address (hex) of the i32 in the process's memory that holds its state
 //! STATE/reg-<id>/state, request, response   see state.rs and protocol.rs
 //! STATE/proc-<key> -> reg-<id>    the index: a symlink per key
 //! ```
@@ -75,6 +76,9 @@ impl Registration {
     pub fn id_at(&self) -> PathBuf {
         self.dir.join("id-at")
     }
+    pub fn state_at(&self) -> PathBuf {
+        self.dir.join("state-at")
+    }
 
     /// The restore thread's tid as the process knows it.
     pub fn ns_tid(&self) -> Option<i32> {
@@ -88,16 +92,26 @@ impl Registration {
 
     /// Whether `pid`'s memory holds this registration's id where the process said it keeps it.
     fn is_in_memory_of(&self, pid: i32) -> bool {
-        let Some(addr) = std::fs::read_to_string(self.id_at())
-            .ok()
-            .and_then(|t| u64::from_str_radix(t.trim().trim_start_matches("0x"), 16).ok())
-        else {
-            return false;
-        };
-        let Ok(mem) = std::fs::File::open(format!("/proc/{pid}/mem")) else { return false };
-        let mut word = [0u8; 8];
-        mem.read_exact_at(&mut word, addr).is_ok() && u64::from_ne_bytes(word) == self.id
+        read_memory::<8>(pid, &self.id_at()).is_some_and(|w| u64::from_ne_bytes(w) == self.id)
     }
+
+    /// The process's checkpoint state as its memory holds it (0 RUNNING, 1 LOCKED, 2 CHECKPOINTED), `pid` being
+    /// its pid in the caller's `/proc`. This is what the driver's state is after CRIU restored the process, while
+    /// the `state` file says what the process last wrote, possibly after the dump CRIU restored it from. `None`
+    /// without ptrace access to `pid` (the caller then falls back to the file).
+    pub fn state_in_memory_of(&self, pid: i32) -> Option<i32> {
+        read_memory::<4>(pid, &self.state_at()).map(i32::from_ne_bytes)
+    }
+}
+
+/// `N` bytes of `pid`'s memory at the address (hex) written in `addr_file`.
+fn read_memory<const N: usize>(pid: i32, addr_file: &Path) -> Option<[u8; N]> {
+    let text = std::fs::read_to_string(addr_file).ok()?;
+    let addr = u64::from_str_radix(text.trim().trim_start_matches("0x"), 16).ok()?;
+    let mem = std::fs::File::open(format!("/proc/{pid}/mem")).ok()?;
+    let mut bytes = [0u8; N];
+    mem.read_exact_at(&mut bytes, addr).ok()?;
+    Some(bytes)
 }
 
 impl StateDir {

@@ -192,6 +192,16 @@ fn identity_restore_keeps_everything_consistent() {
     let sim = Sim::new();
     let t = sim.target(&[]);
     assert_eq!(sim.ctl(t.pid(), &["lockckpt"]).0, 0);
+    // SAFETY: geteuid has no preconditions.
+    if unsafe { libc::geteuid() } == 0 {
+        // The state comes from the process's memory (as after a CRIU restore from an older dump), not from the
+        // file it wrote last. (Reading another process's memory needs root where Yama restricts ptrace.)
+        let key = ccm_sim_common::pidns::key_of(t.pid() as i32).unwrap();
+        let reg = sim.state().follow(&key).expect("no index entry");
+        std::fs::write(reg.state(), "0").unwrap();
+        let (_, out) = sim.ctl(t.pid(), &["state"]);
+        assert!(out.contains("CTL state=2"), "{out}");
+    }
     assert_eq!(sim.ctl(t.pid(), &["restore"]).0, 0);
     assert_eq!(sim.ctl(t.pid(), &["unlock"]).0, 0);
     let (rc, out) = t.finish();

@@ -5,6 +5,7 @@ use std::collections::BTreeMap;
 use std::fs::{File, OpenOptions};
 use std::os::fd::OwnedFd;
 use std::os::unix::fs::FileExt;
+use std::sync::atomic::{AtomicI32, Ordering};
 use std::sync::{Condvar, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,10 @@ pub struct Driver {
     owner: String,
     /// The key `STATE/proc-<key>` this process is indexed under now; the restore thread follows changes.
     key: Mutex<Option<ProcKey>>,
+    /// `Inner::state`, readable without the lock: controllers read it through `/proc/PID/mem` (`state-at`), so
+    /// `cuCheckpointProcessGetState` answers what this process's memory says, also after CRIU restored it from
+    /// a dump taken before later transitions rewrote the `state` file.
+    state_word: AtomicI32,
     /// One per GPU this process's driver enumerated (its container view), in enumeration order.
     slots: Vec<Slot>,
     /// CUDA ordinal → slot (after `CUDA_VISIBLE_DEVICES`).
@@ -170,6 +175,7 @@ impl Driver {
             owner: registration.id_text(),
             registration,
             key: Mutex::new(None),
+            state_word: AtomicI32::new(STATE_RUNNING),
             inner: Mutex::new(Inner {
                 state: STATE_RUNNING,
                 current: view.clone(),
@@ -204,6 +210,8 @@ impl Driver {
             .map_err(|e| StartError::Os(format!("cannot create {}: {e}; check CCM_SIM_STATE_DIR", dir.display())))?;
         let id_at = &reg.id as *const u64 as usize;
         ccm_sim_common::write_atomic(&reg.id_at(), format!("{id_at:x}").as_bytes())?;
+        let state_at = self.state_word.as_ptr() as usize;
+        ccm_sim_common::write_atomic(&reg.state_at(), format!("{state_at:x}").as_bytes())?;
         self.write_state_file(STATE_RUNNING);
         let (tx, rx) = std::sync::mpsc::channel();
         std::thread::Builder::new()
@@ -325,6 +333,7 @@ impl Driver {
     }
 
     fn write_state_file(&self, state: i32) {
+        self.state_word.store(state, Ordering::SeqCst);
         let path = self.registration.state();
         if let Err(e) = ccm_sim_common::write_atomic(&path, state.to_string().as_bytes()) {
             eprintln!("cuda-test-double: {e}");

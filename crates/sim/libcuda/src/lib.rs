@@ -452,7 +452,13 @@ pub extern "C" fn cuCheckpointProcessGetState(pid: c_int, out: *mut c_int) -> Cu
             }
             std::thread::sleep(Duration::from_millis(2));
         }
-        let text = std::fs::read_to_string(resolved.registration.state()).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
+        // From the process's memory, like the real driver's answer from its restore thread; the file (what
+        // the process wrote last) only without ptrace access to it.
+        let reg = &resolved.registration;
+        if let Some(s) = reg.state_in_memory_of(pid).filter(|s| (STATE_RUNNING..=STATE_CHECKPOINTED).contains(s)) {
+            return put(out, s);
+        }
+        let text = std::fs::read_to_string(reg.state()).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
         put(out, text.trim().parse().map_err(|_| CUDA_ERROR_UNKNOWN)?)
     })
 }
