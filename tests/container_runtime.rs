@@ -14,14 +14,23 @@
 //! to CRIU, and stay out of the way. The flows are shell scripts in tests/container/, run inside a copy of the
 //! runtimes root (`tests/criu-root.sh prepare-runtimes`); each step leaves its status and output in a scratch
 //! directory, which this test reads. Needs root like every real-CRIU test (skips loudly without it, fails under CI).
+//!
+//! A CUDA container, on the test doubles (tests/container/runc-cuda-flow.sh): plain runc with the packaged plugin
+//! (libdir in `runc.conf`), the sample workload in its own pid namespace; `runc checkpoint` and `runc restore` bring
+//! it back with its device data and an agreeing identity, on the same simulated GPU and, with
+//! `CRIU_CUDA_MIGRATE_DEVICE_MAP` in runc's environment, on the other one.
 
 mod support;
 
 use std::fs;
-use std::path::Path;
+use std::path::{Path, PathBuf};
+use std::sync::Mutex;
 
 use support::package::{deb, describe_output, RootCopy, RootKind};
 use support::{criu_root_or_skip, init_line, repo_root, LOG_PREFIX};
+
+/// One flow at a time: each copies the runtimes root and runs CRIU on this machine's two cores.
+static ONE_FLOW: Mutex<()> = Mutex::new(());
 
 struct Scratch {
     dir: tempfile::TempDir,
@@ -92,6 +101,7 @@ impl Scratch {
 #[test]
 fn podman_and_containerd_checkpoint_and_restore_containers_with_the_packaged_plugin() {
     let test = "podman_and_containerd_checkpoint_and_restore_containers_with_the_packaged_plugin";
+    let _one = ONE_FLOW.lock().unwrap_or_else(|p| p.into_inner());
     let Some(root) = criu_root_or_skip(test) else {
         return;
     };
@@ -201,4 +211,197 @@ fn podman_and_containerd_checkpoint_and_restore_containers_with_the_packaged_plu
         ctrd_restore.contains("usable GPUs 0") && ctrd_restore.contains("mode permissive"),
         "containerd's service environment did not reach the plugin at restore: {ctrd_restore}"
     );
+}
+
+/// The simulated stack of this build (the libcuda and NVML test doubles, the sample workload): cargo's target dir
+/// of this test binary (`target/<profile>/deps/..`).
+fn sim_binaries() -> Vec<PathBuf> {
+    let exe = std::env::current_exe().expect("path of the test binary");
+    let bin = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/").to_path_buf();
+    ["libcuda_test_double.so", "libnvml_test_double.so", "ccm-sample-workload"]
+        .iter()
+        .map(|f| {
+            let path = bin.join(f);
+            assert!(
+                path.is_file(),
+                "{} is missing: run `cargo build --workspace` first (tests/run-all.sh does)",
+                path.display()
+            );
+            path
+        })
+        .collect()
+}
+
+/// A `report<k>.json` of the sample workload, whitespace removed (there is no JSON parser among this crate's
+/// dev-dependencies; the report's layout is the workload's own, flat per ordinal).
+struct Report {
+    name: String,
+    compact: String,
+}
+
+impl Report {
+    fn read(scratch: &Scratch, name: &str) -> Report {
+        let text = scratch.read(name);
+        assert!(!text.is_empty(), "{name} is missing:\n--- flow ---\n{}", scratch.read("flow.log"));
+        Report { name: name.to_string(), compact: text.split_whitespace().collect() }
+    }
+
+    fn flag(&self, key: &str) -> bool {
+        self.compact.contains(&format!("\"{key}\":true"))
+    }
+
+    /// The UUID CUDA answered for ordinal 0.
+    fn ordinal0_uuid(&self) -> String {
+        let at = self.compact.find("\"ordinal\":0,").unwrap_or_else(|| panic!("{}: no ordinal 0", self.name));
+        let rest = &self.compact[at..];
+        let object = &rest[..rest.find('}').unwrap_or(rest.len())];
+        object
+            .split_once("\"uuid\":\"")
+            .and_then(|(_, u)| u.split_once('"'))
+            .map(|(u, _)| u.to_string())
+            .unwrap_or_else(|| panic!("{}: ordinal 0 has no uuid: {object}", self.name))
+    }
+
+    /// Identity agrees (CUDA, its PCI attributes and NVML name the same GPU) and the device data is intact.
+    fn assert_sound(&self, case: &str) {
+        assert!(
+            self.flag("all_agree") && self.flag("all_consistent") && self.flag("all_data_ok"),
+            "{case}: {} reports a disagreeing identity or damaged data: {}",
+            self.name,
+            self.compact
+        );
+    }
+}
+
+/// `before host_pid=N key=K`, `after host_pid=N key=K`, `index proc-K -> reg-ID` lines of `NAME-keys.txt`.
+fn key_line<'a>(keys: &'a str, tag: &str) -> (&'a str, &'a str) {
+    let line = keys.lines().find(|l| l.starts_with(tag)).unwrap_or_else(|| panic!("no `{tag}` line in {keys:?}"));
+    let field = |f: &str| {
+        line.split_whitespace().find_map(|w| w.strip_prefix(f)).unwrap_or_else(|| panic!("no {f} in {line:?}"))
+    };
+    (field("host_pid="), field("key="))
+}
+
+#[test]
+fn runc_checkpoints_and_restores_a_cuda_container_on_the_test_doubles() {
+    let test = "runc_checkpoints_and_restores_a_cuda_container_on_the_test_doubles";
+    let _one = ONE_FLOW.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(root) = criu_root_or_skip(test) else {
+        return;
+    };
+    let binaries = sim_binaries();
+    let deb = deb();
+    let copy = RootCopy::of(&root, RootKind::Runtimes);
+    let scratch =
+        Scratch { dir: tempfile::Builder::new().prefix("ccm-runc-cuda-test-").tempdir().expect("scratch directory") };
+    fs::copy(deb, scratch.path().join("package.deb")).expect("copy of the package");
+    let sim_bin = scratch.path().join("sim-bin");
+    fs::create_dir(&sim_bin).expect("sim-bin directory");
+    for b in &binaries {
+        fs::copy(b, sim_bin.join(b.file_name().expect("file name"))).expect("copy of a test double");
+    }
+    let s = scratch.path().to_str().expect("UTF-8 scratch path");
+    let flow = repo_root().join("tests/container/runc-cuda-flow.sh");
+    let copy_path = copy.path();
+    let runner = root.run(
+        &[scratch.path()],
+        &["bash", flow.to_str().expect("UTF-8 path"), s],
+        &[("CCM_TRIXIE_ROOT", copy_path.to_str().expect("UTF-8 root path"))],
+    );
+    assert!(runner.status.success(), "the runc CUDA flow failed to run: {}", describe_output(&runner));
+
+    scratch.assert_step("install", "dpkg -i of the package");
+    // The plugin from /etc/criu/runc.conf alone (plus, on a hybrid cgroup v1 host, what podman-flow.sh adds too).
+    let hybrid = scratch.read("hybrid").trim() == "1";
+    let conf = scratch.read("runc.conf");
+    let mut lines = conf.lines();
+    assert!(lines.next().is_some_and(|l| l.starts_with("libdir ")), "runc.conf lacks libdir: {conf:?}");
+    let rest: Vec<&str> = lines.collect();
+    assert_eq!(rest, if hybrid { vec!["manage-cgroups ignore"] } else { vec![] }, "runc.conf: {conf:?}");
+    let gpus = scratch.read("gpus.txt");
+    let (g0, g1) = gpus.trim().split_once(' ').expect("gpus.txt names the two simulated GPUs");
+
+    for (case, restored_on) in [("same", g0), ("move", g1)] {
+        let fail_context = || {
+            format!(
+                "\n--- {case}-restore.err (the container's output after the restore) ---\n{}\n--- {case}-restore.log (plugin lines) ---\n{}",
+                scratch.read(&format!("{case}-restore.err")),
+                scratch
+                    .read(&format!("{case}-restore.log"))
+                    .lines()
+                    .filter(|l| l.contains(LOG_PREFIX) || l.contains("Error"))
+                    .collect::<Vec<_>>()
+                    .join("\n")
+            )
+        };
+        scratch.assert_step(&format!("{case}-run"), "runc run of the CUDA container");
+        assert_eq!(
+            scratch.rc(&format!("{case}-ready")),
+            Some(0),
+            "{case}: the workload did not get ready: {}",
+            scratch.read(&format!("{case}-run.err"))
+        );
+        assert_eq!(scratch.rc(&format!("{case}-round1")), Some(0), "{case}: no report 1");
+        let before = Report::read(&scratch, &format!("{case}-report1.json"));
+        before.assert_sound(case);
+        assert_eq!(before.ordinal0_uuid(), g0, "{case}: the container started on the wrong GPU");
+
+        scratch.assert_step(&format!("{case}-checkpoint"), "runc checkpoint of the CUDA container");
+        let dump = scratch.read(&format!("{case}-dump.log"));
+        assert!(dump.contains(&init_line("dump")), "{case}: plugin not loaded at dump:\n{dump}");
+        assert!(
+            dump.contains("cuCheckpointProcessCheckpoint"),
+            "{case}: the dump did not checkpoint the workload:\n{dump}"
+        );
+        let images = scratch.read(&format!("{case}-images.txt"));
+        assert!(images.lines().any(|l| l.starts_with("cuda-migrate-")), "{case}: no identity image in {images:?}");
+
+        assert_eq!(scratch.rc(&format!("{case}-restore")), Some(0), "{case}: runc restore failed{}", fail_context());
+        let restore = scratch.settings(&format!("{case}-restore.log"));
+        if case == "move" {
+            assert!(
+                restore.contains(&format!("device map {g0}={g1}")),
+                "{case}: runc's environment did not reach the plugin: {restore}"
+            );
+        }
+        let restore_log = scratch.read(&format!("{case}-restore.log"));
+        assert!(
+            restore_log.contains("cuCheckpointProcessUnlock") && restore_log.contains("RUNNING"),
+            "{case}: the plugin did not restore and unlock the workload{}",
+            fail_context()
+        );
+        assert_eq!(
+            scratch.rc(&format!("{case}-round2")),
+            Some(0),
+            "{case}: no report after the restore{}",
+            fail_context()
+        );
+        let after = Report::read(&scratch, &format!("{case}-report2.json"));
+        after.assert_sound(case);
+        assert_eq!(after.ordinal0_uuid(), restored_on, "{case}: ordinal 0 after the restore{}", fail_context());
+
+        // The restored container: a new host pid, the same namespace pid 1, found by the doubles through its key.
+        let keys = scratch.read(&format!("{case}-keys.txt"));
+        let (pid_before, key_before) = key_line(&keys, "before ");
+        let (pid_after, key_after) = key_line(&keys, "after ");
+        assert!(key_before.ends_with("-1") && key_after.ends_with("-1"), "{case}: not pid 1 of its namespace: {keys}");
+        assert_ne!(pid_before, pid_after, "{case}: the restored container kept its host pid: {keys}");
+        if key_before == key_after {
+            eprintln!(
+                "NOTE: {case}: the restored container's pid namespace reused the inode of the dumped one ({key_after})"
+            );
+        }
+        assert!(
+            keys.contains(&format!("index proc-{key_after} -> reg-")),
+            "{case}: not indexed under {key_after}: {keys}"
+        );
+
+        // Round 3 ends the workload normally: its registration goes with it.
+        assert_eq!(scratch.rc(&format!("{case}-round3")), Some(0), "{case}: no report 3");
+        let left = scratch.read(&format!("{case}-left.txt"));
+        assert!(
+            !left.lines().any(|l| l.ends_with(key_after) || l.ends_with(key_before)),
+            "{case}: the workload's registration outlived it: {left}"
+        );
+    }
 }

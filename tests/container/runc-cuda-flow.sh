@@ -1,0 +1,275 @@
+#!/usr/bin/env bash
+# A CUDA container under plain runc, on the TEST DOUBLES (CI has no GPU), with the Debian package installed as a
+# user installs it and CRIU configured by /etc/criu/runc.conf alone. Run inside a copy of the runtimes root
+# (`tests/criu-root.sh prepare-runtimes`) by tests/container_runtime.rs:
+#
+#   bash tests/container/runc-cuda-flow.sh SCRATCH
+#
+# SCRATCH holds package.deb and sim-bin/ (the libcuda and NVML doubles and ccm-sample-workload of the build under
+# test) and receives every step's status (`NAME.rc`), output, CRIU's logs and the workload's reports, for the Rust
+# test to check. A failed step is recorded and what depends on it skipped; the script itself exits 0.
+#
+# The container, as tests/gpu/container.sh builds one for a real GPU, minus the device nodes: its own pid, mount,
+# ipc and uts namespaces (no network namespace) and /proc, the root's /usr and /etc read-only, stdio on pipes (as a
+# shim gives them; CRIU refuses host files as container stdio). The simulated stack (doubles, GPU set, state
+# directory) is bind-mounted at its own path and the control directory at /ctl; the doubles' "device nodes" are
+# regular files in the state directory, so the bundle has no /dev/nvidiaN. The container finds the doubles through
+# LD_LIBRARY_PATH, CRIU's plugin through CRIU_CUDA_MIGRATE_LIBCUDA/LIBNVML in runc's environment (runc hands its
+# environment to CRIU), both through CCM_SIM_CONFIG and CCM_SIM_STATE_DIR.
+#
+# Cases (ccm-sample-workload --dir /ctl, 8 MiB on ordinal 0, 3 rounds):
+#   same: round 1, `runc checkpoint`, `runc restore -d`, round 2: identity agrees, data intact, same GPU;
+#   move: the same, restored with CRIU_CUDA_MIGRATE_DEVICE_MAP=G0=G1 in runc's environment: round 2 names G1 and
+#         every identity agrees.
+# The restored container has a new pid namespace and a new host pid with the same namespace pid: each case records
+# both (`NAME-keys.txt`), and the index entry of the doubles' state directory that the restored process is found by.
+# After round 2 the workload gets go3 and exits; its registration must be gone (`NAME-left.txt`).
+#
+# Every process the flow starts (containers, the stdio pipes' far ends) is killed by the EXIT trap, also on failure.
+set -u
+
+S=$1
+W=$S/rcuda
+G0=GPU-5e110000-aabb-ccdd-0001-020304050600
+G1=GPU-5e110001-aabb-ccdd-0001-020304050601
+RUNC_ROOT=/run/ccm-rcuda-$$
+# The containers' cgroups, one parent per run (the cleanup sweeps it and nothing else).
+CGROUP_PARENT=/ccm-rcuda-$$
+# Pids of the stdio helpers (`sleep` holding a container's stdin open, `cat` draining its output), for the cleanup.
+HELPERS=$S/rcuda-helpers.pids
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+# step
+# shellcheck source=tests/container/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+note() { printf '%s\n' "$*" >>"$S/flow.log"; }
+runc_() { runc --root "$RUNC_ROOT" "$@"; }
+
+cleanup() {
+    local id pid comm cg
+    for id in $(runc_ list -q 2>/dev/null); do runc_ delete -f "$id" >/dev/null 2>&1; done
+    # Whatever runc could not stop: kill it by cgroup, then remove the cgroups, deepest first.
+    cg=/sys/fs/cgroup$CGROUP_PARENT
+    if [ -d "$cg" ]; then
+        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
+        sleep 0.3
+        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+    fi
+    # The stdio helpers, each by its pid, only while it still is the helper we started.
+    if [ -f "$HELPERS" ]; then
+        while read -r pid; do
+            comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
+            case $comm in sleep | cat) kill "$pid" 2>/dev/null ;; esac
+        done <"$HELPERS"
+    fi
+    rm -rf "$RUNC_ROOT"
+}
+trap cleanup EXIT
+
+# piped_runc NAME ARGS...: runc ARGS with stdin, stdout and stderr on pipes whose far ends are a `sleep` and a `cat`
+# appending to S/NAME.err (runc hands its stdio to the container, at restore too); its status in S/NAME.rc, as `step`
+# records it. The helpers write their pids to HELPERS themselves.
+piped_runc() {
+    local name=$1 rc
+    shift
+    : >"$S/$name.out"
+    (
+        # Nothing of the caller's but the three pipes may reach the container (CRIU could not restore it).
+        for fd in /proc/self/fd/*; do
+            fd=${fd##*/}
+            [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null
+        done
+        exec runc --root "$RUNC_ROOT" "$@" < <(exec sh -c 'echo $$ >>"$1"; exec sleep 100000' sh "$HELPERS") \
+            > >(exec sh -c 'echo $$ >>"$1"; exec cat >>"$2"' sh "$HELPERS" "$S/$name.err") 2>&1
+    )
+    rc=$?
+    echo "$rc" >"$S/$name.rc"
+    return "$rc"
+}
+
+# wait_file FILE: up to 30 s.
+wait_file() {
+    for _ in $(seq 300); do [ -e "$1" ] && return 0; sleep 0.1; done
+    return 1
+}
+
+# round CTL K NAME: go<K>, then the report (copied to S/NAME-report<K>.json); status in S/NAME-round<K>.rc.
+round() {
+    local ctl=$1 k=$2 name=$3 rc=0
+    : >"$ctl/go$k"
+    wait_file "$ctl/done$k" || rc=1
+    [ -f "$ctl/report$k.json" ] && cp "$ctl/report$k.json" "$S/$name-report$k.json"
+    echo "$rc" >"$S/$name-round$k.rc"
+    return "$rc"
+}
+
+# container_pid ID: the container's init as a pid of this (host) pid namespace.
+container_pid() { runc_ state "$1" 2>/dev/null | sed -n 's/^ *"pid": *\([0-9]*\),*$/\1/p'; }
+
+# key_of PID: the doubles' key of a host pid (<pid-namespace inode>-<namespace pid>) and the host pid.
+key_of() {
+    local ino nspid
+    ino=$(stat -L -c %i "/proc/$1/ns/pid" 2>/dev/null)
+    nspid=$(awk '/^NSpid:/ { print $NF }' "/proc/$1/status" 2>/dev/null)
+    echo "host_pid=$1 key=$ino-$nspid"
+}
+
+# make_bundle DIR CTL ID: the bundle of container ID, CTL bound at /ctl (config.json written whole: there is no python
+# or jq in the root).
+make_bundle() {
+    local dir=$1 ctl=$2 id=$3 d
+    rm -rf "$dir"
+    mkdir -p "$dir/rootfs" "$ctl"
+    for d in usr etc proc sys dev tmp ctl "${W#/}"; do mkdir -p "$dir/rootfs/$d"; done
+    for d in bin lib lib64 sbin; do ln -s "usr/$d" "$dir/rootfs/$d"; done
+    cat >"$dir/config.json" <<EOF
+{
+  "ociVersion": "1.2.0",
+  "process": {
+    "terminal": false,
+    "user": { "uid": 0, "gid": 0 },
+    "args": ["$W/bin/ccm-sample-workload", "--dir", "/ctl", "--mib", "8", "--devices", "0", "--rounds", "3"],
+    "env": [
+      "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+      "HOME=/tmp",
+      "LD_LIBRARY_PATH=$W/lib",
+      "CCM_SIM_CONFIG=$W/gpus.json",
+      "CCM_SIM_STATE_DIR=$W/state"
+    ],
+    "cwd": "/tmp",
+    "capabilities": {
+      "bounding": ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"],
+      "effective": ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"],
+      "permitted": ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"],
+      "ambient": ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]
+    },
+    "rlimits": [{ "type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024 }],
+    "noNewPrivileges": true
+  },
+  "root": { "path": "rootfs", "readonly": true },
+  "hostname": "ccm-rcuda",
+  "mounts": [
+    { "destination": "/proc", "type": "proc", "source": "proc" },
+    { "destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
+    { "destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"] },
+    { "destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
+    { "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"] },
+    { "destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"] },
+    { "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"] },
+    { "destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro", "nosuid", "nodev"] },
+    { "destination": "/etc", "type": "bind", "source": "/etc", "options": ["rbind", "ro", "nosuid", "nodev"] },
+    { "destination": "$W", "type": "bind", "source": "$W", "options": ["bind", "rw"] },
+    { "destination": "/ctl", "type": "bind", "source": "$ctl", "options": ["bind", "rw"] }
+  ],
+  "linux": {
+    "cgroupsPath": "$CGROUP_PARENT/$id",
+    "resources": { "devices": [{ "allow": false, "access": "rwm" }] },
+    "namespaces": [{ "type": "pid" }, { "type": "ipc" }, { "type": "uts" }, { "type": "mount" }],
+    "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
+                    "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"],
+    "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
+  }
+}
+EOF
+}
+
+# run_case NAME [ENV=VALUE...]: one container through run, round 1, checkpoint, restore (runc's environment plus the
+# assignments), round 2, round 3 (the workload exits).
+run_case() {
+    local name=$1 id c pid1 pid2
+    shift
+    id=ccm-rcuda-$name-$$
+    c=$S/rcuda-$name
+    rm -rf "$W/state" "$c"
+    mkdir -p "$W/state" "$c"
+    make_bundle "$c/bundle" "$c/ctl" "$id"
+    piped_runc "$name-run" run -d --bundle "$c/bundle" "$id" || return 0
+    if ! wait_file "$c/ctl/ready"; then
+        echo 1 >"$S/$name-ready.rc"
+        return 0
+    fi
+    echo 0 >"$S/$name-ready.rc"
+    round "$c/ctl" 1 "$name" || return 0
+    pid1=$(container_pid "$id")
+    echo "before $(key_of "$pid1")" >"$S/$name-keys.txt"
+
+    mkdir -p "$c/img" "$c/img.work" "$c/img.rwork"
+    step "$name-checkpoint" runc_ checkpoint --image-path "$c/img" --work-path "$c/img.work" "$id"
+    cp "$c/img.work/dump.log" "$S/$name-dump.log" 2>/dev/null
+    ls "$c/img" >"$S/$name-images.txt" 2>&1
+    [ "$(cat "$S/$name-checkpoint.rc")" = 0 ] || return 0
+    ls -l "$W/state" >"$S/$name-state-after-checkpoint.txt" 2>&1
+
+    (
+        [ $# -gt 0 ] && export "$@"
+        piped_runc "$name-restore" restore -d --bundle "$c/bundle" --image-path "$c/img" --work-path "$c/img.rwork" "$id"
+    )
+    cp "$c/img.rwork/restore.log" "$S/$name-restore.log" 2>/dev/null
+    [ "$(cat "$S/$name-restore.rc")" = 0 ] || return 0
+    pid2=$(container_pid "$id")
+
+    round "$c/ctl" 2 "$name"
+    echo "after $(key_of "$pid2")" >>"$S/$name-keys.txt"
+    # The index entry the restored process is found by (re-pointed by the plugin's controller or the process).
+    local key
+    key=$(key_of "$pid2" | sed 's/.*key=//')
+    echo "index proc-$key -> $(readlink "$W/state/proc-$key" 2>/dev/null)" >>"$S/$name-keys.txt"
+    ls -l "$W/state" >"$S/$name-state-after-restore.txt" 2>&1
+
+    round "$c/ctl" 3 "$name"
+    for _ in $(seq 100); do [ -d "/proc/$pid2" ] || break; sleep 0.1; done
+    # A workload that exited normally leaves no registration behind: the registrations left, with their keys (the
+    # plugin's driver agents register too, in the host pid namespace, and are killed rather than exit).
+    (cd "$W/state" && for r in reg-*; do [ -d "$r" ] && echo "$r $(cat "$r/key" 2>/dev/null)"; done) >"$S/$name-left.txt"
+    runc_ delete -f "$id" >/dev/null 2>&1
+}
+
+: >"$S/flow.log"
+: >"$S/host-adjustments.txt"
+: >"$HELPERS"
+
+# --- install, as the user guide says
+step install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
+unset CRIU_LIBS_DIR CRIU_CONFIG_FILE
+
+# --- cgroups: cgroup2 only, as on a current distribution (see podman-flow.sh)
+mkdir -p /sys/fs/cgroup
+mountpoint -q /sys/fs/cgroup || step cgroup2-mount mount -t cgroup2 cgroup2 /sys/fs/cgroup || exit 0
+HYBRID=0
+grep -qv '^0::' /proc/self/cgroup && HYBRID=1
+echo "$HYBRID" >"$S/hybrid"
+
+# --- CRIU: the plugin's libdir line in /etc/criu/runc.conf only
+mkdir -p /etc/criu
+rm -f /etc/criu/default.conf
+{
+    grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
+    [ "$HYBRID" = 1 ] && echo 'manage-cgroups ignore'
+} >/etc/criu/runc.conf
+cp /etc/criu/runc.conf "$S/runc.conf"
+[ "$HYBRID" = 1 ] && echo "runc.conf: manage-cgroups ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$S/host-adjustments.txt"
+
+# --- the simulated stack (tests/sim/stack.sh's layout): two H200s at 0000:06:00.0 and 0000:07:00.0
+mkdir -p "$W/lib" "$W/bin" "$W/state"
+cp "$S/sim-bin/libcuda_test_double.so" "$W/lib/libcuda.so.1"
+cp "$S/sim-bin/libnvml_test_double.so" "$W/lib/libnvidia-ml.so.1"
+cp "$S/sim-bin/ccm-sample-workload" "$W/bin/"
+cat >"$W/gpus.json" <<EOF
+{"driver_version":"580.159.04","cuda_driver_version":13000,"gpus":[
+ {"uuid":"$G0","pci_bus_id":"0000:06:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":0,"name":"NVIDIA H200","memory_total":1073741824},
+ {"uuid":"$G1","pci_bus_id":"0000:07:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":1,"name":"NVIDIA H200","memory_total":1073741824}
+]}
+EOF
+# What runc passes on to CRIU and so to the plugin and its driver agent.
+export CCM_SIM_CONFIG=$W/gpus.json CCM_SIM_STATE_DIR=$W/state CCM_SIM_CALL_TIMEOUT_MS=20000
+export CRIU_CUDA_MIGRATE_LIBCUDA=$W/lib/libcuda.so.1 CRIU_CUDA_MIGRATE_LIBNVML=$W/lib/libnvidia-ml.so.1
+unset LD_LIBRARY_PATH CUDA_VISIBLE_DEVICES CCM_SIM_VISIBLE CCM_SIM_FAULTS CRIU_CUDA_MIGRATE_DEVICE_MAP \
+    CRIU_CUDA_MIGRATE_USABLE_GPUS CRIU_CUDA_MIGRATE_MODE CRIU_CUDA_MIGRATE_DISABLE CRIU_CUDA_MIGRATE_RECONCILE \
+    CRIU_CUDA_MIGRATE_LEAVE_RUNNING
+echo "$G0 $G1" >"$S/gpus.txt"
+
+run_case same
+note "same: done"
+run_case move "CRIU_CUDA_MIGRATE_DEVICE_MAP=$G0=$G1"
+note "move: done"
