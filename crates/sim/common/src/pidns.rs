@@ -133,6 +133,12 @@ mod tests {
         assert_eq!(host_tid(pid, gone), None);
     }
 
+    /// A loud skip, straight to the process's stderr (the test harness captures `eprintln!` of passing tests).
+    fn skip(why: &str) {
+        use std::io::Write;
+        let _ = writeln!(std::io::stderr(), "\n######## SKIPPED {why} ########\n");
+    }
+
     /// The first child of `pid`, once it has one.
     fn first_child(pid: u32) -> Option<i32> {
         for _ in 0..500 {
@@ -149,7 +155,7 @@ mod tests {
     fn a_process_in_a_child_pid_namespace() {
         // SAFETY: geteuid has no preconditions.
         if unsafe { libc::geteuid() } != 0 {
-            eprintln!("SKIPPED a_process_in_a_child_pid_namespace: a pid namespace needs root");
+            skip("a_process_in_a_child_pid_namespace: a pid namespace needs root");
             return;
         }
         let Ok(mut unshare) = std::process::Command::new("unshare")
@@ -157,7 +163,7 @@ mod tests {
             .stdin(std::process::Stdio::null())
             .spawn()
         else {
-            eprintln!("SKIPPED a_process_in_a_child_pid_namespace: no unshare(1)");
+            skip("a_process_in_a_child_pid_namespace: no unshare(1)");
             return;
         };
         let child = first_child(unshare.id());
@@ -169,7 +175,7 @@ mod tests {
         }
         let exit = unshare.wait();
         let Some((key, tid, status)) = checked else {
-            eprintln!("SKIPPED a_process_in_a_child_pid_namespace: unshare --pid --fork started no child ({exit:?})");
+            skip(&format!("a_process_in_a_child_pid_namespace: unshare --pid --fork started no child ({exit:?})"));
             return;
         };
         let key = key.unwrap();

@@ -358,6 +358,12 @@ fn nvml_through_nvml_wrapper() {
     assert!(matches!(nvml.device_by_pci_bus_id("0000:09:00.0"), Err(nvml_wrapper::error::NvmlError::NotFound)));
 }
 
+/// A loud skip, straight to the process's stderr (the test harness captures `eprintln!` of passing tests).
+fn skip(why: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr(), "\n######## SKIPPED {why} ########\n");
+}
+
 /// The first child of `pid` (what `unshare --fork` started), as a pid of our /proc.
 fn first_child(pid: u32) -> Option<u32> {
     std::fs::read_to_string(format!("/proc/{pid}/task/{pid}/children")).ok()?.split_whitespace().next()?.parse().ok()
@@ -369,7 +375,7 @@ fn first_child(pid: u32) -> Option<u32> {
 fn a_target_in_its_own_pid_namespace_is_driven_by_its_host_pid() {
     // SAFETY: geteuid has no preconditions.
     if unsafe { libc::geteuid() } != 0 {
-        eprintln!("SKIPPED a_target_in_its_own_pid_namespace_is_driven_by_its_host_pid: a pid namespace needs root");
+        skip("a_target_in_its_own_pid_namespace_is_driven_by_its_host_pid: a pid namespace needs root");
         return;
     }
     let sim = Sim::new();
