@@ -28,15 +28,9 @@ struct CriuLogger {
 static LOGGER: OnceLock<CriuLogger> = OnceLock::new();
 
 fn resolve_print_on_level() -> Option<PrintOnLevel> {
-    // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only looks the symbol up.
-    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, c"print_on_level".as_ptr()) };
-    if p.is_null() {
-        None
-    } else {
-        // SAFETY: CRIU declares `void print_on_level(unsigned int loglevel, const char *format, ...)`,
-        // which is exactly `PrintOnLevel`.
-        Some(unsafe { std::mem::transmute::<*mut libc::c_void, PrintOnLevel>(p) })
-    }
+    // SAFETY: CRIU declares `void print_on_level(unsigned int loglevel, const char *format, ...)`,
+    // which is exactly `PrintOnLevel`.
+    unsafe { crate::host::criu_function::<PrintOnLevel>(c"print_on_level") }
 }
 
 /// Installs the logger once; later calls are no-ops. Returns whether CRIU's log was found.

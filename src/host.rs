@@ -10,66 +10,66 @@ use std::os::fd::RawFd;
 
 use ccm_engine::CriuHost;
 
-fn lookup(name: &CStr) -> *mut libc::c_void {
+/// A function CRIU exports (it is linked with `-rdynamic`), as the function pointer type `F`, or
+/// `None` when this CRIU has no such symbol. The one place a `dlsym` result becomes a function.
+///
+/// # Safety
+/// `F` must be the `extern "C" fn` type of the symbol's C declaration in the CRIU versions that
+/// export it.
+pub(crate) unsafe fn criu_function<F: Copy>(name: &CStr) -> Option<F> {
+    const { assert!(std::mem::size_of::<F>() == std::mem::size_of::<*mut libc::c_void>()) };
     // SAFETY: dlsym with RTLD_DEFAULT and a NUL-terminated name only performs a lookup.
-    unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) }
+    let p = unsafe { libc::dlsym(libc::RTLD_DEFAULT, name.as_ptr()) };
+    if p.is_null() {
+        return None;
+    }
+    // SAFETY: `F` is a function pointer of the same size as `p` (asserted above) whose type the
+    // caller vouches for; a non-null dlsym result of a function symbol is its address.
+    Some(unsafe { std::mem::transmute_copy::<*mut libc::c_void, F>(&p) })
 }
 
 pub struct RunningCriu;
 
 impl CriuHost for RunningCriu {
     fn image_dir_fd(&self) -> Option<RawFd> {
-        let p = lookup(c"criu_get_image_dir");
-        if p.is_null() {
-            return None;
-        }
         // SAFETY: criu-plugin.h declares `int criu_get_image_dir(void)`.
-        let f: extern "C" fn() -> c_int = unsafe { std::mem::transmute(p) };
+        let f = unsafe { criu_function::<extern "C" fn() -> c_int>(c"criu_get_image_dir") }?;
         let fd = f();
         (fd >= 0).then_some(fd)
     }
 
     fn add_inventory_plugin(&self, name: &str) -> bool {
-        let p = lookup(c"add_inventory_plugin");
         let Ok(cname) = CString::new(name) else { return false };
-        if p.is_null() {
-            return false;
-        }
         // SAFETY: CRIU 4.1+ (criu/image.c): `int add_inventory_plugin(const char *name)`; it
         // copies the name.
-        let f: extern "C" fn(*const c_char) -> c_int = unsafe { std::mem::transmute(p) };
+        let Some(f) = (unsafe { criu_function::<extern "C" fn(*const c_char) -> c_int>(c"add_inventory_plugin") })
+        else {
+            return false;
+        };
         f(cname.as_ptr()) == 0
     }
 
     fn check_and_remove_inventory_plugin(&self, name: &str) -> Option<bool> {
-        let p = lookup(c"check_and_remove_inventory_plugin");
         let cname = CString::new(name).ok()?;
-        if p.is_null() {
-            return None;
-        }
         // SAFETY: CRIU 4.1+ (criu/image.c):
         // `bool check_and_remove_inventory_plugin(const char *name, size_t n)`.
-        let f: extern "C" fn(*const c_char, libc::size_t) -> bool = unsafe { std::mem::transmute(p) };
+        let f = unsafe {
+            criu_function::<extern "C" fn(*const c_char, libc::size_t) -> bool>(c"check_and_remove_inventory_plugin")
+        }?;
         Some(f(cname.as_ptr(), name.len()))
     }
 
     fn log_fd(&self) -> Option<RawFd> {
-        let p = lookup(c"log_get_fd");
-        if p.is_null() {
-            return None;
-        }
         // SAFETY: CRIU (criu/log.c): `int log_get_fd(void)`.
-        let f: extern "C" fn() -> c_int = unsafe { std::mem::transmute(p) };
+        let f = unsafe { criu_function::<extern "C" fn() -> c_int>(c"log_get_fd") }?;
         let fd = f();
         (fd >= 0).then_some(fd)
     }
 
     fn set_interrupt_only_mode(&self) -> bool {
         for name in [c"set_compel_interrupt_only_mode", c"dont_use_freeze_cgroup"] {
-            let p = lookup(name);
-            if !p.is_null() {
-                // SAFETY: both are `void f(void)` in CRIU 4.1+ and 4.0 respectively.
-                let f: extern "C" fn() = unsafe { std::mem::transmute(p) };
+            // SAFETY: both are `void f(void)` in CRIU 4.1+ and 4.0 respectively.
+            if let Some(f) = unsafe { criu_function::<extern "C" fn()>(name) } {
                 f();
                 return true;
             }
@@ -81,12 +81,12 @@ impl CriuHost for RunningCriu {
 /// `--plugin-option criu-cuda-migrate.KEY=VALUE` pairs, when the running CRIU offers
 /// `criu_plugin_get_options(int *argc, char ***argv)` (newer than 4.2).
 pub fn plugin_options() -> Vec<(String, String)> {
-    let p = lookup(c"criu_plugin_get_options");
-    if p.is_null() {
-        return Vec::new();
-    }
     // SAFETY: CRIU's declaration is `int criu_plugin_get_options(int *argc, char ***argv)`.
-    let f: extern "C" fn(*mut c_int, *mut *mut *mut c_char) -> c_int = unsafe { std::mem::transmute(p) };
+    let Some(f) = (unsafe {
+        criu_function::<extern "C" fn(*mut c_int, *mut *mut *mut c_char) -> c_int>(c"criu_plugin_get_options")
+    }) else {
+        return Vec::new();
+    };
     let mut argc: c_int = 0;
     let mut argv: *mut *mut c_char = std::ptr::null_mut();
     if f(&mut argc, &mut argv) != 0 || argv.is_null() {

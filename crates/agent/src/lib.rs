@@ -16,6 +16,8 @@
 //!   CRIU dies mid-dump;
 //! - [`protocol`]: the frames between them.
 
+#![forbid(unsafe_code)]
+
 pub mod client;
 pub mod protocol;
 pub mod server;

@@ -10,6 +10,8 @@
 //! Every command prints one JSON object on stdout and exits non-zero with the reason on stderr.
 //! `CRIU_CUDA_MIGRATE_LIBCUDA` names another libcuda (the test double) as for the plugin.
 
+#![forbid(unsafe_code)]
+
 mod error;
 mod floor;
 mod per_action;

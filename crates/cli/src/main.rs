@@ -4,6 +4,8 @@
 //! Exit codes: 0 success; 1 the check failed (preflight refused, recover failed); 2 bad usage or
 //! unreadable input.
 
+#![forbid(unsafe_code)]
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 

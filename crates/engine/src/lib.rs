@@ -14,6 +14,8 @@
 //! ptrace runs on the hook's thread; memory work runs on scoped worker threads, one per process,
 //! which end before the hook returns.
 
+#![forbid(unsafe_code)]
+
 pub mod batch;
 pub mod config;
 pub mod dump;

@@ -7,6 +7,8 @@
 //! [`runtime`] reads which GPUs a container runtime's spec gives a restored container.
 //! Most of the project's tests live in this crate.
 
+#![forbid(unsafe_code)]
+
 pub mod env;
 pub mod gpu;
 pub mod image;

@@ -9,6 +9,8 @@
 //!
 //! `--report-now` prints one report on stdout and exits (a quick identity check).
 
+#![forbid(unsafe_code)]
+
 mod files;
 mod pattern;
 mod report;
