@@ -52,4 +52,14 @@ for suite in tests/suite-*.sh; do
     bash "$suite"
 done
 
+step "no test process left behind"
+# Every test must end what it started, restored processes included.
+left=$(pgrep -a -f 'ccm-sample-workload|ccm-sim-target|ccm-fault-loop|torch_workload' | grep -v pgrep || true)
+if [ -n "$left" ]; then
+    echo "tests left these processes running:"
+    echo "$left"
+    exit 1
+fi
+echo "none"
+
 step "all tests passed"

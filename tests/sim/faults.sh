@@ -47,6 +47,8 @@ cleanup() {
             kill -9 "$p" 2>/dev/null || true
         fi
     done <"$WORK/started"
+    # Restored processes were started by CRIU, not recorded here.
+    sim_stack_cleanup
 }
 trap cleanup EXIT
 

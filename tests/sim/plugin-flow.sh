@@ -24,6 +24,8 @@ fail() {
 }
 
 if [ "$CASE" = cycle3 ]; then sim_stack_setup 3; else sim_stack_setup 2; fi
+# Every case ends what it started, restored processes included, even when it fails.
+trap sim_stack_cleanup EXIT
 
 # start DIR DEVICES: a workload leading its own session, holding no inherited descriptor.
 start() {

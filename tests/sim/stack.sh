@@ -40,3 +40,18 @@ close_fds() {
         [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null || true
     done
 }
+
+# sim_stack_cleanup: kills every workload of this stack, the ones CRIU restored included (they are
+# nobody's children here): found by the CCM_SIM_STATE_DIR of their environment, so other runs'
+# processes are never touched. Scripts call it at EXIT.
+sim_stack_cleanup() {
+    local d p cmd
+    for d in /proc/[0-9]*; do
+        p=${d#/proc/}
+        tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qx "CCM_SIM_STATE_DIR=$WORK/state" || continue
+        cmd=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)
+        case $cmd in
+        *ccm-sample-workload* | *ccm-sim-target*) kill -9 "$p" 2>/dev/null || true ;;
+        esac
+    done
+}

@@ -45,22 +45,56 @@ fn is_root() -> bool {
     unsafe { libc::geteuid() == 0 }
 }
 
-/// The built plugin: `CCM_PLUGIN_SO` if set, else `target/<profile>/libcriu_cuda_migrate.so` next to the
-/// directory holding this test binary (`target/<profile>/deps/`).
+/// `target/<profile>/`, where the workspace's binaries and libraries land (this test binary lives in
+/// its `deps/`).
+pub fn profile_dir() -> PathBuf {
+    let exe = std::env::current_exe().expect("path of the test binary");
+    exe.parent().and_then(Path::parent).expect("the test binary lives in target/<profile>/deps/").to_path_buf()
+}
+
+/// What the real-CRIU tests run, built by `cargo build --workspace`. A plain `cargo test` builds the
+/// binaries but not the cdylibs (the plugin, the test doubles).
+const ARTIFACTS: [&str; 7] = [
+    PLUGIN_FILE,
+    "libcuda_test_double.so",
+    "libnvml_test_double.so",
+    "ccm-sample-workload",
+    "criu-cuda-migrate",
+    "ccm-sim-ctl",
+    "ccm-sim-target",
+];
+
+/// Builds the workspace (same profile) once when an artifact of [`ARTIFACTS`] is missing, so that a
+/// plain `cargo test --workspace` on a fresh clone needs no earlier step. Cargo's build lock is free
+/// while tests run.
+pub fn ensure_built() -> PathBuf {
+    static BUILT: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
+    let dir = profile_dir();
+    let mut built = BUILT.lock().unwrap_or_else(|p| p.into_inner());
+    if !*built && ARTIFACTS.iter().any(|a| !dir.join(a).exists()) {
+        let mut cmd = Command::new(env!("CARGO"));
+        cmd.args(["build", "--workspace"]).current_dir(repo_root());
+        if dir.file_name().is_some_and(|n| n == "release") {
+            cmd.arg("--release");
+        }
+        eprintln!("(building the workspace for the real-CRIU tests: {cmd:?})");
+        let status = cmd.status().expect("run cargo build");
+        assert!(status.success(), "cargo build --workspace failed");
+    }
+    *built = true;
+    dir
+}
+
+/// The built plugin: `CCM_PLUGIN_SO` if set, else `target/<profile>/libcriu_cuda_migrate.so` (built on
+/// demand, see [`ensure_built`]).
 pub fn plugin_so() -> PathBuf {
     if let Some(path) = std::env::var_os("CCM_PLUGIN_SO") {
         let path = PathBuf::from(path);
         assert!(path.is_file(), "CCM_PLUGIN_SO={} is not a file", path.display());
         return path;
     }
-    let exe = std::env::current_exe().expect("path of the test binary");
-    let profile_dir = exe.parent().and_then(Path::parent).expect("the test binary lives in target/<profile>/deps/");
-    let so = profile_dir.join(PLUGIN_FILE);
-    assert!(
-        so.is_file(),
-        "{} is missing: build the plugin first (`cargo build -p criu-cuda-migrate`) or set CCM_PLUGIN_SO",
-        so.display()
-    );
+    let so = ensure_built().join(PLUGIN_FILE);
+    assert!(so.is_file(), "{} is missing after cargo build --workspace", so.display());
     so
 }
 
@@ -414,8 +448,7 @@ static SIM_SERIAL: std::sync::Mutex<()> = std::sync::Mutex::new(());
 pub fn run_sim_case(s: &SimScript<'_>, case: &str) {
     let _serial = SIM_SERIAL.lock().unwrap_or_else(|p| p.into_inner());
     let Some(root) = criu_root_or_skip(&format!("{}::{case}", s.test)) else { return };
-    let exe = std::env::current_exe().expect("path of the test binary");
-    let bin = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/").to_path_buf();
+    let bin = ensure_built();
     let common =
         [PLUGIN_FILE, "ccm-sample-workload", "criu-cuda-migrate", "libcuda_test_double.so", "libnvml_test_double.so"];
     for f in common.iter().chain(s.extra_bins) {

@@ -27,12 +27,19 @@ fn bin_dir() -> PathBuf {
 fn sim() -> Option<Sim> {
     let bin_dir = bin_dir();
     let needed = ["libcuda_test_double.so", "libnvml_test_double.so", "ccm-sim-ctl"];
+    if needed.iter().any(|n| !bin_dir.join(n).exists()) {
+        // A plain `cargo test` builds this package's binary but not the doubles: build them.
+        let status = std::process::Command::new(env!("CARGO"))
+            .args(["build", "-p", "cuda-test-double", "-p", "nvml-test-double", "-p", "ccm-sim-common"])
+            .args(bin_dir.file_name().filter(|n| *n == "release").map(|_| "--release"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status()
+            .expect("run cargo build");
+        assert!(status.success(), "building the test doubles failed");
+    }
     let missing: Vec<_> = needed.iter().filter(|n| !bin_dir.join(n).exists()).collect();
     if !missing.is_empty() {
-        let msg = format!(
-            "test doubles {missing:?} not built in {}; run `cargo build -p cuda-test-double -p nvml-test-double -p ccm-sim-common` first",
-            bin_dir.display()
-        );
+        let msg = format!("test doubles {missing:?} not built in {}", bin_dir.display());
         assert!(std::env::var("CCM_REQUIRE_TEST_DOUBLES").as_deref() != Ok("1"), "{msg}");
         eprintln!("SKIPPED: {msg}");
         return None;
