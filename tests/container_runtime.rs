@@ -321,7 +321,7 @@ fn runc_checkpoints_and_restores_a_cuda_container_on_the_test_doubles() {
     let gpus = scratch.read("gpus.txt");
     let (g0, g1) = gpus.trim().split_once(' ').expect("gpus.txt names the two simulated GPUs");
 
-    for (case, restored_on) in [("same", g0), ("move", g1)] {
+    for (case, restored_on) in [("same", g0), ("move", g1), ("given", g1)] {
         let fail_context = || {
             format!(
                 "\n--- {case}-restore.err (the container's output after the restore) ---\n{}\n--- {case}-restore.log (plugin lines) ---\n{}",
@@ -365,6 +365,32 @@ fn runc_checkpoints_and_restores_a_cuda_container_on_the_test_doubles() {
             );
         }
         let restore_log = scratch.read(&format!("{case}-restore.log"));
+        if case == "given" {
+            // No map, no usable-GPU setting: the GPUs the restoring runtime's spec gives the container.
+            assert!(
+                restore.contains("device map automatic, usable GPUs all"),
+                "{case}: the plugin was given a setting: {restore}"
+            );
+            assert!(
+                restore_log.contains(&format!("usable GPUs: [{g1}], what the restoring runtime's spec"))
+                    && restore_log.contains("linux.devices /dev/nvidia1 (minor 1)"),
+                "{case}: the usable set did not come from the restore bundle's spec{}",
+                fail_context()
+            );
+            // CRIU restored the dumped /dev (nvidia0); the plugin gave it the new GPU's node instead.
+            assert!(
+                restore_log.contains("container /dev: created /dev/nvidia1")
+                    && restore_log.contains("container /dev: removed /dev/nvidia0"),
+                "{case}: the restored /dev was not fixed{}",
+                fail_context()
+            );
+            let dev = scratch.read(&format!("{case}-dev.txt"));
+            let names: Vec<&str> = dev.split_whitespace().collect();
+            assert!(
+                names.contains(&"nvidia1") && !names.contains(&"nvidia0"),
+                "{case}: the restored container's /dev: {dev}"
+            );
+        }
         assert!(
             restore_log.contains("cuCheckpointProcessUnlock") && restore_log.contains("RUNNING"),
             "{case}: the plugin did not restore and unlock the workload{}",

@@ -21,6 +21,11 @@
 #   same: round 1, `runc checkpoint`, `runc restore -d`, round 2: identity agrees, data intact, same GPU;
 #   move: the same, restored with CRIU_CUDA_MIGRATE_DEVICE_MAP=G0=G1 in runc's environment: round 2 names G1 and
 #         every identity agrees.
+#   given: the container-aware map and a minor change. The container starts with G0's node /dev/nvidia0 (195:0) in
+#         linux.devices and is restored from a bundle that gives it G1's /dev/nvidia1 (195:1) instead, with no map
+#         and no usable-GPU setting: the plugin must read the restoring runtime's spec, move G0 to G1, and leave the
+#         restored /dev (CRIU's copy of the dumped one) with nvidia1 and without nvidia0 (`given-dev.txt`). The
+#         doubles open no device node, so 195:N nodes without a driver are enough here.
 # The restored container has a new pid namespace and a new host pid with the same namespace pid: each case records
 # both (`NAME-keys.txt`), and the index entry of the doubles' state directory that the restored process is found by.
 # After round 2 the workload gets go3 and exits; its registration must be gone (`NAME-left.txt`).
@@ -115,10 +120,15 @@ key_of() {
     echo "host_pid=$1 key=$ino-$nspid"
 }
 
-# make_bundle DIR CTL ID: the bundle of container ID, CTL bound at /ctl (config.json written whole: there is no python
-# or jq in the root).
+# make_bundle DIR CTL ID [GPU-MINOR]: the bundle of container ID, CTL bound at /ctl (config.json written whole: there
+# is no python or jq in the root). With GPU-MINOR, the container is given /dev/nvidia<GPU-MINOR> (195:GPU-MINOR), as a
+# device plugin / CDI gives a container its GPU.
 make_bundle() {
-    local dir=$1 ctl=$2 id=$3 d
+    local dir=$1 ctl=$2 id=$3 minor=${4:-} d devices="" allow=""
+    if [ -n "$minor" ]; then
+        devices='"devices": [{ "path": "/dev/nvidia'$minor'", "type": "c", "major": 195, "minor": '$minor', "fileMode": 438, "uid": 0, "gid": 0 }],'
+        allow=', { "allow": true, "type": "c", "major": 195, "minor": '$minor', "access": "rwm" }'
+    fi
     rm -rf "$dir"
     mkdir -p "$dir/rootfs" "$ctl"
     for d in usr etc proc sys dev tmp ctl "${W#/}"; do mkdir -p "$dir/rootfs/$d"; done
@@ -164,7 +174,8 @@ make_bundle() {
   ],
   "linux": {
     "cgroupsPath": "$CGROUP_PARENT/$id",
-    "resources": { "devices": [{ "allow": false, "access": "rwm" }] },
+    $devices
+    "resources": { "devices": [{ "allow": false, "access": "rwm" }$allow] },
     "namespaces": [{ "type": "pid" }, { "type": "ipc" }, { "type": "uts" }, { "type": "mount" }],
     "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
                     "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"],
@@ -175,7 +186,7 @@ EOF
 }
 
 # run_case NAME [ENV=VALUE...]: one container through run, round 1, checkpoint, restore (runc's environment plus the
-# assignments), round 2, round 3 (the workload exits).
+# assignments), round 2, round 3 (the workload exits). RUN_MINOR / RESTORE_MINOR: the GPU node each bundle gives.
 run_case() {
     local name=$1 id c pid1 pid2
     shift
@@ -183,7 +194,7 @@ run_case() {
     c=$S/rcuda-$name
     rm -rf "$W/state" "$c"
     mkdir -p "$W/state" "$c"
-    make_bundle "$c/bundle" "$c/ctl" "$id"
+    make_bundle "$c/bundle" "$c/ctl" "$id" "${RUN_MINOR:-}"
     piped_runc "$name-run" run -d --bundle "$c/bundle" "$id" || return 0
     if ! wait_file "$c/ctl/ready"; then
         echo 1 >"$S/$name-ready.rc"
@@ -200,6 +211,8 @@ run_case() {
     ls "$c/img" >"$S/$name-images.txt" 2>&1
     [ "$(cat "$S/$name-checkpoint.rc")" = 0 ] || return 0
     ls -l "$W/state" >"$S/$name-state-after-checkpoint.txt" 2>&1
+    # The restore's bundle: what the runtime gives the container on the node it comes back on.
+    [ -n "${RESTORE_MINOR:-}" ] && make_bundle "$c/bundle" "$c/ctl" "$id" "$RESTORE_MINOR"
 
     (
         [ $# -gt 0 ] && export "$@"
@@ -208,6 +221,7 @@ run_case() {
     cp "$c/img.rwork/restore.log" "$S/$name-restore.log" 2>/dev/null
     [ "$(cat "$S/$name-restore.rc")" = 0 ] || return 0
     pid2=$(container_pid "$id")
+    ls "/proc/$pid2/root/dev" >"$S/$name-dev.txt" 2>&1
 
     round "$c/ctl" 2 "$name"
     echo "after $(key_of "$pid2")" >>"$S/$name-keys.txt"
@@ -273,3 +287,5 @@ run_case same
 note "same: done"
 run_case move "CRIU_CUDA_MIGRATE_DEVICE_MAP=$G0=$G1"
 note "move: done"
+RUN_MINOR=0 RESTORE_MINOR=1 run_case given
+note "given: done"

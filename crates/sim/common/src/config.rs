@@ -349,6 +349,33 @@ pub fn container_view(config: &SimConfig, spec: Option<&str>) -> Result<Vec<usiz
     Ok(chosen)
 }
 
+/// The GPUs this process sees: `CCM_SIM_VISIBLE` when set; otherwise, in a container whose `/dev`
+/// holds GPU nodes (`/dev/nvidiaN`, as a runtime gives a container its GPUs), the GPUs of those
+/// minors, as the real driver sees only the GPUs whose nodes it can open; otherwise every GPU (a
+/// host without such nodes: the CI machines, the plugin's driver agent there).
+pub fn process_view(config: &SimConfig) -> Result<Vec<usize>, SimError> {
+    if let Some(spec) = std::env::var(ENV_VISIBLE).ok().filter(|s| !s.trim().is_empty()) {
+        return container_view(config, Some(&spec));
+    }
+    let minors = dev_gpu_minors(std::path::Path::new("/dev"));
+    if minors.is_empty() {
+        return container_view(config, None);
+    }
+    Ok((0..config.gpus.len()).filter(|&i| minors.contains(&config.gpus[i].minor)).collect())
+}
+
+/// Minors of the `nvidiaN` entries of a `/dev` directory.
+pub fn dev_gpu_minors(dev: &std::path::Path) -> Vec<u32> {
+    let Ok(rd) = std::fs::read_dir(dev) else { return Vec::new() };
+    rd.flatten()
+        .filter_map(|e| {
+            let name = e.file_name();
+            let digits = name.to_str()?.strip_prefix("nvidia")?.to_string();
+            (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok())?
+        })
+        .collect()
+}
+
 /// CUDA ordinals under `CUDA_VISIBLE_DEVICES = spec`, as indices into `enumerated` (the UUIDs the
 /// driver enumerated). Follows the real driver: entries are indices or (prefixes of) UUIDs; the
 /// list stops at the first entry that names no device or repeats one; unset means all.
@@ -428,6 +455,13 @@ mod tests {
         let u1 = c.gpus[1].uuid.to_string();
         assert_eq!(container_view(&c, Some(&u1)).unwrap(), vec![1]);
         assert!(container_view(&c, Some("7")).is_err());
+        let dev = std::env::temp_dir().join(format!("ccm-sim-dev-{}", std::process::id()));
+        std::fs::create_dir_all(&dev).unwrap();
+        for n in ["nvidia1", "nvidiactl", "nvidia-uvm", "null"] {
+            std::fs::write(dev.join(n), b"").unwrap();
+        }
+        assert_eq!(dev_gpu_minors(&dev), vec![1]);
+        std::fs::remove_dir_all(&dev).unwrap();
     }
 
     #[test]

@@ -19,7 +19,10 @@ pub mod protocol;
 pub mod registry;
 pub mod state;
 
-pub use config::{container_view, cuda_ordinals, SimConfig, SimGpu, SimPci, SimUuid, ENV_CONFIG, ENV_VISIBLE};
+pub use config::{
+    container_view, cuda_ordinals, dev_gpu_minors, process_view, SimConfig, SimGpu, SimPci, SimUuid, ENV_CONFIG,
+    ENV_VISIBLE,
+};
 pub use faults::{Faults, ENV_FAULTS};
 pub use state::{write_atomic, StateDir, ENV_STATE_DIR};
 

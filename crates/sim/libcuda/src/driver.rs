@@ -13,7 +13,7 @@ use ccm_sim_common::cuda::*;
 use ccm_sim_common::pidns::{self, ProcKey};
 use ccm_sim_common::protocol::{self, Op, Response};
 use ccm_sim_common::registry::Registration;
-use ccm_sim_common::{container_view, cuda_ordinals, Faults, SimConfig, SimError, SimUuid, StateDir};
+use ccm_sim_common::{cuda_ordinals, process_view, Faults, SimConfig, SimError, SimUuid, StateDir};
 
 /// Size of the heap object that caches one device's PCI location, and where the six words sit in
 /// it. The real driver's object is bigger and holds a revision word after the six; so does this one.
@@ -131,7 +131,7 @@ impl Driver {
     fn start() -> Result<&'static Driver, StartError> {
         let config = SimConfig::from_env()?;
         let state_dir = StateDir::from_env()?;
-        let view = container_view(&config, std::env::var(ccm_sim_common::ENV_VISIBLE).ok().as_deref())?;
+        let view = process_view(&config)?;
         if view.is_empty() {
             return Err(StartError::NoDevice("the GPU set is empty"));
         }

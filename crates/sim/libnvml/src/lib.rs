@@ -12,9 +12,9 @@
 
 use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::{Mutex, OnceLock};
+use std::sync::Mutex;
 
-use ccm_sim_common::{container_view, Faults, SimConfig, SimGpu, SimPci, StateDir};
+use ccm_sim_common::{process_view, Faults, SimConfig, SimGpu, SimPci, StateDir};
 
 type NvmlReturn = c_int;
 
@@ -75,14 +75,19 @@ struct Nvml {
     devices: &'static [Device],
 }
 
-/// The loaded GPU set, built once; `INIT_COUNT` is NVML's init reference count.
-static NVML: OnceLock<Result<Nvml, String>> = OnceLock::new();
-static INIT_COUNT: Mutex<u32> = Mutex::new(0);
+/// The loaded GPU set; `count` is NVML's init reference count. Like the real NVML, the first init
+/// after a full shutdown enumerates the GPUs again (a restored container's view may have changed:
+/// its `/dev` now holds another GPU's node). Each enumeration is leaked, so handles stay valid.
+struct Loaded {
+    nvml: Option<&'static Nvml>,
+    count: u32,
+}
+
+static NVML: Mutex<Loaded> = Mutex::new(Loaded { nvml: None, count: 0 });
 
 fn load() -> Result<Nvml, String> {
     let config = SimConfig::from_env().map_err(|e| e.to_string())?;
-    let view = container_view(&config, std::env::var(ccm_sim_common::ENV_VISIBLE).ok().as_deref())
-        .map_err(|e| e.to_string())?;
+    let view = process_view(&config).map_err(|e| e.to_string())?;
     let devices: Vec<Device> =
         view.iter().enumerate().map(|(i, &g)| Device { index: i as u32, gpu: config.gpus[g].clone() }).collect();
     Ok(Nvml { config, state_dir: StateDir::from_env().ok(), devices: Box::leak(devices.into_boxed_slice()) })
@@ -101,9 +106,9 @@ fn guard(f: impl FnOnce() -> Result<(), NvmlReturn>) -> NvmlReturn {
 
 /// The state after a successful init, else NVML_ERROR_UNINITIALIZED.
 fn nvml() -> Result<&'static Nvml, NvmlReturn> {
-    let count = *INIT_COUNT.lock().unwrap_or_else(|p| p.into_inner());
-    match NVML.get() {
-        Some(Ok(n)) if count > 0 => Ok(n),
+    let l = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    match l.nvml {
+        Some(n) if l.count > 0 => Ok(n),
         _ => Err(NVML_ERROR_UNINITIALIZED),
     }
 }
@@ -161,16 +166,18 @@ fn init() -> Result<(), NvmlReturn> {
     if faults.nvml_missing {
         return Err(NVML_ERROR_DRIVER_NOT_LOADED);
     }
-    match NVML.get_or_init(load) {
-        Ok(_) => {
-            *INIT_COUNT.lock().unwrap_or_else(|p| p.into_inner()) += 1;
-            Ok(())
-        }
-        Err(e) => {
-            eprintln!("nvml-test-double: nvmlInit failed: {e}");
-            Err(NVML_ERROR_DRIVER_NOT_LOADED)
+    let mut l = NVML.lock().unwrap_or_else(|p| p.into_inner());
+    if l.count == 0 {
+        match load() {
+            Ok(n) => l.nvml = Some(Box::leak(Box::new(n))),
+            Err(e) => {
+                eprintln!("nvml-test-double: nvmlInit failed: {e}");
+                return Err(NVML_ERROR_DRIVER_NOT_LOADED);
+            }
         }
     }
+    l.count += 1;
+    Ok(())
 }
 
 #[no_mangle]
@@ -191,11 +198,11 @@ pub extern "C" fn nvmlInitWithFlags(_flags: c_uint) -> NvmlReturn {
 #[no_mangle]
 pub extern "C" fn nvmlShutdown() -> NvmlReturn {
     guard(|| {
-        let mut count = INIT_COUNT.lock().unwrap_or_else(|p| p.into_inner());
-        if *count == 0 {
+        let mut l = NVML.lock().unwrap_or_else(|p| p.into_inner());
+        if l.count == 0 {
             return Err(NVML_ERROR_UNINITIALIZED);
         }
-        *count -= 1;
+        l.count -= 1;
         Ok(())
     })
 }
