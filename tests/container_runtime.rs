@@ -27,7 +27,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use support::package::{deb, describe_output, RootCopy, RootKind};
-use support::{criu_root_or_skip, init_line, repo_root, LOG_PREFIX};
+use support::{criu_root_or_skip, init_line, loud, repo_root, LOG_PREFIX};
 
 /// One flow at a time: each copies the runtimes root and runs CRIU on this machine's two cores.
 static ONE_FLOW: Mutex<()> = Mutex::new(());
@@ -181,7 +181,7 @@ fn podman_and_containerd_checkpoint_and_restore_containers_with_the_packaged_plu
     if hybrid {
         let why = scratch.read("crun-restore.skipped");
         assert!(why.contains("hybrid"), "on a hybrid host the crun restore must be skipped with a reason: {why:?}");
-        eprintln!("NOTE: podman/crun restore --import not run on this hybrid cgroup v1 host: {why}");
+        loud(&format!("NOTE: podman/crun restore --import not run on this hybrid cgroup v1 host: {why}"));
     } else {
         scratch.assert_step("crun-restore", "podman container restore --import (crun)");
         scratch.assert_continues("crun-checkpointed-count", "crun-after-restore.count", "podman/crun restore --import");
@@ -413,9 +413,9 @@ fn runc_checkpoints_and_restores_a_cuda_container_on_the_test_doubles() {
         assert!(key_before.ends_with("-1") && key_after.ends_with("-1"), "{case}: not pid 1 of its namespace: {keys}");
         assert_ne!(pid_before, pid_after, "{case}: the restored container kept its host pid: {keys}");
         if key_before == key_after {
-            eprintln!(
+            loud(&format!(
                 "NOTE: {case}: the restored container's pid namespace reused the inode of the dumped one ({key_after})"
-            );
+            ));
         }
         assert!(
             keys.contains(&format!("index proc-{key_after} -> reg-")),

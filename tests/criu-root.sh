@@ -24,13 +24,24 @@
 #   CCM_TRIXIE_ROOT      where the root lives (default /var/cache/criu-cuda-migrate/trixie; keep it outside the
 #                        clone so CI can cache it)
 #   CCM_RUNTIMES_ROOT    where the runtimes root lives (default $CCM_TRIXIE_ROOT-runtimes)
-#   CCM_DEBIAN_MIRROR    mirror for debootstrap (default http://deb.debian.org/debian)
+#   CCM_DEBIAN_MIRROR    mirror for debootstrap (default: the Debian mirror of this machine's own apt sources, else
+#                        debootstrap's default)
 #
 # Needs root. Works without a terminal and without stdin (CI=true).
 set -euo pipefail
 
 ROOT=${CCM_TRIXIE_ROOT:-/var/cache/criu-cuda-migrate/trixie}
-MIRROR=${CCM_DEBIAN_MIRROR:-http://deb.debian.org/debian}
+# The Debian archive this machine's apt already uses (one-line or deb822 sources), so no mirror is written here.
+host_mirror() {
+    local f
+    for f in /etc/apt/sources.list /etc/apt/sources.list.d/*.list; do
+        [ -f "$f" ] && awk '$1 == "deb" { for (i = 2; i <= NF; i++) if ($i ~ /^https?:\/\//) { print $i; break } }' "$f"
+    done
+    for f in /etc/apt/sources.list.d/*.sources; do
+        [ -f "$f" ] && awk '$1 == "URIs:" { for (i = 2; i <= NF; i++) print $i }' "$f"
+    done
+}
+MIRROR=${CCM_DEBIAN_MIRROR:-$(host_mirror 2>/dev/null | grep -m1 -E '/debian/?$' || true)}
 SUITE=trixie
 PACKAGES=criu,libcriu-dev
 RUNTIMES_ROOT=${CCM_RUNTIMES_ROOT:-$ROOT-runtimes}
@@ -86,10 +97,10 @@ cmd_prepare() {
     local tmp="$ROOT.partial.$$"
     rm -rf "$tmp"
     echo "criu-root.sh: debootstrapping $SUITE with $PACKAGES into $ROOT (about 30 s)" >&2
-    if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" "$MIRROR" </dev/null >"$ROOT.debootstrap.log" 2>&1; then
+    if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" ${MIRROR:+"$MIRROR"} </dev/null >"$ROOT.debootstrap.log" 2>&1; then
         tail -n 30 "$ROOT.debootstrap.log" >&2 || true
         rm -rf "$tmp"
-        die "debootstrap of $SUITE failed (log: $ROOT.debootstrap.log); check network access to $MIRROR or set CCM_DEBIAN_MIRROR"
+        die "debootstrap of $SUITE failed (log: $ROOT.debootstrap.log); check network access to ${MIRROR:-the default mirror of debootstrap} or set CCM_DEBIAN_MIRROR"
     fi
     [ -x "$tmp/usr/sbin/criu" ] || die "debootstrap finished but $tmp/usr/sbin/criu is missing; is the criu package still in $SUITE?"
     [ -f "$tmp/usr/include/criu/criu-plugin.h" ] || die "debootstrap finished but criu/criu-plugin.h is missing; is libcriu-dev still in $SUITE?"

@@ -17,7 +17,7 @@ fn repeated_init_hooks_exit_are_clean_under_valgrind() {
     let ci = std::env::var("CI").is_ok_and(|v| !v.is_empty() && v != "false" && v != "0");
     if !have("valgrind") || !have("cc") {
         assert!(!ci, "CI must run the valgrind test: install valgrind (scripts/install-deps.sh does) and a C compiler");
-        eprintln!("######## SKIPPED repeated_init_hooks_exit_are_clean_under_valgrind: no valgrind or cc ########");
+        support::loud("SKIPPED repeated_init_hooks_exit_are_clean_under_valgrind: no valgrind or cc");
         return;
     }
     if Path::new("/proc/driver/nvidia").exists() {

@@ -42,14 +42,17 @@ step "cargo build --workspace"
 cargo build --workspace
 
 step "cargo test --workspace --no-fail-fast"
-cargo test --workspace --no-fail-fast -- "${cargo_test_args[@]}"
+# Kept to list the skipped steps and notes again at the end (tests print them as `######## ... ########`).
+test_log=$(mktemp /tmp/ccm-run-all.XXXXXX)
+trap 'rm -f "$test_log"' EXIT
+cargo test --workspace --no-fail-fast -- "${cargo_test_args[@]}" 2>&1 | tee "$test_log"
 
 # Further suites (e.g. the simulated NVIDIA stack's end-to-end runs) drop an executable tests/suite-*.sh here;
 # each runs from the repository root after the workspace tests and fails the run if it fails.
 shopt -s nullglob
 for suite in tests/suite-*.sh; do
     step "$suite"
-    bash "$suite"
+    bash "$suite" 2>&1 | tee -a "$test_log"
 done
 
 step "no test process left behind"
@@ -61,5 +64,8 @@ if [ -n "$left" ]; then
     exit 1
 fi
 echo "none"
+
+step "skipped steps and notes"
+grep -h -o '######## .* ########' "$test_log" | sed 's/^######## //; s/ ########$//' | sort -u | grep . || echo "none"
 
 step "all tests passed"

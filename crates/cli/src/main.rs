@@ -37,6 +37,7 @@ enum Command {
     },
     /// Run the plugin's restore checks against this node and print the device map it would use.
     Preflight {
+        /// CRIU's image directory (`criu dump -D DIR`), as it will be restored.
         dir: PathBuf,
         /// Explicit map `OLD=NEW,...` (default: $CRIU_CUDA_MIGRATE_DEVICE_MAP).
         #[arg(long)]
@@ -49,6 +50,7 @@ enum Command {
     Node,
     /// Bring a process left LOCKED or CHECKPOINTED back to RUNNING (restore onto the same GPUs, then unlock).
     Recover {
+        /// The process's pid (as `ps` shows it on this host).
         #[arg(long)]
         pid: i32,
     },
@@ -77,6 +79,9 @@ fn main() -> ExitCode {
 type CliResult = Result<ExitCode, String>;
 
 fn load_images(dir: &Path) -> Result<Vec<(PathBuf, IdentityImage)>, String> {
+    if !dir.exists() {
+        return Err(format!("{} does not exist; pass CRIU's image directory (the -D of `criu dump`)", dir.display()));
+    }
     if !dir.is_dir() {
         return Err(format!(
             "{} is not a directory; pass CRIU's image directory (the -D of `criu dump`)",
@@ -179,6 +184,10 @@ fn run_preflight(dir: &Path, device_map: Option<String>, usable: Option<String>,
     if usable.is_some() {
         config.usable_gpus = usable;
     }
+    // The user's own input first, named as typed, before anything about this node.
+    if let Some(t) = &config.device_map {
+        ccm_identity::map::parse_pairs(t).map_err(|e| format!("--device-map {t:?}: {e}"))?;
+    }
     let n = images.len();
     let gpus = match ccm_driver::nvml::Nvml::init().and_then(|n| n.gpus()) {
         Ok(g) => g,
@@ -240,6 +249,9 @@ fn node(json: bool) -> CliResult {
 }
 
 fn recover(pid: i32, json: bool) -> CliResult {
+    if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(format!("pid {pid} does not exist on this host; pass the pid `ps` shows for the stuck process"));
+    }
     use ccm_driver::checkpoint::{CheckpointApi, ProcessState};
     let lib = ccm_driver::Libcuda::load().map_err(|e| e.to_string())?;
     let api = CheckpointApi::new(&lib).map_err(|e| e.to_string())?;

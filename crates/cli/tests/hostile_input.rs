@@ -25,7 +25,7 @@ fn assert_clean_failure(out: &Output, code: i32, needle: &str) {
 #[test]
 fn missing_directory() {
     let out = run(&["inspect".as_ref(), "/nonexistent/criu-images".as_ref()]);
-    assert_clean_failure(&out, 2, "is not a directory");
+    assert_clean_failure(&out, 2, "does not exist");
 }
 
 #[test]
@@ -77,5 +77,5 @@ fn bad_flags_and_values() {
     let dir = tempfile::tempdir().unwrap();
     let out = run(&["preflight".as_ref(), dir.path().as_os_str(), "--device-map".as_ref(), "GPU-zz=GPU-yy".as_ref()]);
     // A malformed map is refused even with nothing to map: it is the user's input.
-    assert_clean_failure(&out, 1, "CRIU_CUDA_MIGRATE_DEVICE_MAP");
+    assert_clean_failure(&out, 2, "--device-map");
 }

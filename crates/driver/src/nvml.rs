@@ -9,7 +9,7 @@ use nvml_wrapper::error::NvmlError;
 /// NVML failures, with what to do about them.
 #[derive(Debug, thiserror::Error)]
 pub enum NvmlFailure {
-    #[error("cannot initialise NVML from {lib}: {source}. Install the NVIDIA driver's libnvidia-ml.so.1 or set CRIU_CUDA_MIGRATE_LIBNVML")]
+    #[error("cannot initialise NVML from {lib}: {}. Install the NVIDIA driver's libnvidia-ml.so.1 or set {}", loader_text(source), ccm_identity::settings::LIBNVML.env)]
     Init {
         lib: String,
         #[source]
@@ -23,6 +23,23 @@ pub enum NvmlFailure {
     },
     #[error("NVML reported GPU UUID `{0}` that is not in GPU-xxxxxxxx-... form")]
     BadUuid(String),
+}
+
+/// NVML's error, without nvml-wrapper's "a libloading error occurred" wrapper around the loader's
+/// own message (which names the missing file).
+fn loader_text(e: &NvmlError) -> String {
+    match e {
+        NvmlError::LibloadingError(inner) => {
+            let mut text = inner.to_string();
+            let mut src = std::error::Error::source(inner);
+            while let Some(s) = src {
+                text = s.to_string();
+                src = s.source();
+            }
+            text
+        }
+        other => other.to_string(),
+    }
 }
 
 pub struct Nvml {
