@@ -355,7 +355,7 @@ fn installed_package_is_loaded_by_criu_from_its_config_file_alone() {
     assert!(out.contains("\"ok\":true"), "--json preflight of a plain dump printed {out:?}");
     let (rc, out, err) = cli("inspect-missing");
     assert_eq!(rc, Some(2), "inspect of a missing directory must exit 2: {out}{err}");
-    assert!(err.contains("not a directory"), "inspect of a missing directory printed {err:?}");
+    assert!(err.contains("does not exist"), "inspect of a missing directory printed {err:?}");
     let (rc, out, err) = cli("bad-usage");
     assert_eq!(rc, Some(2), "an unknown subcommand must exit 2: {out}{err}");
     let (rc, out, err) = cli("node");

@@ -111,6 +111,13 @@ fn criu_killed_mid_dump_is_rolled_back_by_the_driver_agent() {
     run_case("criu-killed-mid-dump");
 }
 
+/// A restore node whose driver is newer than this build knows: a migration is refused in preflight
+/// (its restore arguments may have changed), a restore onto the same GPUs works.
+#[test]
+fn a_newer_driver_refuses_a_migration_and_restores_in_place() {
+    run_case("newer-driver");
+}
+
 /// `criu dump --leave-running`: the process keeps running and its GPU state is RUNNING again.
 #[test]
 fn leave_running_dump_puts_the_process_back_to_running() {

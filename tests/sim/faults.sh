@@ -12,7 +12,7 @@
 #   CASE     lock-timeout | checkpoint-fail-one-of-two | restore-fail | unlock-fail | nvml-missing-dump |
 #            nvml-missing-restore | libcuda-missing-dump | libcuda-missing-restore | image-missing |
 #            image-truncated | image-newer-version | map-unknown-gpu | sites-moved-strict |
-#            sites-moved-permissive | criu-killed-mid-dump | leave-running
+#            sites-moved-permissive | criu-killed-mid-dump | newer-driver | leave-running
 # Prints `SEEN <line>` (the error line the user sees), `STATE pid=N <state>` (every process after) and
 # `FAULT <case> OK`, exit 0, when the case behaves as documented in docs/RELIABILITY.md; exits 1 with
 # the relevant logs otherwise.
@@ -446,6 +446,18 @@ criu-killed-mid-dump)
     go "$WORK/w1" 1
     check_agree "$WORK/w0" 1
     check_agree "$WORK/w1" 1
+    ;;
+newer-driver)
+    # The restore node's driver is newer than this build knows (CUDA 14.0): its CUcheckpointRestoreArgs may
+    # differ, so a migration is refused in preflight (images intact); a restore onto the same GPUs still works.
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    sum=$(images_sum "$WORK/img")
+    sed -i 's/"cuda_driver_version":13000/"cuda_driver_version":14000/' "$WORK/gpus.json"
+    export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
+    refused_cleanly "$WORK/img" "$pid" "$sum" "CUDA API 14.0 is newer than this build"
+    unset CRIU_CUDA_MIGRATE_DEVICE_MAP
+    restore_works "$WORK/img" "$pid" "$WORK/w0" 1
     ;;
 leave-running)
     pid=$(start "$WORK/w0" 0,1)

@@ -1,14 +1,14 @@
 //! libcuda's process checkpoint API (`cuCheckpointProcess*`), called on another process.
 //!
-//! The argument structs follow CUDA 13's `cuda.h`: every one is 64 bytes, and the restore
-//! arguments carry the device map (`gpuPairs` at offset 0, `gpuPairsCount` at offset 8). The
-//! layouts are checked at compile time below, so a change of the declarations cannot slip by.
+//! The argument structs and codes are declared once, in [`crate::abi`] (the test double of
+//! libcuda uses the same declarations); their layouts are checked at compile time there.
 
 use std::ffi::{c_int, c_uint};
 use std::time::{Duration, Instant};
 
 use ccm_identity::GpuUuid;
 
+use crate::abi::{self, GpuPair, LockArgs, ReservedArgs, RestoreArgs};
 use crate::cuda::{CuResult, CudaError, Libcuda, LoadError};
 
 /// `CUprocessState`.
@@ -26,10 +26,10 @@ impl ProcessState {
     /// The state from the driver's raw `CUprocessState` value.
     pub fn from_raw(v: c_int) -> Self {
         match v {
-            0 => ProcessState::Running,
-            1 => ProcessState::Locked,
-            2 => ProcessState::Checkpointed,
-            3 => ProcessState::Failed,
+            abi::STATE_RUNNING => ProcessState::Running,
+            abi::STATE_LOCKED => ProcessState::Locked,
+            abi::STATE_CHECKPOINTED => ProcessState::Checkpointed,
+            abi::STATE_FAILED => ProcessState::Failed,
             o => ProcessState::Other(o),
         }
     }
@@ -47,48 +47,6 @@ impl std::fmt::Display for ProcessState {
     }
 }
 
-/// `CUcheckpointLockArgs`.
-#[repr(C)]
-#[derive(Default)]
-struct LockArgs {
-    timeout_ms: c_uint,
-    reserved0: c_uint,
-    reserved1: [u64; 7],
-}
-
-/// `CUcheckpointCheckpointArgs` and `CUcheckpointUnlockArgs`: reserved words only.
-#[repr(C)]
-#[derive(Default)]
-struct ReservedArgs {
-    reserved: [u64; 8],
-}
-
-/// `CUcheckpointGpuPair`: old and new `CUuuid`.
-#[repr(C)]
-#[derive(Clone, Copy)]
-struct GpuPair {
-    old_uuid: [u8; 16],
-    new_uuid: [u8; 16],
-}
-
-/// `CUcheckpointRestoreArgs` (CUDA 13.0-13.3 layout; 13.4 keeps the first two fields).
-#[repr(C)]
-struct RestoreArgs {
-    gpu_pairs: *const GpuPair,
-    gpu_pairs_count: c_uint,
-    reserved: [u8; 44],
-    reserved1: u64,
-}
-
-const _: () = {
-    assert!(std::mem::size_of::<LockArgs>() == 64);
-    assert!(std::mem::size_of::<ReservedArgs>() == 64);
-    assert!(std::mem::size_of::<RestoreArgs>() == 64);
-    assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs) == 0);
-    assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs_count) == 8);
-    assert!(std::mem::size_of::<GpuPair>() == 32);
-};
-
 type GetRestoreTidFn = unsafe extern "C" fn(c_int, *mut c_int) -> CuResult;
 type GetStateFn = unsafe extern "C" fn(c_int, *mut c_int) -> CuResult;
 type LockFn = unsafe extern "C" fn(c_int, *mut LockArgs) -> CuResult;
@@ -101,6 +59,8 @@ type UnlockFn = unsafe extern "C" fn(c_int, *mut ReservedArgs) -> CuResult;
 #[derive(Clone)]
 pub struct CheckpointApi {
     lib: Libcuda,
+    /// `cuDriverGetVersion`, which decides whether a device map may be passed ([`abi::restore_args_layout`]).
+    driver_api: i32,
     get_restore_tid: GetRestoreTidFn,
     get_state: GetStateFn,
     lock: LockFn,
@@ -128,6 +88,7 @@ impl CheckpointApi {
                 checkpoint: lib.symbol("cuCheckpointProcessCheckpoint")?,
                 restore: lib.symbol("cuCheckpointProcessRestore")?,
                 unlock: lib.symbol("cuCheckpointProcessUnlock")?,
+                driver_api: lib.driver_version().unwrap_or(0),
                 lib: lib.clone(),
             })
         }
@@ -182,6 +143,17 @@ impl CheckpointApi {
     pub fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), CudaError> {
         let raw: Vec<GpuPair> =
             pairs.iter().map(|(o, n)| GpuPair { old_uuid: *o.as_bytes(), new_uuid: *n.as_bytes() }).collect();
+        if let (false, abi::RestoreArgsLayout::Unknown(why)) =
+            (raw.is_empty(), abi::restore_args_layout(self.driver_api))
+        {
+            // Never hand a newer driver a struct it may read differently.
+            return Err(CudaError {
+                call: "cuCheckpointProcessRestore",
+                code: abi::CUDA_ERROR_NOT_SUPPORTED,
+                name: "CUDA_ERROR_NOT_SUPPORTED".into(),
+                description: why,
+            });
+        }
         let r = if raw.is_empty() {
             // SAFETY: NULL args mean "restore onto the same GPUs", as documented.
             unsafe { (self.restore)(pid, std::ptr::null_mut()) }

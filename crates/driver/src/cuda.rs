@@ -3,19 +3,11 @@
 use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::sync::Arc;
 
-/// `CUresult`: 0 is success.
-pub type CuResult = c_int;
-
-pub const CUDA_SUCCESS: CuResult = 0;
-pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
-pub const CUDA_ERROR_NOT_INITIALIZED: CuResult = 3;
-pub const CUDA_ERROR_NO_DEVICE: CuResult = 100;
-pub const CUDA_ERROR_NOT_FOUND: CuResult = 500;
-pub const CUDA_ERROR_NOT_READY: CuResult = 600;
-pub const CUDA_ERROR_OPERATING_SYSTEM: CuResult = 304;
-pub const CUDA_ERROR_ILLEGAL_STATE: CuResult = 401;
-pub const CUDA_ERROR_NOT_SUPPORTED: CuResult = 801;
-pub const CUDA_ERROR_UNKNOWN: CuResult = 999;
+pub use crate::abi::{
+    CuResult, CudaCode, CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND,
+    CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NOT_READY, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_NO_DEVICE,
+    CUDA_ERROR_OPERATING_SYSTEM, CUDA_ERROR_UNKNOWN, CUDA_SUCCESS,
+};
 
 /// A failed driver call: which call, the `CUresult` and the driver's own name for it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
@@ -25,6 +17,13 @@ pub struct CudaError {
     pub code: CuResult,
     pub name: String,
     pub description: String,
+}
+
+impl CudaError {
+    /// The result code by name.
+    pub fn kind(&self) -> CudaCode {
+        CudaCode::from_raw(self.code)
+    }
 }
 
 #[derive(Debug, thiserror::Error)]

@@ -3,6 +3,7 @@
 //! Nothing is linked at build time, so the plugin loads on hosts without an NVIDIA driver and
 //! disables itself there. All FFI `unsafe` of the driver libraries lives in this crate.
 
+pub mod abi;
 pub mod app;
 pub mod checkpoint;
 pub mod cuda;

@@ -98,6 +98,13 @@ impl RestoreSession {
             );
         }
         s.plans = preflight::plan(images, &node.gpus, &s.config, given.as_ref().map(|(_, g)| g))?;
+        if s.plans.iter().any(|p| !p.map.is_identity()) {
+            if let ccm_driver::abi::RestoreArgsLayout::Unknown(why) =
+                ccm_driver::abi::restore_args_layout(node.cuda_driver_version)
+            {
+                return Err(EngineError::Preflight(why));
+            }
+        }
         for p in &s.plans {
             info!(
                 "preflight: pid {} (dumped on {} with driver {}): device map\n{}",

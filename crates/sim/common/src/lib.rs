@@ -49,45 +49,18 @@ pub enum SimError {
     BadMessage(String),
 }
 
-/// The `CUresult` codes and `CUprocessState` values the doubles use (cuda.h, CUDA 13).
+/// The CUDA ABI the double serves: declared once, in `ccm_driver::abi`, for the driver wrapper and
+/// the double alike.
 pub mod cuda {
-    pub const CUDA_SUCCESS: i32 = 0;
-    pub const CUDA_ERROR_INVALID_VALUE: i32 = 1;
-    pub const CUDA_ERROR_OUT_OF_MEMORY: i32 = 2;
-    pub const CUDA_ERROR_NOT_INITIALIZED: i32 = 3;
-    pub const CUDA_ERROR_NO_DEVICE: i32 = 100;
-    pub const CUDA_ERROR_INVALID_DEVICE: i32 = 101;
-    pub const CUDA_ERROR_INVALID_CONTEXT: i32 = 201;
-    pub const CUDA_ERROR_OPERATING_SYSTEM: i32 = 304;
-    pub const CUDA_ERROR_ILLEGAL_STATE: i32 = 401;
-    pub const CUDA_ERROR_NOT_FOUND: i32 = 500;
-    pub const CUDA_ERROR_NOT_READY: i32 = 600;
-    pub const CUDA_ERROR_UNKNOWN: i32 = 999;
-
-    pub const STATE_RUNNING: i32 = 0;
-    pub const STATE_LOCKED: i32 = 1;
-    pub const STATE_CHECKPOINTED: i32 = 2;
+    pub use ccm_driver::abi::{
+        CudaCode, GpuPair, LockArgs, RestoreArgs, CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_CONTEXT,
+        CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED,
+        CUDA_ERROR_NOT_READY, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_OPERATING_SYSTEM, CUDA_ERROR_OUT_OF_MEMORY,
+        CUDA_ERROR_UNKNOWN, CUDA_SUCCESS, STATE_CHECKPOINTED, STATE_LOCKED, STATE_RUNNING,
+    };
 
     /// `cuGetErrorName` / `cuGetErrorString` texts, NUL-terminated for the C ABI.
-    pub fn error_texts(code: i32) -> Option<(&'static str, &'static str)> {
-        Some(match code {
-            CUDA_SUCCESS => ("CUDA_SUCCESS\0", "no error\0"),
-            CUDA_ERROR_INVALID_VALUE => ("CUDA_ERROR_INVALID_VALUE\0", "invalid argument\0"),
-            CUDA_ERROR_OUT_OF_MEMORY => ("CUDA_ERROR_OUT_OF_MEMORY\0", "out of memory\0"),
-            CUDA_ERROR_NOT_INITIALIZED => ("CUDA_ERROR_NOT_INITIALIZED\0", "initialization error\0"),
-            CUDA_ERROR_NO_DEVICE => ("CUDA_ERROR_NO_DEVICE\0", "no CUDA-capable device is detected\0"),
-            CUDA_ERROR_INVALID_DEVICE => ("CUDA_ERROR_INVALID_DEVICE\0", "invalid device ordinal\0"),
-            CUDA_ERROR_INVALID_CONTEXT => ("CUDA_ERROR_INVALID_CONTEXT\0", "invalid device context\0"),
-            CUDA_ERROR_OPERATING_SYSTEM => {
-                ("CUDA_ERROR_OPERATING_SYSTEM\0", "OS call failed or operation not supported on this OS\0")
-            }
-            CUDA_ERROR_ILLEGAL_STATE => {
-                ("CUDA_ERROR_ILLEGAL_STATE\0", "the operation cannot be performed in the present state\0")
-            }
-            CUDA_ERROR_NOT_FOUND => ("CUDA_ERROR_NOT_FOUND\0", "named symbol not found\0"),
-            CUDA_ERROR_NOT_READY => ("CUDA_ERROR_NOT_READY\0", "device not ready\0"),
-            CUDA_ERROR_UNKNOWN => ("CUDA_ERROR_UNKNOWN\0", "unknown error\0"),
-            _ => return None,
-        })
+    pub fn error_texts(code: i32) -> Option<(&'static std::ffi::CStr, &'static std::ffi::CStr)> {
+        CudaCode::from_raw(code).texts()
     }
 }

@@ -17,7 +17,7 @@
 
 mod driver;
 
-use std::ffi::{c_char, c_int, c_uint, c_void};
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::time::Duration;
 
@@ -91,11 +91,11 @@ pub extern "C" fn cuDriverGetVersion(version: *mut c_int) -> CuResult {
 fn error_text(
     code: CuResult,
     out: *mut *const c_char,
-    pick: fn((&'static str, &'static str)) -> &'static str,
+    pick: fn((&'static CStr, &'static CStr)) -> &'static CStr,
 ) -> CuResult {
     guard(|| {
         let texts = error_texts(code).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-        put(out, pick(texts).as_ptr() as *const c_char)
+        put(out, pick(texts).as_ptr())
     })
 }
 
@@ -351,37 +351,6 @@ pub extern "C" fn cuMemcpyHtoD_v2(dst: CuDevicePtr, src: *const c_void, bytes: u
 }
 
 // ---- the checkpoint API on another process --------------------------------------------------
-
-/// `CUcheckpointLockArgs`: `timeoutMs` at offset 0, 64 bytes in all.
-#[repr(C)]
-pub struct LockArgs {
-    timeout_ms: c_uint,
-    reserved0: c_uint,
-    reserved1: [u64; 7],
-}
-
-/// `CUcheckpointGpuPair`.
-#[repr(C)]
-pub struct GpuPair {
-    old_uuid: [u8; 16],
-    new_uuid: [u8; 16],
-}
-
-/// `CUcheckpointRestoreArgs`: `gpuPairs` at offset 0, `gpuPairsCount` at offset 8, 64 bytes.
-#[repr(C)]
-pub struct RestoreArgs {
-    gpu_pairs: *const GpuPair,
-    gpu_pairs_count: c_uint,
-    reserved: [u8; 44],
-    reserved1: u64,
-}
-
-const _: () = {
-    assert!(std::mem::size_of::<LockArgs>() == 64);
-    assert!(std::mem::size_of::<RestoreArgs>() == 64);
-    assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs_count) == 8);
-    assert!(std::mem::size_of::<GpuPair>() == 32);
-};
 
 fn controller_state_dir() -> Result<StateDir, i32> {
     StateDir::from_env().map_err(|e| {

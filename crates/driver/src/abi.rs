@@ -1,0 +1,198 @@
+//! The CUDA driver's checkpoint ABI, declared once: result codes, process states, the argument
+//! structs of `cuCheckpointProcess*` with their layout checked at compile time, and which driver
+//! versions this layout is known for. The driver wrapper ([`crate::checkpoint`]) and the test
+//! double of libcuda (`crates/sim/libcuda`) both use these declarations.
+//!
+//! Every argument struct is 64 bytes in CUDA 13.0-13.3 (`cuda.h`); the restore arguments carry the
+//! device map (`gpuPairs` at offset 0, `gpuPairsCount` at offset 8). CUDA 13.4 (driver r615) adds
+//! custom-storage fields to `CUcheckpointRestoreArgs` in its reserved bytes and keeps the first
+//! two; a driver newer than this build knows may change more, so [`restore_args_layout`] says
+//! whether the map may be passed at all.
+
+use std::ffi::{c_int, c_uint, CStr};
+
+/// `CUresult`: 0 is success.
+pub type CuResult = c_int;
+
+/// The `CUresult` values the checkpoint path meets, by name, as nvml-wrapper names NVML's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum CudaCode {
+    Success,
+    InvalidValue,
+    OutOfMemory,
+    NotInitialized,
+    NoDevice,
+    InvalidDevice,
+    InvalidContext,
+    OperatingSystem,
+    IllegalState,
+    NotFound,
+    NotReady,
+    NotSupported,
+    Unknown,
+    /// A value this build does not name.
+    Other(CuResult),
+}
+
+/// The table behind [`CudaCode`]: value, enum, `cuGetErrorName`, `cuGetErrorString` of driver 580.
+const CODES: [(CuResult, CudaCode, &CStr, &CStr); 13] = [
+    (0, CudaCode::Success, c"CUDA_SUCCESS", c"no error"),
+    (1, CudaCode::InvalidValue, c"CUDA_ERROR_INVALID_VALUE", c"invalid argument"),
+    (2, CudaCode::OutOfMemory, c"CUDA_ERROR_OUT_OF_MEMORY", c"out of memory"),
+    (3, CudaCode::NotInitialized, c"CUDA_ERROR_NOT_INITIALIZED", c"initialization error"),
+    (100, CudaCode::NoDevice, c"CUDA_ERROR_NO_DEVICE", c"no CUDA-capable device is detected"),
+    (101, CudaCode::InvalidDevice, c"CUDA_ERROR_INVALID_DEVICE", c"invalid device ordinal"),
+    (201, CudaCode::InvalidContext, c"CUDA_ERROR_INVALID_CONTEXT", c"invalid device context"),
+    (
+        304,
+        CudaCode::OperatingSystem,
+        c"CUDA_ERROR_OPERATING_SYSTEM",
+        c"OS call failed or operation not supported on this OS",
+    ),
+    (
+        401,
+        CudaCode::IllegalState,
+        c"CUDA_ERROR_ILLEGAL_STATE",
+        c"the operation cannot be performed in the present state",
+    ),
+    (500, CudaCode::NotFound, c"CUDA_ERROR_NOT_FOUND", c"named symbol not found"),
+    (600, CudaCode::NotReady, c"CUDA_ERROR_NOT_READY", c"device not ready"),
+    (801, CudaCode::NotSupported, c"CUDA_ERROR_NOT_SUPPORTED", c"operation not supported"),
+    (999, CudaCode::Unknown, c"CUDA_ERROR_UNKNOWN", c"unknown error"),
+];
+
+impl CudaCode {
+    pub fn from_raw(v: CuResult) -> CudaCode {
+        CODES.iter().find(|c| c.0 == v).map(|c| c.1).unwrap_or(CudaCode::Other(v))
+    }
+    pub fn raw(self) -> CuResult {
+        match self {
+            CudaCode::Other(v) => v,
+            known => CODES.iter().find(|c| c.1 == known).map(|c| c.0).unwrap_or(999),
+        }
+    }
+    /// The driver's `cuGetErrorName` and `cuGetErrorString` texts (driver 580, NUL-terminated for
+    /// the test double's C ABI), when this build names it.
+    pub fn texts(self) -> Option<(&'static CStr, &'static CStr)> {
+        CODES.iter().find(|c| c.1 == self).map(|c| (c.2, c.3))
+    }
+}
+
+pub const CUDA_SUCCESS: CuResult = 0;
+pub const CUDA_ERROR_INVALID_VALUE: CuResult = 1;
+pub const CUDA_ERROR_OUT_OF_MEMORY: CuResult = 2;
+pub const CUDA_ERROR_NOT_INITIALIZED: CuResult = 3;
+pub const CUDA_ERROR_NO_DEVICE: CuResult = 100;
+pub const CUDA_ERROR_INVALID_DEVICE: CuResult = 101;
+pub const CUDA_ERROR_INVALID_CONTEXT: CuResult = 201;
+pub const CUDA_ERROR_OPERATING_SYSTEM: CuResult = 304;
+pub const CUDA_ERROR_ILLEGAL_STATE: CuResult = 401;
+pub const CUDA_ERROR_NOT_FOUND: CuResult = 500;
+pub const CUDA_ERROR_NOT_READY: CuResult = 600;
+pub const CUDA_ERROR_NOT_SUPPORTED: CuResult = 801;
+pub const CUDA_ERROR_UNKNOWN: CuResult = 999;
+
+/// `CUprocessState` values.
+pub const STATE_RUNNING: c_int = 0;
+pub const STATE_LOCKED: c_int = 1;
+pub const STATE_CHECKPOINTED: c_int = 2;
+pub const STATE_FAILED: c_int = 3;
+
+/// `CUcheckpointLockArgs`: `timeoutMs` at offset 0 (0: no timeout).
+#[repr(C)]
+#[derive(Default)]
+pub struct LockArgs {
+    pub timeout_ms: c_uint,
+    pub reserved0: c_uint,
+    pub reserved1: [u64; 7],
+}
+
+/// `CUcheckpointCheckpointArgs` and `CUcheckpointUnlockArgs`: reserved words only.
+#[repr(C)]
+#[derive(Default)]
+pub struct ReservedArgs {
+    pub reserved: [u64; 8],
+}
+
+/// `CUcheckpointGpuPair`: old and new `CUuuid`.
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct GpuPair {
+    pub old_uuid: [u8; 16],
+    pub new_uuid: [u8; 16],
+}
+
+/// `CUcheckpointRestoreArgs` (CUDA 13.0-13.3; 13.4 keeps the first two fields and puts its
+/// custom-storage fields in what is reserved here, so zeros mean "none").
+#[repr(C)]
+pub struct RestoreArgs {
+    pub gpu_pairs: *const GpuPair,
+    pub gpu_pairs_count: c_uint,
+    pub reserved: [u8; 44],
+    pub reserved1: u64,
+}
+
+const _: () = {
+    assert!(std::mem::size_of::<LockArgs>() == 64);
+    assert!(std::mem::offset_of!(LockArgs, timeout_ms) == 0);
+    assert!(std::mem::size_of::<ReservedArgs>() == 64);
+    assert!(std::mem::size_of::<RestoreArgs>() == 64);
+    assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs) == 0);
+    assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs_count) == 8);
+    assert!(std::mem::size_of::<GpuPair>() == 32);
+};
+
+/// The newest CUDA driver API version (`cuDriverGetVersion`) whose restore-argument layout this
+/// build knows: 13.4.
+pub const NEWEST_KNOWN_DRIVER_API: i32 = 13040;
+
+/// Whether [`RestoreArgs`] may carry a device map on a driver of this `cuDriverGetVersion`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum RestoreArgsLayout {
+    /// CUDA 12.8 (the checkpoint API with GPU pairs) through [`NEWEST_KNOWN_DRIVER_API`].
+    Known,
+    /// A newer driver: a restore onto the same GPUs (no arguments) is safe; a map is not passed,
+    /// because its struct may have changed. The text says what to do.
+    Unknown(String),
+}
+
+pub fn restore_args_layout(driver_api: i32) -> RestoreArgsLayout {
+    if driver_api <= NEWEST_KNOWN_DRIVER_API {
+        return RestoreArgsLayout::Known;
+    }
+    RestoreArgsLayout::Unknown(format!(
+        "the driver's CUDA API {}.{} is newer than this build of criu-cuda-migrate knows ({}.{}): its \
+         CUcheckpointRestoreArgs may differ, so no device map is passed to it. Restores onto the same GPUs work; \
+         for a migration, update criu-cuda-migrate",
+        driver_api / 1000,
+        (driver_api % 1000) / 10,
+        NEWEST_KNOWN_DRIVER_API / 1000,
+        (NEWEST_KNOWN_DRIVER_API % 1000) / 10
+    ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn codes_round_trip_and_unknown_ones_stay_numbers() {
+        for (v, code, name, _) in CODES {
+            assert_eq!(CudaCode::from_raw(v), code);
+            assert_eq!(code.raw(), v);
+            assert_eq!(code.texts().unwrap().0, name);
+            assert!(code.texts().unwrap().1.to_bytes().len() > 3);
+        }
+        assert_eq!(CudaCode::from_raw(719), CudaCode::Other(719));
+        assert_eq!(CudaCode::Other(719).raw(), 719);
+        assert!(CudaCode::Other(719).texts().is_none());
+    }
+
+    #[test]
+    fn a_newer_driver_gets_no_device_map() {
+        assert_eq!(restore_args_layout(13000), RestoreArgsLayout::Known);
+        assert_eq!(restore_args_layout(13040), RestoreArgsLayout::Known);
+        let RestoreArgsLayout::Unknown(why) = restore_args_layout(14000) else { panic!("14.0 is unknown") };
+        assert!(why.contains("14.0") && why.contains("update criu-cuda-migrate"), "{why}");
+    }
+}
