@@ -63,7 +63,6 @@ scenario() {
     if [ "$kind" = workload ]; then
         touch "$ctl/go1"
         wait_for_file "$ctl/done1" 60 || die "the workload did not report before the dump"
-        say "identity before the checkpoint: $(cat "$ctl/report1.json")"
     fi
 
     say "criu dump -t $pid -D $images -v4 -o dump.log --libdir $plugins"
@@ -72,19 +71,21 @@ scenario() {
         kill -9 "$pid" 2>/dev/null || true
         die "criu dump failed (log: $images/dump.log)"
     fi
-    say "the plugin in dump.log:"
-    grep -E "$PLUGIN_LINES" "$images/dump.log" | sed 's/^/    /' || say "    (no line of the plugin!)"
+    say "the plugin in dump.log ($images/dump.log):"
+    grep -E "$PLUGIN_LINES" "$images/dump.log" | grep -E 'CUDA process|cuCheckpoint|identity:|wrote|disabled|not a CUDA' |
+        sed 's/^([0-9. ]*) */    /' || say "    (no line of the plugin!)"
     # CRIU restores the same pid; the dumped task must be gone and reaped first.
     for _ in $(seq 400); do [ -e "/proc/$pid" ] || break; sleep 0.05; done
 
     say "criu restore -d -D $images -v4 -o restore.log --libdir $plugins"
     "$criu" restore -d -D "$images" -v4 -o restore.log --libdir "$plugins" ||
         die "criu restore failed (log: $images/restore.log): $(grep Error "$images/restore.log" | tail -n 5)"
-    say "the plugin in restore.log:"
-    grep -E "$PLUGIN_LINES" "$images/restore.log" | sed 's/^/    /' || say "    (no line of the plugin!)"
+    say "the plugin in restore.log ($images/restore.log):"
+    grep -E "$PLUGIN_LINES" "$images/restore.log" | grep -E 'preflight passed|cuCheckpoint|reconciliation:|RUNNING|Error' |
+        sed 's/^([0-9. ]*) */    /' || say "    (no line of the plugin!)"
 
     local written
-    written=$(cd "$images" && ls cuda-migrate-* 2>/dev/null || true)
+    written=$(cd "$images" && ls cuda-migrate-* 2>/dev/null | tr '\n' ' ' || true)
     say "images the plugin wrote: ${written:-none}"
 
     case "$kind" in
@@ -100,13 +101,52 @@ scenario() {
     workload)
         touch "$ctl/go2"
         wait_for_file "$ctl/done2" 60 || die "the restored workload did not report"
-        say "identity after the restore: $(cat "$ctl/report2.json")"
+        identity_table "$ctl/report1.json" "$ctl/report2.json"
         tr -d ' \n' <"$ctl/report2.json" | grep -q '"all_data_ok":true' || die "device data was not intact after the restore"
         tr -d ' \n' <"$ctl/report2.json" | grep -q '"all_agree":true' ||
             die "CUDA's bus ids and NVML disagree after the restore (see restore.log)"
-        say "after the restore every ordinal's CUDA bus id, UUID and NVML agree, and the device data is intact"
+        local moved
+        moved=$(moves "$ctl/report1.json" "$ctl/report2.json")
+        if [ -n "$moved" ]; then
+            say "RESULT: pid $pid moved $moved; every identity agrees (CUDA's UUID and bus id, NVML by that bus id) and the device data is intact"
+        else
+            say "RESULT: pid $pid came back on the same GPUs; every identity agrees and the device data is intact"
+        fi
         ;;
     esac
+}
+
+# field REPORT ORDINAL KEY: one string field of one ordinal of a sample-workload report (there is no JSON tool in
+# the trixie root).
+field() {
+    tr -d ' \n' <"$1" | grep -o '"ordinal":'"$2"',[^}]*' | head -n1 | grep -o '"'"$3"'":"[^"]*"' | head -n1 | cut -d'"' -f4
+}
+ordinals() { tr -d ' \n' <"$1" | grep -o '"ordinal":[0-9]*' | cut -d: -f2; }
+short() { printf '%s' "${1:0:12}"; }
+
+# identity_table BEFORE AFTER: per ordinal, before -> after: the GPU CUDA names, its bus id, NVML's GPU at that bus id.
+identity_table() {
+    local o
+    printf '\n    %-7s | %-27s | %-29s | %-27s\n' "ordinal" "GPU (cuDeviceGetUuid)" "PCI (cuDeviceGetPCIBusId)" "NVML by that bus id"
+    printf '    %s\n' "--------+-----------------------------+-------------------------------+----------------------------"
+    for o in $(ordinals "$2"); do
+        printf '    cuda:%-2s | %s -> %s | %s -> %s | %s -> %s\n' "$o" \
+            "$(short "$(field "$1" "$o" uuid)")" "$(short "$(field "$2" "$o" uuid)")" \
+            "$(field "$1" "$o" cuda_bus_id)" "$(field "$2" "$o" cuda_bus_id)" \
+            "$(short "$(field "$1" "$o" nvml_uuid_by_bus)")" "$(short "$(field "$2" "$o" nvml_uuid_by_bus)")"
+    done
+    echo
+}
+
+# moves BEFORE AFTER: "from GPU-a to GPU-b[, ...]" for the ordinals whose GPU changed; empty when none did.
+moves() {
+    local o a b out=""
+    for o in $(ordinals "$2"); do
+        a=$(field "$1" "$o" uuid)
+        b=$(field "$2" "$o" uuid)
+        [ "$a" != "$b" ] && out="${out:+$out, }cuda:$o from $(short "$a") to $(short "$b")"
+    done
+    printf '%s' "$out"
 }
 
 wait_for_file() {
@@ -169,14 +209,19 @@ main() {
     cd "$REPO"
     [ -x "$HOME/.cargo/bin/cargo" ] && case ":$PATH:" in *":$HOME/.cargo/bin:"*) ;; *) PATH=$HOME/.cargo/bin:$PATH ;; esac
     [ "$(id -u)" -eq 0 ] || die "CRIU needs root: run \`sudo bash scripts/demo.sh\`"
+    local mode
+    mode=$(pick_mode)
+    case "$mode" in
+    gpu) say "mode: GPU (nvidia-smi lists $(nvidia-smi -L | grep -c '^GPU ') GPU(s)): a CUDA workload on the real driver" ;;
+    sim) say "mode: SIMULATED (no GPU here): the same workload on the test doubles of libcuda and NVML, moved onto the other simulated GPU" ;;
+    plain) say "mode: PLAIN (no GPU, no simulated stack): a plain process; the plugin must stay out of its way" ;;
+    esac
 
-    say "installing what is missing (clang, libclang-dev, debootstrap)"
+    say "installing what is missing (clang, libclang-dev, debootstrap, valgrind)"
     bash scripts/install-deps.sh
     say "preparing the Debian trixie root with CRIU 4.x"
     bash tests/criu-root.sh prepare
 
-    local mode
-    mode=$(pick_mode)
     local packages=(-p criu-cuda-migrate)
     case "$mode" in
     gpu) packages+=(-p ccm-workload) ;;
