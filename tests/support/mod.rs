@@ -133,6 +133,7 @@ pub fn criu_root_or_skip(test: &str) -> Option<CriuRoot> {
 /// A line the test output must show even when the test passes (the harness captures `eprintln!` of
 /// passing tests): skips and notes. tests/run-all.sh lists them again at the end.
 pub fn loud(line: &str) {
+    let line = line.trim().replace('\n', " ");
     let _ = writeln!(std::io::stderr(), "\n######## {line} ########\n");
 }
 
