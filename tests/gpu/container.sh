@@ -336,69 +336,56 @@ case_two_processes() {
     save "$c"
 }
 
-case_refusal() {
-    local c=$WORK/cases/c4 id=ccm-c4 sum1 sum2 err procs seen
+# refused_then_restored NAME ID WHY: starts container ID (64 MiB), checkpoints it, and restores it with the refusing
+# setup (REFUSE_ENV: an assignment for the runtime's environment; REFUSE_MINOR: the GPU minor the restore bundle
+# gives), which the preflight must refuse with a line matching WHY before CRIU restores anything: images
+# byte-identical, no process of the container left. Then the same images must restore with the normal bundle.
+# Records one row NAME; USABLE_LINE (the plugin's `usable GPUs:` line of the good restore) is added when asked
+# (SHOW_USABLE=1).
+refused_then_restored() {
+    local name=$1 id=$2 why=$3 c=$WORK/cases/$1 sum1 sum2 err procs seen usable=""
     rm -rf "$c"; mkdir -p "$c"
     make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
-    start_container $id "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT" || { record c4-runc-refused-restore "refused" "not started" FAIL -; return; }
-    checkpoint $id "$c/img" || { record c4-runc-refused-restore "checkpoint passes" "$(grep -E 'Error' "$c/img.work/dump.log" | head -n2 | tr '\n' ' ')" FAIL -; save "$c"; return; }
+    start_container "$id" "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT" || { record "$name" "refused, then restored" "not started" FAIL -; return; }
+    checkpoint "$id" "$c/img" || { record "$name" "checkpoint passes" "$(grep -E 'Error' "$c/img.work/dump.log" | head -n2 | tr '\n' ' ')" FAIL -; save "$c"; return; }
     sum1=$(images_sum "$c/img")
-    # A device map naming a GPU this node does not have, in the runtime's environment (runc passes
-    # its environment on to CRIU).
-    if restore_container $id "$c/bundle" "$c/img" "CRIU_CUDA_MIGRATE_DEVICE_MAP=$GPU_UUID=GPU-00000000-0000-0000-0000-00000000dead"; then
-        record c4-runc-refused-restore "refused by preflight" "the restore passed" FAIL -
-        save "$c"; return
-    fi
-    sum2=$(images_sum "$c/img")
-    err=$(grep -m1 'restore refused before anything was restored' "$c/img.rwork/restore.log" | sed 's/.*criu-cuda-migrate: //' | cut -c1-150)
-    procs=$(pgrep -f -- "--dir /ctl --mib 64" | wc -l)
-    runc_ delete -f $id >/dev/null 2>&1
-    rm -rf "$c/img.rwork"
-    # Nothing was lost: the same images restore once the map is fixed.
-    if restore_container $id "$c/bundle" "$c/img" && go_round "$c/ctl" 1 && seen=$(check_sample_report "$c/ctl/report1.json") &&
-        [[ $sum1 == "$sum2" && -n $err && $procs == 0 ]]; then
-        record c4-runc-refused-restore "refused before CRIU restores anything; images byte-identical; no container left; a retry restores" "$err; images $sum1 = $sum2; $procs processes left; retry: $seen" PASS -
-    else
-        record c4-runc-refused-restore "refused cleanly, retry works" "err=${err:-none}; images $sum1 vs $sum2; $procs processes left; retry: ${seen:-failed}" FAIL -
-    fi
-    runc_ delete -f $id >/dev/null 2>&1
-    save "$c"
-}
-
-# The container-aware map: the restore bundle gives the container a GPU this node does not have
-# (/dev/nvidia7), so the preflight refuses before CRIU restores anything; with the node's own GPU in
-# the bundle the same images restore, and the log says the usable set came from the bundle's spec.
-case_container_given_gpus() {
-    local c=$WORK/cases/c5 id=ccm-c5 sum1 sum2 err usable seen
-    rm -rf "$c"; mkdir -p "$c"
-    make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
-    start_container $id "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT" || { record c5-runc-container-aware-map "refused, then restored" "not started" FAIL -; return; }
-    checkpoint $id "$c/img" || { record c5-runc-container-aware-map "checkpoint passes" "$(grep -E 'Error' "$c/img.work/dump.log" | head -n2 | tr '\n' ' ')" FAIL -; save "$c"; return; }
-    sum1=$(images_sum "$c/img")
-    BUNDLE_GPU_MINOR=7 make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
-    if restore_container $id "$c/bundle" "$c/img"; then
-        record c5-runc-container-aware-map "refused: the bundle gives no GPU of this node" "the restore passed" FAIL -
-        runc_ delete -f $id >/dev/null 2>&1; save "$c"; return
+    [[ -n ${REFUSE_MINOR:-} ]] && BUNDLE_GPU_MINOR=$REFUSE_MINOR make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
+    if restore_container "$id" "$c/bundle" "$c/img" ${REFUSE_ENV:+"$REFUSE_ENV"}; then
+        record "$name" "refused by the preflight" "the restore passed" FAIL -
+        runc_ delete -f "$id" >/dev/null 2>&1; save "$c"; return
     fi
     sum2=$(images_sum "$c/img")
     cp "$c/img.rwork/restore.log" "$c/refused-restore.log" 2>/dev/null
-    err=$(grep -m1 'given no GPU of this node' "$c/refused-restore.log" | sed 's/.*criu-cuda-migrate: //' | cut -c1-160)
-    [[ -n $err ]] || log "c5: the refused restore's errors: $(grep -m3 -E 'Error|criu-cuda-migrate: (usable|settings)' "$c/refused-restore.log" | tr '\n' ' ' | cut -c1-600)"
-    runc_ delete -f $id >/dev/null 2>&1
+    err=$(grep -m1 -E "$why" "$c/refused-restore.log" | sed 's/.*criu-cuda-migrate: //' | cut -c1-160)
+    [[ -n $err ]] || log "$name: the refused restore's errors: $(grep -m3 -E 'Error|criu-cuda-migrate: (usable|settings)' "$c/refused-restore.log" | tr '\n' ' ' | cut -c1-600)"
+    procs=$(pgrep -f -- "--dir /ctl --mib 64" | wc -l)
+    runc_ delete -f "$id" >/dev/null 2>&1
     rm -rf "$c/img.rwork"
+    # Nothing was lost: the same images restore with the normal bundle and environment.
     make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
-    if restore_container $id "$c/bundle" "$c/img" && go_round "$c/ctl" 1 && seen=$(check_sample_report "$c/ctl/report1.json"); then
-        usable=$(grep -m1 'usable GPUs: ' "$c/img.rwork/restore.log" | sed 's/.*usable GPUs: //' | cut -c1-200)
-        if [[ -n $err && $sum1 == "$sum2" && -n $usable ]]; then
-            record c5-runc-container-aware-map "bundle naming /dev/nvidia7: refused, images intact; bundle naming this GPU: map chosen from the spec" "refused: $err; images $sum1 = $sum2; then usable GPUs: $usable; $seen" PASS -
-        else
-            record c5-runc-container-aware-map "refused, then restored from the spec" "err=${err:-none}; images $sum1 vs $sum2; usable=${usable:-no line}" FAIL -
-        fi
+    if restore_container "$id" "$c/bundle" "$c/img" && go_round "$c/ctl" 1 && seen=$(check_sample_report "$c/ctl/report1.json") &&
+        [[ $sum1 == "$sum2" && -n $err && $procs == 0 ]]; then
+        [[ ${SHOW_USABLE:-0} == 1 ]] && usable="; then usable GPUs: $(grep -m1 'usable GPUs: ' "$c/img.rwork/restore.log" | sed 's/.*usable GPUs: //' | cut -c1-200)"
+        record "$name" "refused before CRIU restores anything; images byte-identical; no container left; a retry restores" "refused: $err; images $sum1 = $sum2; $procs processes left$usable; retry: $seen" PASS -
     else
-        record c5-runc-container-aware-map "restored with the node's GPU in the bundle" "${seen:-restore failed}" FAIL -
+        record "$name" "refused cleanly, then restored" "err=${err:-none}; images $sum1 vs $sum2; $procs processes left; retry: ${seen:-failed}" FAIL -
     fi
-    runc_ delete -f $id >/dev/null 2>&1
+    runc_ delete -f "$id" >/dev/null 2>&1
     save "$c"
+}
+
+# A device map naming a GPU this node does not have, in the runtime's environment (runc passes its
+# environment on to CRIU).
+case_refusal() {
+    REFUSE_ENV="CRIU_CUDA_MIGRATE_DEVICE_MAP=$GPU_UUID=GPU-00000000-0000-0000-0000-00000000dead" \
+        refused_then_restored c4-runc-refused-restore ccm-c4 'restore refused before anything was restored'
+}
+
+# The container-aware map: the restore bundle gives the container a GPU this node does not have
+# (/dev/nvidia7), so the preflight refuses; with the node's own GPU in the bundle the same images restore,
+# and the log says the usable set came from the bundle's spec.
+case_container_given_gpus() {
+    REFUSE_MINOR=7 SHOW_USABLE=1 refused_then_restored c5-runc-container-aware-map ccm-c5 'given no GPU of this node'
 }
 
 # ------------------------------------------------------------------------------------------------
