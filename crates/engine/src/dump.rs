@@ -176,23 +176,24 @@ impl DumpSession {
             .filter(|t| t.initial != ProcessState::Checkpointed && t.checkpoint_result.is_none())
             .map(|t| (t.pid, t.restore_tid))
             .collect();
-        // 1. Identity facts while the processes are stopped and before their device memory is
-        //    copied into host memory (a scan is ~10x cheaper now than after the checkpoint).
-        let facts: BTreeMap<i32, Result<IdentityImage, String>> = std::thread::scope(|s| {
-            let handles: Vec<_> =
-                todo.iter().map(|&(pid, _)| (pid, s.spawn(move || collect_identity(pid, node)))).collect();
-            handles
-                .into_iter()
-                .map(|(pid, h)| (pid, h.join().unwrap_or_else(|_| Err("identity collection panicked".into()))))
-                .collect()
-        });
-        // 2. Checkpoint in parallel while the restore threads run.
+        // The identity scan of each process runs while its checkpoint does: the words it looks for
+        // sit in libcuda's objects (heap and small mappings), which exist before the checkpoint and
+        // keep their place through it, and the scan's list of mappings is read before the driver
+        // adds the host copy of the device memory. So the scan (20-40 ms) is off the critical path,
+        // under the checkpoint (hundreds of ms).
         let api = &node.agent;
         let results = with_restore_threads_running(
             &todo,
             |&(_, tid)| tid as u32,
             OnResumeError::Skip,
-            |&(pid, _)| timed(|| api.checkpoint(pid)),
+            |&(pid, _)| {
+                std::thread::scope(|s| {
+                    let scan = s.spawn(move || collect_identity(pid, node));
+                    let checkpoint = timed(|| api.checkpoint(pid));
+                    let facts = scan.join().unwrap_or_else(|_| Err("identity collection panicked".into()));
+                    (checkpoint, facts)
+                })
+            },
         );
         // (Written through CRIU's own descriptor of the image directory: it may be in another
         // mount namespace than any path we could name.)
@@ -201,14 +202,13 @@ impl DumpSession {
             let Some(t) = self.tracked.get_mut(&pid) else { continue };
             t.checkpoint_result = Some(match r {
                 Err(e) => Err(ProcessFailure::Batch(e)),
-                Ok(Timed { value: Err(e), .. }) => Err(ProcessFailure::Driver(e)),
-                Ok(Timed { value: Ok(()), elapsed }) => {
+                Ok((Timed { value: Err(e), .. }, _)) => Err(ProcessFailure::Driver(e)),
+                Ok((Timed { value: Ok(()), elapsed }, facts)) => {
                     t.checkpointed_by_us = true;
                     info!("pid {pid}: cuCheckpointProcessCheckpoint {:.3} s", elapsed.as_secs_f64());
-                    match (facts.get(&pid), &dir) {
-                        (Some(Ok(img)), Some(dir)) => write_image(dir, img).map_err(ProcessFailure::Image),
-                        (Some(Err(e)), _) => Err(ProcessFailure::Identity(e.clone())),
-                        (None, _) => Err(ProcessFailure::Identity("no identity collected".into())),
+                    match (facts, &dir) {
+                        (Ok(img), Some(dir)) => write_image(dir, &img).map_err(ProcessFailure::Image),
+                        (Err(e), _) => Err(ProcessFailure::Identity(e)),
                         (_, None) => Err(ProcessFailure::Image("CRIU gave no image directory".into())),
                     }
                 }
