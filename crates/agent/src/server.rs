@@ -73,6 +73,21 @@ struct Shared {
     cuinit: Ready<Result<f64, WireError>>,
     touched: Mutex<Touched>,
     inflight: AtomicUsize,
+    /// The process of each driver call in flight (one entry per call).
+    inflight_pids: Mutex<Vec<i32>>,
+}
+
+/// The process a call acts on.
+fn call_pid(call: &Call) -> Option<i32> {
+    match call {
+        Call::RestoreThreadId { pid }
+        | Call::State { pid }
+        | Call::Lock { pid, .. }
+        | Call::Checkpoint { pid }
+        | Call::Restore { pid, .. }
+        | Call::Unlock { pid } => Some(*pid),
+        _ => None,
+    }
 }
 
 /// The agent's main loop; returns the process's exit code.
@@ -83,6 +98,7 @@ pub fn serve(stream: UnixStream) -> i32 {
         cuinit: Ready::new(),
         touched: Mutex::new(Touched::default()),
         inflight: AtomicUsize::new(0),
+        inflight_pids: Mutex::new(Vec::new()),
     });
     {
         let shared = shared.clone();
@@ -100,10 +116,20 @@ pub fn serve(stream: UnixStream) -> i32 {
             Ok(Some(Request { call: Call::Exit, .. })) => return 0,
             Ok(Some(req)) => {
                 shared.inflight.fetch_add(1, Ordering::SeqCst);
+                let pid = call_pid(&req.call);
+                if let Some(p) = pid {
+                    shared.inflight_pids.lock().unwrap_or_else(|e| e.into_inner()).push(p);
+                }
                 let (shared, writer) = (shared.clone(), writer.clone());
                 std::thread::spawn(move || {
                     let result = answer(&shared, &req.call);
                     track(&shared, &req.call, &result);
+                    if let Some(p) = pid {
+                        let mut v = shared.inflight_pids.lock().unwrap_or_else(|e| e.into_inner());
+                        if let Some(i) = v.iter().position(|x| *x == p) {
+                            v.swap_remove(i);
+                        }
+                    }
                     let mut w = writer.lock().unwrap_or_else(|p| p.into_inner());
                     // A failed write means the plugin is gone; the read side sees that too.
                     let _ = write_frame(&mut *w, &Reply { id: req.id, result });
@@ -232,14 +258,22 @@ fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>) {
     }
 }
 
-/// CRIU went away in the middle: put back what this agent changed, then exit.
+/// CRIU went away in the middle: put back what this agent changed, then exit. A process is put
+/// back only once no call on it is in flight (a checkpoint that was running when CRIU died ends
+/// first, then the process is restored and unlocked, in that order); the others at once.
 fn orphaned(shared: &Shared) {
     let deadline = Instant::now() + ORPHAN_DRAIN;
     let mut announced = false;
     loop {
+        let busy: Vec<i32> = shared.inflight_pids.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let (checkpointed, locked) = {
             let mut t = shared.touched.lock().unwrap_or_else(|p| p.into_inner());
-            (std::mem::take(&mut t.checkpointed), std::mem::take(&mut t.locked))
+            let ready = |set: &mut BTreeSet<i32>| {
+                let r: BTreeSet<i32> = set.iter().copied().filter(|p| !busy.contains(p)).collect();
+                set.retain(|p| busy.contains(p));
+                r
+            };
+            (ready(&mut t.checkpointed), ready(&mut t.locked))
         };
         if !(checkpointed.is_empty() && locked.is_empty()) {
             if !announced {
@@ -247,21 +281,34 @@ fn orphaned(shared: &Shared) {
                 announced = true;
             }
             if let Ok(api) = api(shared) {
-                for pid in &checkpointed {
-                    match api.restore(*pid, &[]) {
-                        Ok(()) => info!("driver agent: pid {pid}: restored onto its GPUs after CRIU went away"),
-                        Err(e) => error!("pid {pid} is left CHECKPOINTED after CRIU went away: {e}; run `criu-cuda-migrate recover --pid {pid}`"),
-                    }
-                }
-                for pid in &locked {
-                    match api.unlock(*pid) {
-                        Ok(()) => info!("driver agent: pid {pid}: unlocked, RUNNING again after CRIU went away"),
-                        Err(e) => error!("pid {pid} is left LOCKED after CRIU went away: {e}; run `criu-cuda-migrate recover --pid {pid}`"),
+                for pid in checkpointed.union(&locked) {
+                    let steps = [(checkpointed.contains(pid), true), (locked.contains(pid), false)];
+                    for (wanted, is_restore) in steps {
+                        if !wanted {
+                            continue;
+                        }
+                        let (r, what, left) = if is_restore {
+                            (api.restore(*pid, &[]), "restored onto its GPUs", "CHECKPOINTED")
+                        } else {
+                            (api.unlock(*pid), "unlocked, RUNNING again", "LOCKED")
+                        };
+                        match r {
+                            Ok(()) => info!("driver agent: pid {pid}: {what} after CRIU went away"),
+                            Err(e) => {
+                                error!("pid {pid} is left {left} after CRIU went away: {e}; run `criu-cuda-migrate recover --pid {pid}`");
+                                break;
+                            }
+                        }
                     }
                 }
             }
         }
-        if shared.inflight.load(Ordering::SeqCst) == 0 {
+        let idle = shared.inflight.load(Ordering::SeqCst) == 0;
+        let empty = {
+            let t = shared.touched.lock().unwrap_or_else(|p| p.into_inner());
+            t.checkpointed.is_empty() && t.locked.is_empty()
+        };
+        if idle && empty {
             return;
         }
         if Instant::now() > deadline {

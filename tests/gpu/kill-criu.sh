@@ -1,0 +1,64 @@
+#!/usr/bin/env bash
+# A fault on the real GPU: CRIU is SIGKILLed during a dump, after the plugin locked the process and while the
+# driver's checkpoint runs. The plugin's driver agent sees CRIU's end of its socket close and puts the process back
+# (restore onto its GPU, unlock); the process must end RUNNING, with its data, and the agent gone.
+#
+# Run THERE after tests/gpu/prepare.sh ran HERE and `.device/` was carried:   bash tests/gpu/kill-criu.sh
+# Prints one table row (`case | expected | seen | result | times`) and exits 1 when it fails.
+
+set -uo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+DEVICE_DIR=${CCM_DEVICE_DIR:-$REPO/.device}
+WORK=$(realpath -m "${CCM_WORK:-/var/tmp/ccm-kill}")
+CRIU_ROOT=/opt/criu
+CRIU_BIN=$CRIU_ROOT/usr/sbin/criu
+CRIU_LIBS=$CRIU_ROOT/usr/lib/x86_64-linux-gnu
+CRIU_TIMEOUT=120
+MIB=${CCM_KILL_MIB:-4096}
+# shellcheck source=tests/gpu/processes.sh
+source "$REPO/tests/gpu/processes.sh"
+
+row() { printf '| %s | %s | %s | %s | %s |\n' "$@"; }
+agent_alive() { grep -lx ccm-agent /proc/[0-9]*/comm >/dev/null 2>&1; }
+
+rm -rf "$WORK"
+mkdir -p "$WORK/plugins" "$WORK/img" "$WORK/w"
+: >"$WORK/pids"
+trap cleanup_processes EXIT
+for f in "$DEVICE_DIR"/criu-debs/*.deb; do dpkg -x "$f" "$CRIU_ROOT"; done
+cp "$DEVICE_DIR"/plugin/*.so "$WORK/plugins/"
+
+start_detached "$WORK/w" "$WORK/w/workload.log" "$DEVICE_DIR/bin/ccm-sample-workload" --dir "$WORK/w" --mib "$MIB" --rounds 1
+pid=$STARTED_PID
+wait_file "$WORK/w/ready" 120 "$pid" || { row k1-criu-killed-mid-dump "-" "workload not ready" FAIL -; exit 1; }
+
+# CRIU itself (no timeout wrapper), so that the SIGKILL reaches it.
+(
+    close_inherited_fds
+    exec env LD_LIBRARY_PATH="$CRIU_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
+        "$CRIU_BIN" dump -t "$pid" -D "$WORK/img" --libdir "$WORK/plugins" -v4 -o dump.log
+) &
+criu_pid=$!
+for _ in $(seq 600); do grep -q "cuCheckpointProcessLock" "$WORK/img/dump.log" 2>/dev/null && break; sleep 0.01; done
+grep -q "cuCheckpointProcessLock" "$WORK/img/dump.log" || { row k1-criu-killed-mid-dump "-" "CRIU never locked pid $pid" FAIL -; exit 1; }
+# Into the checkpoint (about 0.5 s per GiB here).
+sleep 0.3
+kill -9 "$criu_pid"
+t0=$(date +%s.%N)
+wait "$criu_pid" 2>/dev/null
+for _ in $(seq 1200); do agent_alive || break; sleep 0.05; done
+agent_s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+state=$(python3 "$REPO/tests/gpu/ckpt_ctl.py" state "$pid" 2>&1)
+lines=$(grep -o 'driver agent: [^(]*' "$WORK/img/dump.log" | sort -u | tr '\n' ';' | cut -c1-300)
+checkpointed=$(grep -c "cuCheckpointProcessCheckpoint" "$WORK/img/dump.log")
+: >"$WORK/w/go1"
+if wait_file "$WORK/w/done1" 60 "$pid" && seen=$(python3 "$REPO/tests/gpu/gpu_check.py" report "$WORK/w/report1.json" --data-ok --consistent) &&
+    [[ $state == running ]] && ! agent_alive; then
+    row k1-criu-killed-mid-dump "RUNNING again, data intact, agent gone" "state $state; $lines; $seen; dump.log had $checkpointed checkpoint line(s) (CRIU died before it logged)" PASS "agent done ${agent_s}s after the kill; ${MIB} MiB"
+    cp "$WORK/img/dump.log" "${OUT:-$WORK}/kill-criu-dump.log" 2>/dev/null
+    exit 0
+fi
+row k1-criu-killed-mid-dump "RUNNING again, data intact, agent gone" "state $state; agent alive: $(agent_alive && echo yes || echo no); $lines; ${seen:-no report}" FAIL "${agent_s}s"
+cp "$WORK/img/dump.log" "${OUT:-$WORK}/kill-criu-dump.log" 2>/dev/null
+exit 1
