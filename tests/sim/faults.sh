@@ -430,7 +430,7 @@ criu-killed-mid-dump)
         for _ in $(seq 100); do grep -q "^TracerPid:[[:space:]]*0$" "/proc/$p/status" && break; sleep 0.05; done
         grep -q "^TracerPid:[[:space:]]*0$" "/proc/$p/status" || fail "pid $p is still traced after CRIU died"
     done
-    for _ in $(seq 200); do [ "$(state "$p0")" = RUNNING ] && break; sleep 0.05; done
+    for _ in $(seq 600); do [ "$(state "$p0")" = RUNNING ] && break; sleep 0.05; done
     expect_state "$p0" RUNNING
     seen "$WORK/img/dump.log" "driver agent: pid $p0: unlocked, RUNNING again after CRIU went away"
     # w1's stalled lock ends with the double's call timeout; whatever it did, the agent undoes it.

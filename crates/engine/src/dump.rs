@@ -292,8 +292,8 @@ fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
     };
     let minors = ccm_process::devices::nvidia_minors_in_use(upid).map_err(|e| e.to_string())?;
     let mut used: Vec<&GpuIdentity> = minors.iter().filter_map(|m| node.gpu_by_minor(*m)).collect();
-    order_by_cuda_view(&mut used, &env, &node.gpus);
-    let wanted: Vec<(GpuUuid, PciSignature)> = node.gpus.iter().map(|g| (g.uuid, g.signature())).collect();
+    order_by_cuda_view(&mut used, &env, node.gpus());
+    let wanted: Vec<(GpuUuid, PciSignature)> = node.gpus().iter().map(|g| (g.uuid, g.signature())).collect();
     // Where libcuda keeps its words first (heap and small mappings: tens of ms even for a framework
     // process with gigabytes of host memory); everything only when that finds nothing.
     let mut scan = ccm_process::scan_signatures_in(upid, &wanted, ccm_process::ScanScope::LIBCUDA_OBJECTS)
@@ -308,15 +308,15 @@ fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
     // libcuda keeps the six words of every GPU it enumerated at start: that is the set the
     // driver wants pairs for at restore (CUDA_VISIBLE_DEVICES does not shrink it).
     let mut enumerated: Vec<GpuUuid> =
-        node.gpus.iter().map(|g| g.uuid).filter(|u| scan.sites.iter().any(|s| s.gpu == *u)).collect();
-    if node.gpus.is_empty() {
+        node.gpus().iter().map(|g| g.uuid).filter(|u| scan.sites.iter().any(|s| s.gpu == *u)).collect();
+    if node.gpus().is_empty() {
         warn!(
             "pid {pid}: NVML is unavailable, so its image records no GPU identity: this checkpoint can be restored only \
              onto the same GPUs, without a device map. Fix NVML (libnvidia-ml.so.1) and dump again to allow migration"
         );
     } else if enumerated.is_empty() {
         warn!("pid {pid}: found no PCI identity words of any GPU in its memory; assuming it enumerated every GPU of the node");
-        enumerated = node.gpus.iter().map(|g| g.uuid).collect();
+        enumerated = node.gpus().iter().map(|g| g.uuid).collect();
     }
     let ns_pid = ccm_process::tree::ns_pid(upid).unwrap_or(upid);
     let img = IdentityImage {
@@ -326,9 +326,9 @@ fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
         hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
             .map(|s| s.trim().to_string())
             .unwrap_or_default(),
-        driver_version: node.driver_version.clone(),
+        driver_version: node.driver_version().to_string(),
         cuda_driver_version: node.cuda_driver_version,
-        node_gpus: node.gpus.clone(),
+        node_gpus: node.gpus().to_vec(),
         enumerated,
         used: used.iter().map(|g| g.uuid).collect(),
         env,

@@ -2,7 +2,8 @@
 //!
 //! Every libcuda and NVML call goes through [`Agent`]: CRIU's own process must never get the
 //! driver's threads (see `ccm_agent`). The agent is forked at `init` and warms up by itself;
-//! [`Node::load`] waits for its GPU list only when a CUDA process is actually handled.
+//! [`Node::load`] waits for libcuda only when a CUDA process is actually handled, and
+//! [`Node::gpus`] for NVML's GPU list only where it is needed.
 
 use std::sync::OnceLock;
 
@@ -17,11 +18,17 @@ pub struct Node {
     pub agent: Agent,
     cuinit: OnceLock<Result<(), AgentError>>,
     pub cuda_driver_version: i32,
+    /// NVML's view, waited for at first use: a dump needs it only for the identity scan, which
+    /// runs during the checkpoint, so the agent's NVML start (16-19 ms) stays off the hooks' path.
+    nvml: OnceLock<NvmlView>,
+}
+
+struct NvmlView {
     /// NVML answered (lookups by bus id can validate).
-    pub nvml_ok: bool,
-    pub driver_version: String,
+    ok: bool,
+    driver_version: String,
     /// Every GPU NVML sees, NVML index order. Empty when NVML is unavailable.
-    pub gpus: Vec<GpuIdentity>,
+    gpus: Vec<GpuIdentity>,
 }
 
 /// Starts the driver agent for this CRIU run, keeping CRIU's log open in it.
@@ -31,41 +38,54 @@ pub fn spawn_agent(host: &dyn CriuHost) -> Result<Agent, EngineError> {
 }
 
 impl Node {
-    /// Waits until the agent has loaded libcuda and listed the GPUs. NVML failing is not fatal
-    /// here: the caller decides. `cuInit` is awaited later ([`Node::cuinit`]).
+    /// Waits until the agent has loaded libcuda. NVML's GPU list comes later ([`Node::gpus`]), and
+    /// so does `cuInit` ([`Node::cuinit`]).
     pub fn load(agent: Agent) -> Result<Node, EngineError> {
-        let n = agent.node().map_err(|e| match e {
+        let d = agent.driver().map_err(|e| match e {
             AgentError::NoDriver(m) => EngineError::NoDriver(m),
             other => EngineError::Agent(other),
         })?;
         info!(
             "driver: {} loaded, CUDA driver API {} ({:.3} s, in the driver agent, pid {})",
-            n.driver.libcuda_path, n.driver.cuda_driver_version, n.driver.load_seconds, n.driver.agent_pid
+            d.libcuda_path, d.cuda_driver_version, d.load_seconds, d.agent_pid
         );
-        let (nvml_ok, driver_version, gpus) = match n.nvml {
-            Ok(v) => {
-                if let Some(e) = &v.gpus_error {
-                    warn!("NVML lists no GPUs: {e}");
+        Ok(Node { agent, cuinit: OnceLock::new(), cuda_driver_version: d.cuda_driver_version, nvml: OnceLock::new() })
+    }
+
+    fn nvml(&self) -> &NvmlView {
+        self.nvml.get_or_init(|| {
+            let view = match self.agent.node().map(|n| n.nvml) {
+                Ok(Ok(v)) => {
+                    if let Some(e) = &v.gpus_error {
+                        warn!("NVML lists no GPUs: {e}");
+                    }
+                    info!("NVML: driver {}, {} GPU(s) ({:.3} s)", v.driver_version, v.gpus.len(), v.seconds);
+                    NvmlView { ok: true, driver_version: v.driver_version, gpus: v.gpus }
                 }
-                info!("NVML: driver {}, {} GPU(s) ({:.3} s)", v.driver_version, v.gpus.len(), v.seconds);
-                (true, v.driver_version, v.gpus)
+                Ok(Err(e)) => {
+                    warn!("{e}");
+                    NvmlView { ok: false, driver_version: String::new(), gpus: Vec::new() }
+                }
+                Err(e) => {
+                    warn!("NVML through the driver agent: {e}");
+                    NvmlView { ok: false, driver_version: String::new(), gpus: Vec::new() }
+                }
+            };
+            for (i, g) in view.gpus.iter().enumerate() {
+                info!("  GPU {i}: {} {} {} minor {} {} MiB", g.uuid, g.pci, g.name, g.minor, g.memory_total >> 20);
             }
-            Err(e) => {
-                warn!("{e}");
-                (false, String::new(), Vec::new())
-            }
-        };
-        for (i, g) in gpus.iter().enumerate() {
-            info!("  GPU {i}: {} {} {} minor {} {} MiB", g.uuid, g.pci, g.name, g.minor, g.memory_total >> 20);
-        }
-        Ok(Node {
-            agent,
-            cuinit: OnceLock::new(),
-            cuda_driver_version: n.driver.cuda_driver_version,
-            nvml_ok,
-            driver_version,
-            gpus,
+            view
         })
+    }
+
+    /// Every GPU NVML sees, NVML index order (empty without NVML); waits for NVML the first time.
+    pub fn gpus(&self) -> &[GpuIdentity] {
+        &self.nvml().gpus
+    }
+
+    /// The kernel driver's version as NVML reports it (empty without NVML).
+    pub fn driver_version(&self) -> &str {
+        &self.nvml().driver_version
     }
 
     /// The agent's `cuInit(0)`, which it started at its own start: the driver requires it in the
@@ -86,16 +106,16 @@ impl Node {
     }
 
     pub fn gpu(&self, uuid: &GpuUuid) -> Option<&GpuIdentity> {
-        self.gpus.iter().find(|g| &g.uuid == uuid)
+        self.gpus().iter().find(|g| &g.uuid == uuid)
     }
 
     pub fn gpu_by_minor(&self, minor: u32) -> Option<&GpuIdentity> {
-        self.gpus.iter().find(|g| g.minor == minor)
+        self.gpus().iter().find(|g| g.minor == minor)
     }
 
     /// NVML's answer for "which GPU is at `pci`" (`None` for Not Found or without NVML).
     pub fn uuid_at_pci(&self, pci: &PciAddress) -> Option<GpuUuid> {
-        if !self.nvml_ok {
+        if !self.nvml().ok {
             return None;
         }
         self.agent.uuid_at_pci(*pci).ok().flatten()

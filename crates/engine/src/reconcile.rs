@@ -64,7 +64,7 @@ fn current_sites(pid: u32, plan: &ProcessPlan, node: &Node, mem: &ProcessMemory)
     if !recorded.is_empty() {
         let now: Vec<Option<PciSignature>> =
             recorded.iter().map(|site| ccm_process::mem::read_signature(mem, site.addr).ok()).collect();
-        let c = classify_recorded_sites(recorded, &now, &plan.map, &node.gpus);
+        let c = classify_recorded_sites(recorded, &now, &plan.map, node.gpus());
         if c.usable() {
             if !c.fresh.is_empty() {
                 info!(
@@ -147,7 +147,7 @@ fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) 
     s.used_recorded_sites = sites.recorded;
     s.fresh = sites.fresh.iter().map(|site| (site.gpu, site.addr)).collect();
     let rewrites =
-        plan_rewrites(&sites.stale, &plan.map, &plan.image.node_gpus, &node.gpus).map_err(|e| e.to_string())?;
+        plan_rewrites(&sites.stale, &plan.map, &plan.image.node_gpus, node.gpus()).map_err(|e| e.to_string())?;
     for w in &rewrites.writes {
         ccm_process::mem::verify_and_write(&mem, w.addr, &w.expect, &w.write)
             .map_err(|e| format!("site {:#x} ({} -> {}): {e}", w.addr, w.gpu_old, w.gpu_new))?;
@@ -159,7 +159,7 @@ fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) 
     match ccm_process::environ::read_environ_block(pid) {
         Ok(block) => {
             let plan_env =
-                ccm_identity::env::plan_env_edits(&block.bytes, &plan.map, &plan.image.node_gpus, &node.gpus);
+                ccm_identity::env::plan_env_edits(&block.bytes, &plan.map, &plan.image.node_gpus, node.gpus());
             for w in &plan_env.warnings {
                 warn!("pid {pid}: {w}");
             }

@@ -84,7 +84,7 @@ impl RestoreSession {
         // Without an explicit usable set, the GPUs the restoring runtime gives the container.
         let given = if s.config.usable_gpus.is_none() {
             ccm_process::container::restoring_runtime_spec().and_then(|(path, text)| {
-                ccm_identity::runtime::gpus_given_by_spec(&text, &node.gpus).map(|g| (path, g))
+                ccm_identity::runtime::gpus_given_by_spec(&text, node.gpus()).map(|g| (path, g))
             })
         } else {
             None
@@ -97,7 +97,7 @@ impl RestoreSession {
                 g.source
             );
         }
-        s.plans = preflight::plan(images, &node.gpus, &s.config, given.as_ref().map(|(_, g)| g))?;
+        s.plans = preflight::plan(images, node.gpus(), &s.config, given.as_ref().map(|(_, g)| g))?;
         if s.plans.iter().any(|p| !p.map.is_identity()) {
             if let ccm_driver::abi::RestoreArgsLayout::Unknown(why) =
                 ccm_driver::abi::restore_args_layout(node.cuda_driver_version)
@@ -111,7 +111,7 @@ impl RestoreSession {
                 p.image.pid,
                 p.image.hostname,
                 p.image.driver_version,
-                p.map.render_table(&p.image, &node.gpus)
+                p.map.render_table(&p.image, node.gpus())
             );
         }
         info!("preflight passed for {} CUDA process(es) in {:.3} s", s.plans.len(), t0.elapsed().as_secs_f64());
@@ -246,7 +246,7 @@ impl RestoreSession {
                 Ok(()) => "ok".to_string(),
                 Err(e) => format!("FAILED: {e}"),
             },
-            plan.map.render_table(&plan.image, &node.gpus),
+            plan.map.render_table(&plan.image, node.gpus()),
             reconcile
         );
         if let Err(e) = std::fs::write(dir.join(&name), text) {
