@@ -26,6 +26,9 @@ OVERHEAD_FLOOR_S = 0.050
 PARALLEL_GOAL = 1.25
 RECONCILE_GOAL_S = 0.050
 
+# The plugin's own account of what CRIU waited for in it (src/lib.rs, one line per init, hook that did work, exit).
+HOOK_TIMING = re.compile(rf"timing: (\S+)\(.*\) {NUM} s in the plugin")
+
 DUMP_PATTERNS = {
     "load_s": re.compile(rf"driver: .* loaded, .*\({NUM} s\)"),
     "nvml_s": re.compile(rf"NVML: driver .*\({NUM} s\)"),
@@ -86,7 +89,7 @@ def criu_stats(lines):
 def parse_dump(path):
     lines = plugin_lines(path)
     mine = [t for t in lines if TAG in t]
-    d = {"load_s": 0.0, "nvml_s": 0.0, "cuinit_s": 0.0, "batch_s": None, "processes": 0, "pids": {}}
+    d = {"load_s": 0.0, "nvml_s": 0.0, "cuinit_s": 0.0, "batch_s": None, "processes": 0, "pids": {}, "hooks_s": None}
     for t in mine:
         for key, rx in DUMP_PATTERNS.items():
             m = rx.search(t)
@@ -103,13 +106,20 @@ def parse_dump(path):
             if m:
                 fn(d["pids"].setdefault(m.group(1), {}), m)
     d["criu_stats"] = criu_stats(lines)
+    d["hooks_s"] = hooks_total(mine)
     return d
+
+
+def hooks_total(lines):
+    """The sum of the plugin's `timing:` lines, or None for logs of builds without them."""
+    found = [float(m.group(2)) for m in (HOOK_TIMING.search(t) for t in lines) if m]
+    return sum(found) if found else None
 
 
 def parse_restore(path):
     lines = plugin_lines(path)
     mine = [t for t in lines if TAG in t]
-    d = {"preflight_s": 0.0, "cuinit_s": 0.0, "batch_s": None, "processes": 0, "pids": {}}
+    d = {"preflight_s": 0.0, "cuinit_s": 0.0, "batch_s": None, "processes": 0, "pids": {}, "hooks_s": None}
     for t in mine:
         for key, rx in RESTORE_PATTERNS.items():
             m = rx.search(t)
@@ -130,6 +140,7 @@ def parse_restore(path):
         if m:
             d["pids"].setdefault(m.group(1), {})["unlock_s"] = float(m.group(2))
     d["criu_stats"] = criu_stats(lines)
+    d["hooks_s"] = hooks_total(mine)
     return d
 
 
@@ -143,11 +154,20 @@ def split_criu(dump, restore, dump_wall, restore_wall):
     pids_d, pids_r = dump["pids"], restore["pids"]
     locks = sum(p.get("lock_s", 0.0) for p in pids_d.values())
     ckpt = max((p.get("checkpoint_s", 0.0) for p in pids_d.values()), default=0.0)
-    plugin_dump = dump["load_s"] + dump["nvml_s"] + dump["cuinit_s"] + locks + (dump["batch_s"] or 0.0)
-    driver_dump = dump["cuinit_s"] + locks + ckpt
     rst = max((p.get("restore_s", 0.0) + p.get("unlock_s", 0.0) for p in pids_r.values()), default=0.0)
-    plugin_restore = restore["preflight_s"] + (restore["batch_s"] or 0.0)
-    driver_restore = restore["cuinit_s"] + rst
+    if dump.get("hooks_s") is not None and restore.get("hooks_s") is not None:
+        # The driver agent (since 2026-12-01) runs cuInit and NVML outside the hooks, overlapped with CRIU's
+        # own work: the plugin's time is what CRIU waited for in its init, hooks and exit (their `timing:`
+        # lines), and the driver's critical path is the locks, the longest checkpoint, the longest
+        # restore + unlock. cuInit counts only where a hook waited for it (it is in the hooks' time then).
+        plugin_dump, plugin_restore = dump["hooks_s"], restore["hooks_s"]
+        driver_dump = locks + ckpt
+        driver_restore = rst
+    else:
+        plugin_dump = dump["load_s"] + dump["nvml_s"] + dump["cuinit_s"] + locks + (dump["batch_s"] or 0.0)
+        driver_dump = dump["cuinit_s"] + locks + ckpt
+        plugin_restore = restore["preflight_s"] + (restore["batch_s"] or 0.0)
+        driver_restore = restore["cuinit_s"] + rst
     out = {
         "dump_wall_s": dump_wall, "restore_wall_s": restore_wall,
         "plugin_dump_s": plugin_dump, "driver_dump_s": driver_dump, "criu_dump_s": dump_wall - plugin_dump,
