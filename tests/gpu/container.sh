@@ -10,7 +10,7 @@
 #                                                $OUT/xfer-*.tar.xz (split into 15 MiB parts) and meta.txt
 #   bash tests/gpu/container.sh restore XFER     phase 2, on machine B: XFER is a folder holding phase 1's
 #                                                files; restores both there, NCCL after the restore
-#   bash tests/gpu/container.sh same dump        several phases in one call (c1 ... c5: one same-machine case)
+#   bash tests/gpu/container.sh same dump        several phases in one call (c1 ... c6: one same-machine case)
 #
 # Anyone with two single-GPU nodes reruns the move the same way: `dump` on node A, copy $OUT's xfer-* and
 # meta.txt to node B, `restore DIR` there. Both nodes need the same driver, the checkout at the same path,
@@ -336,6 +336,31 @@ case_two_processes() {
     save "$c"
 }
 
+# A PyTorch process in the container (a tensor of 512 MiB on cuda:0, torch loaded before the dump): runc checkpoint
+# and restore, then the tensor is checked and new GPU work runs.
+case_pytorch() {
+    local c=$WORK/cases/c6 id=ccm-c6 t0 td tr seen args
+    rm -rf "$c"; mkdir -p "$c"
+    args=$(printf '["%s","%s","--dir","/ctl","--mib","512","--device","cuda:0","--rounds","2"]' "$(command -v python3)" "$REPO/tests/gpu/torch_workload.py")
+    make_bundle "$c/bundle" "$c/ctl" "$args"
+    start_container $id "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT" || { record c6-runc-pytorch "restored, tensor intact" "not started: $(tail -n3 "$WORK/$id.stdio.log" | tr '\n' ' ')" FAIL -; return; }
+    t0=$(now)
+    checkpoint $id "$c/img" || { record c6-runc-pytorch "checkpoint passes" "$(grep -E 'Error' "$c/img.work/dump.log" | head -n2 | tr '\n' ' ' | cut -c1-200)" FAIL -; save "$c"; return; }
+    td=$(elapsed "$t0")
+    t0=$(now)
+    restore_container $id "$c/bundle" "$c/img" || { record c6-runc-pytorch "restore passes" "$(grep -E 'Error' "$c/img.rwork/restore.log" | head -n2 | tr '\n' ' ' | cut -c1-200)" FAIL "checkpoint ${td}s"; save "$c"; return; }
+    tr=$(elapsed "$t0")
+    go_round "$c/ctl" 1
+    if seen=$("${CHECK[@]}" torch "$c/ctl/report1.json" --uuid "$GPU_UUID"); then
+        record c6-runc-pytorch "PyTorch in the container: restored, tensor intact, new GPU work runs, torch names this GPU" "$seen; images $(du -sm "$c/img" | cut -f1) MiB" PASS "checkpoint ${td}s, restore ${tr}s"
+    else
+        record c6-runc-pytorch "restored, tensor intact" "$seen" FAIL "checkpoint ${td}s, restore ${tr}s"
+    fi
+    runc_ delete -f $id >/dev/null 2>&1
+    rm -rf "$c/img"
+    save "$c"
+}
+
 # refused_then_restored NAME ID WHY: starts container ID (64 MiB), checkpoints it, and restores it with the refusing
 # setup (REFUSE_ENV: an assignment for the runtime's environment; REFUSE_MINOR: the GPU minor the restore bundle
 # gives), which the preflight must refuse with a line matching WHY before CRIU restores anything: images
@@ -488,12 +513,14 @@ main() {
             case_two_processes
             case_refusal
             case_container_given_gpus
+            case_pytorch
             ;;
         c1) case_checkpoint_restore ;;
         c2) case_leave_running ;;
         c3) case_two_processes ;;
         c4) case_refusal ;;
         c5) case_container_given_gpus ;;
+        c6) case_pytorch ;;
         dump) phase_dump ;;
         restore)
             shift
