@@ -113,6 +113,17 @@ swap | swap-noreconcile)
             fail "preflight accepted 1 usable GPU for a process that uses 2"
         fi
         grep -q "preflight refused" "$WORK/preflight2.txt" || fail "preflight refusal output: $(cat "$WORK/preflight2.txt")"
+        # With a container bundle: the GPUs its spec gives the container, as the plugin reads them at restore.
+        mkdir -p "$WORK/bundle1" "$WORK/bundle2"
+        echo '{"ociVersion":"1.2.0","linux":{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":1}]}}' >"$WORK/bundle1/config.json"
+        echo '{"ociVersion":"1.2.0","linux":{"devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0},{"path":"/dev/nvidia1","type":"c","major":195,"minor":1}]}}' >"$WORK/bundle2/config.json"
+        if env -u CRIU_CUDA_MIGRATE_DEVICE_MAP "$BIN/criu-cuda-migrate" preflight "$WORK/img" --bundle "$WORK/bundle1" >"$WORK/preflight3.txt"; then
+            fail "preflight accepted a bundle giving 1 GPU for a process that uses 2: $(cat "$WORK/preflight3.txt")"
+        fi
+        grep -q "usable GPUs from the bundle's spec (linux.devices /dev/nvidia1 (minor 1)): $G1" "$WORK/preflight3.txt" && grep -q "preflight refused" "$WORK/preflight3.txt" ||
+            fail "preflight --bundle output: $(cat "$WORK/preflight3.txt")"
+        env -u CRIU_CUDA_MIGRATE_DEVICE_MAP "$BIN/criu-cuda-migrate" preflight "$WORK/img" --bundle "$WORK/bundle2" >"$WORK/preflight4.txt" ||
+            fail "preflight refused a bundle giving both GPUs: $(cat "$WORK/preflight4.txt")"
     else
         grep -q '"all_agree": *false' "$r" || fail "without reconciliation the bug must show: $(cat "$r")"
     fi

@@ -45,6 +45,10 @@ enum Command {
         /// GPUs the restore may use, UUIDs or NVML indices (default: $CRIU_CUDA_MIGRATE_USABLE_GPUS).
         #[arg(long)]
         usable_gpus: Option<String>,
+        /// The container bundle the restore will use (its config.json): without --usable-gpus, the GPUs its
+        /// spec gives the container, as the plugin reads them from `runc restore --bundle`.
+        #[arg(long)]
+        bundle: Option<PathBuf>,
     },
     /// List the GPUs NVML sees on this node.
     Node,
@@ -61,8 +65,8 @@ fn main() -> ExitCode {
     let cli = Cli::parse();
     let r = match &cli.command {
         Command::Inspect { dir } => inspect(dir, cli.json),
-        Command::Preflight { dir, device_map, usable_gpus } => {
-            run_preflight(dir, device_map.clone(), usable_gpus.clone(), cli.json)
+        Command::Preflight { dir, device_map, usable_gpus, bundle } => {
+            run_preflight(dir, device_map.clone(), usable_gpus.clone(), bundle.as_deref(), cli.json)
         }
         Command::Node => node(cli.json),
         Command::Recover { pid } => recover(*pid, cli.json),
@@ -175,8 +179,21 @@ fn restore_reports(dir: &Path) -> Vec<(String, String)> {
     out
 }
 
-fn run_preflight(dir: &Path, device_map: Option<String>, usable: Option<String>, json: bool) -> CliResult {
+fn run_preflight(
+    dir: &Path,
+    device_map: Option<String>,
+    usable: Option<String>,
+    bundle: Option<&Path>,
+    json: bool,
+) -> CliResult {
     let images = load_images(dir)?;
+    let spec = match bundle {
+        Some(b) => {
+            let path = b.join("config.json");
+            Some(std::fs::read_to_string(&path).map_err(|e| format!("--bundle: cannot read {}: {e}", path.display()))?)
+        }
+        None => None,
+    };
     let mut config = Config::from_sources(|k| std::env::var(k).ok(), &[], &[]).map_err(|e| e.to_string())?;
     if device_map.is_some() {
         config.device_map = device_map;
@@ -196,7 +213,21 @@ fn run_preflight(dir: &Path, device_map: Option<String>, usable: Option<String>,
         }
         Err(_) => Vec::new(),
     };
-    match preflight::plan(images, &gpus, &config, None) {
+    let given = match &spec {
+        Some(text) if config.usable_gpus.is_none() => Some(
+            ccm_identity::runtime::gpus_given_by_spec(text, &gpus)
+                .ok_or_else(|| "--bundle: its config.json is no OCI spec that names GPUs".to_string())?,
+        ),
+        _ => None,
+    };
+    if let (Some(g), false) = (&given, json) {
+        println!(
+            "usable GPUs from the bundle's spec ({}): {}",
+            g.source,
+            g.uuids.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", ")
+        );
+    }
+    match preflight::plan(images, &gpus, &config, given.as_ref()) {
         Ok(plans) => {
             if json {
                 let v: Vec<_> = plans
