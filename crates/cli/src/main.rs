@@ -45,8 +45,8 @@ enum Command {
         /// GPUs the restore may use, UUIDs or NVML indices (default: $CRIU_CUDA_MIGRATE_USABLE_GPUS).
         #[arg(long)]
         usable_gpus: Option<String>,
-        /// The container bundle the restore will use (its config.json): without --usable-gpus, the GPUs its
-        /// spec gives the container, as the plugin reads them from `runc restore --bundle`.
+        /// The container bundle the restore will use: without --usable-gpus, the GPUs its config.json gives the
+        /// container, as the plugin reads them at a runc or crun restore.
         #[arg(long)]
         bundle: Option<PathBuf>,
     },
