@@ -223,13 +223,19 @@ mod tests {
     fn nvidia_minor_paths() {
         assert_eq!(nvidia_minor_of_path("/dev/nvidia12"), Some(12));
         assert_eq!(nvidia_minor_of_path("/proc/7/root/dev/nvidia3"), Some(3));
+        assert_eq!(nvidia_minor_of_path("/dev/nvidia0"), Some(0));
         for p in [
             "/dev/nvidiactl",
             "/dev/nvidia-uvm",
+            "/dev/nvidia-uvm-tools",
+            "/dev/nvidia-modeset",
             "/dev/nvidia",
             "/dev/nvidia-caps/nvidia-cap1",
             "/dev/nvidia1x",
             "/tmp/nvidia0",
+            "/home/dev2/nvidia0",
+            "nvidia0",
+            "",
         ] {
             assert_eq!(nvidia_minor_of_path(p), None, "{p}");
         }

@@ -92,27 +92,13 @@ pub fn maps_library(pid: u32, name_fragment: &str) -> Result<bool, ProcessError>
 mod tests {
     use super::*;
 
+    /// The names themselves are ccm_identity::runtime's rules (tested there); this wrapper adds
+    /// only the ` (deleted)` of an fd's link target.
     #[test]
-    fn gpu_minor_names() {
-        assert_eq!(gpu_minor_of_path("/dev/nvidia0"), Some(0));
-        assert_eq!(gpu_minor_of_path("/dev/nvidia13"), Some(13));
+    fn gpu_minor_of_a_deleted_node() {
         assert_eq!(gpu_minor_of_path("/dev/nvidia1 (deleted)"), Some(1));
         assert_eq!(gpu_minor_of_path("/tmp/sim state/dev/nvidia3"), Some(3));
-        for not_gpu in [
-            "/dev/nvidiactl",
-            "/dev/nvidia-uvm",
-            "/dev/nvidia-uvm-tools",
-            "/dev/nvidia-modeset",
-            "/dev/nvidia-caps/nvidia-cap1",
-            "/dev/nvidia",
-            "/dev/nvidia0x",
-            "/home/dev2/nvidia0",
-            "/usr/lib/nvidia0",
-            "nvidia0",
-            "",
-        ] {
-            assert_eq!(gpu_minor_of_path(not_gpu), None, "{not_gpu}");
-        }
+        assert_eq!(gpu_minor_of_path("/dev/nvidiactl (deleted)"), None);
     }
 
     #[test]

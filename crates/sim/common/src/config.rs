@@ -364,14 +364,12 @@ pub fn process_view(config: &SimConfig) -> Result<Vec<usize>, SimError> {
     Ok((0..config.gpus.len()).filter(|&i| minors.contains(&config.gpus[i].minor)).collect())
 }
 
-/// Minors of the `nvidiaN` entries of a `/dev` directory.
+/// Minors of the `nvidiaN` entries of a `/dev` directory (names by the plugin's own rule).
 pub fn dev_gpu_minors(dev: &std::path::Path) -> Vec<u32> {
     let Ok(rd) = std::fs::read_dir(dev) else { return Vec::new() };
     rd.flatten()
         .filter_map(|e| {
-            let name = e.file_name();
-            let digits = name.to_str()?.strip_prefix("nvidia")?.to_string();
-            (!digits.is_empty() && digits.bytes().all(|b| b.is_ascii_digit())).then(|| digits.parse().ok())?
+            ccm_identity::runtime::nvidia_minor_of_path(&format!("/dev/{}", e.file_name().to_string_lossy()))
         })
         .collect()
 }
