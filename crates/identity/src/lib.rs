@@ -13,6 +13,7 @@ pub mod env;
 pub mod gpu;
 pub mod image;
 pub mod map;
+pub mod options;
 pub mod pattern;
 pub mod runtime;
 pub mod settings;
