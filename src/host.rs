@@ -78,34 +78,35 @@ impl CriuHost for RunningCriu {
     }
 }
 
-/// `--plugin-option criu-cuda-migrate.KEY=VALUE` pairs, when the running CRIU offers
-/// `criu_plugin_get_options(int *argc, char ***argv)` (newer than 4.2).
-pub fn plugin_options() -> Vec<(String, String)> {
+/// The argument array CRIU hands plugins for `--plugin-option` (CRIU PR #3138): a synthetic `argv[0]`, then
+/// every plugin option given, prefixed `--`. `None` when the running CRIU has no
+/// `int criu_plugin_get_options(int *argc, char ***argv)` (CRIU 4.1.1 and 4.2.1 have none; criu-dev since
+/// 2026-09 has it): looked up at run time, so one plugin file loads in both.
+pub fn plugin_option_argv() -> Option<Vec<String>> {
     // SAFETY: CRIU's declaration is `int criu_plugin_get_options(int *argc, char ***argv)`.
-    let Some(f) = (unsafe {
+    let f = unsafe {
         criu_function::<extern "C" fn(*mut c_int, *mut *mut *mut c_char) -> c_int>(c"criu_plugin_get_options")
-    }) else {
-        return Vec::new();
-    };
+    }?;
     let mut argc: c_int = 0;
     let mut argv: *mut *mut c_char = std::ptr::null_mut();
-    if f(&mut argc, &mut argv) != 0 || argv.is_null() {
-        return Vec::new();
+    let rc = f(&mut argc, &mut argv);
+    if rc != 0 {
+        log::warn!("criu_plugin_get_options failed ({rc}); plugin options are not read in this run");
+        return Some(Vec::new());
+    }
+    if argv.is_null() {
+        return Some(Vec::new());
     }
     let mut out = Vec::new();
     for i in 0..argc.max(0) as usize {
-        // SAFETY: CRIU returns `argc` valid pointers to NUL-terminated strings it owns.
+        // SAFETY: CRIU returns `argc` valid pointers to NUL-terminated strings it owns (the array is also
+        // NULL-terminated at `argc`).
         let s = unsafe { *argv.add(i) };
         if s.is_null() {
-            continue;
+            break;
         }
         // SAFETY: non-null NUL-terminated string owned by CRIU for its whole run.
-        let text = unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned();
-        if let Some(kv) = text.strip_prefix(ccm_engine::config::OPTION_PREFIX) {
-            if let Some((k, v)) = kv.split_once('=') {
-                out.push((k.to_string(), v.to_string()));
-            }
-        }
+        out.push(unsafe { CStr::from_ptr(s) }.to_string_lossy().into_owned());
     }
-    out
+    Some(out)
 }

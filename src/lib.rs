@@ -156,14 +156,24 @@ fn plugin_init_inner(stage: c_int) -> c_int {
         install_panic_hook();
         info!("{} {}: init stage={}", ccm_engine::PLUGIN_NAME, env!("CARGO_PKG_VERSION"), stage_name(stage));
         let host = host::RunningCriu;
-        let config = match Config::from_process(&host::plugin_options()) {
+        // Plugin options (where this CRIU offers them) override the environment; a bad one of ours fails the
+        // init with what to write, like a bad environment variable.
+        let given = match host::plugin_option_argv().map(|argv| ccm_identity::options::parse(&argv)).transpose() {
+            Ok(g) => g,
+            Err(e) => {
+                error!("configuration: {e}");
+                return -libc::EINVAL;
+            }
+        };
+        let pairs = given.as_deref().map(ccm_identity::options::as_pairs).unwrap_or_default();
+        let config = match Config::from_process(&pairs) {
             Ok(c) => c,
             Err(e) => {
                 error!("configuration: {e}");
                 return -libc::EINVAL;
             }
         };
-        info!("settings: {config}");
+        info!("settings: {config}; {}", ccm_identity::options::sources(given.as_deref(), |k| std::env::var(k).ok()));
         let mut s = session();
         *s = Session::Off;
         if config.disabled {

@@ -90,7 +90,9 @@ impl Config {
         let get = |s: &Setting| {
             plugin_options.iter().rev().find(|(k, _)| k == s.option).map(|(_, v)| v.clone()).or_else(|| env(s.env))
         };
-        let device_map = get(&settings::DEVICE_MAP).filter(|s| !s.trim().is_empty());
+        // `auto` (CRIU cuda_plugin's word) is what no map means: the automatic map.
+        let device_map =
+            get(&settings::DEVICE_MAP).filter(|s| !s.trim().is_empty() && !s.trim().eq_ignore_ascii_case("auto"));
         let usable_gpus = get(&settings::USABLE_GPUS).filter(|s| !s.trim().is_empty());
         let libcuda = get(&settings::LIBCUDA).filter(|s| !s.trim().is_empty());
         let libnvml = get(&settings::LIBNVML).filter(|s| !s.trim().is_empty());
@@ -116,9 +118,9 @@ impl Config {
                 })
             }
         };
-        let disabled = env(ENV_DISABLE).is_some_and(|v| truthy(&v));
+        let disabled = get(&settings::DISABLE).is_some_and(|v| truthy(&v));
         let args = parse_criu_args(criu_args);
-        let leave_running = match env(ENV_LEAVE_RUNNING).filter(|v| !v.trim().is_empty()) {
+        let leave_running = match get(&settings::LEAVE_RUNNING).filter(|v| !v.trim().is_empty()) {
             _ if args.leave_running => LeaveRunning::Yes,
             Some(v) if truthy(&v) => LeaveRunning::Yes,
             Some(v) if falsy(&v) => LeaveRunning::No,
@@ -300,5 +302,26 @@ mod tests {
         );
         let bad = Config::from_sources(|k| (k == ENV_MODE).then(|| "loose".to_string()), &[], &[]);
         assert!(bad.unwrap_err().to_string().contains("strict"));
+        // Every setting has its option, `auto` is no map, and a leave-running option beats RPC's unknown.
+        let env = |k: &str| match k {
+            ENV_DEVICE_MAP => Some("A=B".to_string()),
+            ENV_LEAVE_RUNNING => Some("0".to_string()),
+            _ => None,
+        };
+        let o = |k: &str, v: &str| (k.to_string(), v.to_string());
+        let c = Config::from_sources(
+            env,
+            &args("criu swrk 3"),
+            &[o("device-map", "auto"), o("leave-running", "1"), o("usable-gpus", "1"), o("libcuda", "/x")],
+        )
+        .unwrap();
+        assert_eq!((c.device_map, c.leave_running), (None, LeaveRunning::Yes));
+        assert_eq!((c.usable_gpus.as_deref(), c.libcuda.as_deref()), (Some("1"), Some("/x")));
+        assert!(Config::from_sources(|_| None, &[], &[o("disable", "1")]).unwrap().disabled);
+        assert!(
+            !Config::from_sources(|k| (k == ENV_DISABLE).then(|| "1".into()), &[], &[o("disable", "0")])
+                .unwrap()
+                .disabled
+        );
     }
 }

@@ -78,7 +78,7 @@ fn checked(setting: Setting, name: &str, value: Option<&str>) -> Result<String, 
             s if s == settings::DEVICE_MAP => "GPU-<uuid>=GPU-<uuid>[,...] or auto",
             s if s == settings::USABLE_GPUS => "UUIDs or NVML indices, comma-separated, or all",
             s if s == settings::MODE => "strict or permissive",
-            s if s == settings::RECONCILE => "on or off",
+            s if s.default == "on" => "on or off",
             _ => "a path",
         };
         return Err(OptionError::NeedsValue { name: name.to_string(), expected });
@@ -95,9 +95,11 @@ fn checked(setting: Setting, name: &str, value: Option<&str>) -> Result<String, 
                 return Ok(String::new());
             }
             let ordinal = |side: &str| !side.trim().is_empty() && side.trim().bytes().all(|b| b.is_ascii_digit());
-            if trimmed.split(',').filter(|i| !i.trim().is_empty()).any(|item| {
-                item.split_once('=').is_some_and(|(old, new)| ordinal(old) || ordinal(new))
-            }) {
+            if trimmed
+                .split(',')
+                .filter(|i| !i.trim().is_empty())
+                .any(|item| item.split_once('=').is_some_and(|(old, new)| ordinal(old) || ordinal(new)))
+            {
                 return Err(invalid(
                     "GPU UUID pairs GPU-<uuid>=GPU-<uuid>[,...] (UUIDs from `nvidia-smi -L` on this node and \
                      `criu-cuda-migrate inspect` of the images), or auto; ordinal pairs such as 0=1 (CRIU \
@@ -112,10 +114,11 @@ fn checked(setting: Setting, name: &str, value: Option<&str>) -> Result<String, 
             "strict" | "permissive" => Ok(trimmed.to_string()),
             _ => Err(invalid("strict or permissive")),
         },
-        s if s == settings::RECONCILE => match trimmed {
-            "on" | "1" => Ok("on".to_string()),
-            "off" | "0" => Ok("off".to_string()),
-            _ => Err(invalid("on or off")),
+        // The switches that are on unless turned off (reconcile, memory-check).
+        s if s.default == "on" => match boolean(trimmed) {
+            Some("1") => Ok("on".to_string()),
+            Some(_) => Ok("off".to_string()),
+            None => Err(invalid("on or off")),
         },
         _ if trimmed.is_empty() => Err(invalid("a non-empty value")),
         _ => Ok(trimmed.to_string()),
@@ -194,32 +197,39 @@ mod tests {
 
     #[test]
     fn every_setting_has_an_option_and_the_values_are_normalised() {
-        let map = format!("--criu-cuda-migrate.device-map={A}={B}");
-        let got = pairs(&[
-            &map,
-            "--criu-cuda-migrate.usable-gpus=0,1",
-            "--criu-cuda-migrate.mode=permissive",
-            "--criu-cuda-migrate.reconcile=0",
-            "--criu-cuda-migrate.leave-running",
-            "--criu-cuda-migrate.disable=no",
-            "--criu-cuda-migrate.libcuda=/opt/nv/libcuda.so.1",
-            "--criu-cuda-migrate.libnvml= /opt/nv/libnvidia-ml.so.1 ",
-        ])
-        .unwrap();
-        assert_eq!(
-            got,
-            [
-                p("device-map", &format!("{A}={B}")),
-                p("usable-gpus", "0,1"),
-                p("mode", "permissive"),
-                p("reconcile", "off"),
-                p("leave-running", "1"),
-                p("disable", "0"),
-                p("libcuda", "/opt/nv/libcuda.so.1"),
-                p("libnvml", "/opt/nv/libnvidia-ml.so.1"),
-            ]
-        );
+        // One option per setting, each with a value of its kind.
+        let given: Vec<String> = settings::ALL
+            .iter()
+            .map(|s| {
+                let value = match s.option {
+                    "device-map" => format!("={A}={B}"),
+                    "usable-gpus" => "=0,1".to_string(),
+                    "mode" => "=permissive".to_string(),
+                    "leave-running" => String::new(),
+                    "disable" => "=no".to_string(),
+                    _ if s.default == "on" => "=0".to_string(),
+                    _ => format!("= /opt/nv/{}.so.1 ", s.option),
+                };
+                format!("--{}{value}", s.option_name())
+            })
+            .collect();
+        let given: Vec<&str> = given.iter().map(String::as_str).collect();
+        let got = pairs(&given).unwrap();
         assert_eq!(got.len(), settings::ALL.len());
+        for (key, value) in &got {
+            let expected = match key.as_str() {
+                "device-map" => format!("{A}={B}"),
+                "usable-gpus" => "0,1".to_string(),
+                "mode" => "permissive".to_string(),
+                "leave-running" => "1".to_string(),
+                "disable" => "0".to_string(),
+                "reconcile" => "off".to_string(),
+                _ if value == "off" => "off".to_string(),
+                other => format!("/opt/nv/{other}.so.1"),
+            };
+            assert_eq!(value, &expected, "{key}");
+        }
+        assert_eq!(pairs(&["--criu-cuda-migrate.reconcile=on"]).unwrap(), [p("reconcile", "on")]);
     }
 
     #[test]
