@@ -1,18 +1,22 @@
 #!/usr/bin/env bash
-# A Debian trixie root that holds CRIU 4.x and its plugin header, and a way to run commands in it.
+# A Debian root that holds real CRIU 4.x and its plugin header, and a way to run commands in it. Two suites:
+#   trixie  CRIU 4.1.1; runtimes runc 1.1, crun 1.21, Podman 5.4, containerd 1.7 (the default)
+#   forky   CRIU 4.2.1; runtimes runc 1.3, crun 1.28, Podman 5.8, containerd 2.1 (Debian testing; what sid has)
 #
 # Debian bookworm's criu 3.17 cannot run on the kernels we build and test on ("vdso: Failed to fill self vdso
-# symtable"), and bookworm has no libcriu-dev with the device hooks. A trixie root made with debootstrap has both.
+# symtable"), and bookworm has no libcriu-dev with the device hooks. A root made with debootstrap has both.
 # CRIU must be the real root of its mount namespace (a chroot is not enough: it reads mountinfo and compares roots),
-# so `run` enters a private mount namespace and pivot_roots into the trixie root.
+# so `run` enters a private mount namespace and pivot_roots into the root.
 #
 #   tests/criu-root.sh prepare                   make the root if it is missing (idempotent)
 #   tests/criu-root.sh run [--bind DIR]... [--] CMD [ARG]...
 #                                                run CMD inside the root; exits with CMD's status
 #   tests/criu-root.sh path                      print the root's path
+#   tests/criu-root.sh suite                     print the root's suite (trixie or forky)
 #   tests/criu-root.sh prepare-runtimes          make the runtimes root if it is missing: a copy of the root plus
-#                                                Podman, containerd, runc, crun and conmon from trixie
-#                                                (tests/container_runtime.rs)
+#                                                Podman, containerd, runc, crun and conmon from the same suite
+#                                                (tests/container_runtime.rs), and on forky the CRI client's
+#                                                needs (python3-grpcio, protoc, CRI's api.proto)
 #   tests/criu-root.sh runtimes-path             print the runtimes root's path
 #
 # `run` enters whichever root CCM_TRIXIE_ROOT names; the tests point it at a copy of one of the two.
@@ -21,8 +25,9 @@
 # /proc, /sys, /dev (tmpfs with the basic nodes and devpts), /tmp and /run, PATH set for Debian.
 #
 # Environment:
-#   CCM_TRIXIE_ROOT      where the root lives (default /var/cache/criu-cuda-migrate/trixie; keep it outside the
-#                        clone so CI can cache it)
+#   CCM_CRIU_SUITE       trixie (default) or forky: which Debian suite the root is made of
+#   CCM_TRIXIE_ROOT      where the root lives, whatever its suite (default /var/cache/criu-cuda-migrate/SUITE; keep
+#                        it outside the clone so CI can cache it; the name is older than the second suite)
 #   CCM_RUNTIMES_ROOT    where the runtimes root lives (default $CCM_TRIXIE_ROOT-runtimes)
 #   CCM_DEBIAN_MIRROR    mirror for debootstrap (default: the Debian mirror of this machine's own apt sources, else
 #                        debootstrap's default)
@@ -30,7 +35,24 @@
 # Needs root. Works without a terminal and without stdin (CI=true).
 set -euo pipefail
 
-ROOT=${CCM_TRIXIE_ROOT:-/var/cache/criu-cuda-migrate/trixie}
+SUITE=${CCM_CRIU_SUITE:-trixie}
+case $SUITE in
+trixie | forky) ;;
+*)
+    echo "criu-root.sh: CCM_CRIU_SUITE=$SUITE: unknown suite; use trixie (CRIU 4.1.1) or forky (CRIU 4.2.1)" >&2
+    exit 2
+    ;;
+esac
+ROOT=${CCM_TRIXIE_ROOT:-/var/cache/criu-cuda-migrate/$SUITE}
+# A root knows its suite (prepare stamps it; a root without the stamp is older than the second suite: trixie).
+if [ -d "$ROOT" ]; then
+    made_of=$(cat "$ROOT/.ccm-suite" 2>/dev/null || echo trixie)
+    if [ "$made_of" != "$SUITE" ]; then
+        [ -n "${CCM_CRIU_SUITE:-}" ] &&
+            { echo "criu-root.sh: $ROOT is a $made_of root, not $SUITE (CCM_CRIU_SUITE); point CCM_TRIXIE_ROOT elsewhere or unset one of them" >&2; exit 2; }
+        SUITE=$made_of
+    fi
+fi
 # The Debian archive this machine's apt already uses (one-line or deb822 sources), so no mirror is written here.
 host_mirror() {
     local f
@@ -42,8 +64,10 @@ host_mirror() {
     done
 }
 MIRROR=${CCM_DEBIAN_MIRROR:-$(host_mirror 2>/dev/null | grep -m1 -E '/debian/?$' || true)}
-SUITE=trixie
 PACKAGES=criu,libcriu-dev
+# A suite still in development carries a Valid-Until in its Release file; a mirror snapshot of it goes stale within
+# days, while the packages it names stay fetchable. Stable suites have no Valid-Until.
+APT_OPTS="-o Acquire::Check-Valid-Until=false"
 RUNTIMES_ROOT=${CCM_RUNTIMES_ROOT:-$ROOT-runtimes}
 # What the Podman flow needs on top of CRIU: the engine, both OCI runtimes CRIU is driven by, conmon, and
 # busybox-static for a container image made locally (no registry is reachable from CI). iptables and iproute2:
@@ -51,6 +75,13 @@ RUNTIMES_ROOT=${CCM_RUNTIMES_ROOT:-$ROOT-runtimes}
 # zstd: podman compresses exported checkpoints with it, and tar needs it to read them.
 # containerd: its runc shim and ctr (the containerd flow).
 RUNTIME_PACKAGES="podman runc crun conmon catatonit netavark aardvark-dns iptables iproute2 busybox-static zstd containerd"
+# forky's containerd 2.1 serves CRI's CheckpointContainer: the CRI client (tests/container/cri_client.py) needs gRPC,
+# protobuf and protoc for CRI's api.proto, which comes out of golang-k8s-cri-api-dev alone (its Depends are the Go
+# world, not needed for one .proto file).
+CRI_PACKAGES="python3-grpcio python3-protobuf protobuf-compiler docker-registry openssl"
+CRI_PROTO_PACKAGE=golang-k8s-cri-api-dev
+CRI_PROTO=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
+[ "$SUITE" = forky ] && RUNTIME_PACKAGES="$RUNTIME_PACKAGES $CRI_PACKAGES"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 DEBIAN_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
@@ -89,23 +120,29 @@ cmd_prepare() {
     exec 9>"$ROOT.lock"
     flock 9
     if root_is_complete; then
-        echo "criu-root.sh: trixie root ready at $ROOT (criu $(criu_version))"
+        echo "criu-root.sh: $SUITE root ready at $ROOT (criu $(criu_version))"
         return 0
     fi
     [ -e "$ROOT" ] && die "$ROOT exists but lacks usr/sbin/criu or usr/include/criu/criu-plugin.h; remove it (rm -rf '$ROOT') and run prepare again"
     ensure_debootstrap
     local tmp="$ROOT.partial.$$"
     rm -rf "$tmp"
+    # An older debootstrap (bookworm's) has no script for a newer suite; every suite since buster uses sid's.
+    local where=()
+    [ -n "$MIRROR" ] && where=("$MIRROR")
+    [ -e "/usr/share/debootstrap/scripts/$SUITE" ] ||
+        where=("${MIRROR:-http://deb.debian.org/debian}" /usr/share/debootstrap/scripts/sid)
     echo "criu-root.sh: debootstrapping $SUITE with $PACKAGES into $ROOT (about 30 s)" >&2
-    if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" ${MIRROR:+"$MIRROR"} </dev/null >"$ROOT.debootstrap.log" 2>&1; then
+    if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" "${where[@]}" </dev/null >"$ROOT.debootstrap.log" 2>&1; then
         tail -n 30 "$ROOT.debootstrap.log" >&2 || true
         rm -rf "$tmp"
         die "debootstrap of $SUITE failed (log: $ROOT.debootstrap.log); check network access to ${MIRROR:-the default mirror of debootstrap} or set CCM_DEBIAN_MIRROR"
     fi
     [ -x "$tmp/usr/sbin/criu" ] || die "debootstrap finished but $tmp/usr/sbin/criu is missing; is the criu package still in $SUITE?"
     [ -f "$tmp/usr/include/criu/criu-plugin.h" ] || die "debootstrap finished but criu/criu-plugin.h is missing; is libcriu-dev still in $SUITE?"
+    echo "$SUITE" >"$tmp/.ccm-suite"
     mv "$tmp" "$ROOT"
-    echo "criu-root.sh: trixie root ready at $ROOT (criu $(criu_version))"
+    echo "criu-root.sh: $SUITE root ready at $ROOT (criu $(criu_version))"
 }
 
 # Complete when it was made with today's package list (the list is stamped into it).
@@ -134,15 +171,25 @@ cmd_prepare_runtimes() {
     # apt in a chroot is enough here (nothing runs CRIU yet); its own mount namespace keeps /proc private.
     if ! unshare --mount --propagation private -- chroot "$tmp" /bin/sh -c '
             mount -t proc proc /proc &&
-            DEBIAN_FRONTEND=noninteractive apt-get update -qq &&
+            DEBIAN_FRONTEND=noninteractive apt-get '"$APT_OPTS"' update -qq &&
             DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends '"$RUNTIME_PACKAGES"' &&
+            if [ '"$SUITE"' = forky ]; then
+                cd /tmp && apt-get download '"$CRI_PROTO_PACKAGE"' &&
+                dpkg-deb --fsys-tarfile '"$CRI_PROTO_PACKAGE"'_*.deb | tar -x -C / ./'"$CRI_PROTO"' &&
+                rm -f '"$CRI_PROTO_PACKAGE"'_*.deb
+            fi &&
             apt-get clean' </dev/null >"$log" 2>&1; then
         tail -n 30 "$log" >&2 || true
         rm -rf "$tmp"
         die "installing the runtimes failed (log: $log); check network access to the root's Debian mirror"
     fi
-    for f in usr/bin/podman usr/sbin/runc usr/bin/crun bin/busybox usr/bin/zstd usr/bin/containerd usr/bin/ctr; do
-        [ -x "$tmp/$f" ] || { rm -rf "$tmp"; die "/$f is missing after apt-get install; see $log"; }
+    local needed="usr/bin/podman usr/sbin/runc usr/bin/crun bin/busybox usr/bin/zstd usr/bin/containerd usr/bin/ctr"
+    [ "$SUITE" = forky ] && needed="$needed usr/bin/protoc $CRI_PROTO"
+    for f in $needed; do
+        case $f in
+        *.proto) [ -f "$tmp/$f" ] ;;
+        *) [ -x "$tmp/$f" ] ;;
+        esac || { rm -rf "$tmp"; die "/$f is missing after apt-get install; see $log"; }
     done
     echo "$RUNTIME_PACKAGES" >"$tmp/.ccm-runtime-packages"
     mv "$tmp" "$RUNTIMES_ROOT"
@@ -193,7 +240,7 @@ enter_root() {
     cd "$ROOT"
     pivot_root . .ccm-old-root
     cd /
-    # From here on every path is the trixie root's. Detach the host's tree so nothing in it can be reached.
+    # From here on every path is the root's. Detach the host's tree so nothing in it can be reached.
     umount -l /.ccm-old-root
     export PATH=$DEBIAN_PATH
     exec "$@"
@@ -201,7 +248,7 @@ enter_root() {
 
 cmd_run() {
     need_root
-    root_is_complete || die "no trixie root at $ROOT; run \`tests/criu-root.sh prepare\` first"
+    root_is_complete || die "no $SUITE root at $ROOT; run \`CCM_CRIU_SUITE=$SUITE tests/criu-root.sh prepare\` first"
     local binds=()
     while [ $# -gt 0 ]; do
         case "$1" in
@@ -231,6 +278,7 @@ run)
     cmd_run "$@"
     ;;
 path) echo "$ROOT" ;;
+suite) echo "$SUITE" ;;
 prepare-runtimes) cmd_prepare_runtimes ;;
 runtimes-path) echo "$RUNTIMES_ROOT" ;;
 __enter)
@@ -238,7 +286,7 @@ __enter)
     enter_root "$@"
     ;;
 *)
-    echo "usage: $0 prepare | run [--bind DIR]... [--] CMD [ARG]... | path | prepare-runtimes | runtimes-path" >&2
+    echo "usage: $0 prepare | run [--bind DIR]... [--] CMD [ARG]... | path | suite | prepare-runtimes | runtimes-path" >&2
     exit 2
     ;;
 esac

@@ -1,6 +1,9 @@
-//! Real CRIU 4.x (the Debian trixie root of `tests/criu-root.sh`) with the freshly built plugin loaded through
-//! `--libdir`, on a plain process that does not use CUDA: the plugin must load, say so in CRIU's own logs, answer
-//! `-ENOTSUP`, write nothing, and never make CRIU reject it.
+//! Real CRIU 4.x (the Debian root of `tests/criu-root.sh`: trixie's CRIU 4.1.1, or forky's 4.2.1 with
+//! `CCM_CRIU_SUITE=forky`; tests/run-all.sh runs both) with the freshly built plugin loaded through `--libdir`, on
+//! a plain process that does not use CUDA: the plugin must load, say so in CRIU's own logs, answer `-ENOTSUP`,
+//! write nothing, and never make CRIU reject it. The same plugin file serves both CRIUs: it is built against one
+//! header (trixie's, 4.1.1: 12 hook slots) and declares `max_hooks` 12, fewer than 4.2.1's 13, which CRIU accepts
+//! (it reads only `hooks[0..max_hooks)`); a descriptor declaring one more than the running CRIU knows is refused.
 //!
 //! These tests need root; they skip loudly without it, and fail under CI instead of skipping.
 
@@ -10,8 +13,8 @@ use std::fs;
 use std::time::Duration;
 
 use support::{
-    criu_root_or_skip, hook_enumerators, hook_value, init_line, not_cuda_line, plugin_so, read_descriptor, run_plain,
-    PlainRun, LOG_PREFIX,
+    criu_root_or_skip, hook_enumerators, hook_value, init_line, loud, not_cuda_line, plugin_so, read_descriptor,
+    run_plain, PlainRun, LOG_PREFIX,
 };
 
 /// `CRIU_PLUGIN_VERSION` of every CRIU from 3.18 to 4.2: GEN_VERSION(0, 2, 0).
@@ -144,6 +147,56 @@ fn max_hooks_does_not_exceed_the_hook_count_of_the_criu_in_use() {
         ["CR_PLUGIN_HOOK__PAUSE_DEVICES", "CR_PLUGIN_HOOK__CHECKPOINT_DEVICES", "CR_PLUGIN_HOOK__RESUME_DEVICES_LATE"]
     {
         assert!(hook_value(&hooks, hook) < desc.max_hooks, "max_hooks = {} hides {hook} from CRIU", desc.max_hooks);
+    }
+    // The header the plugin was built against: the size of its hooks[] array (CR_PLUGIN_DESC's symbol size).
+    let built_slots = criu_plugin_sys::CR_PLUGIN_HOOK__MAX;
+    let relation = match desc.max_hooks.cmp(&criu_max) {
+        std::cmp::Ordering::Less => "fewer than this CRIU knows: accepted, the hooks above are never read",
+        std::cmp::Ordering::Equal => "as many as this CRIU knows",
+        std::cmp::Ordering::Greater => unreachable!("asserted above"),
+    };
+    loud(&format!(
+        "NOTE: CRIU {} ({} root) knows {criu_max} hooks; the plugin file (built with {built_slots} hook slots) \
+         declares max_hooks {}: {relation}",
+        root.criu_version(),
+        root.suite,
+        desc.max_hooks
+    ));
+}
+
+/// CRIU PR #3138's `criu_plugin_get_options` is in neither packaged CRIU (4.1.1, 4.2.1): the plugin looks it up
+/// at run time and says in its `settings:` line that options were not offered, and where each setting came from.
+#[test]
+fn settings_line_says_where_values_came_from_and_whether_criu_offers_plugin_options() {
+    let Some(root) =
+        criu_root_or_skip("settings_line_says_where_values_came_from_and_whether_criu_offers_plugin_options")
+    else {
+        return;
+    };
+    let header = fs::read_to_string(root.plugin_header()).expect("read the root's criu-plugin.h");
+    let plugin = plugin_bytes();
+    let run = run_plain(&root, &PlainRun { plugin: &plugin, restore: false, verbosity: 4 });
+    let why = run.describe();
+    assert_eq!(run.dump_rc, Some(0), "{why}");
+    let log = run.dump_log();
+    let settings = log
+        .lines()
+        .find_map(|l| l.split_once(&format!("{LOG_PREFIX}settings: ")).map(|(_, s)| s.to_string()))
+        .unwrap_or_else(|| panic!("dump.log has no settings: line:\n{why}"));
+    if header.contains("criu_plugin_get_options") {
+        assert!(settings.ends_with("no plugin option of ours given"), "{settings}");
+    } else {
+        assert!(
+            settings.contains("sources: all defaults; plugin options not offered by this CRIU"),
+            "CRIU {} has no criu_plugin_get_options, so the settings line must say so: {settings}",
+            root.criu_version()
+        );
+        loud(&format!(
+            "NOTE: CRIU {} ({} root) has no criu_plugin_get_options (CRIU PR #3138): --plugin-option reading is \
+             unit-tested only (crates/identity/src/options.rs)",
+            root.criu_version(),
+            root.suite
+        ));
     }
 }
 

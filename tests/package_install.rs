@@ -164,7 +164,9 @@ cp /etc/criu/default.conf "$S/default.conf"
 # them.
 for fd in /proc/$$/fd/*; do
     n=${fd##*/}
-    [ "$n" -gt 2 ] && eval "exec $n>&-"
+    # Not 255: bash reads this script through it, and bash 5.3 (forky) lets `exec 255>&-` close it (the script
+    # then ends there, status 0).
+    [ "$n" -gt 2 ] && [ "$n" -ne 255 ] && eval "exec $n>&-"
 done 2>/dev/null
 setsid -f sh -c 'echo $$ >"$1.tmp" && mv "$1.tmp" "$1" && exec sh -c "$2" "$3"' sh "$S/workload.pid" \
     'i=0; while :; do i=$((i+1)); echo $i; sleep 0.1; done' "$MARK" </dev/null >/tmp/ccm-workload.out 2>&1

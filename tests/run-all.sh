@@ -1,13 +1,17 @@
 #!/usr/bin/env bash
-# THE test command of criu-cuda-migrate (README, .ci/run): installs what is missing, makes the Debian trixie root
-# with real CRIU 4.x, builds the workspace and runs every test, the real-CRIU integration tests included.
+# THE test command of criu-cuda-migrate (README, .ci/run): installs what is missing, makes the two Debian roots with
+# real CRIU (trixie: CRIU 4.1.1, runc 1.1, crun 1.21, Podman 5.4, containerd 1.7; forky: CRIU 4.2.1, runc 1.3,
+# crun 1.28, Podman 5.8, containerd 2.1), builds the workspace once and runs every test on trixie, then the
+# real-CRIU suites (criu_plain, package_install, sim_flow, sim_faults, container_runtime) again on forky with the
+# same plugin file.
 #
 #   bash tests/run-all.sh
 #
 # Run it as root (CI does): the real-CRIU tests enter a mount namespace and run criu. As another user the
 # installation steps go through sudo and the real-CRIU tests skip with a loud message.
-# Environment: CCM_TRIXIE_ROOT (where the trixie root is cached, outside the clone), extra `cargo test`
-# arguments after `--` (e.g. `bash tests/run-all.sh -- criu_plain`).
+# Environment: CCM_TRIXIE_ROOT (where the trixie root is cached, outside the clone), CCM_FORKY_ROOT (the forky
+# one; default /var/cache/criu-cuda-migrate/forky), extra `cargo test` arguments after `--` (e.g.
+# `bash tests/run-all.sh -- criu_plain`).
 set -euo pipefail
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
@@ -33,10 +37,17 @@ as_root() {
 step "dependencies (clang, libclang-dev, debootstrap)"
 bash scripts/install-deps.sh
 
-step "Debian trixie root with CRIU 4.x (tests/criu-root.sh prepare)"
+# The forky pass: tests/criu-root.sh and the tests take the root from CCM_CRIU_SUITE (CCM_TRIXIE_ROOT names the
+# root of either suite, so the trixie one's must not leak into this pass).
+forky=(env -u CCM_TRIXIE_ROOT -u CCM_RUNTIMES_ROOT CCM_CRIU_SUITE=forky)
+[ -n "${CCM_FORKY_ROOT:-}" ] && forky+=("CCM_TRIXIE_ROOT=$CCM_FORKY_ROOT")
+
+step "Debian trixie root with CRIU 4.1.1 (tests/criu-root.sh prepare)"
 as_root bash tests/criu-root.sh prepare
 step "the same root with Podman, containerd, runc and crun (tests/criu-root.sh prepare-runtimes)"
 as_root bash tests/criu-root.sh prepare-runtimes
+step "Debian forky root with CRIU 4.2.1, and its runtimes (CCM_CRIU_SUITE=forky tests/criu-root.sh prepare-runtimes)"
+as_root "${forky[@]}" bash tests/criu-root.sh prepare-runtimes
 
 step "cargo build --workspace"
 cargo build --workspace
@@ -46,6 +57,11 @@ step "cargo test --workspace --no-fail-fast"
 test_log=$(mktemp /tmp/ccm-run-all.XXXXXX)
 trap 'rm -f "$test_log"' EXIT
 cargo test --workspace --no-fail-fast -- "${cargo_test_args[@]}" 2>&1 | tee "$test_log"
+
+step "the real-CRIU suites again on CRIU 4.2.1 and the forky runtimes (CCM_CRIU_SUITE=forky, the same plugin file)"
+# Nothing is rebuilt: the plugin keeps the header it was built against (trixie's), which is what this pass proves.
+"${forky[@]}" cargo test --no-fail-fast --test criu_plain --test package_install --test sim_flow --test sim_faults \
+    --test container_runtime -- "${cargo_test_args[@]}" 2>&1 | sed -u 's/^######## /######## [forky] /' | tee -a "$test_log"
 
 # Further suites (e.g. the simulated NVIDIA stack's end-to-end runs) drop an executable tests/suite-*.sh here;
 # each runs from the repository root after the workspace tests and fails the run if it fails.

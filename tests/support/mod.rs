@@ -1,5 +1,6 @@
-//! Shared helpers for the root package's integration tests that run real CRIU (4.x, from the Debian trixie root
-//! that `tests/criu-root.sh` makes and enters) with the freshly built plugin loaded through `--libdir`.
+//! Shared helpers for the root package's integration tests that run real CRIU (4.x, from the Debian root that
+//! `tests/criu-root.sh` makes and enters: trixie's CRIU 4.1.1 by default, forky's 4.2.1 with
+//! `CCM_CRIU_SUITE=forky`) with the freshly built plugin loaded through `--libdir`.
 //!
 //! Each test file uses a subset of these helpers; the rest would be dead code in that test crate.
 #![allow(dead_code)]
@@ -98,7 +99,7 @@ pub fn plugin_so() -> PathBuf {
     so
 }
 
-/// The trixie root with real CRIU, or `None` after a loud message when the tests cannot enter it because they do
+/// The Debian root with real CRIU (the suite `CCM_CRIU_SUITE` names), or `None` after a loud message when the tests cannot enter it because they do
 /// not run as root. Under CI they must run: there a missing privilege is a failure, not a skip.
 pub fn criu_root_or_skip(test: &str) -> Option<CriuRoot> {
     if !is_root() {
@@ -118,12 +119,16 @@ pub fn criu_root_or_skip(test: &str) -> Option<CriuRoot> {
     if !root.is_complete() {
         assert!(
             !running_under_ci(),
-            "{test}: no complete trixie root at {}: CI must make it (`bash tests/criu-root.sh prepare`)",
-            root.root.display()
+            "{test}: no complete {} root at {}: CI must make it (`CCM_CRIU_SUITE={} bash tests/criu-root.sh prepare`)",
+            root.suite,
+            root.root.display(),
+            root.suite
         );
         loud(&format!(
-            "SKIPPED {test}: no trixie root with CRIU at {}; `bash tests/criu-root.sh prepare` makes it (tests/run-all.sh does)",
-            root.root.display()
+            "SKIPPED {test}: no {} root with CRIU at {}; `CCM_CRIU_SUITE={} bash tests/criu-root.sh prepare` makes it (tests/run-all.sh does)",
+            root.suite,
+            root.root.display(),
+            root.suite
         ));
         return None;
     }
@@ -137,19 +142,37 @@ pub fn loud(line: &str) {
     let _ = writeln!(std::io::stderr(), "\n######## {line} ########\n");
 }
 
-/// The Debian trixie root of `tests/criu-root.sh` (path from that script, so `CCM_TRIXIE_ROOT` is honoured).
+/// The Debian root of `tests/criu-root.sh` (path and suite from that script, so `CCM_CRIU_SUITE` and
+/// `CCM_TRIXIE_ROOT` are honoured).
 pub struct CriuRoot {
     script: PathBuf,
     root: PathBuf,
+    /// `trixie` or `forky`.
+    pub suite: String,
 }
 
 impl CriuRoot {
     pub fn locate() -> Self {
         let script = repo_root().join("tests/criu-root.sh");
-        let out = Command::new("bash").arg(&script).arg("path").output().expect("run tests/criu-root.sh path");
-        assert!(out.status.success(), "tests/criu-root.sh path failed: {out:?}");
-        let root = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
-        Self { script, root }
+        let ask = |what: &str| {
+            let out = Command::new("bash").arg(&script).arg(what).output().expect("run tests/criu-root.sh");
+            assert!(out.status.success(), "tests/criu-root.sh {what} failed: {out:?}");
+            String::from_utf8_lossy(&out.stdout).trim().to_string()
+        };
+        let root = PathBuf::from(ask("path"));
+        let suite = ask("suite");
+        Self { script, root, suite }
+    }
+
+    /// The packaged CRIU's version (`4.1.1-1`), from the root's dpkg database.
+    pub fn criu_version(&self) -> String {
+        let status = fs::read_to_string(self.root.join("var/lib/dpkg/status")).unwrap_or_default();
+        status
+            .split("\n\n")
+            .find(|stanza| stanza.lines().any(|l| l == "Package: criu"))
+            .and_then(|stanza| stanza.lines().find_map(|l| l.strip_prefix("Version: ")))
+            .unwrap_or("unknown")
+            .to_string()
     }
 
     /// The root holds CRIU and its plugin header (`tests/criu-root.sh prepare` made it).
@@ -272,7 +295,9 @@ S=$1 VERBOSITY=$2 RESTORE=$3 MARK=$4
 # CRIU could not restore them.
 for fd in /proc/$$/fd/*; do
     n=${fd##*/}
-    [ "$n" -gt 2 ] && eval "exec $n>&-"
+    # Not 255: bash reads this script through it, and bash 5.3 (forky) lets `exec 255>&-` close it (the script
+    # then ends there, status 0).
+    [ "$n" -gt 2 ] && [ "$n" -ne 255 ] && eval "exec $n>&-"
 done 2>/dev/null
 setsid -f sh -c 'echo $$ >"$1.tmp" && mv "$1.tmp" "$1" && exec sh -c "$2" "$3"' sh "$S/workload.pid" \
     'i=0; while :; do i=$((i+1)); echo $i; sleep 0.1; done' "$MARK" </dev/null >/tmp/ccm-workload.out 2>&1
@@ -319,7 +344,7 @@ pub fn run_plain(root: &CriuRoot, run: &PlainRun<'_>) -> PlainOutcome {
         PlainOutcome { pid, dump_rc: read_number("dump.rc"), restore_rc: read_number("restore.rc"), runner, scratch };
     assert!(
         outcome.pid > 0 && outcome.runner.status.success(),
-        "the scenario in the trixie root failed: {}",
+        "the scenario in the CRIU root failed: {}",
         outcome.describe()
     );
     outcome
@@ -396,7 +421,7 @@ impl Drop for PlainOutcome {
     }
 }
 
-/// The counting shell loop the real-CRIU tests start detached inside the trixie root (`setsid`, so it leads its
+/// The counting shell loop the real-CRIU tests start detached inside the CRIU root (`setsid`, so it leads its
 /// own process group with its `sleep` children). An extra argument, `mark`, identifies it: a pid that no longer
 /// carries the mark is someone else's and is never touched. It writes one counter per line to its `/tmp`
 /// (`/tmp/ccm-workload.out` in the root's namespace).
@@ -449,7 +474,7 @@ impl MarkedWorkload {
 }
 
 /// One case of a simulated-stack script (`tests/sim/plugin-flow.sh`, `tests/sim/faults.sh`) under real CRIU in
-/// the trixie root, on the binaries of this test's target dir. The script runs `CASE` in the scratch dir named by
+/// the CRIU root, on the binaries of this test's target dir. The script runs `CASE` in the scratch dir named by
 /// `work_var` and prints `<ok_word> <case> OK` on success.
 pub struct SimScript<'a> {
     pub test: &'a str,
