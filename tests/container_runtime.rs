@@ -1,19 +1,26 @@
 //! The container runtimes of the user guide, end to end, with the Debian package installed as a user installs it
 //! and CRIU configured through its files only (docs/USER-GUIDE.md sections 5.2 and 5.3):
 //!
-//! - Podman 5.4 with runc (libdir in `/etc/criu/runc.conf`): `checkpoint --leave-running --export`, `checkpoint
+//! - Podman with runc (libdir in `/etc/criu/runc.conf`): `checkpoint --leave-running --export`, `checkpoint
 //!   --export`, `restore --import`; the container comes back with its memory, and the plugin's settings given to
 //!   conmon through a `CONTAINERS_CONF_OVERRIDE` file reach the plugin inside CRIU;
-//! - Podman with crun (libdir in `/etc/criu/default.conf`): `checkpoint --export`, and `restore --import` where the
-//!   host allows it (not on a hybrid cgroup v1 host: tests/container/podman-flow.sh says why);
-//! - containerd 1.7 with its runc shim (libdir in `runc.conf`, settings in containerd's environment as the guide's
+//! - Podman with crun (libdir in `/etc/criu/crun.conf` with crun 1.28 and libcriu 4.2, else in
+//!   `/etc/criu/default.conf`): `checkpoint --export`, and `restore --import` where the host allows it (with crun 1.21
+//!   not on a hybrid cgroup v1 host: tests/container/podman-flow.sh says why);
+//! - containerd with its runc shim (libdir in `runc.conf`, settings in containerd's environment as the guide's
 //!   systemd drop-in gives them): `ctr task checkpoint`, `ctr containers checkpoint --task`, `ctr containers
-//!   restore --live`.
+//!   restore --live`;
+//! - containerd 2.1 (forky root only) through CRI, as the kubelet drives it: `CheckpointContainer` into an archive
+//!   (the container keeps running), then a new container created from that archive and started (containerd's
+//!   restore); the plugin from `runc.conf`, its settings from containerd's environment.
 //!
 //! The containers are busybox shells (no GPU): the plugin must load, say what it was told, leave every process
 //! to CRIU, and stay out of the way. The flows are shell scripts in tests/container/, run inside a copy of the
 //! runtimes root (`tests/criu-root.sh prepare-runtimes`); each step leaves its status and output in a scratch
 //! directory, which this test reads. Needs root like every real-CRIU test (skips loudly without it, fails under CI).
+//!
+//! Every flow runs on the root `CCM_CRIU_SUITE` names (trixie: Podman 5.4, runc 1.1, crun 1.21, containerd 1.7;
+//! forky: Podman 5.8, runc 1.3, crun 1.28, containerd 2.1); tests/run-all.sh runs both.
 //!
 //! A CUDA container, on the test doubles (tests/container/runc-cuda-flow.sh): plain runc with the packaged plugin
 //! (libdir in `runc.conf`), the sample workload in its own pid namespace; `runc checkpoint` and `runc restore` bring
@@ -172,13 +179,24 @@ fn podman_and_containerd_checkpoint_and_restore_containers_with_the_packaged_plu
         "the plugin logged an error in a plain container's restore"
     );
 
-    // Podman + crun, the plugin from /etc/criu/default.conf.
+    // Podman + crun, the plugin from /etc/criu/crun.conf (crun >= 1.26 with libcriu >= 4.2: forky) or
+    // /etc/criu/default.conf (crun 1.21 with libcriu 4.1: trixie).
+    let crun_conf = scratch.read("crun-conf");
+    let with_crun_conf = crun_conf.starts_with("1 ");
+    let conf_file = if with_crun_conf { "crun.conf" } else { "default.conf" };
+    assert!(
+        scratch.read(conf_file).lines().next().is_some_and(|l| l.starts_with("libdir ")),
+        "{conf_file} lacks libdir ({crun_conf})"
+    );
+    if root.suite == "forky" {
+        assert!(with_crun_conf, "forky's crun and libcriu must take crun.conf: {crun_conf}");
+    }
     scratch.assert_step("crun-run", "podman run --runtime crun");
     scratch.assert_step("crun-checkpoint", "podman container checkpoint --export (crun)");
     scratch.settings("crun-dump.log");
     let crun_dump = scratch.read("crun-dump.log");
     assert!(crun_dump.contains("is not a CUDA process; leaving it to CRIU"), "{crun_dump}");
-    if hybrid {
+    if hybrid && !with_crun_conf {
         let why = scratch.read("crun-restore.skipped");
         assert!(why.contains("hybrid"), "on a hybrid host the crun restore must be skipped with a reason: {why:?}");
         loud(&format!("NOTE: podman/crun restore --import not run on this hybrid cgroup v1 host: {why}"));
@@ -211,6 +229,96 @@ fn podman_and_containerd_checkpoint_and_restore_containers_with_the_packaged_plu
         ctrd_restore.contains("usable GPUs 0") && ctrd_restore.contains("mode permissive"),
         "containerd's service environment did not reach the plugin at restore: {ctrd_restore}"
     );
+}
+
+/// The kubelet's checkpoint (`POST /checkpoint/{ns}/{pod}/{container}`) is CRI `CheckpointContainer`; Kubernetes
+/// users restore by creating a container from the checkpoint archive. Both through CRI against containerd 2.1
+/// (forky) with the packaged plugin loaded from `runc.conf` (tests/container/cri-flow.sh, its CRI client
+/// tests/container/cri_client.py). containerd 1.7 (trixie) has no CRI checkpoint: there it is skipped loudly, and
+/// tests/run-all.sh's forky pass runs it.
+#[test]
+fn containerd_cri_checkpoint_container_and_restore_through_cri_with_the_packaged_plugin() {
+    let test = "containerd_cri_checkpoint_container_and_restore_through_cri_with_the_packaged_plugin";
+    let _one = ONE_FLOW.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(root) = criu_root_or_skip(test) else {
+        return;
+    };
+    if root.suite != "forky" {
+        loud(&format!(
+            "SKIPPED {test} on the {} root: its containerd 1.7 has no CRI CheckpointContainer (containerd 2.0+); \
+             the forky pass of tests/run-all.sh runs it on containerd 2.1",
+            root.suite
+        ));
+        return;
+    }
+    let deb = deb();
+    let copy = RootCopy::of(&root, RootKind::Runtimes);
+    let scratch =
+        Scratch { dir: tempfile::Builder::new().prefix("ccm-cri-test-").tempdir().expect("scratch directory") };
+    fs::copy(deb, scratch.path().join("package.deb")).expect("copy of the package");
+    let s = scratch.path().to_str().expect("UTF-8 scratch path");
+    let flow = repo_root().join("tests/container/cri-flow.sh");
+    let copy_path = copy.path();
+    let runner = root.run(
+        &[scratch.path()],
+        &["bash", flow.to_str().expect("UTF-8 path"), s],
+        &[("CCM_TRIXIE_ROOT", copy_path.to_str().expect("UTF-8 root path"))],
+    );
+    assert!(runner.status.success(), "the CRI flow failed to run: {}", describe_output(&runner));
+
+    scratch.assert_step("cri-install", "dpkg -i of the package");
+    assert!(
+        scratch.read("cri-runc.conf").lines().next().is_some_and(|l| l.starts_with("libdir ")),
+        "runc.conf lacks libdir"
+    );
+    for (step, what) in [
+        ("cri-version", "containerd 2.1 with CRI: Version"),
+        ("cri-image", "ctr images import (busybox)"),
+        ("cri-pause-image", "ctr images import (the sandbox image)"),
+        ("cri-tag", "ctr images tag (registry name)"),
+        ("cri-push", "ctr images push to the loopback registry"),
+        ("cri-pull", "CRI PullImage"),
+        ("cri-runp", "CRI RunPodSandbox"),
+        ("cri-create", "CRI CreateContainer"),
+        ("cri-start", "CRI StartContainer"),
+        ("cri-checkpoint", "CRI CheckpointContainer (the kubelet's checkpoint)"),
+    ] {
+        scratch.assert_step(step, what);
+    }
+    // The kubelet's checkpoint leaves the container running.
+    assert_eq!(
+        scratch.read("cri-after-checkpoint.state").trim(),
+        "CONTAINER_RUNNING",
+        "CheckpointContainer stopped it"
+    );
+    scratch.assert_continues("cri-before.count", "cri-after-checkpoint.count", "CRI CheckpointContainer");
+    let archive = scratch.read("cri-archive.list");
+    for entry in ["checkpoint/inventory.img", "checkpoint/pstree.img", "config.dump", "spec.dump", "dump.log"] {
+        assert!(archive.lines().any(|l| l.trim_start_matches("./") == entry), "the archive lacks {entry}: {archive}");
+    }
+    let dump = scratch.settings("cri-dump.log");
+    assert!(
+        dump.contains("usable GPUs 0") && dump.contains("mode permissive") && dump.contains("leave-running unknown"),
+        "containerd's service environment did not reach the plugin in CheckpointContainer's CRIU: {dump}"
+    );
+    assert!(scratch.read("cri-dump.log").contains("is not a CUDA process; leaving it to CRIU"));
+
+    // The restore Kubernetes users do: CreateContainer from the archive, StartContainer restores it.
+    scratch.assert_step("cri-stop", "CRI StopContainer");
+    scratch.assert_step("cri-rm", "CRI RemoveContainer");
+    scratch.assert_step("cri-restore-create", "CRI CreateContainer with the checkpoint archive as the image");
+    scratch.assert_step("cri-restore-start", "CRI StartContainer of the container created from the checkpoint");
+    assert_eq!(scratch.read("cri-after-restore.state").trim(), "CONTAINER_RUNNING", "the restored container");
+    scratch.assert_continues("cri-checkpointed.count", "cri-after-restore.count", "CRI restore from the archive");
+    let restore = scratch.settings("cri-restore.log");
+    assert!(
+        restore.contains("usable GPUs 0") && restore.contains("mode permissive"),
+        "containerd's service environment did not reach the plugin at the CRI restore: {restore}"
+    );
+    let adjustments = scratch.read("cri-host-adjustments.txt");
+    if !adjustments.is_empty() {
+        loud(&format!("NOTE: CRI flow host adjustment: {}", adjustments.trim()));
+    }
 }
 
 /// The simulated stack of this build (the libcuda and NVML test doubles, the sample workload): cargo's target dir
@@ -317,7 +425,7 @@ fn runc_checkpoints_and_restores_a_cuda_container_on_the_test_doubles() {
     let mut lines = conf.lines();
     assert!(lines.next().is_some_and(|l| l.starts_with("libdir ")), "runc.conf lacks libdir: {conf:?}");
     let rest: Vec<&str> = lines.collect();
-    assert_eq!(rest, if hybrid { vec!["manage-cgroups ignore"] } else { vec![] }, "runc.conf: {conf:?}");
+    assert_eq!(rest, if hybrid { vec!["manage-cgroups=ignore"] } else { vec![] }, "runc.conf: {conf:?}");
     let gpus = scratch.read("gpus.txt");
     let (g0, g1) = gpus.trim().split_once(' ').expect("gpus.txt names the two simulated GPUs");
 

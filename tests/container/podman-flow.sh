@@ -15,19 +15,23 @@
 #      `podman rm`, and `podman container restore --import` with the plugin's settings given to conmon
 #      through a CONTAINERS_CONF_OVERRIDE file: the container comes back with its memory (same token,
 #      counter going on), and CRIU's logs show the plugin loaded with those settings.
-#   2. crun: the libdir line in /etc/criu/default.conf (crun 1.21 with libcriu 4.1 reads no other file).
-#      `checkpoint --export` and, where the host allows it, `restore --import`.
+#   2. crun: crun >= 1.26 with libcriu >= 4.2 (forky: crun 1.28, CRIU 4.2.1) passes CRIU /etc/criu/crun.conf
+#      (criu_set_config_file), so the libdir line goes there, and on a hybrid host `manage-cgroups=ignore` with it;
+#      crun 1.21 with libcriu 4.1 (trixie) reads no file but /etc/criu/default.conf, which then gets the libdir
+#      line. `checkpoint --export` and, where the host allows it, `restore --import` (`crun-conf` says which).
 #
 # This host's cgroups: CI machines here are hybrid cgroup v1 hosts (every controller bound to a v1
 # hierarchy, cgroup2 mounted with none). The script mounts only cgroup2 at /sys/fs/cgroup in its mount
 # namespace, which is what crun and runc see on a current distribution, and on a hybrid host adds two
 # settings a pure cgroup v2 host does not need (each written to `host-adjustments.txt`):
 #   - containers.conf `pids_limit = 0`: the pids controller is not available in cgroup2 there;
-#   - `manage-cgroups ignore` in /etc/criu/runc.conf: CRIU reads every task's v1 cgroups from
+#   - `manage-cgroups=ignore` in /etc/criu/runc.conf (with `=`: the option's argument is optional, so in a
+#     configuration file `manage-cgroups ignore` is the option without it, CRIU's default soft mode, and a
+#     stray word; measured with crun 1.28, whose restore then fails): CRIU reads every task's v1 cgroups from
 #     /proc/PID/cgroup and, restoring them, fails to write cpuset.cpus of a cpuset cgroup it creates
 #     (Permission denied). runc passes runc.conf to CRIU over RPC, where it overrides runc's own cgroup
 #     mode; crun 1.21 cannot pass a configuration file with libcriu 4.1 (criu_set_config_file is 4.2), so on
-#     a hybrid host crun's restore is not attempted (`crun-restore.skipped` says why).
+#     a hybrid host crun's restore is not attempted there (`crun-restore.skipped` says why); with crun.conf it is.
 set -u
 
 S=$1
@@ -121,10 +125,10 @@ mkdir -p /etc/criu
 rm -f /etc/criu/default.conf
 {
     echo "$LIBDIR_LINE"
-    [ "$HYBRID" = 1 ] && echo 'manage-cgroups ignore'
+    [ "$HYBRID" = 1 ] && echo 'manage-cgroups=ignore'
 } >/etc/criu/runc.conf
 cp /etc/criu/runc.conf "$S/runc.conf"
-[ "$HYBRID" = 1 ] && echo "runc.conf: manage-cgroups ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$S/host-adjustments.txt"
+[ "$HYBRID" = 1 ] && echo "runc.conf: manage-cgroups=ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$S/host-adjustments.txt"
 
 if step runc-run podman run --runtime runc -d --name ccm-runc --network none --cgroup-parent "$CGROUP_PARENT" "$IMAGE" /bin/sh -c "$LOOP"; then
     wait_counter 10 counter ccm-runc >"$S/runc-before.count"
@@ -178,20 +182,37 @@ EOF
     podman rm --force --time 0 ccm-runc >/dev/null 2>&1
 fi
 
-# --- 2. crun, configured by /etc/criu/default.conf (read by every CRIU run, RPC included)
+# --- 2. crun, configured by /etc/criu/crun.conf where crun can pass it, else /etc/criu/default.conf (read by every
+# CRIU run, RPC included)
 rm -f /etc/criu/runc.conf
-echo "$LIBDIR_LINE" >/etc/criu/default.conf
-cp /etc/criu/default.conf "$S/default.conf"
+# version_ge A B: A >= B, numerically by dot-separated parts.
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+CRUN_VERSION=$(crun --version 2>/dev/null | awk '/^crun version/ { print $3 }')
+CRIU_VERSION=$(criu --version 2>/dev/null | awk '/^Version:/ { print $2 }')
+CRUN_CONF=0
+version_ge "${CRUN_VERSION:-0}" 1.26 && version_ge "${CRIU_VERSION:-0}" 4.2 && CRUN_CONF=1
+echo "$CRUN_CONF crun $CRUN_VERSION criu $CRIU_VERSION" >"$S/crun-conf"
+if [ "$CRUN_CONF" = 1 ]; then
+    {
+        echo "$LIBDIR_LINE"
+        [ "$HYBRID" = 1 ] && echo 'manage-cgroups=ignore'
+    } >/etc/criu/crun.conf
+    cp /etc/criu/crun.conf "$S/crun.conf"
+    [ "$HYBRID" = 1 ] && echo "crun.conf: manage-cgroups=ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$S/host-adjustments.txt"
+else
+    echo "$LIBDIR_LINE" >/etc/criu/default.conf
+    cp /etc/criu/default.conf "$S/default.conf"
+fi
 if step crun-run podman run --runtime crun -d --name ccm-crun --network none --cgroup-parent "$CGROUP_PARENT" "$IMAGE" /bin/sh -c "$LOOP"; then
     wait_counter 10 counter ccm-crun >"$S/crun-before.count"
     if step crun-checkpoint podman container checkpoint --keep --export "$S/crun.tar.gz" ccm-crun; then
         copy_criu_log ccm-crun dump.log "$S/crun-dump.log"
         unpack_archive "$S/crun.tar.gz" crun
         step crun-rm podman rm --force ccm-crun
-        if [ "$HYBRID" = 1 ]; then
+        if [ "$HYBRID" = 1 ] && [ "$CRUN_CONF" = 0 ]; then
             echo "not attempted: this is a hybrid cgroup v1 host; CRIU would restore the tasks' v1 cgroups and fail" \
-                "writing cpuset.cpus (Permission denied), and crun 1.21 with libcriu 4.1 cannot pass CRIU the" \
-                "configuration file that says manage-cgroups ignore (criu_set_config_file is libcriu 4.2)" \
+                "writing cpuset.cpus (Permission denied), and crun $CRUN_VERSION with libcriu $CRIU_VERSION cannot pass" \
+                "CRIU the configuration file that says manage-cgroups=ignore (crun.conf needs crun 1.26 and libcriu 4.2)" \
                 >"$S/crun-restore.skipped"
         elif step crun-restore podman container restore --keep --import "$S/crun.tar.gz"; then
             copy_criu_log ccm-crun restore.log "$S/crun-restore.log"

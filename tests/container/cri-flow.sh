@@ -1,0 +1,233 @@
+#!/usr/bin/env bash
+# The kubelet's checkpoint (`POST /checkpoint/{namespace}/{pod}/{container}`) as the CRI call it becomes,
+# `CheckpointContainer`, against containerd 2.1's CRI plugin with its runc shim, and the restore Kubernetes users
+# do: a new container created through CRI from the checkpoint archive. Run inside a copy of the forky runtimes root
+# (`CCM_CRIU_SUITE=forky tests/criu-root.sh prepare-runtimes`) by tests/container_runtime.rs:
+#
+#   bash tests/container/cri-flow.sh SCRATCH
+#
+# SCRATCH holds package.deb; every step's status goes to SCRATCH/cri-NAME.rc, its output to .out/.err, as in
+# podman-flow.sh. The CRI client is tests/container/cri_client.py (CRI's api.proto, python3-grpcio). No kubelet:
+# Debian has none; the calls are the ones it makes (RunPodSandbox, CreateContainer, StartContainer,
+# CheckpointContainer, ContainerStatus).
+#
+#   1. containerd 2.1 with the CRI plugin, the plugin's libdir line in /etc/criu/runc.conf only (what the user guide
+#      says for containerd), its settings in containerd's environment;
+#   2. a pod sandbox on the node's network (no CNI here) and a busybox container counting in its memory;
+#   3. CheckpointContainer into SCRATCH/cri-checkpoint.tar: the container keeps running (the kubelet's checkpoint
+#      is forensic: containerd passes leave-running), and the archive holds CRIU's dump.log with the plugin's lines;
+#   4. the container is stopped and removed; CreateContainer with the archive as the image and StartContainer bring
+#      it back in the same pod: the same token, the counter going on (containerd restores when the image is a
+#      checkpoint archive); CRIU's restore.log is copied from the container's state directory.
+set -u
+
+S=$1
+D=/tmp/ccm-cri
+SOCK=$D/containerd.sock
+IMAGE=localhost/ccm-busybox:1
+PAUSE=localhost/ccm-pause:1
+CGROUP_PARENT=/ccm-cri-$$
+LOOP='tok=$$-$RANDOM-$RANDOM; i=0; while :; do i=$((i+1)); echo "$tok $i" >/out/count; sleep 0.1; done'
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# step, wait_counter, beyond
+# shellcheck source=tests/container/common.sh
+. "$HERE/common.sh"
+
+cri() { python3 "$HERE/cri_client.py" "$SOCK" "$@"; }
+# field JSON-FILE KEY: a top-level string field of a response.
+field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2" 2>/dev/null; }
+state() { cri ContainerStatus "{\"container_id\":\"$1\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["state"])'; }
+
+cleanup() {
+    local id
+    for id in $(cri ListContainers '{}' 2>/dev/null | python3 -c 'import json,sys; [print(c["id"]) for c in json.load(sys.stdin).get("containers", [])]' 2>/dev/null); do
+        cri RemoveContainer "{\"container_id\":\"$id\"}" >/dev/null 2>&1
+    done
+    [ -n "${POD:-}" ] && cri StopPodSandbox "{\"pod_sandbox_id\":\"$POD\"}" >/dev/null 2>&1
+    [ -n "${POD:-}" ] && cri RemovePodSandbox "{\"pod_sandbox_id\":\"$POD\"}" >/dev/null 2>&1
+    [ -n "${CONTAINERD_PID:-}" ] && kill "$CONTAINERD_PID" 2>/dev/null && wait "$CONTAINERD_PID" 2>/dev/null
+    [ -n "${REGISTRY_PID:-}" ] && kill "$REGISTRY_PID" 2>/dev/null && wait "$REGISTRY_PID" 2>/dev/null
+    local cg=/sys/fs/cgroup$CGROUP_PARENT pid
+    if [ -d "$cg" ]; then
+        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
+        sleep 0.3
+        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+    fi
+    # containerd's shim outlives containerd: end the ones of this run's state directory.
+    # (no pgrep in this root: /proc is read directly)
+    for cmdline in /proc/[0-9]*/cmdline; do
+        tr '\0' ' ' <"$cmdline" 2>/dev/null | grep -q "^/usr/bin/containerd-shim-runc-v2 .*-address $SOCK" || continue
+        pid=${cmdline#/proc/}
+        kill -9 "${pid%/cmdline}" 2>/dev/null
+    done
+    umount -R "$D/root" 2>/dev/null
+}
+trap cleanup EXIT
+
+[ -f /etc/criu/criu-cuda-migrate.conf.example ] ||
+    step cri-install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
+mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mkdir -p /etc/criu "$D" "$S/cri-out" "$S/cri-logs"
+rm -f /etc/criu/default.conf /etc/criu/crun.conf
+{
+    grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
+    # A hybrid cgroup v1 host: CRIU cannot restore the v1 cpuset (podman-flow.sh says more).
+    grep -qv '^0::' /proc/self/cgroup && echo 'manage-cgroups=ignore'
+} >/etc/criu/runc.conf
+cp /etc/criu/runc.conf "$S/cri-runc.conf"
+
+# Two local images (no registry here): busybox, and a sandbox ("pause") image that only sleeps.
+make_image() { # make_image OUT NAME CMD-JSON
+    local out=$1 name=$2 cmd=$3 w diffid layer layer_size config config_size manifest manifest_size
+    w=$(mktemp -d)
+    mkdir -p "$w/rootfs/bin" "$w/rootfs/tmp" "$w/rootfs/proc" "$w/rootfs/sys" "$w/rootfs/dev" "$w/rootfs/etc" \
+        "$w/rootfs/out" "$w/oci/blobs/sha256"
+    cp /bin/busybox "$w/rootfs/bin/busybox"
+    for applet in sh sleep cat echo; do ln -s busybox "$w/rootfs/bin/$applet"; done
+    tar -C "$w/rootfs" --owner=0 --group=0 --numeric-owner -cf "$w/layer.tar" .
+    diffid=$(sha256sum "$w/layer.tar" | cut -d' ' -f1)
+    gzip -n -c "$w/layer.tar" >"$w/layer.tar.gz"
+    blob() {
+        local d
+        d=$(sha256sum "$1" | cut -d' ' -f1)
+        cp "$1" "$w/oci/blobs/sha256/$d"
+        echo "$d $(stat -c %s "$1")"
+    }
+    read -r layer layer_size < <(blob "$w/layer.tar.gz")
+    printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/bin"],"Cmd":%s,"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
+        "$cmd" "$diffid" >"$w/config.json"
+    read -r config config_size < <(blob "$w/config.json")
+    printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s}]}' \
+        "$config" "$config_size" "$layer" "$layer_size" >"$w/manifest.json"
+    read -r manifest manifest_size < <(blob "$w/manifest.json")
+    printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"1"}}]}' \
+        "$manifest" "$manifest_size" "$name" >"$w/oci/index.json"
+    echo '{"imageLayoutVersion":"1.0.0"}' >"$w/oci/oci-layout"
+    tar -C "$w/oci" -cf "$out" oci-layout index.json blobs
+    rm -rf "$w"
+}
+
+# The sandbox's container always gets CPU shares (containerd's default of 2), which runc writes to cpu.weight; a
+# hybrid cgroup v1 host has no cpu controller in cgroup2 (here only hugetlb), so runc would fail ("can't get final
+# child's PID from pipe"). There the runc the shim runs is a wrapper that drops linux.resources.cpu from the
+# bundle's config.json, then runs the real runc (host-adjustments, as in podman-flow.sh).
+RUNC_BINARY=/usr/sbin/runc
+: >"$S/cri-host-adjustments.txt"
+if ! grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then
+    RUNC_BINARY=/usr/local/sbin/ccm-runc-nocpu
+    cat >"$RUNC_BINARY" <<'WRAPPER'
+#!/bin/sh
+# tests/container/cri-flow.sh: real runc, minus the CPU resources this host's cgroup2 cannot set.
+bundle= prev=
+for a in "$@"; do
+    case $prev in --bundle | -b) bundle=$a ;; esac
+    case $a in --bundle=*) bundle=${a#--bundle=} ;; esac
+    prev=$a
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+    python3 -c 'import json, sys
+p = sys.argv[1]
+c = json.load(open(p))
+c.get("linux", {}).get("resources", {}).pop("cpu", None)
+json.dump(c, open(p, "w"))' "$bundle/config.json"
+fi
+exec /usr/sbin/runc "$@"
+WRAPPER
+    chmod 755 "$RUNC_BINARY"
+    echo "runc of the shim: $RUNC_BINARY drops linux.resources.cpu (no cpu controller in this hybrid host's cgroup2)" \
+        >>"$S/cri-host-adjustments.txt"
+fi
+
+# The registry: a free port of the loopback (this root shares the host's network).
+REG_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+REG=127.0.0.1:$REG_PORT
+REG_IMAGE=$REG/ccm-busybox:1
+cat >"$D/registry.yml" <<EOF
+version: 0.1
+storage:
+  filesystem:
+    rootdirectory: $D/registry
+http:
+  addr: $REG
+EOF
+docker-registry serve "$D/registry.yml" >"$S/cri-registry.log" 2>&1 &
+REGISTRY_PID=$!
+
+cat >"$D/config.toml" <<EOF
+version = 3
+root = "$D/root"
+state = "$D/state"
+[grpc]
+  address = "$SOCK"
+[plugins."io.containerd.cri.v1.images"]
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$PAUSE"
+[plugins."io.containerd.cri.v1.runtime"]
+  # The sandbox asks for oom_score_adj -998, below this process tree's own; without CAP_SYS_RESOURCE (this test
+  # machine's root lacks it) the kernel refuses, so containerd keeps it no lower than its own (as rootless does).
+  restrict_oom_score_adj = true
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "$RUNC_BINARY"
+        # CRIU's work directory (its logs) outside the task's bundle, which goes with a failed task.
+        CriuWorkPath = "$S/cri-criu-work"
+EOF
+cp "$D/config.toml" "$S/cri-config.toml"
+# The service environment of the user guide's drop-in.
+env CRIU_CUDA_MIGRATE_USABLE_GPUS=0 CRIU_CUDA_MIGRATE_MODE=permissive \
+    containerd --config "$D/config.toml" >"$S/cri-containerd.log" 2>&1 &
+CONTAINERD_PID=$!
+for _ in $(seq 150); do cri Version '{}' >/dev/null 2>&1 && break; sleep 0.2; done
+step cri-version cri Version '{}' || exit 0
+make_image /tmp/ccm-busybox-oci.tar "$IMAGE" '["/bin/sh"]'
+make_image /tmp/ccm-pause-oci.tar "$PAUSE" '["/bin/sleep","2147483647"]'
+step cri-image ctr --address "$SOCK" --namespace k8s.io images import /tmp/ccm-busybox-oci.tar || exit 0
+step cri-pause-image ctr --address "$SOCK" --namespace k8s.io images import /tmp/ccm-pause-oci.tar || exit 0
+# The container's image comes from a registry, as a kubelet's would: containerd 2.1's restore pulls the base image
+# by the NAME@DIGEST the checkpoint recorded (ImageRef), and an image only imported has no such name. Debian's
+# docker-registry serves it on 127.0.0.1 over plain HTTP, which containerd's resolvers use for a loopback registry
+# (the restore's default resolver goes straight to http:// there).
+step cri-tag ctr --address "$SOCK" --namespace k8s.io images tag "$IMAGE" "$REG_IMAGE" || exit 0
+step cri-push ctr --address "$SOCK" --namespace k8s.io images push --plain-http "$REG_IMAGE" || exit 0
+step cri-pull cri PullImage "{\"image\":{\"image\":\"$REG_IMAGE\"}}" || exit 0
+
+# The pod: on the node's network (NamespaceMode NODE = 2), so no CNI is needed; its cgroups under this run's parent.
+POD_CONFIG=$(printf '{"metadata":{"name":"ccm-pod","uid":"ccm-pod-uid-%s","namespace":"default","attempt":0},"log_directory":"%s","linux":{"cgroup_parent":"%s","security_context":{"namespace_options":{"network":2,"pid":1,"ipc":0}}}}' \
+    "$$" "$S/cri-logs" "$CGROUP_PARENT")
+step cri-runp cri RunPodSandbox "{\"config\":$POD_CONFIG}" || exit 0
+POD=$(field "$S/cri-runp.out" pod_sandbox_id)
+CTR_CONFIG=$(printf '{"metadata":{"name":"counter","attempt":0},"image":{"image":"%s"},"command":["/bin/sh","-c",%s],"mounts":[{"container_path":"/out","host_path":"%s"}],"log_path":"counter.log","linux":{"security_context":{"namespace_options":{"network":2,"pid":1,"ipc":0}}}}' \
+    "$REG_IMAGE" "$(python3 -c 'import json,sys; print(json.dumps(sys.argv[1]))' "$LOOP")" "$S/cri-out")
+step cri-create cri CreateContainer "{\"pod_sandbox_id\":\"$POD\",\"config\":$CTR_CONFIG,\"sandbox_config\":$POD_CONFIG}" || exit 0
+CTR=$(field "$S/cri-create.out" container_id)
+step cri-start cri StartContainer "{\"container_id\":\"$CTR\"}" || exit 0
+wait_counter 10 cat "$S/cri-out/count" >"$S/cri-before.count"
+
+# What the kubelet's checkpoint API does: CheckpointContainer into an archive; the container keeps running.
+step cri-checkpoint cri CheckpointContainer "{\"container_id\":\"$CTR\",\"location\":\"$S/cri-checkpoint.tar\",\"timeout\":60}"
+cat "$S/cri-out/count" >"$S/cri-checkpointed.count"
+state "$CTR" >"$S/cri-after-checkpoint.state" 2>&1
+wait_counter "$(beyond "$S/cri-checkpointed.count")" cat "$S/cri-out/count" >"$S/cri-after-checkpoint.count"
+tar -tf "$S/cri-checkpoint.tar" >"$S/cri-archive.list" 2>&1
+tar -xOf "$S/cri-checkpoint.tar" dump.log >"$S/cri-dump.log" 2>/dev/null
+[ -s "$S/cri-dump.log" ] || tar -xOf "$S/cri-checkpoint.tar" ./dump.log >"$S/cri-dump.log" 2>/dev/null
+[ -f "$S/cri-checkpoint.tar" ] || exit 0
+
+# The restore Kubernetes users do: the container goes, a new one is created from the checkpoint archive.
+step cri-stop cri StopContainer "{\"container_id\":\"$CTR\",\"timeout\":0}"
+step cri-rm cri RemoveContainer "{\"container_id\":\"$CTR\"}"
+# What the old container wrote last goes: whatever the file holds from now on, the restored one wrote.
+echo "removed 0" >"$S/cri-out/count"
+RESTORE_CONFIG=$(printf '{"metadata":{"name":"counter-restored","attempt":0},"image":{"image":"%s"},"mounts":[{"container_path":"/out","host_path":"%s"}],"log_path":"counter-restored.log","linux":{"security_context":{"namespace_options":{"network":2,"pid":1,"ipc":0}}}}' \
+    "$S/cri-checkpoint.tar" "$S/cri-out")
+step cri-restore-create cri CreateContainer "{\"pod_sandbox_id\":\"$POD\",\"config\":$RESTORE_CONFIG,\"sandbox_config\":$POD_CONFIG}" || exit 0
+RESTORED=$(field "$S/cri-restore-create.out" container_id)
+step cri-restore-start cri StartContainer "{\"container_id\":\"$RESTORED\"}"
+cp "$S/cri-criu-work/restore.log" "$S/cri-restore.log" 2>/dev/null
+state "$RESTORED" >"$S/cri-after-restore.state" 2>&1
+wait_counter "$(beyond "$S/cri-checkpointed.count")" cat "$S/cri-out/count" >"$S/cri-after-restore.count"
