@@ -232,6 +232,16 @@ mod tests {
         assert_eq!(pairs(&["--criu-cuda-migrate.reconcile=on"]).unwrap(), [p("reconcile", "on")]);
     }
 
+    /// The user guide states the rule instead of a second table: the option of `CRIU_CUDA_MIGRATE_FOO_BAR` is
+    /// `criu-cuda-migrate.foo-bar`.
+    #[test]
+    fn each_option_is_its_variable_name_lowercased_with_dashes() {
+        for s in settings::ALL {
+            let from_env = s.env.trim_start_matches("CRIU_CUDA_MIGRATE_").to_ascii_lowercase().replace('_', "-");
+            assert_eq!(s.option, from_env, "{}", s.env);
+        }
+    }
+
     #[test]
     fn other_plugins_options_are_left_alone_and_order_is_kept() {
         let got = pairs(&[
