@@ -30,11 +30,18 @@ fn checkpoint_failure_of_one_of_two_rolls_both_back() {
     run_case("checkpoint-fail-one-of-two");
 }
 
-/// The driver's restore fails: the process stays CHECKPOINTED, the log names `recover --pid N`, and
-/// `criu-cuda-migrate recover` brings it back with its data.
+/// The driver's restore fails in strict mode (the default): the restored tree is killed, the log
+/// says so and what to do, the images are intact, and a retry restores the process.
 #[test]
-fn restore_failure_leaves_checkpointed_and_recover_brings_it_back() {
+fn restore_failure_kills_the_tree_in_strict_mode_and_a_retry_succeeds() {
     run_case("restore-fail");
+}
+
+/// The driver's restore fails in permissive mode: the process stays CHECKPOINTED, the log names
+/// `recover --pid N`, and `criu-cuda-migrate recover` brings it back with its data.
+#[test]
+fn restore_failure_in_permissive_mode_leaves_checkpointed_and_recover_brings_it_back() {
+    run_case("restore-fail-permissive");
 }
 
 /// The unlock after a restore fails: LOCKED, named in the log, recovered by the CLI.

@@ -66,3 +66,11 @@ fn restore_without_the_plugin_is_refused_by_criu() {
 fn three_gpu_cycle() {
     run_case("cycle3");
 }
+
+/// A restore onto a GPU without room for the process's device memory (recorded at dump) is refused in
+/// preflight, by the plugin and by `criu-cuda-migrate preflight`, naming the GPU, the need and what is
+/// free; the images stay intact, and once the memory is free the same images restore.
+#[test]
+fn restore_onto_a_full_gpu_is_refused_then_succeeds() {
+    run_case("memory");
+}

@@ -9,7 +9,7 @@
 # Runs inside the trixie root: tests/criu-root.sh run tests/sim/faults.sh BIN_DIR CASE
 #   BIN_DIR  cargo's target dir: libcriu_cuda_migrate.so, ccm-sample-workload, ccm-sim-ctl,
 #            criu-cuda-migrate (the CLI), libcuda_test_double.so, libnvml_test_double.so
-#   CASE     lock-timeout | checkpoint-fail-one-of-two | restore-fail | unlock-fail | nvml-missing-dump |
+#   CASE     lock-timeout | checkpoint-fail-one-of-two | restore-fail | restore-fail-permissive | unlock-fail | nvml-missing-dump |
 #            nvml-missing-restore | libcuda-missing-dump | libcuda-missing-restore | image-missing |
 #            image-truncated | image-newer-version | map-unknown-gpu | sites-moved-strict |
 #            sites-moved-permissive | criu-killed-mid-dump | newer-driver | leave-running
@@ -243,8 +243,29 @@ checkpoint-fail-one-of-two)
     check_agree "$WORK/w1" 1
     ;;
 restore-fail)
-    # The driver's restore fails: the process stays CHECKPOINTED with an error line naming the fix;
-    # the CLI's recover brings it back.
+    # The driver's restore fails (as when a GPU ran out of memory after the preflight). Strict mode:
+    # the restored tree is killed, one error line says what to do, the images are intact, and the
+    # same images restore once the cause is gone.
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    sum=$(images_sum "$WORK/img")
+    echo restore-fail >"$WORK/state/faults"
+    restore "$WORK/img" && rc=0 || rc=$?
+    rm -f "$WORK/state/faults"
+    echo "CRIU restore rc=$rc"
+    [ "$rc" -ne 0 ] || fail "a restore whose driver restore failed succeeded"
+    seen "$WORK/img/restore.log" "pid $pid: the driver's restore failed .*strict mode kills the restored tree. The images are intact"
+    [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "identity images changed"
+    for _ in $(seq 100); do [ -d "/proc/$pid" ] || break; sleep 0.05; done
+    [ -d "/proc/$pid" ] && fail "pid $pid survived a failed driver restore in strict mode"
+    restore "$WORK/img" || fail "the retry restore failed"
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+restore-fail-permissive)
+    # Permissive mode: the process stays CHECKPOINTED with an error line naming the fix; the CLI's
+    # recover brings it back.
+    export CRIU_CUDA_MIGRATE_MODE=permissive
     pid=$(start "$WORK/w0" 0,1)
     dump_ok "$WORK/img" "$pid"
     sum=$(images_sum "$WORK/img")
@@ -351,9 +372,9 @@ image-truncated | image-newer-version)
         truncate -s 100 "$img"
         why="truncated.*re-dump"
     else
-        # Format version (u16 LE at offset 8) = 2: read before the checksum, so no CRC fix-up is needed.
-        printf '\002\000' | dd of="$img" bs=1 seek=8 conv=notrunc status=none
-        why="format version 2 is newer than this plugin reads.*upgrade criu-cuda-migrate"
+        # Format version (u16 LE at offset 8) = 3: read before the checksum, so no CRC fix-up is needed.
+        printf '\003\000' | dd of="$img" bs=1 seek=8 conv=notrunc status=none
+        why="format version 3 is newer than this plugin reads.*upgrade criu-cuda-migrate"
     fi
     sum=$(images_sum "$WORK/img")
     refused_cleanly "$WORK/img" "$pid" "$sum" "$why"
@@ -436,7 +457,14 @@ criu-killed-mid-dump)
     # w1's stalled lock ends with the double's call timeout; whatever it did, the agent undoes it.
     # (The root has no pgrep.) The agent waits for w1's stalled lock to end (the double's call timeout) and
     # undoes it too; then it exits.
-    agent_alive() { grep -lx ccm-agent /proc/[0-9]*/comm >/dev/null 2>&1; }
+    # Only this run's agent: it inherited CRIU's environment, which names this run's state directory.
+    agent_alive() {
+        local c
+        for c in $(grep -lx ccm-agent /proc/[0-9]*/comm 2>/dev/null); do
+            tr '\0' '\n' 2>/dev/null <"${c%/comm}/environ" | grep -qx "CCM_SIM_STATE_DIR=$WORK/state" && return 0
+        done
+        return 1
+    }
     for _ in $(seq 1200); do agent_alive || break; sleep 0.05; done
     agent_alive && fail "the driver agent outlived CRIU by more than 60 s"
     expect_state "$p1" RUNNING

@@ -5,7 +5,7 @@
 #
 # Runs inside the trixie root: tests/criu-root.sh run tests/sim/plugin-flow.sh BIN_DIR CASE
 #   BIN_DIR  cargo's target dir holding libcriu_cuda_migrate.so, ccm-sample-workload, the doubles
-#   CASE     same | swap | swap-noreconcile | chain3 | refuse | two-procs
+#   CASE     same | swap | swap-noreconcile | chain3 | refuse | cycle3 | no-plugin | two-procs | memory
 # Prints `FLOW <case> OK` and exits 0 when the case shows what it must; exits 1 with logs otherwise.
 set -euo pipefail
 
@@ -23,16 +23,20 @@ fail() {
     exit 1
 }
 
+# The memory case fills a small GPU: 64 MiB each.
+[ "$CASE" = memory ] && SIM_MEMORY_TOTAL=$((64 << 20))
 if [ "$CASE" = cycle3 ]; then sim_stack_setup 3; else sim_stack_setup 2; fi
 # Every case ends what it started, restored processes included, even when it fails.
 trap sim_stack_cleanup EXIT
 
-# start DIR DEVICES: a workload leading its own session, holding no inherited descriptor.
+# start DIR DEVICES: a workload leading its own session, holding no inherited descriptor
+# (WL_MIB: MiB per device, default 8; WL_ARGS: more arguments, e.g. --device-props).
 start() {
     local dir=$1 devices=$2
     (
         close_fds
-        exec setsid "$BIN/ccm-sample-workload" --dir "$dir" --mib 8 --devices "$devices" --rounds 4 </dev/null >"$dir.out" 2>&1
+        # shellcheck disable=SC2086
+        exec setsid "$BIN/ccm-sample-workload" --dir "$dir" --mib "${WL_MIB:-8}" --devices "$devices" --rounds 4 ${WL_ARGS:-} </dev/null >"$dir.out" 2>&1
     ) &
     disown $!
     for _ in $(seq 200); do [ -s "$dir/ready" ] && break; sleep 0.05; done
@@ -74,6 +78,16 @@ check_agree() { # DIR ROUND
     grep -q '"all_agree": *true' "$r" || fail "identity disagrees in $r: $(cat "$r")"
 }
 
+# check_props DIR ROUND: the runtime-style cudaDeviceProp copies name the GPUs the driver reports, and
+# the decoys beside them are byte for byte as written.
+check_props() {
+    local r="$1/report$2.json" flat
+    flat=$(tr -d ' \n' <"$r")
+    grep -q '"device_props":{' <<<"$flat" || fail "no device_props in $r"
+    grep -q '"decoys_intact":true' <<<"$flat" || fail "a decoy cudaDeviceProp was touched: $(cat "$r")"
+    grep -q '"decoys_intact":true,"all_agree":true' <<<"$flat" || fail "a cudaDeviceProp copy names the old GPU: $(cat "$r")"
+}
+
 case $CASE in
 same)
     pid=$(start "$WORK/w0" 0,1)
@@ -84,7 +98,7 @@ same)
     check_agree "$WORK/w0" 1
     ;;
 swap | swap-noreconcile)
-    pid=$(start "$WORK/w0" 0,1)
+    pid=$(WL_ARGS=--device-props start "$WORK/w0" 0,1)
     dump "$WORK/img" "$pid"
     export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
     [ "$CASE" = swap-noreconcile ] && export CRIU_CUDA_MIGRATE_RECONCILE=off
@@ -96,6 +110,13 @@ swap | swap-noreconcile)
     [ "$uuid0" = "$G1" ] || fail "ordinal 0 is $uuid0, expected $G1 after the swap"
     if [ "$CASE" = swap ]; then
         check_agree "$WORK/w0" 1
+        check_props "$WORK/w0" 1
+        # The decoys are among the look-alikes left alone (so are libcuda's own UUID copies).
+        grep -q "2 cudaDeviceProp cop(ies) (" "$WORK/img/dump.log" ||
+            fail "the dump did not find the 2 copies: $(grep -a 'identity:' "$WORK/img/dump.log")"
+        grep -q "cudaDeviceProp copies: 2 rewritten, 0 already right, 0 skipped" "$WORK/img/restore.log" ||
+            fail "the restore did not rewrite the 2 copies: $(grep -a 'reconciliation' "$WORK/img/restore.log")"
+        grep -q "preflight: device memory: " "$WORK/img/restore.log" || fail "the preflight did not check device memory"
         grep -q "sites recorded at dump" "$WORK/img/restore.log" || fail "restore did not use the recorded sites"
         # The tool reads the same images: the GPUs, and the report the plugin left next to them.
         "$BIN/criu-cuda-migrate" inspect "$WORK/img" >"$WORK/inspect.txt" || fail "criu-cuda-migrate inspect failed"
@@ -126,10 +147,12 @@ swap | swap-noreconcile)
             fail "preflight refused a bundle giving both GPUs: $(cat "$WORK/preflight4.txt")"
     else
         grep -q '"all_agree": *false' "$r" || fail "without reconciliation the bug must show: $(cat "$r")"
+        tr -d ' \n' <"$r" | grep -q '"decoys_intact":true,"all_agree":false' ||
+            fail "without reconciliation the cudaDeviceProp copies must still name the old GPUs: $(cat "$r")"
     fi
     ;;
 chain3)
-    pid=$(start "$WORK/w0" 0,1)
+    pid=$(WL_ARGS=--device-props start "$WORK/w0" 0,1)
     for k in 1 2 3; do
         dump "$WORK/img$k" "$pid"
         if [ $((k % 2)) -eq 1 ]; then
@@ -140,7 +163,38 @@ chain3)
         restore "$WORK/img$k" || fail "criu restore $k failed"
         go "$WORK/w0" "$k" >/dev/null
         check_agree "$WORK/w0" "$k"
+        check_props "$WORK/w0" "$k"
     done
+    ;;
+memory)
+    # 8 MiB of device memory on G0 at dump; G1 (64 MiB) is mostly held by another process.
+    pid=$(CUDA_VISIBLE_DEVICES=$G0 start "$WORK/w0" 0)
+    dump "$WORK/img" "$pid"
+    "$BIN/criu-cuda-migrate" inspect "$WORK/img" >"$WORK/inspect.txt" || fail "inspect failed"
+    grep "$G0" "$WORK/inspect.txt" | grep -Eq ' 8$' || fail "inspect does not show 8 MiB held on $G0: $(cat "$WORK/inspect.txt")"
+    hog=$(CUDA_VISIBLE_DEVICES=$G1 WL_MIB=60 start "$WORK/w1" 0)
+    sum_before=$(sha256sum "$WORK"/img/*.img | sha256sum)
+    export CRIU_CUDA_MIGRATE_USABLE_GPUS=$G1
+    if "$BIN/criu-cuda-migrate" preflight "$WORK/img" >"$WORK/preflight.txt"; then
+        fail "preflight accepted a GPU without room: $(cat "$WORK/preflight.txt")"
+    fi
+    grep -q "preflight refused: GPU $G1 (NVIDIA H200) has 4 MiB (4194304 bytes) free but" "$WORK/preflight.txt" ||
+        fail "preflight's memory refusal: $(cat "$WORK/preflight.txt")"
+    if restore "$WORK/img"; then fail "a restore onto a GPU without room was not refused"; fi
+    grep -q "has 4 MiB (4194304 bytes) free but the checkpoint's process(es) \[$pid\] need" "$WORK/img/restore.log" ||
+        fail "no memory refusal in the restore log: $(grep -a 'criu-cuda-migrate' "$WORK/img/restore.log" | tail -5)"
+    [ -d "/proc/$pid" ] && fail "a refused restore left pid $pid behind"
+    [ "$sum_before" = "$(sha256sum "$WORK"/img/*.img | sha256sum)" ] || fail "images changed after a refused restore"
+    # The other process ends (its memory freed): the same images restore onto G1.
+    go "$WORK/w1" 1 >/dev/null
+    go "$WORK/w1" 2 >/dev/null
+    go "$WORK/w1" 3 >/dev/null
+    go "$WORK/w1" 4 >/dev/null
+    for _ in $(seq 100); do [ -d "/proc/$hog" ] || break; sleep 0.05; done
+    restore "$WORK/img" || fail "the restore after freeing memory failed"
+    go "$WORK/w0" 1 >/dev/null
+    check_agree "$WORK/w0" 1
+    [ "$(ordinal_uuid "$WORK/w0/report1.json" 0)" = "$G1" ] || fail "ordinal 0 not on $G1"
     ;;
 refuse)
     # Limited to GPU 0 like a container's rank: it opens only GPU 0's node, so only GPU 0 is "used".

@@ -7,7 +7,8 @@ G0=GPU-5e110000-aabb-ccdd-0001-020304050600
 G1=GPU-5e110001-aabb-ccdd-0001-020304050601
 G2=GPU-5e110002-aabb-ccdd-0001-020304050602
 
-# sim_stack_setup GPUS: GPUS simulated H200s (2 or 3) at 0000:06:00.0, 07, 08, minors 0, 1, 2.
+# sim_stack_setup GPUS: GPUS simulated H200s (2 or 3) at 0000:06:00.0, 07, 08, minors 0, 1, 2, of 1 GiB each
+# (SIM_MEMORY_TOTAL bytes when set).
 sim_stack_setup() {
     local n=$1 i sep=""
     local uuids=("$G0" "$G1" "$G2")
@@ -19,8 +20,8 @@ sim_stack_setup() {
     {
         echo '{"driver_version":"580.159.04","cuda_driver_version":13000,"gpus":['
         for ((i = 0; i < n; i++)); do
-            printf '%s {"uuid":"%s","pci_bus_id":"0000:%02x:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":%d,"name":"NVIDIA H200","memory_total":1073741824}\n' \
-                "$sep" "${uuids[$i]}" $((6 + i)) "$i"
+            printf '%s {"uuid":"%s","pci_bus_id":"0000:%02x:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":%d,"name":"NVIDIA H200","memory_total":%d}\n' \
+                "$sep" "${uuids[$i]}" $((6 + i)) "$i" "${SIM_MEMORY_TOTAL:-1073741824}"
             sep=","
         done
         echo ']}'
@@ -48,8 +49,8 @@ sim_stack_cleanup() {
     local d p cmd
     for d in /proc/[0-9]*; do
         p=${d#/proc/}
-        tr '\0' '\n' <"$d/environ" 2>/dev/null | grep -qx "CCM_SIM_STATE_DIR=$WORK/state" || continue
-        cmd=$(tr '\0' ' ' <"$d/cmdline" 2>/dev/null)
+        tr '\0' '\n' 2>/dev/null <"$d/environ" | grep -qx "CCM_SIM_STATE_DIR=$WORK/state" || continue
+        cmd=$(tr '\0' ' ' 2>/dev/null <"$d/cmdline")
         case $cmd in
         *ccm-sample-workload* | *ccm-sim-target*) kill -9 "$p" 2>/dev/null || true ;;
         esac

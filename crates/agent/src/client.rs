@@ -90,6 +90,8 @@ pub struct Agent {
     writing: Mutex<()>,
     inbox: Mutex<Inbox>,
     arrived: Condvar,
+    /// Whether [`Agent::exit`] waits until the agent is gone (see [`Agent::exit_without_waiting`]).
+    wait_at_exit: std::sync::atomic::AtomicBool,
 }
 
 impl Agent {
@@ -106,6 +108,7 @@ impl Agent {
             stream: ours,
             writing: Mutex::new(()),
             inbox: Mutex::new(Inbox::default()),
+            wait_at_exit: std::sync::atomic::AtomicBool::new(true),
             arrived: Condvar::new(),
         })
     }
@@ -227,6 +230,23 @@ impl Agent {
         }
     }
 
+    /// Every GPU's free memory and compute processes, as NVML reports them now.
+    pub fn device_memory(&self) -> Result<Vec<ccm_driver::nvml::GpuMemory>, AgentError> {
+        match self.call(Call::DeviceMemory)? {
+            Answer::DeviceMemory(m) => Ok(m),
+            a => Err(Self::unexpected(a)),
+        }
+    }
+
+    /// Makes [`Agent::exit`] (and the drop) return once the agent was told, without waiting for
+    /// its exit (about 4 ms: the driver's teardown). For a dump: the agent runs beside CRIU, in
+    /// its cgroup, and ends by itself. A restore keeps the wait, because under runc the agent
+    /// runs in the restored container's cgroup, which must hold only the container's processes
+    /// once CRIU is done.
+    pub fn exit_without_waiting(&self) {
+        self.wait_at_exit.store(false, std::sync::atomic::Ordering::Relaxed);
+    }
+
     /// Tells the agent to exit without touching any process, and waits (briefly) until it has.
     pub fn exit(&self) {
         {
@@ -241,6 +261,9 @@ impl Agent {
         }
         inbox.gone = Some("it was told to exit".into());
         drop(inbox);
+        if !self.wait_at_exit.load(std::sync::atomic::Ordering::Relaxed) {
+            return;
+        }
         // The agent's socket closes when it exits; replies still in flight are dropped.
         let _ = self.stream.set_read_timeout(Some(EXIT_WAIT));
         let mut buf = [0u8; 4096];

@@ -4,6 +4,7 @@
 
 use std::io::{Read, Write};
 
+use ccm_driver::nvml::GpuMemory;
 use ccm_driver::CudaError;
 use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -44,6 +45,8 @@ pub enum Call {
     UuidAtPci {
         pci: PciAddress,
     },
+    /// NVML's free memory and compute processes of every GPU, now.
+    DeviceMemory,
     /// The plugin is done: exit without touching any process.
     Exit,
 }
@@ -92,6 +95,7 @@ pub enum Answer {
     Tid(i32),
     State(i32),
     Uuid(Option<GpuUuid>),
+    DeviceMemory(Vec<GpuMemory>),
 }
 
 /// A failure as it crosses the socket.

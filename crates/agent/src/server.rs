@@ -6,7 +6,9 @@
 //!
 //! If the plugin's end of the socket closes without an `Exit` (CRIU was killed), the agent puts
 //! back every process it locked or checkpointed itself: the tasks are no longer traced once
-//! CRIU is gone, so their restore threads answer the driver again.
+//! CRIU is gone, so their restore threads answer the driver again. A process it restored for a
+//! CRIU restore that never reached the unlock is half-restored (CRIU never finished it): the
+//! agent kills it, and says so; the images are intact for another restore.
 
 use std::collections::BTreeSet;
 use std::os::unix::net::UnixStream;
@@ -65,6 +67,8 @@ struct Loaded {
 struct Touched {
     locked: BTreeSet<i32>,
     checkpointed: BTreeSet<i32>,
+    /// Restored by the driver for a CRIU restore (not locked by this agent) and not yet unlocked.
+    restored: BTreeSet<i32>,
 }
 
 struct Shared {
@@ -232,6 +236,13 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
                 None => Err(WireError::Nvml("NVML is unavailable in the driver agent".into())),
             }
         }
+        Call::DeviceMemory => {
+            loaded(shared)?;
+            match &shared.nvml.wait().0 {
+                Some(n) => n.device_memory().map(Answer::DeviceMemory).map_err(|e| WireError::Nvml(e.to_string())),
+                None => Err(WireError::Nvml("NVML is unavailable in the driver agent".into())),
+            }
+        }
         Call::Exit => Ok(Answer::Done),
     }
 }
@@ -249,10 +260,16 @@ fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>) {
             t.checkpointed.insert(*pid);
         }
         Call::Restore { pid, .. } => {
-            t.checkpointed.remove(pid);
+            // A process this agent did not lock was checkpointed by an earlier CRIU run: this is
+            // a CRIU restore, and the process stays LOCKED until the unlock.
+            let put_back_by_us = t.checkpointed.remove(pid) || t.locked.contains(pid);
+            if !put_back_by_us {
+                t.restored.insert(*pid);
+            }
         }
         Call::Unlock { pid } => {
             t.locked.remove(pid);
+            t.restored.remove(pid);
         }
         _ => {}
     }
@@ -266,15 +283,27 @@ fn orphaned(shared: &Shared) {
     let mut announced = false;
     loop {
         let busy: Vec<i32> = shared.inflight_pids.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let (checkpointed, locked) = {
+        let (checkpointed, locked, half_restored) = {
             let mut t = shared.touched.lock().unwrap_or_else(|p| p.into_inner());
             let ready = |set: &mut BTreeSet<i32>| {
                 let r: BTreeSet<i32> = set.iter().copied().filter(|p| !busy.contains(p)).collect();
                 set.retain(|p| busy.contains(p));
                 r
             };
-            (ready(&mut t.checkpointed), ready(&mut t.locked))
+            let restored = ready(&mut t.restored);
+            (ready(&mut t.checkpointed), ready(&mut t.locked), restored)
         };
+        for pid in &half_restored {
+            // CRIU died between the driver's restore and the unlock: CRIU never finished this
+            // process (its memory, files, threads), so it must not run.
+            let r = u32::try_from(*pid)
+                .map_err(|_| "pid out of range".to_string())
+                .and_then(|p| ccm_process::tree::kill(p).map_err(|e| e.to_string()));
+            match r {
+                Ok(()) => error!("pid {pid}: CRIU went away during its restore, after the driver had restored it but before the unlock; killed it (a half-restored process must not run). The images are intact: restore again from them"),
+                Err(e) => error!("pid {pid} is left LOCKED and half-restored after CRIU went away during the restore, and killing it failed ({e}): kill it (`kill -9 {pid}`), then restore again from the same images"),
+            }
+        }
         if !(checkpointed.is_empty() && locked.is_empty()) {
             if !announced {
                 warn!("driver agent: CRIU went away in the middle of its work; putting back the CUDA processes it had locked or checkpointed");
@@ -306,7 +335,7 @@ fn orphaned(shared: &Shared) {
         let idle = shared.inflight.load(Ordering::SeqCst) == 0;
         let empty = {
             let t = shared.touched.lock().unwrap_or_else(|p| p.into_inner());
-            t.checkpointed.is_empty() && t.locked.is_empty()
+            t.checkpointed.is_empty() && t.locked.is_empty() && t.restored.is_empty()
         };
         if idle && empty {
             return;

@@ -125,7 +125,10 @@ fn inspect(dir: &Path, json: bool) -> CliResult {
             img.cuda_driver_version / 1000,
             (img.cuda_driver_version % 1000) / 10
         );
-        println!("  {:<8} {:<42} {:<14} {:<22} {:>9} {:>6}", "role", "GPU", "PCI", "name", "MiB", "sites");
+        println!(
+            "  {:<8} {:<42} {:<14} {:<22} {:>9} {:>6} {:>6} {:>9}",
+            "role", "GPU", "PCI", "name", "MiB", "sites", "props", "held MiB"
+        );
         for g in &img.node_gpus {
             let role = if let Some(i) = img.used.iter().position(|u| *u == g.uuid) {
                 format!("cuda:{i}")
@@ -135,14 +138,22 @@ fn inspect(dir: &Path, json: bool) -> CliResult {
                 "-".to_string()
             };
             let sites = img.sites.iter().filter(|s| s.gpu == g.uuid).count();
+            let props = img.prop_sites.iter().filter(|s| s.gpu == g.uuid).count();
+            // Device memory the process held there at dump ("?": not recorded).
+            let held = match &img.device_memory {
+                Some(uses) => (uses.iter().filter(|u| u.gpu == g.uuid).map(|u| u.bytes).sum::<u64>() >> 20).to_string(),
+                None => "?".into(),
+            };
             println!(
-                "  {:<8} {:<42} {:<14} {:<22} {:>9} {:>6}",
+                "  {:<8} {:<42} {:<14} {:<22} {:>9} {:>6} {:>6} {:>9}",
                 role,
                 g.uuid.to_string(),
                 g.pci.to_string(),
                 g.name,
                 g.memory_total >> 20,
-                sites
+                sites,
+                props,
+                held
             );
         }
         let env = &img.env;
@@ -206,7 +217,8 @@ fn run_preflight(
         ccm_identity::map::parse_pairs(t).map_err(|e| format!("--device-map {t:?}: {e}"))?;
     }
     let n = images.len();
-    let gpus = match ccm_driver::nvml::Nvml::init().and_then(|n| n.gpus()) {
+    let nvml = ccm_driver::nvml::Nvml::init();
+    let gpus = match nvml.as_ref().map_err(|e| e.to_string()).and_then(|n| n.gpus().map_err(|e| e.to_string())) {
         Ok(g) => g,
         Err(e) if n > 0 => {
             return refuse(json, &format!("this node cannot restore the checkpoint's {n} CUDA process(es): {e}"))
@@ -227,8 +239,20 @@ fn run_preflight(
             g.uuids.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", ")
         );
     }
-    match preflight::plan(images, &gpus, &config, given.as_ref()) {
-        Ok(plans) => {
+    let planned = preflight::plan(images, &gpus, &config, given.as_ref()).and_then(|plans| {
+        // The same free-memory rule as the plugin's preflight, against this node's GPUs now.
+        let memory = match (&nvml, config.memory_check) {
+            (Ok(n), true) => {
+                let free: Vec<_> =
+                    n.device_memory().map(|m| m.into_iter().map(|g| (g.gpu, g.free)).collect()).unwrap_or_default();
+                Some(preflight::check_memory(&plans, &free, &gpus)?.0)
+            }
+            _ => None,
+        };
+        Ok((plans, memory))
+    });
+    match planned {
+        Ok((plans, memory)) => {
             if json {
                 let v: Vec<_> = plans
                     .iter()
@@ -247,6 +271,11 @@ fn run_preflight(
             } else {
                 for p in &plans {
                     println!("pid {}: device map\n{}", p.image.pid, p.map.render_table(&p.image, &gpus));
+                }
+                match &memory {
+                    Some(t) if !t.is_empty() => println!("device memory: {}", preflight::render_memory(t)),
+                    Some(_) => println!("device memory: the images record none to check"),
+                    None => println!("device memory: not checked"),
                 }
                 println!("preflight passed: this node can restore {} CUDA process(es)", plans.len());
             }

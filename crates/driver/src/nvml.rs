@@ -46,6 +46,18 @@ pub struct Nvml {
     nvml: nvml_wrapper::Nvml,
 }
 
+/// One GPU's memory as NVML reports it now.
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct GpuMemory {
+    pub gpu: GpuUuid,
+    /// Free device memory in bytes.
+    pub free: Option<u64>,
+    /// `(pid as NVML names it, used device memory)` of each compute process.
+    pub processes: Vec<(u32, Option<u64>)>,
+    /// What NVML could not tell, when something failed.
+    pub error: Option<String>,
+}
+
 fn q(what: impl Into<String>) -> impl FnOnce(NvmlError) -> NvmlFailure {
     let what = what.into();
     move |source| NvmlFailure::Query { what, source }
@@ -76,6 +88,40 @@ impl Nvml {
     pub fn gpu_by_index(&self, index: u32) -> Result<GpuIdentity, NvmlFailure> {
         let d = self.nvml.device_by_index(index).map_err(q(format!("device {index}")))?;
         identity_of(&d, &format!("device {index}"))
+    }
+
+    /// Each GPU's free memory and the device memory of each compute process on it, now. A GPU
+    /// NVML cannot tell about keeps `None` (free) or an empty list, with the reason.
+    pub fn device_memory(&self) -> Result<Vec<GpuMemory>, NvmlFailure> {
+        let n = self.nvml.device_count().map_err(q("device count"))?;
+        let mut out = Vec::new();
+        for i in 0..n {
+            let d = self.nvml.device_by_index(i).map_err(q(format!("device {i}")))?;
+            let uuid_text = d.uuid().map_err(q(format!("uuid of device {i}")))?;
+            let gpu: GpuUuid = uuid_text.parse().map_err(|_| NvmlFailure::BadUuid(uuid_text.clone()))?;
+            let mut m = GpuMemory { gpu, free: None, processes: Vec::new(), error: None };
+            match d.memory_info() {
+                Ok(info) => m.free = Some(info.free),
+                Err(e) => m.error = Some(format!("memory info: {e}")),
+            }
+            match d.running_compute_processes() {
+                Ok(list) => {
+                    m.processes = list
+                        .into_iter()
+                        .map(|p| {
+                            let bytes = match p.used_gpu_memory {
+                                nvml_wrapper::enums::device::UsedGpuMemory::Used(b) => Some(b),
+                                nvml_wrapper::enums::device::UsedGpuMemory::Unavailable => None,
+                            };
+                            (p.pid, bytes)
+                        })
+                        .collect()
+                }
+                Err(e) => m.error = Some(format!("compute processes: {e}")),
+            }
+            out.push(m);
+        }
+        Ok(out)
     }
 
     /// The UUID of the GPU at `pci` (None when NVML knows no GPU there: "Not Found").

@@ -21,6 +21,8 @@ pub struct Config {
     pub strictness: Strictness,
     /// `CRIU_CUDA_MIGRATE_RECONCILE=off` skips the identity rewrite (to reproduce the bug).
     pub reconcile: bool,
+    /// `CRIU_CUDA_MIGRATE_MEMORY_CHECK=off` skips the preflight's free-memory check.
+    pub memory_check: bool,
     /// Lock timeout: CRIU's `--timeout` (seconds) when we can see it, else 10 s like CRIU.
     pub lock_timeout: Duration,
     /// Whether the dump leaves the tree running (`-R`/`--leave-running`).
@@ -118,6 +120,18 @@ impl Config {
                 })
             }
         };
+        let memory_check = match get(&settings::MEMORY_CHECK).as_deref().map(str::trim) {
+            None | Some("") => true,
+            Some(v) if truthy(v) => true,
+            Some(v) if falsy(v) => false,
+            Some(other) => {
+                return Err(ConfigError::Invalid {
+                    name: settings::MEMORY_CHECK.env,
+                    value: other.to_string(),
+                    expected: "`on` or `off`",
+                })
+            }
+        };
         let disabled = get(&settings::DISABLE).is_some_and(|v| truthy(&v));
         let args = parse_criu_args(criu_args);
         let leave_running = match get(&settings::LEAVE_RUNNING).filter(|v| !v.trim().is_empty()) {
@@ -140,6 +154,7 @@ impl Config {
             usable_gpus,
             strictness,
             reconcile,
+            memory_check,
             lock_timeout: Duration::from_secs(args.timeout_s.unwrap_or(10).max(1)),
             leave_running,
             libcuda,

@@ -11,6 +11,7 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use ccm_agent::Agent;
 use ccm_driver::checkpoint::{timed, ProcessState, Timed};
 use ccm_identity::image::{IdentityImage, ProcessEnv};
+use ccm_identity::memory::DeviceMemoryUse;
 use ccm_identity::{GpuIdentity, GpuUuid, PciSignature};
 use log::{debug, error, info, warn};
 
@@ -45,6 +46,8 @@ pub struct DumpSession {
 
 impl DumpSession {
     pub fn new(config: Config, agent: Agent) -> DumpSession {
+        // The dump's agent ends by itself once told (CRIU need not wait for the driver's teardown).
+        agent.exit_without_waiting();
         DumpSession {
             config,
             agent: Some(agent),
@@ -182,13 +185,17 @@ impl DumpSession {
         // adds the host copy of the device memory. So the scan (20-40 ms) is off the critical path,
         // under the checkpoint (hundreds of ms).
         let api = &node.agent;
+        // What each process holds on each GPU, read before the checkpoint moves it to the host:
+        // the restore's preflight checks the target GPUs have room for it. One NVML pass for all.
+        let memory = device_memory_by_pid(node, &todo.iter().map(|t| t.0).collect::<Vec<_>>());
+        let memory = &memory;
         let results = with_restore_threads_running(
             &todo,
             |&(_, tid)| tid as u32,
             OnResumeError::Skip,
             |&(pid, _)| {
                 std::thread::scope(|s| {
-                    let scan = s.spawn(move || collect_identity(pid, node));
+                    let scan = s.spawn(move || collect_identity(pid, node, memory.get(&pid).cloned().flatten()));
                     let checkpoint = timed(|| api.checkpoint(pid));
                     let facts = scan.join().unwrap_or_else(|_| Err("identity collection panicked".into()));
                     (checkpoint, facts)
@@ -274,8 +281,64 @@ fn rollback_one(api: &Agent, t: &Tracked) {
     }
 }
 
+/// Device memory per GPU of each of `pids` (host pids, as NVML names them), from one NVML pass.
+/// `None` where NVML could not tell (unavailable, MIG, or the process listed on no GPU), so that
+/// the restore's preflight skips it rather than guessing.
+fn device_memory_by_pid(node: &Node, pids: &[i32]) -> BTreeMap<i32, Option<Vec<DeviceMemoryUse>>> {
+    let t0 = Instant::now();
+    let mut out: BTreeMap<i32, Option<Vec<DeviceMemoryUse>>> = pids.iter().map(|p| (*p, Some(Vec::new()))).collect();
+    match node.agent.device_memory() {
+        Ok(gpus) => {
+            for g in &gpus {
+                if let Some(e) = &g.error {
+                    warn!("NVML cannot tell the device memory of processes on {} ({e}); their restore will not check free memory there", g.gpu);
+                }
+                for (pid, bytes) in &g.processes {
+                    let Some(entry) = out.get_mut(&(*pid as i32)) else { continue };
+                    match (bytes, entry.as_mut()) {
+                        (Some(b), Some(uses)) => uses.push(DeviceMemoryUse { gpu: g.gpu, bytes: *b }),
+                        (None, _) => *entry = None,
+                        (Some(_), None) => {}
+                    }
+                }
+            }
+        }
+        Err(e) => {
+            warn!(
+                "cannot read the device memory of the CUDA processes ({e}); their restore will not check free memory"
+            );
+            out.values_mut().for_each(|v| *v = None);
+        }
+    }
+    for uses in out.values_mut() {
+        // A CUDA process with a context is listed on its GPUs; one listed nowhere was not seen
+        // (another pid namespace?): unknown, not zero.
+        if uses.as_ref().is_some_and(Vec::is_empty) {
+            *uses = None;
+        }
+    }
+    for (pid, uses) in &out {
+        match uses {
+            Some(u) => debug!(
+                "pid {pid}: device memory {}",
+                u.iter()
+                    .map(|x| format!("{} on {}", ccm_identity::memory::describe_bytes(x.bytes), x.gpu))
+                    .collect::<Vec<_>>()
+                    .join(", ")
+            ),
+            None => debug!("pid {pid}: device memory unknown"),
+        }
+    }
+    debug!("device memory of {} process(es) read in {:.3} s", pids.len(), t0.elapsed().as_secs_f64());
+    out
+}
+
 /// What restore needs to map and check this process's GPUs.
-fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
+fn collect_identity(
+    pid: i32,
+    node: &Node,
+    device_memory: Option<Vec<DeviceMemoryUse>>,
+) -> Result<IdentityImage, String> {
     let t0 = Instant::now();
     let upid = pid as u32;
     let env_block = ccm_process::environ::read_environ_block(upid).map_err(|e| e.to_string());
@@ -296,14 +359,19 @@ fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
     let wanted: Vec<(GpuUuid, PciSignature)> = node.gpus().iter().map(|g| (g.uuid, g.signature())).collect();
     // Where libcuda keeps its words first (heap and small mappings: tens of ms even for a framework
     // process with gigabytes of host memory); everything only when that finds nothing.
-    let mut scan = ccm_process::scan_signatures_in(upid, &wanted, ccm_process::ScanScope::LIBCUDA_OBJECTS)
+    // The same pass finds the runtime's cudaDeviceProp copies (libcudart's and frameworks', in
+    // the heap like libcuda's objects).
+    let mut scan = ccm_process::scan_identity_in(upid, &wanted, node.gpus(), ccm_process::ScanScope::LIBCUDA_OBJECTS)
         .map_err(|e| e.to_string())?;
     if scan.sites.is_empty() && !wanted.is_empty() {
         debug!("pid {pid}: no PCI words in the heap or small mappings; scanning all of its memory");
         let narrow = scan.elapsed;
+        let (props, lookalikes) = (std::mem::take(&mut scan.prop_sites), scan.prop_lookalikes);
         scan =
             ccm_process::scan_signatures_in(upid, &wanted, ccm_process::ScanScope::FULL).map_err(|e| e.to_string())?;
         scan.elapsed += narrow;
+        scan.prop_sites = props;
+        scan.prop_lookalikes = lookalikes;
     }
     // libcuda keeps the six words of every GPU it enumerated at start: that is the set the
     // driver wants pairs for at restore (CUDA_VISIBLE_DEVICES does not shrink it).
@@ -333,18 +401,35 @@ fn collect_identity(pid: i32, node: &Node) -> Result<IdentityImage, String> {
         used: used.iter().map(|g| g.uuid).collect(),
         env,
         sites: scan.sites,
+        prop_sites: scan.prop_sites,
+        device_memory,
     };
     info!(
-        "pid {pid}: identity: uses {} GPU(s) [{}], enumerated {}, {} PCI site(s); scanned {} MiB in {} mapping(s) in {:.3} s (total {:.3} s)",
+        "pid {pid}: identity: uses {} GPU(s) [{}], enumerated {}, {} PCI site(s), {} cudaDeviceProp cop(ies) ({} look-alike(s) left alone), device memory {}; scanned {} MiB in {} mapping(s) in {:.3} s (total {:.3} s)",
         img.used.len(),
         img.used.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", "),
         img.enumerated.len(),
         img.sites.len(),
+        img.prop_sites.len(),
+        scan.prop_lookalikes,
+        match &img.device_memory {
+            Some(u) => ccm_identity::memory::describe_bytes(u.iter().map(|x| x.bytes).sum()),
+            None => "unknown".into(),
+        },
         scan.bytes_scanned >> 20,
         scan.mappings_scanned,
         scan.elapsed.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
+    for p in &img.prop_sites {
+        debug!(
+            "pid {pid}: cudaDeviceProp (CUDA {} layout) of {} at {:#x} in {}",
+            p.runtime_major,
+            p.gpu,
+            p.addr,
+            if p.mapping_name.is_empty() { "[anonymous]" } else { &p.mapping_name }
+        );
+    }
     for site in &img.sites {
         debug!(
             "pid {pid}: PCI site of {} at {:#x} in {} ({:#x}-{:#x}, {} KiB)",
@@ -440,6 +525,8 @@ mod tests {
             used: Vec::new(),
             env: ProcessEnv::default(),
             sites: Vec::new(),
+            prop_sites: Vec::new(),
+            device_memory: None,
         }
     }
 

@@ -5,6 +5,7 @@ use std::path::{Path, PathBuf};
 
 use ccm_identity::image::IdentityImage;
 use ccm_identity::map::{self, DeviceMap, MapRequest};
+use ccm_identity::memory::{self, ProcessNeed, TargetNeed};
 use ccm_identity::runtime::GivenGpus;
 use ccm_identity::{GpuIdentity, GpuUuid};
 
@@ -105,6 +106,39 @@ pub fn plan(
         plans.push(ProcessPlan { path, image, map });
     }
     Ok(plans)
+}
+
+/// Checks each target GPU's free memory (`free`, from NVML now) against what the plans bring
+/// there, processes added up. Returns what each target takes, for the log.
+pub fn check_memory(
+    plans: &[ProcessPlan],
+    free: &[(GpuUuid, Option<u64>)],
+    node_gpus: &[GpuIdentity],
+) -> Result<(Vec<TargetNeed>, Vec<u32>), EngineError> {
+    let needs: Vec<ProcessNeed<'_>> = plans
+        .iter()
+        .map(|p| ProcessNeed { pid: p.image.pid, uses: p.image.device_memory.as_deref(), map: &p.map })
+        .collect();
+    let (targets, unknown) = memory::targets(&needs, free);
+    memory::check(&targets, node_gpus).map_err(|e| EngineError::Preflight(e.to_string()))?;
+    Ok((targets, unknown))
+}
+
+/// One line per target GPU: `GPU-… takes 4.1 GiB (…) of 139.0 GiB (…) free, pids [7]`.
+pub fn render_memory(targets: &[TargetNeed]) -> String {
+    targets
+        .iter()
+        .map(|t| {
+            format!(
+                "{} takes {} of {} free, pid(s) {:?}",
+                t.gpu,
+                memory::describe_bytes(t.need),
+                t.free.map(memory::describe_bytes).unwrap_or_else(|| "an unknown amount".into()),
+                t.pids
+            )
+        })
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// One image standing for the whole tree: the union of what every process enumerated and used,

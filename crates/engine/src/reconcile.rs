@@ -25,6 +25,11 @@ pub struct ReconcileSummary {
     /// The sites recorded at dump still held the old words (no scan was needed).
     pub used_recorded_sites: bool,
     pub env_edits: usize,
+    /// The runtime's `cudaDeviceProp` copies recorded at dump: rewritten to name the new GPU,
+    /// found already right, and skipped because they no longer hold what was recorded.
+    pub props_rewritten: usize,
+    pub props_fresh: usize,
+    pub props_skipped: usize,
     /// One row per changed GPU: ordinal, old → new, sites, validation.
     pub report: ReconcileReport,
     /// `report` rendered as a table.
@@ -46,6 +51,7 @@ pub fn reconcile(pid: u32, plan: &ProcessPlan, node: &Node) -> ReconcileSummary 
     if let Err(e) = rewrite(pid, plan, node, &mut s) {
         s.failures.push(e);
     }
+    rewrite_props(pid, plan, node, &mut s);
     validate(pid, plan, node, &changed, &mut s);
     s.elapsed = t0.elapsed();
     s
@@ -172,6 +178,62 @@ fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) 
         Err(e) => warn!("pid {pid}: cannot read its environment ({e}); GPU names in it are left as they were"),
     }
     Ok(())
+}
+
+/// Makes the runtime's `cudaDeviceProp` copies recorded at dump name their new GPUs. A copy that
+/// no longer holds the dump GPU's name, UUID and PCI location is skipped and reported, never
+/// guessed at; every write is verified before and read back after.
+fn rewrite_props(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) {
+    use ccm_identity::devprop::{self, PropState};
+    if plan.image.prop_sites.is_empty() {
+        return;
+    }
+    let mem = match ProcessMemory::open_read_write(pid) {
+        Ok(m) => m,
+        Err(e) => {
+            warn!("pid {pid}: cannot open its memory for the cudaDeviceProp copies ({e}); they still name the dump node's GPUs");
+            s.props_skipped += plan.image.prop_sites.len();
+            return;
+        }
+    };
+    // One snapshot of every copy before any write (a swap must not rewrite a copy twice).
+    let mut planned = Vec::new();
+    for site in &plan.image.prop_sites {
+        let Some((old, new)) = devprop::moved_to(site, &plan.map, &plan.image.node_gpus, node.gpus()) else {
+            continue;
+        };
+        let span = devprop::layout(site.runtime_major).map_or(0, |l| l.span());
+        let mut now = vec![0u8; span];
+        let readable = span > 0 && mem.read_exact_at(site.addr, &mut now).is_ok();
+        match devprop::check_recorded(site, readable.then_some(&now[..]), old, new) {
+            PropState::Stale => planned.push((site, devprop::plan_prop_rewrites(site, old, new))),
+            PropState::Fresh => s.props_fresh += 1,
+            PropState::Changed => {
+                s.props_skipped += 1;
+                warn!(
+                    "pid {pid}: the cudaDeviceProp copy of {} recorded at {:#x} ({}) no longer holds that GPU's name, UUID and PCI location; left as it is",
+                    site.gpu,
+                    site.addr,
+                    if site.mapping_name.is_empty() { "[anonymous]" } else { &site.mapping_name }
+                );
+            }
+        }
+    }
+    for (site, writes) in planned {
+        let mut ok = true;
+        for w in &writes {
+            if let Err(e) = ccm_process::mem::verify_and_write_bytes(&mem, w.addr, &w.expect, &w.write) {
+                warn!("pid {pid}: cudaDeviceProp copy at {:#x}: {e}; left as it is", site.addr);
+                ok = false;
+                break;
+            }
+        }
+        if ok {
+            s.props_rewritten += 1;
+        } else {
+            s.props_skipped += 1;
+        }
+    }
 }
 
 fn validate(pid: u32, plan: &ProcessPlan, node: &Node, changed: &[(GpuUuid, GpuUuid)], s: &mut ReconcileSummary) {

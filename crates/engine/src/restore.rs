@@ -105,6 +105,24 @@ impl RestoreSession {
                 return Err(EngineError::Preflight(why));
             }
         }
+        if s.config.memory_check {
+            let free: Vec<(GpuUuid, Option<u64>)> = match node.agent.device_memory() {
+                Ok(m) => m.into_iter().map(|g| (g.gpu, g.free)).collect(),
+                Err(e) => {
+                    warn!("cannot read the GPUs' free memory ({e}); the restore goes on without the memory check");
+                    Vec::new()
+                }
+            };
+            let (targets, unknown) = preflight::check_memory(&s.plans, &free, node.gpus())?;
+            if !unknown.is_empty() {
+                warn!("the dump recorded no device memory for pid(s) {unknown:?} (NVML could not tell, or an older image); their share is not checked");
+            }
+            if !targets.is_empty() {
+                info!("preflight: device memory: {}", preflight::render_memory(&targets));
+            }
+        } else {
+            info!("preflight: the free-memory check is off ({}=off)", ccm_identity::settings::MEMORY_CHECK.env);
+        }
         for p in &s.plans {
             info!(
                 "preflight: pid {} (dumped on {} with driver {}): device map\n{}",
@@ -224,7 +242,7 @@ impl RestoreSession {
                 }
             }
             error!(
-                "strict mode: killed the restored tree ({} process(es)) because pid(s) {:?} failed identity reconciliation; images are untouched: fix the cause above and restore again, or set CRIU_CUDA_MIGRATE_MODE=permissive",
+                "strict mode: killed the restored tree ({} process(es)) because pid(s) {:?} failed their driver restore or identity reconciliation; images are untouched: fix the cause above and restore again, or set CRIU_CUDA_MIGRATE_MODE=permissive",
                 pids.len(),
                 kill
             );
@@ -378,15 +396,28 @@ fn restore_one_steps(
         Some(p) if !p.map.is_identity() => p.map.pairs.iter().map(|x| (x.old, x.new)).collect(),
         _ => Vec::new(),
     };
+    info!("pid {pid}: driver restore started ({} pair(s))", pairs.len());
     let r = timed(|| api.restore(pid as i32, &pairs));
     if let Err(e) = r.value {
         let hint = if e.cuda_code() == Some(ccm_driver::cuda::CUDA_ERROR_INVALID_VALUE) && !pairs.is_empty() {
             " (the driver refused the device map: it must pair every GPU the process enumerated with a distinct GPU of the same chip and enough memory)"
+        } else if e.cuda_code() == Some(ccm_driver::abi::CUDA_ERROR_OUT_OF_MEMORY) {
+            " (a target GPU ran out of memory: something took it after the preflight's check)"
         } else {
             ""
         };
-        error!("pid {pid} is left CHECKPOINTED: {e}{hint}; fix the cause and run `criu-cuda-migrate recover --pid {pid}`, or kill it and restore again from the same images");
-        return (Err(ProcessFailure::Driver(e)), false);
+        return match config.strictness {
+            // A process whose device state could not come back must not run half-restored:
+            // the whole restored tree goes, and the images stay for the retry.
+            Strictness::Strict => {
+                error!("pid {pid}: the driver's restore failed after {:.3} s: {e}{hint}; strict mode kills the restored tree. The images are intact: fix the cause (free the GPU's memory) and restore again", r.elapsed.as_secs_f64());
+                (Err(ProcessFailure::Driver(e)), true)
+            }
+            Strictness::Permissive => {
+                error!("pid {pid} is left CHECKPOINTED: {e}{hint}; fix the cause and run `criu-cuda-migrate recover --pid {pid}`, or kill it and restore again from the same images");
+                (Err(ProcessFailure::Driver(e)), false)
+            }
+        };
     }
     info!("pid {pid}: cuCheckpointProcessRestore with {} pair(s) {:.3} s", pairs.len(), r.elapsed.as_secs_f64());
     let mut kill = false;
@@ -399,8 +430,12 @@ fn restore_one_steps(
                     (true, 0) => "sites recorded at dump".to_string(),
                     (true, n) => format!("sites recorded at dump; {n} more already refreshed by the driver"),
                 };
+                let props = format!(
+                    "cudaDeviceProp copies: {} rewritten, {} already right, {} skipped",
+                    s.props_rewritten, s.props_fresh, s.props_skipped
+                );
                 report.push_str(&format!(
-                    "reconciliation: {} site(s) rewritten ({}), {} environment edit(s), {:.3} s\n{}\n",
+                    "reconciliation: {} site(s) rewritten ({}), {props}, {} environment edit(s), {:.3} s\n{}\n",
                     s.sites_rewritten,
                     source,
                     s.env_edits,
@@ -408,7 +443,7 @@ fn restore_one_steps(
                     s.table
                 ));
                 info!(
-                    "pid {pid}: identity reconciliation: {} site(s) rewritten ({}), {} environment edit(s), {:.3} s\n{}",
+                    "pid {pid}: identity reconciliation: {} site(s) rewritten ({}), {props}, {} environment edit(s), {:.3} s\n{}",
                     s.sites_rewritten,
                     source,
                     s.env_edits,

@@ -7,12 +7,15 @@
 //! length is bounded and checked against the bytes that remain before anything is allocated,
 //! and no input makes it panic.
 
+use crate::devprop::PropSite;
 use crate::gpu::{GpuIdentity, GpuUuid, PciAddress, PciSignature};
+use crate::memory::DeviceMemoryUse;
 
 /// First 8 bytes of every identity image.
 pub const MAGIC: [u8; 8] = *b"CCMIDIMG";
-/// The format version this code writes, and the newest it reads.
-pub const FORMAT_VERSION: u16 = 1;
+/// The format version this code writes, and the newest it reads. Version 2 added the runtime's
+/// `cudaDeviceProp` copies and the device memory per GPU; version-1 images read with neither.
+pub const FORMAT_VERSION: u16 = 2;
 /// Header: magic (8), version (2), flags (2), payload length (4).
 pub const HEADER_LEN: usize = 16;
 /// Trailer: CRC32 of header and payload.
@@ -32,6 +35,10 @@ const UUID_BYTES: usize = 16;
 const MIN_GPU_BYTES: usize = UUID_BYTES + 4 * 7 + 4 + 8;
 /// Smallest encoded size of one [`PciSite`] (an empty mapping name).
 const MIN_SITE_BYTES: usize = UUID_BYTES + 8 * 3 + 4 + 4 * 6;
+/// Smallest encoded size of one [`PropSite`] (an empty mapping name).
+const MIN_PROP_SITE_BYTES: usize = UUID_BYTES + 8 + 2 + 8 * 2 + 4;
+/// Encoded size of one [`DeviceMemoryUse`].
+const MEMORY_USE_BYTES: usize = UUID_BYTES + 8;
 
 /// The environment variables that decide which GPUs a CUDA process sees, as they were at dump.
 #[derive(Clone, PartialEq, Eq, Debug, Default, serde::Serialize, serde::Deserialize)]
@@ -81,6 +88,11 @@ pub struct IdentityImage {
     pub env: ProcessEnv,
     /// Where the six PCI words sat at dump.
     pub sites: Vec<PciSite>,
+    /// The CUDA runtime's (and frameworks') `cudaDeviceProp` copies found at dump (version 2).
+    pub prop_sites: Vec<PropSite>,
+    /// Device memory the process held per GPU just before its checkpoint; `None` when NVML could
+    /// not tell (or a version-1 image).
+    pub device_memory: Option<Vec<DeviceMemoryUse>>,
 }
 
 /// Why an identity image could not be read (or written within the format's bounds).
@@ -135,6 +147,8 @@ impl IdentityImage {
         count("enumerated", self.enumerated.len(), MAX_GPUS)?;
         count("used", self.used.len(), MAX_GPUS)?;
         count("sites", self.sites.len(), MAX_SITES)?;
+        count("prop_sites", self.prop_sites.len(), MAX_SITES)?;
+        count("device_memory", self.device_memory.as_ref().map_or(0, Vec::len), MAX_GPUS)?;
         count("hostname", self.hostname.len(), MAX_STRING_BYTES)?;
         count("driver_version", self.driver_version.len(), MAX_STRING_BYTES)?;
         for g in &self.node_gpus {
@@ -151,6 +165,9 @@ impl IdentityImage {
         }
         for s in &self.sites {
             count("site.mapping_name", s.mapping_name.len(), MAX_STRING_BYTES)?;
+        }
+        for s in &self.prop_sites {
+            count("prop_site.mapping_name", s.mapping_name.len(), MAX_STRING_BYTES)?;
         }
         let total = self.encode_unchecked().len();
         count("image length", total, MAX_IMAGE_BYTES)
@@ -200,6 +217,26 @@ impl IdentityImage {
             p.string(&s.mapping_name);
             p.signature(&s.words);
         }
+        p.count(self.prop_sites.len());
+        for s in &self.prop_sites {
+            p.uuid(&s.gpu);
+            p.u64(s.addr);
+            p.u16(s.runtime_major);
+            p.u64(s.mapping_start);
+            p.u64(s.mapping_end);
+            p.string(&s.mapping_name);
+        }
+        match &self.device_memory {
+            None => p.u8(0),
+            Some(uses) => {
+                p.u8(1);
+                p.count(uses.len());
+                for u in uses {
+                    p.uuid(&u.gpu);
+                    p.u64(u.bytes);
+                }
+            }
+        }
         let payload = p.0;
 
         let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + TRAILER_LEN);
@@ -238,7 +275,7 @@ impl IdentityImage {
         if version == 0 {
             return Err(ImageError::UnsupportedVersion { found: version, supported: FORMAT_VERSION });
         }
-        // Flags are reserved in version 1: written as 0, ignored on read (the checksum still
+        // Flags are reserved in versions 1 and 2: written as 0, ignored on read (the checksum still
         // covers them). A change that old readers must not ignore bumps the version instead.
         let _flags = header.u16()?;
         let payload_len = header.u32()? as usize;
@@ -308,6 +345,34 @@ impl IdentityImage {
                 words: r.signature()?,
             });
         }
+        let mut prop_sites = Vec::new();
+        let mut device_memory = None;
+        if version >= 2 {
+            let n = r.count("prop_sites", MAX_SITES, MIN_PROP_SITE_BYTES)?;
+            prop_sites.reserve(n);
+            for _ in 0..n {
+                prop_sites.push(PropSite {
+                    gpu: r.uuid()?,
+                    addr: r.u64()?,
+                    runtime_major: r.u16()?,
+                    mapping_start: r.u64()?,
+                    mapping_end: r.u64()?,
+                    mapping_name: r.string("prop_site.mapping_name")?,
+                });
+            }
+            device_memory = match r.u8()? {
+                0 => None,
+                1 => {
+                    let n = r.count("device_memory", MAX_GPUS, MEMORY_USE_BYTES)?;
+                    let mut uses = Vec::with_capacity(n);
+                    for _ in 0..n {
+                        uses.push(DeviceMemoryUse { gpu: r.uuid()?, bytes: r.u64()? });
+                    }
+                    Some(uses)
+                }
+                other => return Err(ImageError::InvalidValue { field: "device_memory", value: u64::from(other) }),
+            };
+        }
         if r.pos != body_end {
             return Err(ImageError::TrailingBytes { offset: r.pos, count: body_end - r.pos });
         }
@@ -323,6 +388,8 @@ impl IdentityImage {
             used,
             env,
             sites,
+            prop_sites,
+            device_memory,
         })
     }
 }
@@ -363,6 +430,9 @@ struct Writer(Vec<u8>);
 impl Writer {
     fn u8(&mut self, v: u8) {
         self.0.push(v);
+    }
+    fn u16(&mut self, v: u16) {
+        self.0.extend_from_slice(&v.to_le_bytes());
     }
     fn u32(&mut self, v: u32) {
         self.0.extend_from_slice(&v.to_le_bytes());
@@ -571,8 +641,39 @@ pub(crate) mod tests {
                 cuda_device_order: None,
                 nvidia_visible_devices: Some("all".into()),
             },
+            prop_sites: vec![PropSite {
+                gpu: g0.uuid,
+                addr: 0x5555_0000_4000,
+                runtime_major: 13,
+                mapping_start: 0x5555_0000_0000,
+                mapping_end: 0x5555_0010_0000,
+                mapping_name: "[heap]".into(),
+            }],
+            device_memory: Some(vec![DeviceMemoryUse { gpu: g0.uuid, bytes: 600 << 20 }]),
             node_gpus: vec![g0, g1],
         }
+    }
+
+    /// `img` as format version 1 wrote it: the same payload up to the PCI sites, nothing after.
+    fn encode_v1(img: &IdentityImage) -> Vec<u8> {
+        let v2 = IdentityImage { prop_sites: Vec::new(), device_memory: None, ..img.clone() }.encode();
+        // Version 2 appends a u32 count (0) and a u8 flag (0) to version 1's payload.
+        let payload = &v2[HEADER_LEN..v2.len() - TRAILER_LEN - 5];
+        let mut out = MAGIC.to_vec();
+        out.extend_from_slice(&1u16.to_le_bytes());
+        out.extend_from_slice(&0u16.to_le_bytes());
+        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(payload);
+        let crc = crc32fast::hash(&out);
+        out.extend_from_slice(&crc.to_le_bytes());
+        out
+    }
+
+    #[test]
+    fn version_1_images_still_read_without_the_new_records() {
+        let img = sample();
+        let old = IdentityImage::decode(&encode_v1(&img)).unwrap();
+        assert_eq!(old, IdentityImage { prop_sites: Vec::new(), device_memory: None, ..img });
     }
 
     #[test]
@@ -586,7 +687,7 @@ pub(crate) mod tests {
     #[test]
     fn header_layout() {
         let bytes = sample().encode();
-        assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 1);
+        assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 2);
         assert_eq!(u16::from_le_bytes([bytes[10], bytes[11]]), 0);
         let len = u32::from_le_bytes([bytes[12], bytes[13], bytes[14], bytes[15]]) as usize;
         assert_eq!(bytes.len(), HEADER_LEN + len + TRAILER_LEN);
@@ -612,9 +713,9 @@ pub(crate) mod tests {
         assert!(matches!(IdentityImage::decode(&bad), Err(ImageError::BadMagic { .. })));
 
         let mut newer = good.clone();
-        newer[8] = 2;
+        newer[8] = 3;
         let err = IdentityImage::decode(&newer).unwrap_err();
-        assert_eq!(err, ImageError::NewerVersion { found: 2, supported: 1 });
+        assert_eq!(err, ImageError::NewerVersion { found: 3, supported: 2 });
         assert!(err.to_string().contains("upgrade"));
 
         let mut zero = good.clone();
@@ -731,6 +832,26 @@ pub(crate) mod tests {
         )
     }
 
+    fn arb_prop_site() -> impl Strategy<Value = PropSite> {
+        (arb_uuid(), any::<[u64; 3]>(), any::<u16>(), "[\\[\\]a-z/._ -]{0,30}").prop_map(
+            |(gpu, a, runtime_major, mapping_name)| PropSite {
+                gpu,
+                addr: a[0],
+                runtime_major,
+                mapping_start: a[1],
+                mapping_end: a[2],
+                mapping_name,
+            },
+        )
+    }
+
+    fn arb_memory() -> impl Strategy<Value = Option<Vec<DeviceMemoryUse>>> {
+        proptest::option::of(prop::collection::vec(
+            (arb_uuid(), any::<u64>()).prop_map(|(gpu, bytes)| DeviceMemoryUse { gpu, bytes }),
+            0..4,
+        ))
+    }
+
     pub(crate) fn arb_image() -> impl Strategy<Value = IdentityImage> {
         (
             (any::<u32>(), any::<u32>(), any::<u64>(), ".{0,30}", "[0-9.]{0,12}", any::<i32>()),
@@ -739,23 +860,28 @@ pub(crate) mod tests {
             prop::collection::vec(arb_uuid(), 0..6),
             (proptest::option::of(".{0,40}"), proptest::option::of(".{0,12}"), proptest::option::of(".{0,40}")),
             prop::collection::vec(arb_site(), 0..10),
+            (prop::collection::vec(arb_prop_site(), 0..4), arb_memory()),
         )
-            .prop_map(|(head, node_gpus, enumerated, used, env, sites)| IdentityImage {
-                pid: head.0,
-                host_pid: head.1,
-                dumped_at_unix: head.2,
-                hostname: head.3,
-                driver_version: head.4,
-                cuda_driver_version: head.5,
-                node_gpus,
-                enumerated,
-                used,
-                env: ProcessEnv {
-                    cuda_visible_devices: env.0,
-                    cuda_device_order: env.1,
-                    nvidia_visible_devices: env.2,
-                },
-                sites,
+            .prop_map(|(head, node_gpus, enumerated, used, env, sites, (prop_sites, device_memory))| {
+                IdentityImage {
+                    pid: head.0,
+                    host_pid: head.1,
+                    dumped_at_unix: head.2,
+                    hostname: head.3,
+                    driver_version: head.4,
+                    cuda_driver_version: head.5,
+                    node_gpus,
+                    enumerated,
+                    used,
+                    env: ProcessEnv {
+                        cuda_visible_devices: env.0,
+                        cuda_device_order: env.1,
+                        nvidia_visible_devices: env.2,
+                    },
+                    sites,
+                    prop_sites,
+                    device_memory,
+                }
             })
     }
 

@@ -9,10 +9,12 @@
 
 #![forbid(unsafe_code)]
 
+pub mod devprop;
 pub mod env;
 pub mod gpu;
 pub mod image;
 pub mod map;
+pub mod memory;
 pub mod options;
 pub mod pattern;
 pub mod runtime;

@@ -52,6 +52,14 @@ pub const RECONCILE: Setting = Setting {
     help: "off: restore without rewriting the stale identity (reproduces the bug; diagnosis only)",
 };
 
+pub const MEMORY_CHECK: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_MEMORY_CHECK",
+    option: "memory-check",
+    at: "restore",
+    default: "on",
+    help: "off: skip the preflight's check of each target GPU's free memory against what the dump recorded",
+};
+
 pub const LEAVE_RUNNING: Setting = Setting {
     env: "CRIU_CUDA_MIGRATE_LEAVE_RUNNING",
     option: "leave-running",
@@ -85,7 +93,8 @@ pub const LIBNVML: Setting = Setting {
 };
 
 /// All of them, in the order of the documentation tables.
-pub const ALL: [Setting; 8] = [DEVICE_MAP, USABLE_GPUS, MODE, RECONCILE, LEAVE_RUNNING, DISABLE, LIBCUDA, LIBNVML];
+pub const ALL: [Setting; 9] =
+    [DEVICE_MAP, USABLE_GPUS, MODE, RECONCILE, MEMORY_CHECK, LEAVE_RUNNING, DISABLE, LIBCUDA, LIBNVML];
 
 impl Setting {
     /// `criu-cuda-migrate.KEY`.

@@ -8,9 +8,10 @@
 use crate::maps::{read_maps, Mapping, ScanScope};
 use crate::procfs::{io_error, proc_path};
 use crate::{ProcessError, SiteError};
+use ccm_identity::devprop::{self, PropSite};
 use ccm_identity::pattern::find_signatures;
 use ccm_identity::PciSite;
-use ccm_identity::{GpuUuid, PciSignature};
+use ccm_identity::{GpuIdentity, GpuUuid, PciSignature};
 use std::fs::File;
 use std::io;
 use std::os::unix::fs::FileExt;
@@ -116,16 +117,21 @@ pub struct ScanReport {
     pub mappings_skipped: usize,
     /// Wall time of the scan.
     pub elapsed: Duration,
+    /// The CUDA runtime's `cudaDeviceProp` copies identified (see `ccm_identity::devprop`).
+    pub prop_sites: Vec<PropSite>,
+    /// Look-alikes of such copies, left alone.
+    pub prop_lookalikes: usize,
 }
 
 /// Bytes read per `pread`. Large enough that syscall cost is negligible, small enough to keep
 /// one worker's buffer cheap.
 pub const SCAN_CHUNK_BYTES: usize = 8 << 20;
 
-/// Bytes carried from the end of one chunk to the front of the next, so a signature crossing a
-/// chunk border is still seen whole. 24 (the signature's length, rather than 23) keeps each
+/// Bytes carried from the end of one chunk to the front of the next, so a signature or a
+/// `cudaDeviceProp` span crossing a chunk border is still seen whole. A multiple of 8 keeps each
 /// window's base address 8-byte aligned like the chunk size.
-const SCAN_OVERLAP_BYTES: usize = PciSignature::LEN_BYTES;
+const SCAN_OVERLAP_BYTES: usize = 1024;
+const _: () = assert!(SCAN_OVERLAP_BYTES >= PciSignature::LEN_BYTES && SCAN_OVERLAP_BYTES >= devprop::MAX_SPAN);
 
 /// Scans every scannable mapping of `pid` (see [`crate::is_scannable`]) for the wanted signatures and
 /// returns where each was found.
@@ -147,9 +153,20 @@ pub fn scan_signatures_in(
     wanted: &[(GpuUuid, PciSignature)],
     scope: ScanScope,
 ) -> Result<ScanReport, ProcessError> {
+    scan_identity_in(pid, wanted, &[], scope)
+}
+
+/// One pass over the mappings `scope` admits for the wanted PCI signatures and for the
+/// `cudaDeviceProp` copies of the `props` GPUs (never in libcuda's own mappings).
+pub fn scan_identity_in(
+    pid: u32,
+    wanted: &[(GpuUuid, PciSignature)],
+    props: &[GpuIdentity],
+    scope: ScanScope,
+) -> Result<ScanReport, ProcessError> {
     let started = Instant::now();
     let mut report = ScanReport::default();
-    if wanted.is_empty() {
+    if wanted.is_empty() && props.is_empty() {
         report.elapsed = started.elapsed();
         return Ok(report);
     }
@@ -179,7 +196,7 @@ pub fn scan_signatures_in(
                     let mut part = ScanReport::default();
                     let mut buf = vec![0u8; SCAN_OVERLAP_BYTES + SCAN_CHUNK_BYTES];
                     for mapping in group {
-                        scan_one(pid, mem, mapping, wanted, &mut buf, &mut part)?;
+                        scan_one(pid, mem, mapping, wanted, props, &mut buf, &mut part)?;
                     }
                     Ok(part)
                 })
@@ -200,8 +217,11 @@ pub fn scan_signatures_in(
         report.bytes_scanned += part.bytes_scanned;
         report.mappings_scanned += part.mappings_scanned;
         report.mappings_skipped += part.mappings_skipped;
+        report.prop_sites.extend(part.prop_sites);
+        report.prop_lookalikes += part.prop_lookalikes;
     }
     report.sites.sort_by_key(|s| s.addr);
+    report.prop_sites.sort_by_key(|s| s.addr);
     report.elapsed = started.elapsed();
     Ok(report)
 }
@@ -215,10 +235,11 @@ fn scan_one(
     mem: &ProcessMemory,
     mapping: &Mapping,
     wanted: &[(GpuUuid, PciSignature)],
+    props: &[GpuIdentity],
     buf: &mut [u8],
     report: &mut ScanReport,
 ) -> Result<(), ProcessError> {
-    match scan_mapping(mem, mapping, wanted, buf, report) {
+    match scan_mapping(mem, mapping, wanted, props, buf, report) {
         Ok(()) => report.mappings_scanned += 1,
         Err(ProcessError::Unmapped { addr, source, .. }) if addr == mapping.start => {
             log::warn!(
@@ -250,9 +271,11 @@ fn scan_mapping(
     mem: &ProcessMemory,
     mapping: &Mapping,
     wanted: &[(GpuUuid, PciSignature)],
+    props: &[GpuIdentity],
     buf: &mut [u8],
     report: &mut ScanReport,
 ) -> Result<(), ProcessError> {
+    let props = if devprop::mapping_may_hold_props(&mapping.path) { props } else { &[] };
     // `buf[..carried]` holds the last bytes of the previous window, at `next - carried`.
     let mut next = mapping.start;
     let mut carried = 0usize;
@@ -267,7 +290,7 @@ fn scan_mapping(
         }
         let window = &buf[..carried + got];
         let base = next - carried as u64;
-        for (gpu, addr) in find_signatures(window, base, wanted) {
+        for (gpu, addr) in if wanted.is_empty() { Vec::new() } else { find_signatures(window, base, wanted) } {
             // A hit lying wholly in the carried bytes was already reported from the previous window.
             if addr + PciSignature::LEN_BYTES as u64 <= next {
                 continue;
@@ -283,6 +306,22 @@ fn scan_mapping(
                 mapping_name: mapping.path.clone(),
                 words,
             });
+        }
+        if !props.is_empty() {
+            let found = devprop::find_device_props(window, base, props);
+            // A copy whose span lay wholly in the carried bytes was judged in the previous window.
+            let new_here = |addr: u64| addr + devprop::MAX_SPAN as u64 > next;
+            for (gpu, addr, runtime_major) in found.found.into_iter().filter(|f| new_here(f.1)) {
+                report.prop_sites.push(PropSite {
+                    gpu,
+                    addr,
+                    runtime_major,
+                    mapping_start: mapping.start,
+                    mapping_end: mapping.end,
+                    mapping_name: mapping.path.clone(),
+                });
+            }
+            report.prop_lookalikes += found.lookalikes.into_iter().filter(|a| new_here(*a)).count();
         }
         report.bytes_scanned += got as u64;
         next += got as u64;
@@ -314,6 +353,22 @@ pub fn read_signature(mem: &ProcessMemory, addr: u64) -> Result<PciSignature, Pr
     let mut bytes = [0u8; PciSignature::LEN_BYTES];
     mem.read_exact_at(addr, &mut bytes)?;
     Ok(PciSignature::from_bytes(&bytes))
+}
+
+/// Rewrites `expect` at `addr` with `write` (same length) only if `expect` is still there, then
+/// reads it back, like [`verify_and_write`] for the runtime's property copies.
+pub fn verify_and_write_bytes(mem: &ProcessMemory, addr: u64, expect: &[u8], write: &[u8]) -> Result<(), ProcessError> {
+    let mut seen = vec![0u8; expect.len()];
+    mem.read_exact_at(addr, &mut seen)?;
+    if seen != expect {
+        return Err(ProcessError::MemoryChanged { pid: mem.pid(), addr, expected: expect.to_vec(), seen });
+    }
+    mem.write_all_at(addr, write)?;
+    mem.read_exact_at(addr, &mut seen)?;
+    if seen != write {
+        return Err(ProcessError::WriteNotApplied { pid: mem.pid(), addr, written: write.to_vec(), seen });
+    }
+    Ok(())
 }
 
 /// Rewrites one site: re-reads the 24 bytes at `addr` right before writing and writes `write`

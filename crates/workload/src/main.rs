@@ -13,6 +13,7 @@
 
 mod files;
 mod pattern;
+mod props;
 mod report;
 
 use std::io::Write;
@@ -47,6 +48,10 @@ struct Args {
     /// Print one report as JSON on stdout and exit.
     #[arg(long)]
     report_now: bool,
+    /// Keep a cudaDeviceProp copy per device, as the CUDA runtime and frameworks do, plus a decoy
+    /// the plugin must not touch; reports say what they hold.
+    #[arg(long)]
+    device_props: bool,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -99,9 +104,11 @@ fn run(args: &Args) -> Result<(), WorkloadError> {
     let bytes = args.mib.checked_mul(1 << 20).ok_or(WorkloadError::TooLarge(args.mib))?;
     let app = CudaApp::load_and_init()?;
     let held = if bytes == 0 { Vec::new() } else { allocate_and_fill(&app, &args.devices, bytes)? };
+    let props = if args.device_props { Some(props::PropCache::fill(&app)?) } else { None };
 
     if args.report_now {
-        let report = report::build(&app, &held, 0);
+        let mut report = report::build(&app, &held, 0);
+        report.device_props = props.as_ref().map(|p| p.report(&app));
         println!("{}", serde_json::to_string_pretty(&report)?);
         return Ok(());
     }
@@ -113,7 +120,8 @@ fn run(args: &Args) -> Result<(), WorkloadError> {
 
     for round in 1..=args.rounds {
         files::wait_for(dir, &format!("go{round}"));
-        let report = report::build(&app, &held, round);
+        let mut report = report::build(&app, &held, round);
+        report.device_props = props.as_ref().map(|p| p.report(&app));
         say(format_args!(
             "round {round}: all_agree={} all_consistent={} all_data_ok={} all_ctx_ok={} ({:.3} s)",
             report.all_agree, report.all_consistent, report.all_data_ok, report.all_ctx_ok, report.check_seconds

@@ -41,6 +41,8 @@ pub struct Report {
     pub nvml_error: Option<String>,
     pub errors: Vec<String>,
     pub check_seconds: f64,
+    /// `--device-props`: what the runtime-style property copies hold now.
+    pub device_props: Option<crate::props::PropsReport>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -130,6 +132,7 @@ pub fn build(app: &CudaApp, held: &[Held], round: u32) -> Report {
         nvml_error,
         errors,
         check_seconds: started.elapsed().as_secs_f64(),
+        device_props: None,
     }
 }
 

@@ -74,6 +74,30 @@ impl StateDir {
     }
 }
 
+impl StateDir {
+    /// Bytes of simulated device memory each owner (`Registration::id_text`) holds on a GPU, for
+    /// NVML's list of compute processes.
+    pub fn used_bytes_by_owner(&self, uuid: &SimUuid) -> Vec<(String, u64)> {
+        let mut out: Vec<(String, u64)> = Vec::new();
+        let Ok(entries) = std::fs::read_dir(self.gpu_dir(uuid)) else {
+            return out;
+        };
+        for e in entries.filter_map(Result::ok) {
+            let name = e.file_name().to_string_lossy().into_owned();
+            let Some(owner) = name.strip_prefix("mem-").and_then(|r| r.rsplit_once('-')).map(|(o, _)| o.to_string())
+            else {
+                continue;
+            };
+            let len = e.metadata().map(|m| m.len()).unwrap_or(0);
+            match out.iter_mut().find(|(o, _)| *o == owner) {
+                Some((_, n)) => *n += len,
+                None => out.push((owner, len)),
+            }
+        }
+        out
+    }
+}
+
 /// Writes `bytes` to `path` atomically: a temporary file in the same directory, then rename, so a
 /// reader polling for `path` never sees half a message. The descriptor is closed before returning.
 pub fn write_atomic(path: &Path, bytes: &[u8]) -> Result<(), SimError> {

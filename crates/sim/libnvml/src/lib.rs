@@ -6,7 +6,8 @@
 //! in `CCM_SIM_CONFIG`, restricted to this process's container view `CCM_SIM_VISIBLE` (GPUs outside
 //! it do not exist here: lookups answer NVML_ERROR_NOT_FOUND and indices are renumbered), and it
 //! exports the functions nvml-wrapper 0.13 calls for init, counts, handles by index / UUID / PCI
-//! bus id, PCI info, UUID, minor number, name, memory and index. NVML never sees a process's
+//! bus id, PCI info, UUID, minor number, name, memory, index and compute processes (by the
+//! caller's pids, with the simulated device memory each holds). NVML never sees a process's
 //! CUDA state: after a remapped restore it keeps telling the truth about the machine, which is
 //! how the stale PCI location in libcuda shows. See `docs/TEST-DOUBLES.md`.
 
@@ -124,6 +125,24 @@ fn put<T>(out: *mut T, value: T) -> Result<(), NvmlReturn> {
     }
     // SAFETY: the caller passed a non-NULL pointer to writable storage of T, per nvml.h.
     unsafe { out.write(value) };
+    Ok(())
+}
+
+fn get<T: Copy>(p: *const T) -> Result<T, NvmlReturn> {
+    if p.is_null() {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: the caller passed a non-NULL pointer to a readable T, per nvml.h.
+    Ok(unsafe { p.read() })
+}
+
+/// Writes element `i` of a caller's array of `len` elements.
+fn put_nth<T>(array: *mut T, i: usize, len: usize, value: T) -> Result<(), NvmlReturn> {
+    if array.is_null() || i >= len {
+        return Err(NVML_ERROR_INVALID_ARGUMENT);
+    }
+    // SAFETY: the caller's array holds `len` > i elements of T, per nvml.h.
+    unsafe { array.add(i).write(value) };
     Ok(())
 }
 
@@ -324,6 +343,71 @@ pub extern "C" fn nvmlDeviceGetIndex(handle: *const Device, index: *mut c_uint) 
 fn memory(d: &Device) -> (u64, u64) {
     let used = nvml().ok().and_then(|n| n.state_dir.as_ref()).map_or(0, |s| s.used_bytes(&d.gpu.uuid));
     (d.gpu.memory_total, used.min(d.gpu.memory_total))
+}
+
+/// `nvmlProcessInfo_t` (v2/v3 layout).
+#[repr(C)]
+pub struct ProcessInfo {
+    pid: c_uint,
+    used_gpu_memory: u64,
+    gpu_instance_id: c_uint,
+    compute_instance_id: c_uint,
+}
+
+const _: () = assert!(std::mem::size_of::<ProcessInfo>() == 24);
+
+/// The simulated processes holding memory on `d`, by the pid this caller's `/proc` gives them
+/// (found through the registry's index: each process keeps `proc-<key>` pointing at itself).
+fn compute_processes(d: &Device) -> Vec<ProcessInfo> {
+    let Some(state) = nvml().ok().and_then(|n| n.state_dir.as_ref()) else { return Vec::new() };
+    let owners = state.used_bytes_by_owner(&d.gpu.uuid);
+    if owners.is_empty() {
+        return Vec::new();
+    }
+    let mut out = Vec::new();
+    let Ok(procs) = std::fs::read_dir("/proc") else { return out };
+    for e in procs.filter_map(Result::ok) {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<i32>().ok()) else { continue };
+        let Some(reg) = ccm_sim_common::pidns::key_of(pid).ok().and_then(|k| state.follow(&k)) else { continue };
+        if let Some((_, bytes)) = owners.iter().find(|(o, _)| *o == reg.id_text()) {
+            out.push(ProcessInfo {
+                pid: pid as c_uint,
+                used_gpu_memory: *bytes,
+                gpu_instance_id: u32::MAX,
+                compute_instance_id: u32::MAX,
+            });
+        }
+    }
+    out
+}
+
+/// NVML's contract: with `*count` too small (or `infos` NULL) it sets `*count` to what is needed
+/// and answers NVML_ERROR_INSUFFICIENT_SIZE.
+#[no_mangle]
+pub extern "C" fn nvmlDeviceGetComputeRunningProcesses_v3(
+    handle: *const Device,
+    count: *mut c_uint,
+    infos: *mut ProcessInfo,
+) -> NvmlReturn {
+    guard(|| {
+        let d = device(handle)?;
+        if count.is_null() {
+            return Err(NVML_ERROR_INVALID_ARGUMENT);
+        }
+        let list = compute_processes(d);
+        let room = get(count)? as usize;
+        put(count, list.len() as c_uint)?;
+        if list.is_empty() {
+            return Ok(());
+        }
+        if infos.is_null() || room < list.len() {
+            return Err(NVML_ERROR_INSUFFICIENT_SIZE);
+        }
+        for (i, p) in list.into_iter().enumerate() {
+            put_nth(infos, i, room, p)?;
+        }
+        Ok(())
+    })
 }
 
 #[no_mangle]
