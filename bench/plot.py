@@ -64,13 +64,16 @@ def plot(res, out):
           ("one in-process controller", [r.get("in_process_s") for r in pa], 1.0)],
          "seconds", "2. Per-action tool path vs in-process")
 
-    p = res.get("parallel") or {}
-    bars(axes[0][2], ["checkpoint", "restore"],
-         [("GPU 0 alone", [p.get("single_a_checkpoint_s"), p.get("single_a_restore_s")], 1.0),
-          ("sum of singles", [p.get("sum_single_checkpoint_s"), p.get("sum_single_restore_s")], 1.0),
-          ("floor, both parallel", [p.get("floor_parallel_checkpoint_s"), p.get("floor_parallel_restore_s")], 1.0),
-          ("plugin, tree", [p.get("plugin_tree_checkpoint_s"), p.get("plugin_tree_restore_s")], 1.0)],
-         "seconds", "3. Two processes on two GPUs")
+    par = res.get("parallel") or []
+    if isinstance(par, dict):
+        par = [par]
+    labels = [f"{p.get('processes', 2)} x {ph}" for p in par for ph in ("ckpt", "restore")]
+    pick = lambda key: [p.get(key.format(ph)) for p in par for ph in ("checkpoint", "restore")]  # noqa: E731
+    bars(axes[0][2], labels,
+         [("slowest alone", pick("slowest_single_{}_s"), 1.0),
+          ("floor, all in parallel", pick("floor_parallel_{}_s"), 1.0),
+          ("plugin, tree", pick("plugin_tree_{}_s"), 1.0)],
+         "seconds", "3. N processes in one tree" + (" on one GPU" if par and par[0].get("one_gpu") else ""))
 
     ident = res.get("identity", [])
     ax = axes[1][0]

@@ -21,9 +21,9 @@
 # CCM_BENCH_BUDGET_S, CCM_BENCH_HARD_S, CCM_DEVICE_DIR (default .device), CCM_CRIU_ROOT (default
 # /opt/criu), CCM_CRIU_BIN (a criu to use instead of unpacking the .debs), CCM_BENCH_SECTIONS
 # (default "s1 s2 s3 s4 s1big": which parts run), CCM_BENCH_SIZES (default 1024,4096,16384: MiB
-# of device memory for s1, the last one floor only), CCM_BENCH_HOST_MIB (default 1024,4096,16384:
+# of device memory for s1, the last one floor only when s1big runs), CCM_BENCH_HOST_MIB (default 1024,4096,16384:
 # MiB of host memory of the PyTorch process in s4), CCM_BENCH_MIB2 (default 4096: MiB per process
-# in s3), CCM_BENCH_GPUS ("UUID BUS;UUID BUS": instead of nvidia-smi, for tests on the doubles).
+# in s3), CCM_BENCH_TREE_NS (default 2,4: processes per s3 tree), CCM_BENCH_GPUS ("UUID BUS;UUID BUS": instead of nvidia-smi, for tests on the doubles).
 
 set -uo pipefail
 
@@ -46,6 +46,7 @@ SECTIONS=${CCM_BENCH_SECTIONS:-s1 s2 s3 s4 s1big}
 IFS=, read -r -a SIZES <<<"${CCM_BENCH_SIZES:-1024,4096,16384}"
 HOST_MIB=${CCM_BENCH_HOST_MIB:-1024,4096,16384}
 MIB2=${CCM_BENCH_MIB2:-4096}
+TREE_NS=${CCM_BENCH_TREE_NS:-2,4}
 CRIU_TIMEOUT=150
 READY_TIMEOUT=120
 STEP_TIMEOUT=180
@@ -217,35 +218,45 @@ section_per_action_tree2() {
     cleanup_processes
 }
 
-# s3: one tree (a shell with two workloads, MIB2 each, GPU 0 and GPU 1). Per repeat: the floor of
-# each alone, the floor of both in parallel, then CRIU dump + restore of the tree with the plugin.
+# s3: one tree of N workloads (a shell with N of them, MIB2 each; on one GPU they share it, on two they
+# alternate). Per repeat: the floor of each alone, the floor of all N driven in parallel by one bare
+# controller, then CRIU dump + restore of the tree with the plugin. One tree per N of TREE_NS.
 section_parallel() {
-    local d=$WORK/s3 n k root a b
+    local np=$1 d=$WORK/s3-$1 n k root i ok=1
+    local label=tree$np
+    local pids=()
     n=$(repeats_for "$REPEATS")
-    ((n > 0)) || { skip s3 tree "over the time budget"; return 0; }
-    mkdir -p "$d/a" "$d/b"
+    ((n > 0)) || { skip s3 "$label" "over the time budget"; return 0; }
+    for ((i = 1; i <= np; i++)); do mkdir -p "$d/p$i"; done
     # shellcheck disable=SC2016
     start_detached "$d" "$d/tree.log" bash -c \
-        '"$0" --dir "$1/a" --mib "$2" --devices 0 --rounds 1 >"$1/a/workload.log" 2>&1 &
-         "$0" --dir "$1/b" --mib "$2" --devices "$3" --rounds 1 >"$1/b/workload.log" 2>&1 &
-         wait' "$WORKLOAD" "$d" "$MIB2" "$DEV_B"
+        'for ((i = 1; i <= $3; i++)); do
+             "$0" --dir "$1/p$i" --mib "$2" --devices $(( (i - 1) % $4 )) --rounds 1 >"$1/p$i/workload.log" 2>&1 &
+         done
+         wait' "$WORKLOAD" "$d" "$MIB2" "$np" "${#GPU_UUID[@]}"
     root=$STARTED_PID
-    if ! { wait_file "$d/a/ready" "$READY_TIMEOUT" "$root" && wait_file "$d/b/ready" "$READY_TIMEOUT" "$root"; }; then
-        rec --section s3 --label tree --error "tree not ready: $(tail -n 1 "$d/a/workload.log" "$d/b/workload.log" | tr '\n' ' ')"
+    for ((i = 1; i <= np; i++)); do
+        wait_file "$d/p$i/ready" "$READY_TIMEOUT" "$root" || ok=0
+    done
+    if ((!ok)); then
+        rec --section s3 --label "$label" --error "tree not ready: $(tail -q -n 1 "$d"/p*/workload.log | tr '\n' ' ')"
         cleanup_processes
         return 0
     fi
-    a=$(read_pid "$d/a/ready")
-    b=$(read_pid "$d/b/ready")
+    for ((i = 1; i <= np; i++)); do pids+=("$(read_pid "$d/p$i/ready")"); done
+    local all
+    all=$(IFS=,; echo "${pids[*]}")
     for ((k = 1; k <= n; k++)); do
-        bench s3 single-a "$k" floor --pid "$a" || break
-        bench s3 single-b "$k" floor --pid "$b" || break
-        bench s3 floor-both "$k" floor --pid "$a,$b" || break
-        criu_cycle s3 tree "$k" "$root" || break
+        for ((i = 1; i <= np; i++)); do
+            bench s3 "$label-single-$i" "$k" floor --pid "${pids[i - 1]}" || break 2
+        done
+        bench s3 "$label-floor-all" "$k" floor --pid "$all" || break
+        criu_cycle s3 "$label" "$k" "$root" || break
         ((k < n)) && (($(repeats_for "$REPEATS") < 2)) && break
     done
-    check_workload "$d/a" "$a" s3 tree-a
-    check_workload "$d/b" "$b" s3 tree-b
+    for ((i = 1; i <= np; i++)); do
+        check_workload "$d/p$i" "${pids[i - 1]}" s3 "$label-p$i"
+    done
     cleanup_processes
 }
 
@@ -387,10 +398,16 @@ main() {
         case $s in
             s1)
                 section_single "${SIZES[0]}" 1 1
-                ((${#SIZES[@]} > 2)) && section_single "${SIZES[1]}" 1 0
+                # Every further size with CRIU, except the last when s1big (floor only) takes it.
+                local last=${#SIZES[@]} i
+                [[ " $SECTIONS " == *" s1big "* ]] && last=$((last - 1))
+                for ((i = 1; i < last; i++)); do section_single "${SIZES[i]}" 1 0; done
                 ;;
             s2) section_per_action_tree2 ;;
-            s3) section_parallel ;;
+            s3)
+                local np
+                for np in ${TREE_NS//,/ }; do section_parallel "$np"; done
+                ;;
             s4) section_torch ;;
             s1big) ((${#SIZES[@]} > 1)) && section_single "${SIZES[-1]}" 0 0 ;;
             *) log "unknown section $s" ;;

@@ -39,7 +39,10 @@ assert [x["mib"] for x in r["floor_vs_plugin"]] == [8, 16, 32], r["floor_vs_plug
 assert r["floor_vs_plugin"][0]["plugin"]["overhead_s"]["n"] == 2
 assert "plugin" not in r["floor_vs_plugin"][2]
 assert [x["processes"] for x in r["per_action"]] == [1, 2]
-assert r["parallel"]["plugin_tree_checkpoint_s"]["n"] == 2
+assert [p["processes"] for p in r["parallel"]] == [2, 4], r["parallel"]
+assert all(p["plugin_tree_checkpoint_s"]["n"] == 2 and p["plugin_tree_restore_over_floor"] for p in r["parallel"]), r["parallel"]
+assert r["parallel"][0]["goal"]["against"] == "the slowest process alone"
+assert all(x["plugin"]["overhead_dump_s"] and x["plugin"]["overhead_restore_s"] for x in r["floor_vs_plugin"][:2])
 assert any(i["reconcile_s"] for i in r["identity"]), r["identity"]
 assert all(c["ok"] for c in r["checks"]), r["checks"]
 print("bench sim-check OK")

@@ -20,10 +20,18 @@ import time
 TAG = "criu-cuda-migrate"
 CRIU_LINE = re.compile(r"^\((\d+\.\d+)\)\s*(.*)$")
 NUM = r"([0-9]+(?:\.[0-9]+)?)"
-# Goals of issue 7.
+# Goals of issue 7, raised by issue 16.
 OVERHEAD_PCT_GOAL = 2.0
 OVERHEAD_FLOOR_S = 0.050
+# Plugin overhead per side, beyond what the driver itself takes (cuInit waited for, locks, checkpoint;
+# restore, unlock), at any process size.
+OVERHEAD_SIDE_GOAL_S = 0.010
 PARALLEL_GOAL = 1.25
+# N processes on N GPUs: checkpoint / restore of the tree against the slowest alone.
+PARALLEL_CKPT_GOAL_N_GPUS = 1.15
+PARALLEL_RESTORE_GOAL_N_GPUS = 1.25
+# N processes on ONE GPU: against the floor of the same N driven in parallel by a bare controller.
+PARALLEL_GOAL_ONE_GPU = 1.05
 RECONCILE_GOAL_S = 0.050
 
 # The plugin's own account of what CRIU waited for in it (src/lib.rs, one line per init, hook that did work, exit).
@@ -40,13 +48,17 @@ RESTORE_PATTERNS = {
     "cuinit_s": re.compile(rf"\bcuInit {NUM} s"),
     "batch_s": re.compile(rf"restore of (\d+) CUDA process\(es\) took {NUM} s"),
 }
+# How long a hook waited for the agent's cuInit (node.rs): driver time, not the plugin's own.
+CUINIT_WAIT = re.compile(rf"cuInit {NUM} s in the driver agent \(started at init; this hook waited {NUM} s for it\)")
 PID_LOCK = re.compile(rf"pid (\d+): cuCheckpointProcessLock \(timeout \d+ ms\) {NUM} s")
 PID_CKPT = re.compile(rf"pid (\d+): cuCheckpointProcessCheckpoint {NUM} s")
 PID_IDENT = re.compile(
-    rf"pid (\d+): identity: .*?(\d+) PCI site\(s\); scanned (\d+) MiB in (\d+) mapping\(s\) in {NUM} s \(total {NUM} s\)")
+    rf"pid (\d+): identity: .*?(\d+) PCI site\(s\)(?:, (\d+) cudaDeviceProp cop\(ies\)[^;]*)?; "
+    rf"scanned (\d+) MiB in (\d+) mapping\(s\) in {NUM} s \(total {NUM} s\)")
 PID_RESTORE = re.compile(rf"pid (\d+): cuCheckpointProcessRestore with (\d+) pair\(s\) {NUM} s")
 PID_RECONCILE = re.compile(
-    rf"pid (\d+): identity reconciliation: (\d+) site\(s\) rewritten \(([^)]*)\), (\d+) environment edit\(s\), {NUM} s")
+    rf"pid (\d+): identity reconciliation: (\d+) site\(s\) rewritten \(([^)]*)\), "
+    rf"(?:cudaDeviceProp copies: (\d+) rewritten, \d+ already right, \d+ skipped, )?(\d+) environment edit\(s\), {NUM} s")
 PID_UNLOCK = re.compile(rf"pid (\d+): cuCheckpointProcessUnlock {NUM} s")
 # CRIU's --display-stats lines (microseconds / pages).
 STAT_LINE = re.compile(r"^(Freezing time|Frozen time|Memory dump time|Memory write time|Memory pages written|"
@@ -86,6 +98,10 @@ def criu_stats(lines):
     return stats
 
 
+def cuinit_wait(lines):
+    return sum(float(m.group(2)) for m in (CUINIT_WAIT.search(t) for t in lines) if m)
+
+
 def parse_dump(path):
     lines = plugin_lines(path)
     mine = [t for t in lines if TAG in t]
@@ -99,14 +115,15 @@ def parse_dump(path):
                 d[key] = float(m.group(1))
         for rx, fn in ((PID_LOCK, lambda p, m: p.__setitem__("lock_s", float(m.group(2)))),
                        (PID_CKPT, lambda p, m: p.__setitem__("checkpoint_s", float(m.group(2)))),
-                       (PID_IDENT, lambda p, m: p.update(sites=int(m.group(2)), scanned_mib=int(m.group(3)),
-                                                         mappings=int(m.group(4)), scan_s=float(m.group(5)),
-                                                         identity_s=float(m.group(6))))):
+                       (PID_IDENT, lambda p, m: p.update(sites=int(m.group(2)), props=int(m.group(3) or 0),
+                                                         scanned_mib=int(m.group(4)), mappings=int(m.group(5)),
+                                                         scan_s=float(m.group(6)), identity_s=float(m.group(7))))):
             m = rx.search(t)
             if m:
                 fn(d["pids"].setdefault(m.group(1), {}), m)
     d["criu_stats"] = criu_stats(lines)
     d["hooks_s"] = hooks_total(mine)
+    d["cuinit_wait_s"] = cuinit_wait(mine)
     return d
 
 
@@ -135,12 +152,14 @@ def parse_restore(path):
         m = PID_RECONCILE.search(t)
         if m:
             d["pids"].setdefault(m.group(1), {}).update(sites_rewritten=int(m.group(2)), sites_from=m.group(3),
-                                                        env_edits=int(m.group(4)), reconcile_s=float(m.group(5)))
+                                                        props_rewritten=int(m.group(4) or 0),
+                                                        env_edits=int(m.group(5)), reconcile_s=float(m.group(6)))
         m = PID_UNLOCK.search(t)
         if m:
             d["pids"].setdefault(m.group(1), {})["unlock_s"] = float(m.group(2))
     d["criu_stats"] = criu_stats(lines)
     d["hooks_s"] = hooks_total(mine)
+    d["cuinit_wait_s"] = cuinit_wait(mine)
     return d
 
 
@@ -161,8 +180,8 @@ def split_criu(dump, restore, dump_wall, restore_wall):
         # lines), and the driver's critical path is the locks, the longest checkpoint, the longest
         # restore + unlock. cuInit counts only where a hook waited for it (it is in the hooks' time then).
         plugin_dump, plugin_restore = dump["hooks_s"], restore["hooks_s"]
-        driver_dump = locks + ckpt
-        driver_restore = rst
+        driver_dump = locks + ckpt + dump.get("cuinit_wait_s", 0.0)
+        driver_restore = rst + restore.get("cuinit_wait_s", 0.0)
     else:
         plugin_dump = dump["load_s"] + dump["nvml_s"] + dump["cuinit_s"] + locks + (dump["batch_s"] or 0.0)
         driver_dump = dump["cuinit_s"] + locks + ckpt
@@ -177,6 +196,8 @@ def split_criu(dump, restore, dump_wall, restore_wall):
         "plugin_s": plugin_dump + plugin_restore, "driver_s": driver_dump + driver_restore,
     }
     out["overhead_s"] = out["plugin_s"] - out["driver_s"]
+    out["overhead_dump_s"] = plugin_dump - driver_dump
+    out["overhead_restore_s"] = plugin_restore - driver_restore
     out["overhead_pct"] = 100.0 * out["overhead_s"] / out["driver_s"] if out["driver_s"] > 0 else None
     ident = [p for p in pids_d.values() if "scan_s" in p]
     if ident:
@@ -294,7 +315,7 @@ def floor_one(r):
 
 
 def summarize(recs):
-    res = {"meta": {}, "floor_vs_plugin": [], "per_action": [], "parallel": None, "identity": [], "criu_split": [],
+    res = {"meta": {}, "floor_vs_plugin": [], "per_action": [], "parallel": [], "identity": [], "criu_split": [],
            "checks": [], "errors": [], "skipped": []}
     for r in recs:
         if "meta" in r:
@@ -325,7 +346,12 @@ def summarize(recs):
         if criu:
             row["plugin"] = {k: stats([c.get(k) for c in criu]) for k in (
                 "plugin_dump_s", "driver_dump_s", "plugin_restore_s", "driver_restore_s", "plugin_s", "driver_s",
-                "overhead_s", "overhead_pct", "dump_wall_s", "restore_wall_s")}
+                "overhead_s", "overhead_pct", "dump_wall_s", "restore_wall_s", "overhead_dump_s",
+                "overhead_restore_s")}
+            od, orr = med(row["plugin"]["overhead_dump_s"]), med(row["plugin"]["overhead_restore_s"])
+            row["side_goal"] = {"limit_s": OVERHEAD_SIDE_GOAL_S, "dump_s": od, "restore_s": orr,
+                                "dump_met": None if od is None else od <= OVERHEAD_SIDE_GOAL_S,
+                                "restore_met": None if orr is None else orr <= OVERHEAD_SIDE_GOAL_S}
             limit = max(OVERHEAD_PCT_GOAL / 100.0 * (med(row["plugin"]["driver_s"]) or 0.0), OVERHEAD_FLOOR_S)
             over = med(row["plugin"]["overhead_s"])
             row["goal"] = {"limit_s": limit, "overhead_median_s": over,
@@ -354,48 +380,64 @@ def summarize(recs):
             "saved_s": stats([p - i for p, i in zip(per_action, in_process)]),
         })
 
-    # 3. Parallelism.
-    tree = {r["repeat"]: r["criu"] for r in select(recs, "s3", "tree", "criu")}
-    sa = {r["repeat"]: r["bench"]["repeats"][0]["per_pid"][0] for r in select(recs, "s3", "single-a", "bench")}
-    sb = {r["repeat"]: r["bench"]["repeats"][0]["per_pid"][0] for r in select(recs, "s3", "single-b", "bench")}
-    both = {r["repeat"]: r["bench"]["repeats"][0] for r in select(recs, "s3", "floor-both", "bench")}
-    if sa or tree:
-        ks = sorted(k for k in sa if k in sb)
-        slow_c = {k: max(sa[k]["checkpoint_s"], sb[k]["checkpoint_s"]) for k in ks}
-        sum_c = {k: sa[k]["checkpoint_s"] + sb[k]["checkpoint_s"] for k in ks}
-        slow_r = {k: max(sa[k]["restore_s"], sb[k]["restore_s"]) for k in ks}
-        sum_r = {k: sa[k]["restore_s"] + sb[k]["restore_s"] for k in ks}
+    # 3. Parallelism: one tree of N processes per N (labels treeN, treeN-single-I, treeN-floor-all).
+    res["parallel"] = []
+    gpus = len([g for g in str(res["meta"].get("gpus", "")).splitlines() if g.strip()]) or None
+    trees = sorted({int(m.group(1)) for r in recs if r.get("section") == "s3"
+                    for m in [re.match(r"tree(\d+)", r.get("label", ""))] if m})
+    for n in trees:
+        tree = {r["repeat"]: r["criu"] for r in select(recs, "s3", f"tree{n}", "criu")}
+        singles = [{r["repeat"]: r["bench"]["repeats"][0]["per_pid"][0]
+                    for r in select(recs, "s3", f"tree{n}-single-{i}", "bench")} for i in range(1, n + 1)]
+        both = {r["repeat"]: r["bench"]["repeats"][0] for r in select(recs, "s3", f"tree{n}-floor-all", "bench")}
+        if not tree and not both:
+            continue
+        ks = sorted(k for k in singles[0] if all(k in sg for sg in singles))
+        slow_c = {k: max(sg[k]["checkpoint_s"] for sg in singles) for k in ks}
+        slow_r = {k: max(sg[k]["restore_s"] for sg in singles) for k in ks}
+        sum_c = {k: sum(sg[k]["checkpoint_s"] for sg in singles) for k in ks}
+        sum_r = {k: sum(sg[k]["restore_s"] for sg in singles) for k in ks}
+        tc = {k: t["checkpoint_batch_s"] for k, t in tree.items() if t.get("checkpoint_batch_s")}
+        tr = {k: t["restore_batch_s"] for k, t in tree.items() if t.get("restore_batch_s")}
         p = {
-            "single_a_checkpoint_s": stats([sa[k]["checkpoint_s"] for k in ks]),
-            "single_b_checkpoint_s": stats([sb[k]["checkpoint_s"] for k in ks]),
-            "single_a_restore_s": stats([sa[k]["restore_s"] for k in ks]),
-            "single_b_restore_s": stats([sb[k]["restore_s"] for k in ks]),
+            "processes": n, "gpus": gpus, "one_gpu": gpus == 1,
+            "slowest_single_checkpoint_s": stats(list(slow_c.values())),
+            "slowest_single_restore_s": stats(list(slow_r.values())),
             "sum_single_checkpoint_s": stats(list(sum_c.values())),
             "sum_single_restore_s": stats(list(sum_r.values())),
-            "floor_parallel_checkpoint_s": stats([both[k]["checkpoint_all_s"] for k in both]),
-            "floor_parallel_restore_s": stats([both[k]["restore_all_s"] for k in both]),
-            "plugin_tree_checkpoint_s": stats([t["checkpoint_batch_s"] for t in tree.values()]),
-            "plugin_tree_restore_s": stats([t["restore_batch_s"] for t in tree.values()]),
-            "plugin_tree_checkpoint_over_slowest": stats(
-                [tree[k]["checkpoint_batch_s"] / slow_c[k] for k in tree if k in slow_c and tree[k]["checkpoint_batch_s"]]),
-            "plugin_tree_restore_over_slowest": stats(
-                [tree[k]["restore_batch_s"] / slow_r[k] for k in tree if k in slow_r and tree[k]["restore_batch_s"]]),
-            "plugin_tree_checkpoint_over_sum": stats(
-                [tree[k]["checkpoint_batch_s"] / sum_c[k] for k in tree if k in sum_c and tree[k]["checkpoint_batch_s"]]),
+            "floor_parallel_checkpoint_s": stats([b["checkpoint_all_s"] for b in both.values()]),
+            "floor_parallel_restore_s": stats([b["restore_all_s"] for b in both.values()]),
+            "plugin_tree_checkpoint_s": stats(list(tc.values())),
+            "plugin_tree_restore_s": stats(list(tr.values())),
+            "plugin_tree_checkpoint_over_slowest": stats([tc[k] / slow_c[k] for k in tc if k in slow_c]),
+            "plugin_tree_restore_over_slowest": stats([tr[k] / slow_r[k] for k in tr if k in slow_r]),
+            "plugin_tree_checkpoint_over_floor": stats(
+                [tc[k] / both[k]["checkpoint_all_s"] for k in tc if k in both and both[k]["checkpoint_all_s"]]),
+            "plugin_tree_restore_over_floor": stats(
+                [tr[k] / both[k]["restore_all_s"] for k in tr if k in both and both[k]["restore_all_s"]]),
             "floor_parallel_checkpoint_over_slowest": stats(
                 [both[k]["checkpoint_all_s"] / slow_c[k] for k in both if k in slow_c]),
             "floor_parallel_restore_over_slowest": stats([both[k]["restore_all_s"] / slow_r[k] for k in both if k in slow_r]),
         }
-        c, r_ = med(p["plugin_tree_checkpoint_over_slowest"]), med(p["plugin_tree_restore_over_slowest"])
-        p["goal"] = {"limit": PARALLEL_GOAL, "checkpoint_met": None if c is None else c <= PARALLEL_GOAL,
-                     "restore_met": None if r_ is None else r_ <= PARALLEL_GOAL}
-        res["parallel"] = p
+        if p["one_gpu"]:
+            c, r_ = med(p["plugin_tree_checkpoint_over_floor"]), med(p["plugin_tree_restore_over_floor"])
+            limits = (PARALLEL_GOAL_ONE_GPU, PARALLEL_GOAL_ONE_GPU)
+            against = "the floor of the same processes driven in parallel"
+        else:
+            c, r_ = med(p["plugin_tree_checkpoint_over_slowest"]), med(p["plugin_tree_restore_over_slowest"])
+            limits = (PARALLEL_CKPT_GOAL_N_GPUS, PARALLEL_RESTORE_GOAL_N_GPUS)
+            against = "the slowest process alone"
+        p["goal"] = {"checkpoint_limit": limits[0], "restore_limit": limits[1], "against": against,
+                     "checkpoint_ratio": c, "restore_ratio": r_,
+                     "checkpoint_met": None if c is None else c <= limits[0],
+                     "restore_met": None if r_ is None else r_ <= limits[1]}
+        res["parallel"].append(p)
 
     # 4. Identity and 5. the whole CRIU run split.
     for section, label in sorted({(r["section"], r["label"]) for r in recs if "criu" in r},
                                  key=lambda x: (x[0], int(re.sub(r"\D", "", x[1]) or 0))):
         runs = [r["criu"] for r in select(recs, section, label, "criu")]
-        what = {"s1": f"plain CUDA, {label} device", "s3": "2 plain CUDA processes (tree), " + f"{label}",
+        what = {"s1": f"plain CUDA, {label} device", "s3": f"plain CUDA processes in one tree ({label})",
                 "s4": f"PyTorch, {label.replace('host-', '')} host (1/2 pinned)"}.get(section, label)
         ident = {"section": section, "label": label, "process": what, "repeats": len(runs)}
         for k in ("scan_s", "identity_dump_s", "scanned_mib", "sites", "reconcile_s", "sites_rewritten"):
