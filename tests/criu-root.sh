@@ -18,6 +18,10 @@
 #                                                (tests/container_runtime.rs), and on forky the CRI client's
 #                                                needs (python3-grpcio, protoc, CRI's api.proto)
 #   tests/criu-root.sh runtimes-path             print the runtimes root's path
+#   tests/criu-root.sh prepare-patched           make the forky root's copy whose CRIU 4.2.1 is rebuilt from Debian's
+#                                                source with CRIU PR #3138's plugin options backported
+#                                                (tests/criu-patches/, tests/plugin_options.rs); about 1 minute
+#   tests/criu-root.sh patched-path              print its path
 #
 # `run` enters whichever root CCM_TRIXIE_ROOT names; the tests point it at a copy of one of the two.
 #
@@ -29,6 +33,7 @@
 #   CCM_TRIXIE_ROOT      where the root lives, whatever its suite (default /var/cache/criu-cuda-migrate/SUITE; keep
 #                        it outside the clone so CI can cache it; the name is older than the second suite)
 #   CCM_RUNTIMES_ROOT    where the runtimes root lives (default $CCM_TRIXIE_ROOT-runtimes)
+#   CCM_PATCHED_ROOT     where the patched forky root lives (default /var/cache/criu-cuda-migrate/forky-plugin-options)
 #   CCM_DEBIAN_MIRROR    mirror for debootstrap (default: the Debian mirror of this machine's own apt sources, else
 #                        debootstrap's default)
 #
@@ -83,6 +88,8 @@ CRI_PROTO_PACKAGE=golang-k8s-cri-api-dev
 CRI_PROTO=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
 [ "$SUITE" = forky ] && RUNTIME_PACKAGES="$RUNTIME_PACKAGES $CRI_PACKAGES"
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
+PATCHED_ROOT=${CCM_PATCHED_ROOT:-/var/cache/criu-cuda-migrate/forky-plugin-options}
+CRIU_PATCH=$REPO/tests/criu-patches/criu-4.2.1-plugin-options.patch
 DEBIAN_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 die() {
@@ -196,6 +203,59 @@ cmd_prepare_runtimes() {
     echo "criu-root.sh: runtimes root ready at $RUNTIMES_ROOT"
 }
 
+# Complete when its CRIU was built with today's patch (the patch's checksum is stamped into it).
+patched_root_is_complete() {
+    [ -x "$PATCHED_ROOT/usr/sbin/criu" ] &&
+        [ "$(cat "$PATCHED_ROOT/.ccm-criu-patch" 2>/dev/null)" = "$(sha256sum <"$CRIU_PATCH" | cut -d' ' -f1)" ]
+}
+
+# A copy of the forky root whose criu binary and criu-plugin.h come from Debian's criu source (the package's
+# upstream tarball) with tests/criu-patches/criu-4.2.1-plugin-options.patch: CRIU PR #3138's plugin options, which
+# no packaged CRIU has yet. Built in a second, throw-away copy holding the build dependencies.
+cmd_prepare_patched() {
+    need_root
+    [ "$SUITE" = forky ] || die "prepare-patched needs the forky root (CCM_CRIU_SUITE=forky)"
+    cmd_prepare >/dev/null
+    exec 7>"$PATCHED_ROOT.lock"
+    flock 7
+    if patched_root_is_complete; then
+        echo "criu-root.sh: patched root ready at $PATCHED_ROOT"
+        return 0
+    fi
+    [ -e "$PATCHED_ROOT" ] && rm -rf "$PATCHED_ROOT"
+    local build="$PATCHED_ROOT.build.$$" tmp="$PATCHED_ROOT.partial.$$" log="$PATCHED_ROOT.build.log"
+    rm -rf "$build" "$tmp"
+    cp -a "$ROOT" "$build"
+    cp /etc/resolv.conf "$build/etc/resolv.conf" 2>/dev/null || true
+    sed -n 's/^deb \(.*\)$/deb-src \1/p' "$build/etc/apt/sources.list" >>"$build/etc/apt/sources.list"
+    cp "$CRIU_PATCH" "$build/tmp/plugin-options.patch"
+    echo "criu-root.sh: building CRIU 4.2.1 with plugin options into $PATCHED_ROOT (about 1 minute)" >&2
+    # apt-get source may miss the Debian packaging tarball on a stale mirror snapshot; the upstream one is all
+    # `make criu` needs.
+    if ! unshare --mount --propagation private -- chroot "$build" /bin/sh -c '
+            mount -t proc proc /proc &&
+            export DEBIAN_FRONTEND=noninteractive &&
+            apt-get '"$APT_OPTS"' update -qq &&
+            apt-get install -y -qq --no-install-recommends patch xz-utils make gcc &&
+            apt-get build-dep -y -qq --no-install-recommends criu &&
+            cd /tmp && { apt-get source --download-only criu || true; } &&
+            ls criu_4.2.1.orig.tar.* &&
+            tar xf criu_4.2.1.orig.tar.* &&
+            cd criu-4.2.1 && patch -p1 <../plugin-options.patch &&
+            make -j"$(nproc)" criu' </dev/null >"$log" 2>&1; then
+        tail -n 30 "$log" >&2 || true
+        rm -rf "$build"
+        die "building the patched CRIU failed (log: $log)"
+    fi
+    cp -a "$ROOT" "$tmp"
+    install -m 755 "$build/tmp/criu-4.2.1/criu/criu" "$tmp/usr/sbin/criu"
+    install -m 644 "$build/tmp/criu-4.2.1/criu/include/criu-plugin.h" "$tmp/usr/include/criu/criu-plugin.h"
+    rm -rf "$build"
+    sha256sum <"$CRIU_PATCH" | cut -d' ' -f1 >"$tmp/.ccm-criu-patch"
+    mv "$tmp" "$PATCHED_ROOT"
+    echo "criu-root.sh: patched root ready at $PATCHED_ROOT"
+}
+
 # Runs in the fresh mount namespace (as the host's bash, before pivot_root): mounts, pivot_root, then exec CMD.
 # Arguments: number of bind dirs, the bind dirs, then CMD.
 enter_root() {
@@ -281,12 +341,14 @@ path) echo "$ROOT" ;;
 suite) echo "$SUITE" ;;
 prepare-runtimes) cmd_prepare_runtimes ;;
 runtimes-path) echo "$RUNTIMES_ROOT" ;;
+prepare-patched) cmd_prepare_patched ;;
+patched-path) echo "$PATCHED_ROOT" ;;
 __enter)
     shift
     enter_root "$@"
     ;;
 *)
-    echo "usage: $0 prepare | run [--bind DIR]... [--] CMD [ARG]... | path | suite | prepare-runtimes | runtimes-path" >&2
+    echo "usage: $0 prepare | run [--bind DIR]... [--] CMD [ARG]... | path | suite | prepare-runtimes | runtimes-path | prepare-patched | patched-path" >&2
     exit 2
     ;;
 esac

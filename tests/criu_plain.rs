@@ -31,7 +31,8 @@ fn plain_process_is_dumped_and_restored_with_the_plugin_loaded() {
         return;
     };
     let plugin = plugin_bytes();
-    let run = run_plain(&root, &PlainRun { plugin: &plugin, restore: true, verbosity: 4 });
+    let run =
+        run_plain(&root, &PlainRun { plugin: &plugin, restore: true, verbosity: 4, dump_args: "", restore_args: "" });
     let why = run.describe();
     assert_eq!(run.dump_rc, Some(0), "criu dump failed with the plugin loaded:\n{why}");
     assert_eq!(run.restore_rc, Some(0), "criu restore failed with the plugin loaded:\n{why}");
@@ -63,7 +64,8 @@ fn plugin_lines_land_in_criu_logs_one_line_per_message_at_the_right_level() {
         return;
     };
     let plugin = plugin_bytes();
-    let verbose = run_plain(&root, &PlainRun { plugin: &plugin, restore: true, verbosity: 4 });
+    let verbose =
+        run_plain(&root, &PlainRun { plugin: &plugin, restore: true, verbosity: 4, dump_args: "", restore_args: "" });
     let why = verbose.describe();
     assert_eq!((verbose.dump_rc, verbose.restore_rc), (Some(0), Some(0)), "{why}");
 
@@ -94,7 +96,8 @@ fn plugin_lines_land_in_criu_logs_one_line_per_message_at_the_right_level() {
 
     // At -v3 (info) CRIU drops debug lines: the plugin's DEBUG -ENOTSUP answer must go with them, which shows the
     // plugin maps its levels onto CRIU's instead of printing everything.
-    let quiet = run_plain(&root, &PlainRun { plugin: &plugin, restore: false, verbosity: 3 });
+    let quiet =
+        run_plain(&root, &PlainRun { plugin: &plugin, restore: false, verbosity: 3, dump_args: "", restore_args: "" });
     assert_eq!(quiet.dump_rc, Some(0), "{}", quiet.describe());
     let quiet_log = quiet.dump_log();
     assert!(
@@ -114,7 +117,8 @@ fn plugin_disables_itself_once_on_a_machine_without_nvidia_driver() {
         return;
     }
     let plugin = plugin_bytes();
-    let run = run_plain(&root, &PlainRun { plugin: &plugin, restore: false, verbosity: 4 });
+    let run =
+        run_plain(&root, &PlainRun { plugin: &plugin, restore: false, verbosity: 4, dump_args: "", restore_args: "" });
     let why = run.describe();
     assert_eq!(run.dump_rc, Some(0), "init must never fail a dump without NVIDIA driver:\n{why}");
     let disabled = format!("{LOG_PREFIX}disabled: ");
@@ -175,7 +179,8 @@ fn settings_line_says_where_values_came_from_and_whether_criu_offers_plugin_opti
     };
     let header = fs::read_to_string(root.plugin_header()).expect("read the root's criu-plugin.h");
     let plugin = plugin_bytes();
-    let run = run_plain(&root, &PlainRun { plugin: &plugin, restore: false, verbosity: 4 });
+    let run =
+        run_plain(&root, &PlainRun { plugin: &plugin, restore: false, verbosity: 4, dump_args: "", restore_args: "" });
     let why = run.describe();
     assert_eq!(run.dump_rc, Some(0), "{why}");
     let log = run.dump_log();
@@ -192,8 +197,8 @@ fn settings_line_says_where_values_came_from_and_whether_criu_offers_plugin_opti
             root.criu_version()
         );
         loud(&format!(
-            "NOTE: CRIU {} ({} root) has no criu_plugin_get_options (CRIU PR #3138): --plugin-option reading is \
-             unit-tested only (crates/identity/src/options.rs)",
+            "NOTE: CRIU {} ({} root) has no criu_plugin_get_options (CRIU PR #3138); tests/plugin_options.rs reads \
+             plugin options under a CRIU 4.2.1 rebuilt with it",
             root.criu_version(),
             root.suite
         ));
@@ -212,7 +217,8 @@ fn criu_rejects_a_plugin_with_more_hooks_than_it_knows() {
     patched[desc.max_hooks_bytes].copy_from_slice(&(criu_max + 1).to_le_bytes());
     assert_eq!(read_descriptor(&patched).expect("patched descriptor").max_hooks, criu_max + 1);
 
-    let run = run_plain(&root, &PlainRun { plugin: &patched, restore: false, verbosity: 4 });
+    let run =
+        run_plain(&root, &PlainRun { plugin: &patched, restore: false, verbosity: 4, dump_args: "", restore_args: "" });
     let why = run.describe();
     assert_ne!(
         run.dump_rc,

@@ -3,7 +3,7 @@
 # real CRIU (trixie: CRIU 4.1.1, runc 1.1, crun 1.21, Podman 5.4, containerd 1.7; forky: CRIU 4.2.1, runc 1.3,
 # crun 1.28, Podman 5.8, containerd 2.1), builds the workspace once and runs every test on trixie, then the
 # real-CRIU suites (criu_plain, package_install, sim_flow, sim_faults, container_runtime) again on forky with the
-# same plugin file.
+# same plugin file; tests/plugin_options.rs runs on a copy of forky's CRIU rebuilt with plugin options.
 #
 #   bash tests/run-all.sh
 #
@@ -48,6 +48,8 @@ step "the same root with Podman, containerd, runc and crun (tests/criu-root.sh p
 as_root bash tests/criu-root.sh prepare-runtimes
 step "Debian forky root with CRIU 4.2.1, and its runtimes (CCM_CRIU_SUITE=forky tests/criu-root.sh prepare-runtimes)"
 as_root "${forky[@]}" bash tests/criu-root.sh prepare-runtimes
+step "forky's CRIU 4.2.1 rebuilt with CRIU PR #3138's plugin options (CCM_CRIU_SUITE=forky tests/criu-root.sh prepare-patched)"
+as_root "${forky[@]}" bash tests/criu-root.sh prepare-patched
 
 step "cargo build --workspace"
 cargo build --workspace

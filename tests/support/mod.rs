@@ -164,6 +164,20 @@ impl CriuRoot {
         Self { script, root, suite }
     }
 
+    /// The root `tests/criu-root.sh patched-path` names (made by `prepare-patched`): forky's CRIU rebuilt with CRIU
+    /// PR #3138's plugin options.
+    pub fn patched() -> Self {
+        let script = repo_root().join("tests/criu-root.sh");
+        let out = Command::new("bash").arg(&script).arg("patched-path").output().expect("run tests/criu-root.sh");
+        assert!(out.status.success(), "tests/criu-root.sh patched-path failed: {out:?}");
+        let root = PathBuf::from(String::from_utf8_lossy(&out.stdout).trim());
+        Self { script, root, suite: "forky".to_string() }
+    }
+
+    pub fn path(&self) -> &Path {
+        &self.root
+    }
+
     /// The packaged CRIU's version (`4.1.1-1`), from the root's dpkg database.
     pub fn criu_version(&self) -> String {
         let status = fs::read_to_string(self.root.join("var/lib/dpkg/status")).unwrap_or_default();
@@ -193,6 +207,8 @@ impl CriuRoot {
             cmd.arg("--bind").arg(dir);
         }
         cmd.arg("--").args(command).stdin(Stdio::null());
+        // This root, whatever the test process's environment names (`env` may still point at a copy of it).
+        cmd.env("CCM_TRIXIE_ROOT", &self.root).env("CCM_CRIU_SUITE", &self.suite);
         for (key, value) in env {
             cmd.env(key, value);
         }
@@ -271,6 +287,9 @@ pub struct PlainRun<'a> {
     pub restore: bool,
     /// CRIU's log level (`-v`).
     pub verbosity: u8,
+    /// More arguments of `criu dump` and of `criu restore` (split at spaces).
+    pub dump_args: &'a str,
+    pub restore_args: &'a str,
 }
 
 /// What happened. Dropping it kills the workload (original or restored) if it still runs.
@@ -290,7 +309,7 @@ const WORKLOAD_MARK: &str = "ccm-plain-workload";
 /// goes to a file in the scratch directory for the Rust side to assert on.
 const PLAIN_SCENARIO: &str = r#"
 set -u
-S=$1 VERBOSITY=$2 RESTORE=$3 MARK=$4
+S=$1 VERBOSITY=$2 RESTORE=$3 MARK=$4 DUMP_ARGS=$5 RESTORE_ARGS=$6
 # The workload must not inherit fds of files outside this mount namespace (cargo's pipes, the runner's files):
 # CRIU could not restore them.
 for fd in /proc/$$/fd/*; do
@@ -304,13 +323,15 @@ setsid -f sh -c 'echo $$ >"$1.tmp" && mv "$1.tmp" "$1" && exec sh -c "$2" "$3"' 
 for _ in $(seq 100); do [ -s "$S/workload.pid" ] && [ -s /tmp/ccm-workload.out ] && break; sleep 0.05; done
 [ -s "$S/workload.pid" ] || { echo "workload did not start" >&2; exit 90; }
 PID=$(cat "$S/workload.pid")
-criu dump -t "$PID" -D "$S/images" -v"$VERBOSITY" -o dump.log --libdir "$S/plugins" 2>"$S/dump.stderr"
+# shellcheck disable=SC2086 # the extra arguments are words
+criu dump -t "$PID" -D "$S/images" -v"$VERBOSITY" -o dump.log --libdir "$S/plugins" $DUMP_ARGS 2>"$S/dump.stderr"
 echo $? >"$S/dump.rc"
 [ "$(cat "$S/dump.rc")" = 0 ] && [ "$RESTORE" = 1 ] || exit 0
 # CRIU restores the same pid, so the dumped task must be gone and reaped first.
 for _ in $(seq 400); do [ -e "/proc/$PID" ] || break; sleep 0.05; done
 [ -e "/proc/$PID" ] && { echo "pid $PID still exists 20 s after the dump" >&2; exit 91; }
-criu restore -d -D "$S/images" -v"$VERBOSITY" -o restore.log --libdir "$S/plugins" 2>"$S/restore.stderr"
+# shellcheck disable=SC2086 # the extra arguments are words
+criu restore -d -D "$S/images" -v"$VERBOSITY" -o restore.log --libdir "$S/plugins" $RESTORE_ARGS 2>"$S/restore.stderr"
 echo $? >"$S/restore.rc"
 "#;
 
@@ -334,6 +355,8 @@ pub fn run_plain(root: &CriuRoot, run: &PlainRun<'_>) -> PlainOutcome {
             &verbosity,
             if run.restore { "1" } else { "0" },
             WORKLOAD_MARK,
+            run.dump_args,
+            run.restore_args,
         ],
         &[],
     );
