@@ -239,7 +239,7 @@ cmd_prepare_patched() {
             apt-get install -y -qq --no-install-recommends patch xz-utils make gcc &&
             apt-get build-dep -y -qq --no-install-recommends criu &&
             cd /tmp && { apt-get source --download-only criu || true; } &&
-            ls criu_4.2.1.orig.tar.* &&
+            { ls criu_4.2.1.orig.tar.* || { echo "forky no longer has the criu 4.2.1 source: $(ls criu_*.dsc 2>/dev/null); port tests/criu-patches/ to it"; false; }; } &&
             tar xf criu_4.2.1.orig.tar.* &&
             cd criu-4.2.1 && patch -p1 <../plugin-options.patch &&
             make -j"$(nproc)" criu' </dev/null >"$log" 2>&1; then
