@@ -276,6 +276,10 @@ fn scan_mapping(
     report: &mut ScanReport,
 ) -> Result<(), ProcessError> {
     let props = if devprop::mapping_may_hold_props(&mapping.path) { props } else { &[] };
+    // libcuda keeps its PCI words in heap objects, never on the main thread's stack, where a
+    // driver query leaves stale copies of them that come and go (they would make the per-GPU
+    // counts uneven). The runtime's property copies are whole structs, so a stack one is real.
+    let wanted = if mapping.path == "[stack]" { &[] } else { wanted };
     // `buf[..carried]` holds the last bytes of the previous window, at `next - carried`.
     let mut next = mapping.start;
     let mut carried = 0usize;
