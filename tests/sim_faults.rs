@@ -130,3 +130,10 @@ fn a_newer_driver_refuses_a_migration_and_restores_in_place() {
 fn leave_running_dump_puts_the_process_back_to_running() {
     run_case("leave-running");
 }
+
+/// CRIU dies (SIGKILL) during a restore, while the driver restores the process: the driver agent lets that
+/// restore end, kills the half-restored process with an ERROR line, and the same images restore again.
+#[test]
+fn criu_killed_mid_restore_leaves_no_half_restored_process() {
+    run_case("criu-killed-mid-restore");
+}

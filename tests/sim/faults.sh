@@ -9,7 +9,8 @@
 # Runs inside the trixie root: tests/criu-root.sh run tests/sim/faults.sh BIN_DIR CASE
 #   BIN_DIR  cargo's target dir: libcriu_cuda_migrate.so, ccm-sample-workload, ccm-sim-ctl,
 #            criu-cuda-migrate (the CLI), libcuda_test_double.so, libnvml_test_double.so
-#   CASE     lock-timeout | checkpoint-fail-one-of-two | restore-fail | restore-fail-permissive | unlock-fail | nvml-missing-dump |
+#   CASE     lock-timeout | checkpoint-fail-one-of-two | restore-fail | restore-fail-permissive | unlock-fail |
+#            criu-killed-mid-restore | nvml-missing-dump |
 #            nvml-missing-restore | libcuda-missing-dump | libcuda-missing-restore | image-missing |
 #            image-truncated | image-newer-version | map-unknown-gpu | sites-moved-strict |
 #            sites-moved-permissive | criu-killed-mid-dump | newer-driver | leave-running
@@ -474,6 +475,30 @@ criu-killed-mid-dump)
     go "$WORK/w1" 1
     check_agree "$WORK/w0" 1
     check_agree "$WORK/w1" 1
+    ;;
+criu-killed-mid-restore)
+    # CRIU dies (SIGKILL) during a restore, while the driver's restore of the process runs (`restore-slow`). The
+    # driver agent lets that restore end, then kills the half-restored process (CRIU never finished it) and says so
+    # in restore.log; nothing stays LOCKED, the images are intact and restore again.
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    sum=$(images_sum "$WORK/img")
+    echo restore-slow=1500 >"$WORK/state/faults"
+    criu restore -d -D "$WORK/img" --libdir "$WORK/plugins" -v4 -o restore.log &
+    criu_pid=$!
+    for _ in $(seq 400); do grep -q "pid $pid: driver restore started" "$WORK/img/restore.log" 2>/dev/null && break; sleep 0.02; done
+    grep -q "pid $pid: driver restore started" "$WORK/img/restore.log" || fail "the driver's restore of pid $pid never started"
+    sleep 0.2
+    kill -9 "$criu_pid" 2>/dev/null || fail "CRIU ended before it could be killed (the restore-slow knob did not hold)"
+    wait "$criu_pid" 2>/dev/null || true
+    rm -f "$WORK/state/faults"
+    for _ in $(seq 200); do [ -d "/proc/$pid" ] || break; sleep 0.05; done
+    [ -d "/proc/$pid" ] && fail "the half-restored pid $pid is still there after CRIU died"
+    seen "$WORK/img/restore.log" "pid $pid: CRIU went away during its restore, after the driver had restored it but before the unlock; killed it .*restore again from them"
+    [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "identity images changed"
+    restore "$WORK/img" || fail "the restore after the killed one failed"
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
     ;;
 newer-driver)
     # The restore node's driver is newer than this build knows (CUDA 14.0): its CUcheckpointRestoreArgs may

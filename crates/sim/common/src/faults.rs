@@ -28,6 +28,8 @@ pub struct Faults {
     pub unlock_fail: Option<i32>,
     pub nvml_missing: bool,
     pub restore_thread_stall: bool,
+    /// The restore takes this many milliseconds before it does anything (`restore-slow[=MS]`, 2000).
+    pub restore_slow_ms: Option<u64>,
     /// Knobs this build does not know: reported by the doubles on stderr, never silently ignored.
     pub unknown: Vec<String>,
 }
@@ -56,6 +58,7 @@ impl Faults {
                     "unlock-fail" => self.unlock_fail = Some(code(cuda::CUDA_ERROR_UNKNOWN)),
                     "nvml-missing" => self.nvml_missing = true,
                     "restore-thread-stall" => self.restore_thread_stall = true,
+                    "restore-slow" => self.restore_slow_ms = Some(value.and_then(|v| v.parse().ok()).unwrap_or(2000)),
                     other => self.unknown.push(other.to_string()),
                 }
             }

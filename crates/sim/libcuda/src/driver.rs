@@ -472,7 +472,13 @@ impl Driver {
         match op {
             Op::Lock { timeout_ms } => self.lock(*timeout_ms, faults.lock_timeout),
             Op::Checkpoint => self.checkpoint(faults.checkpoint_fail),
-            Op::Restore { pairs } => self.restore(pairs.as_deref(), faults.restore_fail),
+            Op::Restore { pairs } => {
+                if let Some(ms) = faults.restore_slow_ms {
+                    // A restore of much device memory: time for a test to kill CRIU in the middle.
+                    std::thread::sleep(Duration::from_millis(ms));
+                }
+                self.restore(pairs.as_deref(), faults.restore_fail)
+            }
             Op::Unlock => self.unlock(faults.unlock_fail),
         }
     }
