@@ -13,11 +13,12 @@ step() {
 }
 
 # wait_counter MIN CMD...: until CMD prints the container loop's `TOKEN COUNTER` line with COUNTER >= MIN
-# (10 s at most); prints the last line read, returns 1 when it never got there.
+# (30 s at most); prints the last line read, returns 1 when it never got there.
 wait_counter() {
     local min=$1 line
     shift
-    for _ in $(seq 100); do
+    # Up to 30 s: a container restored on a loaded 2-core CI machine can take several seconds to run again.
+    for _ in $(seq 300); do
         line=$("$@" 2>/dev/null) || line=
         if [ -n "$line" ] && [ "${line##* }" -ge "$min" ] 2>/dev/null; then
             printf '%s\n' "$line"
