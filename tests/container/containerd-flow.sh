@@ -54,36 +54,6 @@ rm -f /etc/criu/default.conf
 grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example >/etc/criu/runc.conf
 cp /etc/criu/runc.conf "$S/ctrd-runc.conf"
 
-# A minimal OCI image archive of busybox-static for `ctr images import` (no registry here).
-make_image() {
-    local out=$1 w diffid layer layer_size config config_size manifest manifest_size
-    w=$(mktemp -d)
-    mkdir -p "$w/rootfs/bin" "$w/rootfs/tmp" "$w/rootfs/proc" "$w/rootfs/sys" "$w/rootfs/dev" "$w/rootfs/etc" \
-        "$w/rootfs/out" "$w/oci/blobs/sha256"
-    cp /bin/busybox "$w/rootfs/bin/busybox"
-    for applet in sh sleep cat echo; do ln -s busybox "$w/rootfs/bin/$applet"; done
-    tar -C "$w/rootfs" --owner=0 --group=0 --numeric-owner -cf "$w/layer.tar" .
-    diffid=$(sha256sum "$w/layer.tar" | cut -d' ' -f1)
-    gzip -n -c "$w/layer.tar" >"$w/layer.tar.gz"
-    blob() { # blob FILE: store FILE under its digest; prints "digest size"
-        local d
-        d=$(sha256sum "$1" | cut -d' ' -f1)
-        cp "$1" "$w/oci/blobs/sha256/$d"
-        echo "$d $(stat -c %s "$1")"
-    }
-    read -r layer layer_size < <(blob "$w/layer.tar.gz")
-    printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/bin"],"Cmd":["/bin/sh"],"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
-        "$diffid" >"$w/config.json"
-    read -r config config_size < <(blob "$w/config.json")
-    printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s}]}' \
-        "$config" "$config_size" "$layer" "$layer_size" >"$w/manifest.json"
-    read -r manifest manifest_size < <(blob "$w/manifest.json")
-    printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"1"}}]}' \
-        "$manifest" "$manifest_size" "$IMAGE" >"$w/oci/index.json"
-    echo '{"imageLayoutVersion":"1.0.0"}' >"$w/oci/oci-layout"
-    tar -C "$w/oci" -cf "$out" oci-layout index.json blobs
-    rm -rf "$w"
-}
 
 cat >"$D/config.toml" <<EOF
 version = 2
@@ -99,7 +69,7 @@ env CRIU_CUDA_MIGRATE_USABLE_GPUS=0 CRIU_CUDA_MIGRATE_MODE=permissive \
 CONTAINERD_PID=$!
 for _ in $(seq 100); do C version >/dev/null 2>&1 && break; sleep 0.1; done
 step ctrd-version C version || exit 0
-make_image /tmp/ccm-busybox-oci.tar
+make_image /tmp/ccm-busybox-oci.tar "$IMAGE" '["/bin/sh"]'
 step ctrd-image C images import /tmp/ccm-busybox-oci.tar || exit 0
 
 step ctrd-run C run -d --cpu-shares 0 --mount "type=bind,src=$S/ctrd-out,dst=/out,options=rbind:rw" \

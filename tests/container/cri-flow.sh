@@ -78,36 +78,8 @@ rm -f /etc/criu/default.conf /etc/criu/crun.conf
 } >/etc/criu/runc.conf
 cp /etc/criu/runc.conf "$S/cri-runc.conf"
 
-# Two local images (no registry here): busybox, and a sandbox ("pause") image that only sleeps.
-make_image() { # make_image OUT NAME CMD-JSON
-    local out=$1 name=$2 cmd=$3 w diffid layer layer_size config config_size manifest manifest_size
-    w=$(mktemp -d)
-    mkdir -p "$w/rootfs/bin" "$w/rootfs/tmp" "$w/rootfs/proc" "$w/rootfs/sys" "$w/rootfs/dev" "$w/rootfs/etc" \
-        "$w/rootfs/out" "$w/oci/blobs/sha256"
-    cp /bin/busybox "$w/rootfs/bin/busybox"
-    for applet in sh sleep cat echo; do ln -s busybox "$w/rootfs/bin/$applet"; done
-    tar -C "$w/rootfs" --owner=0 --group=0 --numeric-owner -cf "$w/layer.tar" .
-    diffid=$(sha256sum "$w/layer.tar" | cut -d' ' -f1)
-    gzip -n -c "$w/layer.tar" >"$w/layer.tar.gz"
-    blob() {
-        local d
-        d=$(sha256sum "$1" | cut -d' ' -f1)
-        cp "$1" "$w/oci/blobs/sha256/$d"
-        echo "$d $(stat -c %s "$1")"
-    }
-    read -r layer layer_size < <(blob "$w/layer.tar.gz")
-    printf '{"architecture":"amd64","os":"linux","config":{"Env":["PATH=/bin"],"Cmd":%s,"WorkingDir":"/"},"rootfs":{"type":"layers","diff_ids":["sha256:%s"]}}' \
-        "$cmd" "$diffid" >"$w/config.json"
-    read -r config config_size < <(blob "$w/config.json")
-    printf '{"schemaVersion":2,"mediaType":"application/vnd.oci.image.manifest.v1+json","config":{"mediaType":"application/vnd.oci.image.config.v1+json","digest":"sha256:%s","size":%s},"layers":[{"mediaType":"application/vnd.oci.image.layer.v1.tar+gzip","digest":"sha256:%s","size":%s}]}' \
-        "$config" "$config_size" "$layer" "$layer_size" >"$w/manifest.json"
-    read -r manifest manifest_size < <(blob "$w/manifest.json")
-    printf '{"schemaVersion":2,"manifests":[{"mediaType":"application/vnd.oci.image.manifest.v1+json","digest":"sha256:%s","size":%s,"annotations":{"io.containerd.image.name":"%s","org.opencontainers.image.ref.name":"1"}}]}' \
-        "$manifest" "$manifest_size" "$name" >"$w/oci/index.json"
-    echo '{"imageLayoutVersion":"1.0.0"}' >"$w/oci/oci-layout"
-    tar -C "$w/oci" -cf "$out" oci-layout index.json blobs
-    rm -rf "$w"
-}
+# Two local images (no registry here): busybox, and a sandbox ("pause") image that only sleeps (make_image:
+# common.sh).
 
 # The sandbox's container always gets CPU shares (containerd's default of 2), which runc writes to cpu.weight; a
 # hybrid cgroup v1 host has no cpu controller in cgroup2 (here only hugetlb), so runc would fail ("can't get final

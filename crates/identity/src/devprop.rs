@@ -268,7 +268,6 @@ pub fn moved_to<'a>(
 mod tests {
     use super::*;
     use crate::image::tests::h200;
-    use crate::map::{MapPair, PairReason};
 
     const L13: PropLayout = LAYOUTS[0];
 
@@ -289,15 +288,6 @@ mod tests {
             m[*at..*at + p.len()].copy_from_slice(p);
         }
         m
-    }
-
-    fn map(pairs: &[(GpuUuid, GpuUuid)]) -> DeviceMap {
-        DeviceMap {
-            pairs: pairs
-                .iter()
-                .map(|(o, n)| MapPair { old: *o, new: *n, used: true, reason: PairReason::Explicit })
-                .collect(),
-        }
     }
 
     #[test]
@@ -412,7 +402,7 @@ mod tests {
     fn a_swap_moves_each_copy_to_the_other_gpu() {
         let (a, b) = (h200(0, 6), h200(1, 7));
         let gpus = vec![a.clone(), b.clone()];
-        let m = map(&[(a.uuid, b.uuid), (b.uuid, a.uuid)]);
+        let m = DeviceMap::explicit(&[(a.uuid, b.uuid), (b.uuid, a.uuid)]);
         let site = |g: &GpuIdentity| PropSite {
             gpu: g.uuid,
             addr: 0,
@@ -423,7 +413,7 @@ mod tests {
         };
         assert_eq!(moved_to(&site(&a), &m, &gpus, &gpus).map(|(o, n)| (o.uuid, n.uuid)), Some((a.uuid, b.uuid)));
         assert_eq!(moved_to(&site(&b), &m, &gpus, &gpus).map(|(o, n)| (o.uuid, n.uuid)), Some((b.uuid, a.uuid)));
-        assert!(moved_to(&site(&a), &map(&[(a.uuid, a.uuid)]), &gpus, &gpus).is_none());
+        assert!(moved_to(&site(&a), &DeviceMap::explicit(&[(a.uuid, a.uuid)]), &gpus, &gpus).is_none());
     }
 
     #[test]

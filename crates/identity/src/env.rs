@@ -219,17 +219,7 @@ fn plan_prefix(
 mod tests {
     use super::*;
     use crate::image::tests::{h200, uuid};
-    use crate::map::{MapPair, PairReason};
     use proptest::prelude::*;
-
-    fn map_of(pairs: &[(GpuUuid, GpuUuid)]) -> DeviceMap {
-        DeviceMap {
-            pairs: pairs
-                .iter()
-                .map(|&(old, new)| MapPair { old, new, used: true, reason: PairReason::Explicit })
-                .collect(),
-        }
-    }
 
     fn block(vars: &[&str]) -> Vec<u8> {
         let mut out = Vec::new();
@@ -257,7 +247,7 @@ mod tests {
             &format!("MY_GPU={a}"),
             &format!("XCUDA_VISIBLE_DEVICES={a}"),
         ]);
-        let map = map_of(&[(uuid(0), uuid(1)), (uuid(1), uuid(0))]);
+        let map = DeviceMap::explicit(&[(uuid(0), uuid(1)), (uuid(1), uuid(0))]);
         let plan = plan_env_edits(&environ, &map, &node, &node);
         assert!(plan.warnings.is_empty(), "{:?}", plan.warnings);
         assert_eq!(plan.edits.len(), 3);
@@ -272,7 +262,8 @@ mod tests {
     fn identity_map_plans_nothing() {
         let node = vec![h200(0, 6), h200(1, 7)];
         let environ = block(&[&format!("CUDA_VISIBLE_DEVICES={},1", uuid(0))]);
-        let plan = plan_env_edits(&environ, &map_of(&[(uuid(0), uuid(0)), (uuid(1), uuid(1))]), &node, &node);
+        let plan =
+            plan_env_edits(&environ, &DeviceMap::explicit(&[(uuid(0), uuid(0)), (uuid(1), uuid(1))]), &node, &node);
         assert_eq!(plan, EnvPlan::default());
     }
 
@@ -280,7 +271,7 @@ mod tests {
     fn index_forms() {
         let node: Vec<GpuIdentity> = (0u8..12).map(|i| h200(i, 6 + u32::from(i))).collect();
         let environ = block(&["CUDA_VISIBLE_DEVICES=0,1,2", "NVIDIA_VISIBLE_DEVICES=all"]);
-        let map = map_of(&[(uuid(0), uuid(1)), (uuid(1), uuid(0)), (uuid(2), uuid(11))]);
+        let map = DeviceMap::explicit(&[(uuid(0), uuid(1)), (uuid(1), uuid(0)), (uuid(2), uuid(11))]);
         let plan = plan_env_edits(&environ, &map, &node, &node);
         assert_eq!(applied(&environ, &plan), "CUDA_VISIBLE_DEVICES=1,0,2\nNVIDIA_VISIBLE_DEVICES=all\n");
         assert_eq!(plan.warnings.len(), 1);
@@ -295,7 +286,7 @@ mod tests {
         let mut other = h200(2, 8);
         other.uuid.0[0] = 0xb0;
         let new_node = vec![other.clone(), kept.clone()];
-        let map = map_of(&[(uuid(0), other.uuid), (kept.uuid, kept.uuid)]);
+        let map = DeviceMap::explicit(&[(uuid(0), other.uuid), (kept.uuid, kept.uuid)]);
         // "GPU-a0" names one GPU of the process and "GPU-b0" one GPU here.
         let environ = block(&["CUDA_VISIBLE_DEVICES=GPU-a0", "NVIDIA_VISIBLE_DEVICES=gpu-c0,MIG-1/2/3,bogus"]);
         let plan = plan_env_edits(&environ, &map, &node, &new_node);
@@ -308,7 +299,7 @@ mod tests {
         assert_eq!(reasons.len(), 2, "{reasons:?}");
 
         // Ambiguous prefix on the dump side; non-canonical full UUID.
-        let map = map_of(&[(uuid(0), uuid(1)), (uuid(1), uuid(0))]);
+        let map = DeviceMap::explicit(&[(uuid(0), uuid(1)), (uuid(1), uuid(0))]);
         let dashless = uuid(0).to_string().replace('-', "").replacen("GPU", "GPU-", 1);
         let environ = block(&[&format!("CUDA_VISIBLE_DEVICES=GPU-a0,{dashless}")]);
         let two = vec![h200(0, 6), h200(1, 7)];
@@ -321,7 +312,7 @@ mod tests {
     fn apply_refuses_a_changed_block() {
         let node = vec![h200(0, 6), h200(1, 7)];
         let environ = block(&[&format!("CUDA_VISIBLE_DEVICES={}", uuid(0))]);
-        let plan = plan_env_edits(&environ, &map_of(&[(uuid(0), uuid(1))]), &node, &node);
+        let plan = plan_env_edits(&environ, &DeviceMap::explicit(&[(uuid(0), uuid(1))]), &node, &node);
         let mut other = environ.clone();
         other[30] ^= 1;
         let before = other.clone();
@@ -337,7 +328,7 @@ mod tests {
             prefix in prop_oneof![Just("CUDA_VISIBLE_DEVICES="), Just("NVIDIA_VISIBLE_DEVICES="), Just("OTHER=")],
         ) {
             let node: Vec<GpuIdentity> = (0u8..4).map(|i| h200(i, 6 + u32::from(i))).collect();
-            let map = map_of(&[(uuid(0), uuid(3)), (uuid(3), uuid(0)), (uuid(1), uuid(2)), (uuid(2), uuid(1))]);
+            let map = DeviceMap::explicit(&[(uuid(0), uuid(3)), (uuid(3), uuid(0)), (uuid(1), uuid(2)), (uuid(2), uuid(1))]);
             let mut block = prefix.as_bytes().to_vec();
             block.extend_from_slice(&environ);
             let plan = plan_env_edits(&block, &map, &node, &node);

@@ -124,6 +124,17 @@ impl DeviceMap {
         self.pairs.iter().all(|p| p.old == p.new)
     }
 
+    /// A map of explicit pairs, every GPU used (the unit tests' maps).
+    #[cfg(test)]
+    pub(crate) fn explicit(pairs: &[(GpuUuid, GpuUuid)]) -> DeviceMap {
+        DeviceMap {
+            pairs: pairs
+                .iter()
+                .map(|&(old, new)| MapPair { old, new, used: true, reason: PairReason::Explicit })
+                .collect(),
+        }
+    }
+
     /// The GPU that takes the place of `old`.
     pub fn new_for(&self, old: &GpuUuid) -> Option<GpuUuid> {
         self.pairs.iter().find(|p| p.old == *old).map(|p| p.new)

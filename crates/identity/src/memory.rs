@@ -110,23 +110,13 @@ fn format_precise(b: u64) -> String {
 mod tests {
     use super::*;
     use crate::image::tests::h200;
-    use crate::map::{MapPair, PairReason};
-
-    fn map(pairs: &[(GpuUuid, GpuUuid)]) -> DeviceMap {
-        DeviceMap {
-            pairs: pairs
-                .iter()
-                .map(|(o, n)| MapPair { old: *o, new: *n, used: true, reason: PairReason::Explicit })
-                .collect(),
-        }
-    }
 
     const GIB: u64 = 1 << 30;
 
     #[test]
     fn needs_follow_the_map_and_add_up_per_target() {
         let (a, b) = (h200(0, 6), h200(1, 7));
-        let swap = map(&[(a.uuid, b.uuid), (b.uuid, a.uuid)]);
+        let swap = DeviceMap::explicit(&[(a.uuid, b.uuid), (b.uuid, a.uuid)]);
         let p1 = [DeviceMemoryUse { gpu: a.uuid, bytes: 3 * GIB }];
         let p2 = [DeviceMemoryUse { gpu: a.uuid, bytes: 2 * GIB }, DeviceMemoryUse { gpu: b.uuid, bytes: GIB }];
         let procs = [

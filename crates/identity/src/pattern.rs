@@ -257,7 +257,6 @@ mod tests {
     use super::*;
     use crate::gpu::PciAddress;
     use crate::image::tests::{h200, uuid};
-    use crate::map::{MapPair, PairReason};
     use proptest::prelude::*;
 
     fn site(g: &GpuIdentity, addr: u64) -> PciSite {
@@ -271,19 +270,10 @@ mod tests {
         }
     }
 
-    fn map_of(pairs: &[(GpuUuid, GpuUuid)]) -> DeviceMap {
-        DeviceMap {
-            pairs: pairs
-                .iter()
-                .map(|&(old, new)| MapPair { old, new, used: true, reason: PairReason::Explicit })
-                .collect(),
-        }
-    }
-
     #[test]
     fn recorded_sites_refreshed_by_the_driver_are_kept_and_anything_else_is_unexplained() {
         let (a, b) = (h200(0, 6), h200(1, 7));
-        let swap = map_of(&[(a.uuid, b.uuid), (b.uuid, a.uuid)]);
+        let swap = DeviceMap::explicit(&[(a.uuid, b.uuid), (b.uuid, a.uuid)]);
         let recorded = vec![site(&a, 0x1000), site(&b, 0x2000), site(&a, 0x3000), site(&b, 0x4000)];
         let gpus = [a.clone(), b.clone()];
         // Stale (still the dump words), refreshed (the mapped GPU's words), stale, refreshed.
@@ -296,7 +286,7 @@ mod tests {
         // it is refreshed; under a map that keeps A, B's words there are unexplained.
         let c = classify_recorded_sites(&recorded[..1], &[Some(b.signature())], &swap, &gpus);
         assert_eq!(c.fresh.len(), 1);
-        let keep = map_of(&[(a.uuid, a.uuid), (b.uuid, b.uuid)]);
+        let keep = DeviceMap::explicit(&[(a.uuid, a.uuid), (b.uuid, b.uuid)]);
         let c = classify_recorded_sites(&recorded[..1], &[Some(b.signature())], &keep, &gpus);
         assert_eq!(c.unexplained.len(), 1);
         assert!(!c.usable());
@@ -336,7 +326,7 @@ mod tests {
         let g1 = h200(1, 7);
         let node = vec![g0.clone(), g1.clone()];
         let sites = vec![site(&g0, 0x1000), site(&g1, 0x2000), site(&g0, 0x3000), site(&g1, 0x4000)];
-        let map = map_of(&[(g0.uuid, g1.uuid), (g1.uuid, g0.uuid)]);
+        let map = DeviceMap::explicit(&[(g0.uuid, g1.uuid), (g1.uuid, g0.uuid)]);
         let plan = plan_rewrites(&sites, &map, &node, &node).unwrap();
         assert_eq!(plan.writes.len(), 4);
         for w in &plan.writes {
@@ -354,9 +344,9 @@ mod tests {
         twin.uuid.0[0] = 0xb0;
         let sites = vec![site(&g0, 0x1000)];
         let one = std::slice::from_ref(&g0);
-        let plan = plan_rewrites(&sites, &map_of(&[(g0.uuid, g0.uuid)]), one, one).unwrap();
+        let plan = plan_rewrites(&sites, &DeviceMap::explicit(&[(g0.uuid, g0.uuid)]), one, one).unwrap();
         assert!(plan.writes.is_empty());
-        let plan = plan_rewrites(&[], &map_of(&[(g0.uuid, twin.uuid)]), one, &[twin]).unwrap();
+        let plan = plan_rewrites(&[], &DeviceMap::explicit(&[(g0.uuid, twin.uuid)]), one, &[twin]).unwrap();
         assert!(plan.writes.is_empty());
     }
 
@@ -365,13 +355,13 @@ mod tests {
         let g0 = h200(0, 6);
         let g1 = h200(1, 7);
         let node = vec![g0.clone(), g1.clone()];
-        let swap = map_of(&[(g0.uuid, g1.uuid), (g1.uuid, g0.uuid)]);
+        let swap = DeviceMap::explicit(&[(g0.uuid, g1.uuid), (g1.uuid, g0.uuid)]);
 
         let uneven = vec![site(&g0, 0x1000), site(&g1, 0x2000), site(&g0, 0x3000)];
         assert!(matches!(plan_rewrites(&uneven, &swap, &node, &node), Err(PlanError::UnevenSites { .. })));
 
         let missing = vec![site(&g0, 0x1000)];
-        let one_way = map_of(&[(g0.uuid, g1.uuid)]);
+        let one_way = DeviceMap::explicit(&[(g0.uuid, g1.uuid)]);
         let r = plan_rewrites(&missing, &swap, &node, &node);
         assert!(matches!(r, Err(PlanError::NoSiteForChangedGpu { .. })), "{r:?}");
         assert!(plan_rewrites(&missing, &one_way, &node, &node).is_ok());
@@ -389,12 +379,12 @@ mod tests {
         let r = plan_rewrites(&[site(&g0, 0x1000), site(&g1, 0x1008)], &swap, &node, &node);
         assert!(matches!(r, Err(PlanError::OverlappingSites { .. })), "{r:?}");
 
-        let r = plan_rewrites(&[], &map_of(&[(uuid(9), g0.uuid)]), &node, &node);
+        let r = plan_rewrites(&[], &DeviceMap::explicit(&[(uuid(9), g0.uuid)]), &node, &node);
         assert!(matches!(r, Err(PlanError::UnknownGpu { .. })), "{r:?}");
-        let r = plan_rewrites(&[], &map_of(&[(g0.uuid, uuid(9))]), &node, &node);
+        let r = plan_rewrites(&[], &DeviceMap::explicit(&[(g0.uuid, uuid(9))]), &node, &node);
         assert!(matches!(r, Err(PlanError::UnknownGpu { .. })), "{r:?}");
         // An unknown GPU that stays put is no reason to refuse.
-        assert!(plan_rewrites(&[], &map_of(&[(uuid(9), uuid(9))]), &node, &node).is_ok());
+        assert!(plan_rewrites(&[], &DeviceMap::explicit(&[(uuid(9), uuid(9))]), &node, &node).is_ok());
     }
 
     #[test]
@@ -404,7 +394,7 @@ mod tests {
         let g2 = h200(2, 8);
         let node = vec![g0.clone(), g1.clone(), g2.clone()];
         let sites = vec![site(&g0, 0x1000), site(&g2, 0x2000), site(&g2, 0x3000)];
-        let plan = plan_rewrites(&sites, &map_of(&[(g0.uuid, g1.uuid)]), &node, &node).unwrap();
+        let plan = plan_rewrites(&sites, &DeviceMap::explicit(&[(g0.uuid, g1.uuid)]), &node, &node).unwrap();
         assert_eq!(plan.writes.len(), 1);
     }
 
@@ -467,7 +457,7 @@ mod tests {
             let sites: Vec<PciSite> = node.iter().enumerate()
                 .flat_map(|(i, g)| [site(g, 0x10_000 * (i as u64 + 1)), site(g, 0x10_000 * (i as u64 + 1) + 0x100)])
                 .collect();
-            let map = map_of(&perm.iter().enumerate().map(|(i, &j)| (node[i].uuid, node[usize::from(j)].uuid)).collect::<Vec<_>>());
+            let map = DeviceMap::explicit(&perm.iter().enumerate().map(|(i, &j)| (node[i].uuid, node[usize::from(j)].uuid)).collect::<Vec<_>>());
             let plan = plan_rewrites(&sites, &map, &node, &node).unwrap();
             let moved = perm.iter().enumerate().filter(|(i, &j)| *i != usize::from(j)).count();
             prop_assert_eq!(plan.writes.len(), moved * 2);
