@@ -66,6 +66,13 @@ pub fn find_signatures(buf: &[u8], base_addr: u64, wanted: &[(GpuUuid, PciSignat
     hits
 }
 
+/// Whether a mapping may hold libcuda's PCI words: libcuda keeps them in heap objects, never on the
+/// main thread's stack, where a driver query leaves stale copies of them that come and go (counted,
+/// they would make the per-GPU numbers uneven).
+pub fn mapping_may_hold_pci_words(mapping_name: &str) -> bool {
+    mapping_name != "[stack]"
+}
+
 /// One planned write of six words into the restored process.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct SiteWrite {
@@ -295,6 +302,12 @@ mod tests {
         let c = classify_recorded_sites(&recorded, &[None, Some(other)], &swap, &gpus);
         assert_eq!(c.unexplained.len(), 4);
         assert!(!classify_recorded_sites(&[], &[], &swap, &gpus).usable());
+    }
+
+    #[test]
+    fn the_main_stack_never_holds_libcudas_words() {
+        assert!(!mapping_may_hold_pci_words("[stack]"));
+        assert!(mapping_may_hold_pci_words("[heap]") && mapping_may_hold_pci_words(""));
     }
 
     #[test]

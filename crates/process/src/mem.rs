@@ -9,7 +9,7 @@ use crate::maps::{read_maps, Mapping, ScanScope};
 use crate::procfs::{io_error, proc_path};
 use crate::{ProcessError, SiteError};
 use ccm_identity::devprop::{self, PropSite};
-use ccm_identity::pattern::find_signatures;
+use ccm_identity::pattern::{self, find_signatures};
 use ccm_identity::PciSite;
 use ccm_identity::{GpuIdentity, GpuUuid, PciSignature};
 use std::fs::File;
@@ -276,10 +276,8 @@ fn scan_mapping(
     report: &mut ScanReport,
 ) -> Result<(), ProcessError> {
     let props = if devprop::mapping_may_hold_props(&mapping.path) { props } else { &[] };
-    // libcuda keeps its PCI words in heap objects, never on the main thread's stack, where a
-    // driver query leaves stale copies of them that come and go (they would make the per-GPU
-    // counts uneven). The runtime's property copies are whole structs, so a stack one is real.
-    let wanted = if mapping.path == "[stack]" { &[] } else { wanted };
+    // The runtime's property copies are whole structs, so one on the stack is real; PCI words there are not.
+    let wanted = if pattern::mapping_may_hold_pci_words(&mapping.path) { wanted } else { &[] };
     // `buf[..carried]` holds the last bytes of the previous window, at `next - carried`.
     let mut next = mapping.start;
     let mut carried = 0usize;
