@@ -6,7 +6,7 @@
 //! them instead of failing to load with "undefined symbol".
 
 use std::ffi::{c_char, c_int, CStr, CString};
-use std::os::fd::RawFd;
+use std::os::fd::{BorrowedFd, OwnedFd, RawFd};
 
 use ccm_engine::CriuHost;
 
@@ -31,11 +31,17 @@ pub(crate) unsafe fn criu_function<F: Copy>(name: &CStr) -> Option<F> {
 pub struct RunningCriu;
 
 impl CriuHost for RunningCriu {
-    fn image_dir_fd(&self) -> Option<RawFd> {
+    fn image_dir(&self) -> Option<OwnedFd> {
         // SAFETY: criu-plugin.h declares `int criu_get_image_dir(void)`.
         let f = unsafe { criu_function::<extern "C" fn() -> c_int>(c"criu_get_image_dir") }?;
         let fd = f();
-        (fd >= 0).then_some(fd)
+        if fd < 0 {
+            return None;
+        }
+        // SAFETY: criu_get_image_dir returns CRIU's images-directory service fd, which CRIU keeps open for its
+        // whole run; it is borrowed here only to duplicate it (F_DUPFD_CLOEXEC), never closed.
+        let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+        borrowed.try_clone_to_owned().ok()
     }
 
     fn add_inventory_plugin(&self, name: &str) -> bool {

@@ -184,7 +184,7 @@ fn plugin_init_inner(stage: c_int) -> c_int {
             sys::CR_PLUGIN_STAGE__DUMP => {
                 // The driver agent loads libcuda (no cuInit wait here): hosts without the NVIDIA
                 // driver must dump as before. Its cuInit and NVML go on while CRIU collects the tree.
-                let agent = match ccm_engine::node::spawn_agent(&host) {
+                let agent = match ccm_engine::node::spawn_agent(&host, &config) {
                     Ok(a) => a,
                     Err(e) => {
                         error!("{e}; CUDA processes cannot be checkpointed in this run");
@@ -231,7 +231,7 @@ extern "C" fn plugin_exit(stage: c_int, ret: c_int) {
     guard("exit", (), || {
         let mut s = session();
         match &mut *s {
-            Session::Dump(d) => d.finish(ret),
+            Session::Dump(d) => d.finish(ret, &host::RunningCriu),
             Session::Restore(r) => r.finish(ret),
             Session::Off | Session::NoDriver => {}
         }

@@ -418,7 +418,7 @@ sites-moved-strict | sites-moved-permissive)
     if [ "$CASE" = sites-moved-strict ]; then
         if restore "$WORK/img"; then fail "strict mode restored a process whose identity is inconsistent"; fi
         seen "$WORK/img/restore.log" "pid $pid: GPU identity is inconsistent after restore: "
-        seen "$WORK/img/restore.log" "strict mode: killed the restored tree"
+        seen "$WORK/img/restore.log" "killed the restored tree \(1 process\(es\)\) because pid\(s\) \[$pid\] failed"
         wait_gone "$pid" || true
         expect_state "$pid" GONE
     else

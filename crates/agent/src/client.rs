@@ -1,26 +1,57 @@
 //! The plugin's side: a handle on the agent, callable from several threads at once (the
 //! parallel checkpoint and restore workers). One socket; each call sends its request and waits
 //! for the reply with its id, one caller at a time reading for all of them.
+//!
+//! Every call has a deadline. A call that misses it, a socket that breaks or closes, all mean the
+//! same: the agent is lost. It is killed (through its pidfd), every call in flight and every later
+//! call fails at once, and the engine puts back what the agent had done with a fresh agent.
 
 use std::collections::HashMap;
 use std::os::fd::{AsRawFd, RawFd};
 use std::os::unix::net::UnixStream;
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use ccm_driver::checkpoint::ProcessState;
 use ccm_driver::CudaError;
 use ccm_identity::{GpuUuid, PciAddress};
+use ccm_process::helper::Helper;
 
 use crate::protocol::{
-    read_frame, write_frame, Answer, Call, CuInitInfo, DriverInfo, NodeInfo, Reply, Request, WireError,
+    take_frame, write_frame, Answer, Call, CuInitInfo, DriverInfo, DriverLibs, NodeInfo, Reply, Request, WireError,
 };
 
 /// The name the agent process shows in `ps` (its `comm`).
 pub const AGENT_PROCESS_NAME: &str = "ccm-agent";
 
-/// How long the end of a CRIU run waits for the agent to be gone.
+/// How long the end of a CRIU run waits for the agent to be gone before it kills it.
 const EXIT_WAIT: Duration = Duration::from_secs(2);
+/// Deadline of the warm-up waits (libcuda loaded, NVML's GPU list, `cuInit`): a node with many
+/// GPUs and persistence mode off takes seconds; a hung driver, forever.
+pub const WARM_UP_DEADLINE: Duration = Duration::from_secs(60);
+/// Deadline of the short driver and NVML queries (state, restore thread id, unlock, lookups).
+pub const QUERY_DEADLINE: Duration = Duration::from_secs(30);
+/// A lock may take its own timeout; this much more, and the agent is given up on.
+pub const LOCK_MARGIN: Duration = Duration::from_secs(10);
+/// How long one read of the socket waits before the reader lets other callers check their
+/// deadlines.
+const READ_SLICE: Duration = Duration::from_millis(50);
+/// A request is a few hundred bytes: a write that blocks this long means the agent reads no more.
+const WRITE_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// Why the agent is no longer usable.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Lost {
+    /// Its socket closed: it exited or was killed.
+    Gone,
+    /// The socket failed or carried something that is no frame.
+    Broken(String),
+    /// A call missed its deadline; the agent was killed then.
+    Deadline { call: &'static str, pid: Option<i32>, after: Duration },
+    /// It was told to exit.
+    Exited,
+}
 
 /// A driver or agent failure, as the engine sees it.
 #[derive(Debug, Clone, thiserror::Error)]
@@ -34,6 +65,26 @@ pub enum AgentError {
     Nvml(String),
     #[error("the driver agent (the helper process that makes the plugin's driver calls) failed: {0}")]
     Agent(String),
+    #[error("{}", lost_text(*agent_pid, lost))]
+    Lost { agent_pid: u32, lost: Lost },
+}
+
+fn lost_text(agent_pid: u32, lost: &Lost) -> String {
+    match lost {
+        Lost::Gone => format!(
+            "the driver agent (pid {agent_pid}, the helper process that makes the plugin's driver calls) is gone: it \
+             exited or was killed before it answered"
+        ),
+        Lost::Broken(why) => {
+            format!("the socket to the driver agent (pid {agent_pid}) failed ({why}); the agent was killed")
+        }
+        Lost::Deadline { call, pid, after } => format!(
+            "the driver agent (pid {agent_pid}) did not answer {call}{} within {} s (stopped or hung); it was killed",
+            pid.map(|p| format!(" for pid {p}")).unwrap_or_default(),
+            after.as_secs_f64()
+        ),
+        Lost::Exited => format!("the driver agent (pid {agent_pid}) was told to exit"),
+    }
 }
 
 impl AgentError {
@@ -43,6 +94,11 @@ impl AgentError {
             AgentError::Cuda(e) => Some(e.code),
             _ => None,
         }
+    }
+
+    /// Whether the agent itself was lost (the driver's answer is unknown).
+    pub fn is_lost(&self) -> bool {
+        matches!(self, AgentError::Lost { .. })
     }
 }
 
@@ -80,78 +136,154 @@ struct Inbox {
     replies: HashMap<u64, Result<Answer, WireError>>,
     /// A caller is blocked reading the socket for everyone.
     reading: bool,
-    /// The socket failed or closed: every later call fails with this.
-    gone: Option<String>,
+    /// Bytes read that do not yet make a whole frame.
+    partial: Vec<u8>,
+    /// The agent is lost: every later call fails with this.
+    lost: Option<Lost>,
 }
 
 /// The running agent.
 pub struct Agent {
     stream: UnixStream,
+    helper: Helper,
     writing: Mutex<()>,
     inbox: Mutex<Inbox>,
     arrived: Condvar,
     /// Whether [`Agent::exit`] waits until the agent is gone (see [`Agent::exit_without_waiting`]).
-    wait_at_exit: std::sync::atomic::AtomicBool,
+    wait_at_exit: AtomicBool,
+    exited: AtomicBool,
 }
 
 impl Agent {
     /// Forks the agent (see `ccm_process::helper`) and starts its warm-up. `keep` are fds of this
-    /// process the agent keeps open (CRIU's log, so that its lines land there).
-    pub fn spawn(keep: &[RawFd]) -> Result<Agent, AgentError> {
+    /// process the agent keeps open (CRIU's log, so that its lines land there); `libs` are the
+    /// driver libraries it loads (the settings' paths, else the loader's search).
+    pub fn spawn(keep: &[RawFd], libs: &DriverLibs) -> Result<Agent, AgentError> {
         let (ours, theirs) =
             UnixStream::pair().map_err(|e| AgentError::Agent(format!("cannot make its socket: {e}")))?;
         let mut keep = keep.to_vec();
         keep.push(theirs.as_raw_fd());
-        ccm_process::helper::spawn_detached(AGENT_PROCESS_NAME, &keep, move || crate::server::serve(theirs))
-            .map_err(|e| AgentError::Agent(e.to_string()))?;
+        let libs = libs.clone();
+        let helper =
+            ccm_process::helper::spawn_detached(AGENT_PROCESS_NAME, &keep, move || crate::server::serve(theirs, &libs))
+                .map_err(|e| AgentError::Agent(e.to_string()))?;
+        let _ = ours.set_write_timeout(Some(WRITE_TIMEOUT));
         Ok(Agent {
             stream: ours,
+            helper,
             writing: Mutex::new(()),
             inbox: Mutex::new(Inbox::default()),
-            wait_at_exit: std::sync::atomic::AtomicBool::new(true),
+            wait_at_exit: AtomicBool::new(true),
+            exited: AtomicBool::new(false),
             arrived: Condvar::new(),
         })
     }
 
-    fn call(&self, call: Call) -> Result<Answer, AgentError> {
+    /// The agent's pid.
+    pub fn pid(&self) -> u32 {
+        self.helper.pid
+    }
+
+    /// Why the agent is lost, if it is (a missed deadline, a dead or broken agent); `None` while
+    /// it serves, and after a normal exit.
+    pub fn lost(&self) -> Option<Lost> {
+        self.inbox.lock().unwrap_or_else(|p| p.into_inner()).lost.clone().filter(|l| *l != Lost::Exited)
+    }
+
+    fn lose(&self, inbox: &mut Inbox, why: Lost) -> AgentError {
+        if inbox.lost.is_none() {
+            inbox.lost = Some(why.clone());
+            if why != Lost::Exited {
+                // Nothing it does from now on is waited for: it must not go on acting on processes.
+                self.helper.kill();
+                log::error!("{}", lost_text(self.helper.pid, &why));
+            }
+            self.arrived.notify_all();
+        }
+        AgentError::Lost { agent_pid: self.helper.pid, lost: inbox.lost.clone().unwrap_or(why) }
+    }
+
+    fn call(&self, call: Call, deadline: Duration) -> Result<Answer, AgentError> {
+        let end = Instant::now() + deadline;
+        let (name, pid) = (call.name(), call.pid());
         let id = {
             let mut i = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
-            if let Some(g) = &i.gone {
-                return Err(AgentError::Agent(g.clone()));
+            if let Some(l) = &i.lost {
+                return Err(AgentError::Lost { agent_pid: self.helper.pid, lost: l.clone() });
             }
             i.next_id += 1;
             i.next_id
         };
-        {
+        let sent = {
             let _w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
             write_frame(&mut &self.stream, &Request { id, call })
-                .map_err(|e| AgentError::Agent(format!("cannot send it a request: {e}")))?;
-        }
+        };
         let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
+        if let Err(e) = sent {
+            return Err(self.lose(&mut inbox, Lost::Broken(format!("cannot send it {name}: {e}"))));
+        }
         loop {
             if let Some(r) = inbox.replies.remove(&id) {
                 return r.map_err(AgentError::from);
             }
-            if let Some(g) = &inbox.gone {
-                return Err(AgentError::Agent(g.clone()));
+            if let Some(l) = &inbox.lost {
+                return Err(AgentError::Lost { agent_pid: self.helper.pid, lost: l.clone() });
+            }
+            let now = Instant::now();
+            if now >= end {
+                return Err(self.lose(&mut inbox, Lost::Deadline { call: name, pid, after: deadline }));
             }
             if inbox.reading {
-                inbox = self.arrived.wait(inbox).unwrap_or_else(|p| p.into_inner());
+                inbox = self.arrived.wait_timeout(inbox, end - now).unwrap_or_else(|p| p.into_inner()).0;
                 continue;
             }
             inbox.reading = true;
             drop(inbox);
-            let got = read_frame::<Reply>(&mut &self.stream);
+            let got = self.read_some((end - now).min(READ_SLICE));
             inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
             inbox.reading = false;
             match got {
-                Ok(Some(r)) => {
-                    inbox.replies.insert(r.id, r.result);
+                Ok(Some(bytes)) => {
+                    inbox.partial.extend_from_slice(&bytes);
+                    loop {
+                        match take_frame::<Reply>(&mut inbox.partial) {
+                            Ok(Some(r)) => {
+                                inbox.replies.insert(r.id, r.result);
+                            }
+                            Ok(None) => break,
+                            Err(e) => {
+                                self.lose(&mut inbox, Lost::Broken(e.to_string()));
+                                break;
+                            }
+                        }
+                    }
                 }
-                Ok(None) => inbox.gone = Some("it exited (its socket closed); look for its last lines above".into()),
-                Err(e) => inbox.gone = Some(format!("its socket failed: {e}")),
+                Ok(None) => {}
+                Err(Some(e)) => {
+                    self.lose(&mut inbox, Lost::Broken(e.to_string()));
+                }
+                Err(None) => {
+                    self.lose(&mut inbox, Lost::Gone);
+                }
             }
             self.arrived.notify_all();
+        }
+    }
+
+    /// One read of at most `wait`: `Ok(Some(bytes))`, `Ok(None)` when nothing came, `Err(None)` at
+    /// the end of the stream (the agent is gone), `Err(Some(e))` when the socket failed.
+    fn read_some(&self, wait: Duration) -> Result<Option<Vec<u8>>, Option<std::io::Error>> {
+        let _ = self.stream.set_read_timeout(Some(wait.max(Duration::from_millis(1))));
+        let mut buf = vec![0u8; 64 << 10];
+        match std::io::Read::read(&mut &self.stream, &mut buf) {
+            Ok(0) => Err(None),
+            Ok(n) => {
+                buf.truncate(n);
+                Ok(Some(buf))
+            }
+            Err(e) if matches!(e.kind(), std::io::ErrorKind::WouldBlock | std::io::ErrorKind::TimedOut) => Ok(None),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => Ok(None),
+            Err(e) => Err(Some(e)),
         }
     }
 
@@ -161,7 +293,7 @@ impl Agent {
 
     /// Waits until libcuda is loaded in the agent.
     pub fn driver(&self) -> Result<DriverInfo, AgentError> {
-        match self.call(Call::Driver)? {
+        match self.call(Call::Driver, WARM_UP_DEADLINE)? {
             Answer::Driver(d) => Ok(d),
             a => Err(Self::unexpected(a)),
         }
@@ -169,7 +301,7 @@ impl Agent {
 
     /// Waits until NVML has listed the GPUs as well.
     pub fn node(&self) -> Result<NodeInfo, AgentError> {
-        match self.call(Call::Node)? {
+        match self.call(Call::Node, WARM_UP_DEADLINE)? {
             Answer::Node(n) => Ok(n),
             a => Err(Self::unexpected(a)),
         }
@@ -177,14 +309,14 @@ impl Agent {
 
     /// Waits for the agent's `cuInit(0)`.
     pub fn cuinit(&self) -> Result<CuInitInfo, AgentError> {
-        match self.call(Call::CuInit)? {
+        match self.call(Call::CuInit, WARM_UP_DEADLINE)? {
             Answer::CuInit(c) => Ok(c),
             a => Err(Self::unexpected(a)),
         }
     }
 
-    fn done(&self, call: Call) -> Result<(), AgentError> {
-        match self.call(call)? {
+    fn done(&self, call: Call, deadline: Duration) -> Result<(), AgentError> {
+        match self.call(call, deadline)? {
             Answer::Done => Ok(()),
             a => Err(Self::unexpected(a)),
         }
@@ -192,39 +324,41 @@ impl Agent {
 
     /// `cuCheckpointProcessGetRestoreThreadId`: fails for a process that is not a CUDA process.
     pub fn restore_thread_id(&self, pid: i32) -> Result<i32, AgentError> {
-        match self.call(Call::RestoreThreadId { pid })? {
+        match self.call(Call::RestoreThreadId { pid }, QUERY_DEADLINE)? {
             Answer::Tid(t) => Ok(t),
             a => Err(Self::unexpected(a)),
         }
     }
 
     pub fn state(&self, pid: i32) -> Result<ProcessState, AgentError> {
-        match self.call(Call::State { pid })? {
+        match self.call(Call::State { pid }, QUERY_DEADLINE)? {
             Answer::State(s) => Ok(ProcessState::from_raw(s)),
             a => Err(Self::unexpected(a)),
         }
     }
 
+    /// The driver's lock, given `timeout_ms` to wait for the process's work; the agent is given
+    /// up on [`LOCK_MARGIN`] after that.
     pub fn lock(&self, pid: i32, timeout_ms: u32) -> Result<(), AgentError> {
-        self.done(Call::Lock { pid, timeout_ms })
+        self.done(Call::Lock { pid, timeout_ms }, Duration::from_millis(timeout_ms.into()) + LOCK_MARGIN)
     }
 
-    pub fn checkpoint(&self, pid: i32) -> Result<(), AgentError> {
-        self.done(Call::Checkpoint { pid })
+    pub fn checkpoint(&self, pid: i32, deadline: Duration) -> Result<(), AgentError> {
+        self.done(Call::Checkpoint { pid }, deadline)
     }
 
     /// An empty `pairs` restores onto the same GPUs.
-    pub fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), AgentError> {
-        self.done(Call::Restore { pid, pairs: pairs.to_vec() })
+    pub fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)], deadline: Duration) -> Result<(), AgentError> {
+        self.done(Call::Restore { pid, pairs: pairs.to_vec() }, deadline)
     }
 
     pub fn unlock(&self, pid: i32) -> Result<(), AgentError> {
-        self.done(Call::Unlock { pid })
+        self.done(Call::Unlock { pid }, QUERY_DEADLINE)
     }
 
     /// The UUID of the GPU NVML finds at `pci` (`None`: "Not Found").
     pub fn uuid_at_pci(&self, pci: PciAddress) -> Result<Option<GpuUuid>, AgentError> {
-        match self.call(Call::UuidAtPci { pci })? {
+        match self.call(Call::UuidAtPci { pci }, QUERY_DEADLINE)? {
             Answer::Uuid(u) => Ok(u),
             a => Err(Self::unexpected(a)),
         }
@@ -232,7 +366,7 @@ impl Agent {
 
     /// Every GPU's free memory and compute processes, as NVML reports them now.
     pub fn device_memory(&self) -> Result<Vec<ccm_driver::nvml::GpuMemory>, AgentError> {
-        match self.call(Call::DeviceMemory)? {
+        match self.call(Call::DeviceMemory, QUERY_DEADLINE)? {
             Answer::DeviceMemory(m) => Ok(m),
             a => Err(Self::unexpected(a)),
         }
@@ -244,30 +378,44 @@ impl Agent {
     /// runs in the restored container's cgroup, which must hold only the container's processes
     /// once CRIU is done.
     pub fn exit_without_waiting(&self) {
-        self.wait_at_exit.store(false, std::sync::atomic::Ordering::Relaxed);
+        self.wait_at_exit.store(false, Ordering::Relaxed);
     }
 
-    /// Tells the agent to exit without touching any process, and waits (briefly) until it has.
+    /// Tells the agent to exit without touching any process. With the wait, kills it when it has
+    /// not gone within [`EXIT_WAIT`] (a stopped or hung agent); without, kills it at once when it
+    /// is stopped, since then it would never read the word.
     pub fn exit(&self) {
-        {
-            let _w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
-            if write_frame(&mut &self.stream, &Request { id: 0, call: Call::Exit }).is_err() {
-                return;
+        if self.exited.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        let was_lost = {
+            let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
+            let was = inbox.lost.is_some();
+            if !was {
+                inbox.lost = Some(Lost::Exited);
             }
+            was
+        };
+        if !was_lost {
+            let _w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
+            let _ = write_frame(&mut &self.stream, &Request { id: 0, call: Call::Exit });
         }
-        let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
-        if inbox.gone.is_some() || inbox.reading {
+        if !self.wait_at_exit.load(Ordering::Relaxed) {
+            if self.helper.is_stopped() {
+                log::warn!("the driver agent (pid {}) is stopped at the end of the dump: killed it", self.helper.pid);
+                self.helper.kill();
+            }
             return;
         }
-        inbox.gone = Some("it was told to exit".into());
-        drop(inbox);
-        if !self.wait_at_exit.load(std::sync::atomic::Ordering::Relaxed) {
-            return;
+        if !self.helper.wait_gone(EXIT_WAIT) {
+            log::warn!(
+                "the driver agent (pid {}) did not exit within {} s of being told (stopped or hung): killed it",
+                self.helper.pid,
+                EXIT_WAIT.as_secs()
+            );
+            self.helper.kill();
+            self.helper.wait_gone(Duration::from_secs(1));
         }
-        // The agent's socket closes when it exits; replies still in flight are dropped.
-        let _ = self.stream.set_read_timeout(Some(EXIT_WAIT));
-        let mut buf = [0u8; 4096];
-        while matches!(std::io::Read::read(&mut &self.stream, &mut buf), Ok(n) if n > 0) {}
     }
 }
 
@@ -282,8 +430,8 @@ impl ccm_driver::checkpoint::PutBackCalls for Agent {
     fn state(&self, pid: i32) -> Result<ProcessState, AgentError> {
         Agent::state(self, pid)
     }
-    fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), AgentError> {
-        Agent::restore(self, pid, pairs)
+    fn restore_in_place(&self, pid: i32, deadline: Duration) -> Result<(), AgentError> {
+        Agent::restore(self, pid, &[], deadline)
     }
     fn unlock(&self, pid: i32) -> Result<(), AgentError> {
         Agent::unlock(self, pid)

@@ -22,5 +22,5 @@ pub mod client;
 pub mod protocol;
 pub mod server;
 
-pub use client::{Agent, AgentError, AGENT_PROCESS_NAME};
-pub use protocol::{CuInitInfo, DriverInfo, NodeInfo, NvmlInfo};
+pub use client::{Agent, AgentError, Lost, AGENT_PROCESS_NAME};
+pub use protocol::{CuInitInfo, DriverInfo, DriverLibs, NodeInfo, NvmlInfo};

@@ -51,6 +51,47 @@ pub enum Call {
     Exit,
 }
 
+impl Call {
+    /// The call's name for messages: the driver function it makes.
+    pub fn name(&self) -> &'static str {
+        match self {
+            Call::Driver => "the load of libcuda",
+            Call::Node => "NVML's GPU list",
+            Call::CuInit => "cuInit",
+            Call::RestoreThreadId { .. } => "cuCheckpointProcessGetRestoreThreadId",
+            Call::State { .. } => "cuCheckpointProcessGetState",
+            Call::Lock { .. } => "cuCheckpointProcessLock",
+            Call::Checkpoint { .. } => "cuCheckpointProcessCheckpoint",
+            Call::Restore { .. } => "cuCheckpointProcessRestore",
+            Call::Unlock { .. } => "cuCheckpointProcessUnlock",
+            Call::UuidAtPci { .. } => "nvmlDeviceGetHandleByPciBusId",
+            Call::DeviceMemory => "NVML's memory query",
+            Call::Exit => "exit",
+        }
+    }
+
+    /// The process the call acts on.
+    pub fn pid(&self) -> Option<i32> {
+        match self {
+            Call::RestoreThreadId { pid }
+            | Call::State { pid }
+            | Call::Lock { pid, .. }
+            | Call::Checkpoint { pid }
+            | Call::Restore { pid, .. }
+            | Call::Unlock { pid } => Some(*pid),
+            _ => None,
+        }
+    }
+}
+
+/// The driver libraries the agent loads: the settings' paths (`CRIU_CUDA_MIGRATE_LIBCUDA`,
+/// `_LIBNVML` or their plugin options), `None` for the dynamic loader's search.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct DriverLibs {
+    pub libcuda: Option<String>,
+    pub libnvml: Option<String>,
+}
+
 /// libcuda as the agent loaded it.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct DriverInfo {
@@ -159,6 +200,22 @@ pub fn read_frame<T: DeserializeOwned>(r: &mut impl Read) -> std::io::Result<Opt
     serde_json::from_slice(&body).map(Some).map_err(std::io::Error::other)
 }
 
+/// Takes one whole frame off the front of `buf`; `Ok(None)` while `buf` holds less than a frame.
+pub fn take_frame<T: DeserializeOwned>(buf: &mut Vec<u8>) -> std::io::Result<Option<T>> {
+    let Some(len) = buf.get(..4).map(|b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]) as usize) else {
+        return Ok(None);
+    };
+    if len > MAX_FRAME {
+        return Err(std::io::Error::other(format!("frame of {len} bytes is over {MAX_FRAME}")));
+    }
+    if buf.len() < 4 + len {
+        return Ok(None);
+    }
+    let msg = serde_json::from_slice(&buf[4..4 + len]).map_err(std::io::Error::other);
+    buf.drain(..4 + len);
+    msg.map(Some)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -175,6 +232,25 @@ mod tests {
         let rep: Reply = read_frame(&mut r).unwrap().unwrap();
         assert!(matches!(rep.result, Err(WireError::Agent(_))));
         assert!(read_frame::<Reply>(&mut r).unwrap().is_none());
+    }
+
+    #[test]
+    fn frames_are_taken_whole_from_partial_reads() {
+        let mut wire = Vec::new();
+        write_frame(&mut wire, &Reply { id: 1, result: Ok(Answer::Done) }).unwrap();
+        write_frame(&mut wire, &Reply { id: 2, result: Ok(Answer::Tid(9)) }).unwrap();
+        let mut buf = Vec::new();
+        let mut got = Vec::new();
+        for b in wire {
+            buf.push(b);
+            while let Some(r) = take_frame::<Reply>(&mut buf).unwrap() {
+                got.push(r.id);
+            }
+        }
+        assert_eq!(got, vec![1, 2]);
+        assert!(buf.is_empty());
+        let mut huge = (MAX_FRAME as u32 + 1).to_le_bytes().to_vec();
+        assert!(take_frame::<Reply>(&mut huge).is_err());
     }
 
     #[test]

@@ -10,24 +10,31 @@
 //! CRIU restore that never reached the unlock is half-restored (CRIU never finished it): the
 //! agent kills it, and says so; the images are intact for another restore.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::net::UnixStream;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
-use ccm_driver::checkpoint::CheckpointApi;
+use ccm_driver::checkpoint::{put_back, CheckpointApi, Step};
 use ccm_driver::nvml::Nvml;
 use ccm_driver::{CudaError, Libcuda};
 use log::{error, info, warn};
 
+use ccm_process::tree::ProcessHandle;
+
 use crate::protocol::{
-    read_frame, write_frame, Answer, Call, CuInitInfo, DriverInfo, NodeInfo, NvmlInfo, Reply, Request, WireError,
+    read_frame, write_frame, Answer, Call, CuInitInfo, DriverInfo, DriverLibs, NodeInfo, NvmlInfo, Reply, Request,
+    WireError,
 };
 
 /// How long an orphaned agent waits for calls still running in the driver (a lock waits up to
 /// its own timeout) before it gives up on them.
 const ORPHAN_DRAIN: Duration = Duration::from_secs(60);
+/// How long a call waits for the warm-up (libcuda loaded, NVML started, `cuInit`).
+const READY_WAIT: Duration = Duration::from_secs(90);
+/// The deadline of a restore the orphaned agent makes itself (it has no one to report to).
+const ORPHAN_RESTORE_DEADLINE: Duration = Duration::from_secs(600);
 
 /// A value set once by one thread and waited for by others.
 struct Ready<T> {
@@ -45,13 +52,20 @@ impl<T> Ready<T> {
         let _g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         self.set.notify_all();
     }
-    fn wait(&self) -> &T {
+    /// The value, once set; `None` when it is not set within [`READY_WAIT`] (a hung driver load
+    /// or NVML start: the caller answers with an error instead of waiting for ever).
+    fn wait(&self) -> Option<&T> {
+        let end = Instant::now() + READY_WAIT;
         let mut g = self.lock.lock().unwrap_or_else(|p| p.into_inner());
         loop {
             if let Some(v) = self.cell.get() {
-                return v;
+                return Some(v);
             }
-            g = self.set.wait(g).unwrap_or_else(|p| p.into_inner());
+            let now = Instant::now();
+            if now >= end {
+                return None;
+            }
+            g = self.set.wait_timeout(g, end - now).unwrap_or_else(|p| p.into_inner()).0;
         }
     }
 }
@@ -67,8 +81,10 @@ struct Loaded {
 struct Touched {
     locked: BTreeSet<i32>,
     checkpointed: BTreeSet<i32>,
-    /// Restored by the driver for a CRIU restore (not locked by this agent) and not yet unlocked.
-    restored: BTreeSet<i32>,
+    /// Restored by the driver for a CRIU restore (not locked by this agent) and not yet unlocked,
+    /// each with a pidfd opened when its restore was asked for (the process is CRIU's then), so
+    /// that a kill reaches that process and no other.
+    restored: BTreeMap<i32, Option<ProcessHandle>>,
 }
 
 struct Shared {
@@ -81,21 +97,8 @@ struct Shared {
     inflight_pids: Mutex<Vec<i32>>,
 }
 
-/// The process a call acts on.
-fn call_pid(call: &Call) -> Option<i32> {
-    match call {
-        Call::RestoreThreadId { pid }
-        | Call::State { pid }
-        | Call::Lock { pid, .. }
-        | Call::Checkpoint { pid }
-        | Call::Restore { pid, .. }
-        | Call::Unlock { pid } => Some(*pid),
-        _ => None,
-    }
-}
-
 /// The agent's main loop; returns the process's exit code.
-pub fn serve(stream: UnixStream) -> i32 {
+pub fn serve(stream: UnixStream, libs: &DriverLibs) -> i32 {
     let shared = Arc::new(Shared {
         driver: Ready::new(),
         nvml: Ready::new(),
@@ -106,7 +109,8 @@ pub fn serve(stream: UnixStream) -> i32 {
     });
     {
         let shared = shared.clone();
-        std::thread::spawn(move || warm_up(&shared));
+        let libs = libs.clone();
+        std::thread::spawn(move || warm_up(&shared, &libs));
     }
     let writer = Arc::new(Mutex::new(match stream.try_clone() {
         Ok(s) => s,
@@ -120,14 +124,19 @@ pub fn serve(stream: UnixStream) -> i32 {
             Ok(Some(Request { call: Call::Exit, .. })) => return 0,
             Ok(Some(req)) => {
                 shared.inflight.fetch_add(1, Ordering::SeqCst);
-                let pid = call_pid(&req.call);
+                let pid = req.call.pid();
                 if let Some(p) = pid {
                     shared.inflight_pids.lock().unwrap_or_else(|e| e.into_inner()).push(p);
                 }
                 let (shared, writer) = (shared.clone(), writer.clone());
                 std::thread::spawn(move || {
-                    let result = answer(&shared, &req.call);
-                    track(&shared, &req.call, &result);
+                    // A restore for a CRIU restore: hold the process by a pidfd from now on.
+                    let handle = match &req.call {
+                        Call::Restore { pid, .. } => u32::try_from(*pid).ok().and_then(|p| ProcessHandle::open(p).ok()),
+                        _ => None,
+                    };
+                    let result = answer_guarded(&req.call, || answer(&shared, &req.call));
+                    track(&shared, &req.call, &result, handle);
                     if let Some(p) = pid {
                         let mut v = shared.inflight_pids.lock().unwrap_or_else(|e| e.into_inner());
                         if let Some(i) = v.iter().position(|x| *x == p) {
@@ -149,9 +158,27 @@ pub fn serve(stream: UnixStream) -> i32 {
     }
 }
 
-fn warm_up(shared: &Arc<Shared>) {
+/// Answers one call, a panic included: a panic becomes an error reply naming the call, so the
+/// plugin is never left waiting for an answer that will not come.
+pub fn answer_guarded(call: &Call, f: impl FnOnce() -> Result<Answer, WireError>) -> Result<Answer, WireError> {
+    std::panic::catch_unwind(std::panic::AssertUnwindSafe(f)).unwrap_or_else(|p| {
+        let msg = p
+            .downcast_ref::<&str>()
+            .map(|s| s.to_string())
+            .or_else(|| p.downcast_ref::<String>().cloned())
+            .unwrap_or_else(|| "unknown panic".into());
+        Err(WireError::Agent(format!(
+            "internal error while answering {}{}: {msg}; this is a bug in criu-cuda-migrate, please report it with this log",
+            call.name(),
+            call.pid().map(|p| format!(" for pid {p}")).unwrap_or_default()
+        )))
+    })
+}
+
+fn warm_up(shared: &Arc<Shared>, libs: &DriverLibs) {
     let t0 = Instant::now();
-    let loaded = Libcuda::load().map_err(|e| e.to_string()).and_then(|lib| {
+    let path = libs.libcuda.as_deref().unwrap_or(ccm_driver::cuda::LIBCUDA_NAME);
+    let loaded = Libcuda::load_from(path).map_err(|e| e.to_string()).and_then(|lib| {
         let api = CheckpointApi::new(&lib).map_err(|e| e.to_string())?;
         let info = DriverInfo {
             agent_pid: std::process::id(),
@@ -179,7 +206,7 @@ fn warm_up(shared: &Arc<Shared>) {
         });
     }
     let t1 = Instant::now();
-    let nvml = match Nvml::init() {
+    let nvml = match Nvml::init_from(libs.libnvml.as_deref().unwrap_or(ccm_driver::nvml::LIBNVML_NAME)) {
         Ok(n) => {
             let driver_version = n.driver_version().unwrap_or_default();
             let (gpus, gpus_error) = match n.gpus() {
@@ -194,15 +221,31 @@ fn warm_up(shared: &Arc<Shared>) {
     shared.nvml.put(nvml);
 }
 
+fn not_ready(what: &str) -> WireError {
+    WireError::Agent(format!(
+        "{what} did not end within {} s in the driver agent (a hung driver?)",
+        READY_WAIT.as_secs()
+    ))
+}
+
 fn loaded(shared: &Shared) -> Result<&Loaded, WireError> {
-    shared.driver.wait().as_ref().map_err(|e| WireError::NoDriver(e.clone()))
+    shared
+        .driver
+        .wait()
+        .ok_or_else(|| not_ready("the load of libcuda"))?
+        .as_ref()
+        .map_err(|e| WireError::NoDriver(e.clone()))
+}
+
+fn nvml(shared: &Shared) -> Result<&(Option<Nvml>, Result<NvmlInfo, String>), WireError> {
+    shared.nvml.wait().ok_or_else(|| not_ready("NVML's start"))
 }
 
 /// The checkpoint API, once `cuInit` has ended (the driver wants it before any of its calls on
 /// another process; its failure is reported by the calls themselves).
 fn api(shared: &Shared) -> Result<&CheckpointApi, WireError> {
     let l = loaded(shared)?;
-    shared.cuinit.wait();
+    shared.cuinit.wait().ok_or_else(|| not_ready("cuInit"))?;
     Ok(&l.api)
 }
 
@@ -215,12 +258,12 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
         Call::Driver => Ok(Answer::Driver(loaded(shared)?.info.clone())),
         Call::Node => {
             let driver = loaded(shared)?.info.clone();
-            let nvml = shared.nvml.wait().1.clone();
+            let nvml = nvml(shared)?.1.clone();
             Ok(Answer::Node(NodeInfo { driver, nvml }))
         }
         Call::CuInit => {
             let t0 = Instant::now();
-            let seconds = shared.cuinit.wait().clone()?;
+            let seconds = shared.cuinit.wait().ok_or_else(|| not_ready("cuInit"))?.clone()?;
             Ok(Answer::CuInit(CuInitInfo { seconds, waited_seconds: t0.elapsed().as_secs_f64() }))
         }
         Call::RestoreThreadId { pid } => cuda(api(shared)?.restore_thread_id(*pid)).map(Answer::Tid),
@@ -231,14 +274,14 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
         Call::Unlock { pid } => cuda(api(shared)?.unlock(*pid)).map(|()| Answer::Done),
         Call::UuidAtPci { pci } => {
             loaded(shared)?;
-            match &shared.nvml.wait().0 {
+            match &nvml(shared)?.0 {
                 Some(n) => n.uuid_at_pci(pci).map(Answer::Uuid).map_err(|e| WireError::Nvml(e.to_string())),
                 None => Err(WireError::Nvml("NVML is unavailable in the driver agent".into())),
             }
         }
         Call::DeviceMemory => {
             loaded(shared)?;
-            match &shared.nvml.wait().0 {
+            match &nvml(shared)?.0 {
                 Some(n) => n.device_memory().map(Answer::DeviceMemory).map_err(|e| WireError::Nvml(e.to_string())),
                 None => Err(WireError::Nvml("NVML is unavailable in the driver agent".into())),
             }
@@ -247,7 +290,7 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
     }
 }
 
-fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>) {
+fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>, handle: Option<ProcessHandle>) {
     if result.is_err() {
         return;
     }
@@ -264,7 +307,7 @@ fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>) {
             // a CRIU restore, and the process stays LOCKED until the unlock.
             let put_back_by_us = t.checkpointed.remove(pid) || t.locked.contains(pid);
             if !put_back_by_us {
-                t.restored.insert(*pid);
+                t.restored.insert(*pid, handle);
             }
         }
         Call::Unlock { pid } => {
@@ -277,56 +320,60 @@ fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>) {
 
 /// CRIU went away in the middle: put back what this agent changed, then exit. A process is put
 /// back only once no call on it is in flight (a checkpoint that was running when CRIU died ends
-/// first, then the process is restored and unlocked, in that order); the others at once.
+/// first, then the process is restored and unlocked, in that order); the others at once. What is
+/// done follows the state the driver reports, not the one this agent assumes.
 fn orphaned(shared: &Shared) {
     let deadline = Instant::now() + ORPHAN_DRAIN;
     let mut announced = false;
     loop {
         let busy: Vec<i32> = shared.inflight_pids.lock().unwrap_or_else(|p| p.into_inner()).clone();
-        let (checkpointed, locked, half_restored) = {
+        let (put_back_now, half_restored) = {
             let mut t = shared.touched.lock().unwrap_or_else(|p| p.into_inner());
-            let ready = |set: &mut BTreeSet<i32>| {
-                let r: BTreeSet<i32> = set.iter().copied().filter(|p| !busy.contains(p)).collect();
-                set.retain(|p| busy.contains(p));
-                r
+            let mut ready: BTreeSet<i32> =
+                t.checkpointed.union(&t.locked).copied().filter(|p| !busy.contains(p)).collect();
+            t.checkpointed.retain(|p| busy.contains(p));
+            t.locked.retain(|p| busy.contains(p));
+            let restored: Vec<(i32, Option<ProcessHandle>)> = {
+                let keys: Vec<i32> = t.restored.keys().copied().filter(|p| !busy.contains(p)).collect();
+                keys.into_iter().filter_map(|k| t.restored.remove_entry(&k)).collect()
             };
-            let restored = ready(&mut t.restored);
-            (ready(&mut t.checkpointed), ready(&mut t.locked), restored)
+            ready.retain(|p| !restored.iter().any(|(r, _)| r == p));
+            (ready, restored)
         };
-        for pid in &half_restored {
+        for (pid, handle) in &half_restored {
             // CRIU died between the driver's restore and the unlock: CRIU never finished this
             // process (its memory, files, threads), so it must not run.
-            let r = u32::try_from(*pid)
-                .map_err(|_| "pid out of range".to_string())
-                .and_then(|p| ccm_process::tree::kill(p).map_err(|e| e.to_string()));
+            let r = match handle {
+                Some(h) => h.kill().map_err(|e| e.to_string()),
+                None => Err("no pidfd was held for it".to_string()),
+            };
             match r {
                 Ok(()) => error!("pid {pid}: CRIU went away during its restore, after the driver had restored it but before the unlock; killed it (a half-restored process must not run). The images are intact: restore again from them"),
                 Err(e) => error!("pid {pid} is left LOCKED and half-restored after CRIU went away during the restore, and killing it failed ({e}): kill it (`kill -9 {pid}`), then restore again from the same images"),
             }
         }
-        if !(checkpointed.is_empty() && locked.is_empty()) {
+        if !put_back_now.is_empty() {
             if !announced {
                 warn!("driver agent: CRIU went away in the middle of its work; putting back the CUDA processes it had locked or checkpointed");
                 announced = true;
             }
             if let Ok(api) = api(shared) {
-                for pid in checkpointed.union(&locked) {
-                    let steps = [(checkpointed.contains(pid), true), (locked.contains(pid), false)];
-                    for (wanted, is_restore) in steps {
-                        if !wanted {
+                for pid in &put_back_now {
+                    let state = match api.state(*pid) {
+                        Ok(s) => s,
+                        Err(e) => {
+                            error!("pid {pid}: its CUDA state cannot be read after CRIU went away ({e}); run `criu-cuda-migrate recover --pid {pid}`");
                             continue;
                         }
-                        let (r, what, left) = if is_restore {
-                            (api.restore(*pid, &[]), "restored onto its GPUs", "CHECKPOINTED")
-                        } else {
-                            (api.unlock(*pid), "unlocked, RUNNING again", "LOCKED")
-                        };
-                        match r {
-                            Ok(()) => info!("driver agent: pid {pid}: {what} after CRIU went away"),
-                            Err(e) => {
-                                error!("pid {pid} is left {left} after CRIU went away: {e}; run `criu-cuda-migrate recover --pid {pid}`");
-                                break;
-                            }
+                    };
+                    for step in put_back(api, *pid, state, ORPHAN_RESTORE_DEADLINE, |_| {}) {
+                        match (&step.error, step.step) {
+                            (None, Step::Restore) => info!("driver agent: pid {pid}: restored onto its GPUs after CRIU went away"),
+                            (None, Step::Unlock) => info!("driver agent: pid {pid}: unlocked, RUNNING again after CRIU went away"),
+                            (Some(e), s) => error!(
+                                "pid {pid} is left {} after CRIU went away: {e}; run `criu-cuda-migrate recover --pid {pid}`",
+                                s.left_in()
+                            ),
                         }
                     }
                 }
@@ -345,5 +392,23 @@ fn orphaned(shared: &Shared) {
             return;
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_panic_while_answering_becomes_an_error_reply() {
+        let call = Call::Checkpoint { pid: 42 };
+        let r = answer_guarded(&call, || panic!("injected"));
+        match r {
+            Err(WireError::Agent(m)) => {
+                assert!(m.contains("cuCheckpointProcessCheckpoint for pid 42") && m.contains("injected"), "{m}")
+            }
+            other => panic!("{other:?}"),
+        }
+        assert!(matches!(answer_guarded(&call, || Ok(Answer::Done)), Ok(Answer::Done)));
     }
 }

@@ -1,12 +1,15 @@
 //! The driver agent as the plugin uses it, on the test doubles of libcuda and NVML: forked, warmed
 //! up, answering calls from several threads at once, mapping driver errors to typed ones, and gone
-//! after `exit`.
+//! after `exit`; a stopped or killed agent, a missed deadline, and libraries it must not load.
+//!
+//! Without libtest's harness (`harness = false`): the agent is forked only from a process of one
+//! thread, as CRIU's is, and libtest runs every test on a thread of its own.
 
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ccm_agent::{Agent, AgentError};
+use ccm_agent::{Agent, AgentError, DriverLibs, Lost};
 
 const G0: &str = "GPU-5e110000-aabb-ccdd-0001-020304050600";
 const G1: &str = "GPU-5e110001-aabb-ccdd-0001-020304050601";
@@ -37,13 +40,13 @@ fn gone(pid: u32, within: Duration) -> bool {
     false
 }
 
-#[test]
-fn the_agent_serves_the_doubles_and_exits() {
+/// The doubles' GPU set and state directory in `tmp`, in this process's environment (the agent
+/// is forked from it and inherits it, as it inherits CRIU's), and the libraries to load.
+fn stack(tmp: &Path) -> DriverLibs {
     let bin = doubles();
-    let tmp = tempfile::tempdir().expect("scratch dir");
-    let state = tmp.path().join("state");
+    let state = tmp.join("state");
     std::fs::create_dir_all(&state).unwrap();
-    let config = tmp.path().join("gpus.json");
+    let config = tmp.join("gpus.json");
     std::fs::write(
         &config,
         format!(
@@ -53,13 +56,22 @@ fn the_agent_serves_the_doubles_and_exits() {
         ),
     )
     .unwrap();
-    // The agent is forked from this process and inherits its environment, as it inherits CRIU's.
-    std::env::set_var("CRIU_CUDA_MIGRATE_LIBCUDA", bin.join("libcuda_test_double.so"));
-    std::env::set_var("CRIU_CUDA_MIGRATE_LIBNVML", bin.join("libnvml_test_double.so"));
     std::env::set_var("CCM_SIM_CONFIG", &config);
     std::env::set_var("CCM_SIM_STATE_DIR", &state);
+    // The settings reach the agent as given, not through its environment: a variable naming another
+    // library is not what it loads.
+    std::env::set_var("CRIU_CUDA_MIGRATE_LIBCUDA", "/nonexistent/libcuda.so.1");
+    std::env::set_var("CRIU_CUDA_MIGRATE_LIBNVML", "/nonexistent/libnvidia-ml.so.1");
+    DriverLibs {
+        libcuda: Some(bin.join("libcuda_test_double.so").display().to_string()),
+        libnvml: Some(bin.join("libnvml_test_double.so").display().to_string()),
+    }
+}
 
-    let agent = Agent::spawn(&[]).expect("the agent starts");
+fn the_agent_serves_the_doubles_and_exits() {
+    let tmp = tempfile::tempdir().expect("scratch dir");
+    let libs = stack(tmp.path());
+    let agent = Agent::spawn(&[], &libs).expect("the agent starts");
     let driver = agent.driver().expect("libcuda loads in the agent");
     assert!(driver.libcuda_path.ends_with("libcuda_test_double.so"), "{driver:?}");
     assert_eq!(driver.cuda_driver_version, 13000);
@@ -88,5 +100,114 @@ fn the_agent_serves_the_doubles_and_exits() {
 
     agent.exit();
     assert!(gone(driver.agent_pid, Duration::from_secs(5)), "the agent outlived its exit");
-    assert!(matches!(agent.cuinit(), Err(AgentError::Agent(_))), "a call after exit fails cleanly");
+    assert!(
+        matches!(agent.cuinit(), Err(AgentError::Lost { lost: Lost::Exited, .. })),
+        "a call after exit fails cleanly"
+    );
+}
+
+fn signal(pid: u32, sig: i32) {
+    // SAFETY: kill(2) with a pid of the agent this test started.
+    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+}
+
+fn a_stopped_agent_misses_its_deadline_and_is_killed() {
+    let tmp = tempfile::tempdir().expect("scratch dir");
+    let agent = Agent::spawn(&[], &stack(tmp.path())).expect("the agent starts");
+    agent.driver().expect("libcuda loads");
+    let pid = agent.pid();
+    signal(pid, libc::SIGSTOP);
+    let t0 = Instant::now();
+    let e = agent.checkpoint(std::process::id() as i32, Duration::from_millis(400)).unwrap_err();
+    let waited = t0.elapsed();
+    assert!(waited >= Duration::from_millis(400) && waited < Duration::from_secs(3), "{waited:?}");
+    match &e {
+        AgentError::Lost { lost: Lost::Deadline { call, .. }, .. } => {
+            assert_eq!(*call, "cuCheckpointProcessCheckpoint")
+        }
+        other => panic!("{other:?}"),
+    }
+    assert!(e.to_string().contains("did not answer cuCheckpointProcessCheckpoint"), "{e}");
+    assert!(gone(pid, Duration::from_secs(5)), "the stopped agent was not killed");
+    // Every later call fails at once.
+    let t1 = Instant::now();
+    assert!(agent.state(1).unwrap_err().is_lost());
+    assert!(t1.elapsed() < Duration::from_millis(100));
+    assert!(agent.lost().is_some());
+}
+
+fn a_killed_agent_fails_the_call_in_flight_at_once() {
+    let tmp = tempfile::tempdir().expect("scratch dir");
+    let agent = Agent::spawn(&[], &stack(tmp.path())).expect("the agent starts");
+    agent.driver().expect("libcuda loads");
+    signal(agent.pid(), libc::SIGKILL);
+    let t0 = Instant::now();
+    let e = agent.checkpoint(std::process::id() as i32, Duration::from_secs(30)).unwrap_err();
+    assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
+    assert!(
+        matches!(e, AgentError::Lost { lost: Lost::Gone, .. } | AgentError::Lost { lost: Lost::Broken(_), .. }),
+        "{e:?}"
+    );
+}
+
+fn exit_kills_an_agent_that_is_stopped() {
+    let tmp = tempfile::tempdir().expect("scratch dir");
+    let agent = Agent::spawn(&[], &stack(tmp.path())).expect("the agent starts");
+    agent.driver().expect("libcuda loads");
+    let pid = agent.pid();
+    signal(pid, libc::SIGSTOP);
+    let t0 = Instant::now();
+    agent.exit();
+    assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
+    assert!(gone(pid, Duration::from_secs(2)), "a stopped agent outlived exit()");
+    // Without the wait (a dump's agent), a stopped agent is killed at once.
+    let agent = Agent::spawn(&[], &stack(tmp.path())).expect("the agent starts");
+    agent.driver().expect("libcuda loads");
+    agent.exit_without_waiting();
+    let pid = agent.pid();
+    signal(pid, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(50));
+    agent.exit();
+    assert!(gone(pid, Duration::from_secs(2)), "a stopped dump agent outlived exit()");
+}
+
+fn a_library_others_can_change_is_not_loaded() {
+    use std::os::unix::fs::PermissionsExt;
+    let tmp = tempfile::tempdir().expect("scratch dir");
+    let libs = stack(tmp.path());
+    let open = tmp.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let lib = open.join("libcuda.so.1");
+    std::fs::copy(libs.libcuda.as_ref().unwrap(), &lib).unwrap();
+    let agent = Agent::spawn(&[], &DriverLibs { libcuda: Some(lib.display().to_string()), ..libs.clone() })
+        .expect("the agent starts");
+    match agent.driver() {
+        Err(AgentError::NoDriver(m)) => assert!(m.contains("can be changed by other users"), "{m}"),
+        other => panic!("{other:?}"),
+    }
+    let agent = Agent::spawn(&[], &DriverLibs { libcuda: Some("relative/libcuda.so.1".into()), ..libs }).unwrap();
+    assert!(matches!(agent.driver(), Err(AgentError::NoDriver(m)) if m.contains("relative path")));
+}
+
+fn main() {
+    let cases: [(&str, fn()); 5] = [
+        ("the_agent_serves_the_doubles_and_exits", the_agent_serves_the_doubles_and_exits),
+        ("a_stopped_agent_misses_its_deadline_and_is_killed", a_stopped_agent_misses_its_deadline_and_is_killed),
+        ("a_killed_agent_fails_the_call_in_flight_at_once", a_killed_agent_fails_the_call_in_flight_at_once),
+        ("exit_kills_an_agent_that_is_stopped", exit_kills_an_agent_that_is_stopped),
+        ("a_library_others_can_change_is_not_loaded", a_library_others_can_change_is_not_loaded),
+    ];
+    let filter: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with('-')).collect();
+    let mut ran = 0;
+    for (name, case) in cases {
+        if !filter.is_empty() && !filter.iter().any(|f| name.contains(f.as_str())) {
+            continue;
+        }
+        println!("test {name} ...");
+        case();
+        println!("test {name} ... ok");
+        ran += 1;
+    }
+    println!("test result: ok. {ran} passed; 0 failed");
 }

@@ -12,6 +12,7 @@ use std::process::ExitCode;
 use ccm_engine::preflight;
 use ccm_engine::Config;
 use ccm_identity::image::IdentityImage;
+use ccm_process::dir::{Dir, FileError};
 use clap::{Parser, Subcommand};
 
 #[derive(Parser)]
@@ -83,16 +84,20 @@ fn main() -> ExitCode {
 type CliResult = Result<ExitCode, String>;
 
 fn load_images(dir: &Path) -> Result<Vec<(PathBuf, IdentityImage)>, String> {
-    if !dir.exists() {
-        return Err(format!("{} does not exist; pass CRIU's image directory (the -D of `criu dump`)", dir.display()));
-    }
-    if !dir.is_dir() {
-        return Err(format!(
-            "{} is not a directory; pass CRIU's image directory (the -D of `criu dump`)",
-            dir.display()
-        ));
-    }
-    preflight::read_images(dir).map_err(|e| e.to_string())
+    let d = open_image_dir(dir)?;
+    preflight::read_images(&d).map_err(|e| e.to_string())
+}
+
+fn open_image_dir(dir: &Path) -> Result<Dir, String> {
+    Dir::open(dir).map_err(|e| match e {
+        FileError::Missing { .. } => {
+            format!("{} does not exist; pass CRIU's image directory (the -D of `criu dump`)", dir.display())
+        }
+        FileError::NotRegular { .. } => {
+            format!("{} is not a directory; pass CRIU's image directory (the -D of `criu dump`)", dir.display())
+        }
+        e => e.to_string(),
+    })
 }
 
 fn inspect(dir: &Path, json: bool) -> CliResult {
@@ -173,18 +178,27 @@ fn inspect(dir: &Path, json: bool) -> CliResult {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The plugin's restore reports (`cuda-migrate-restore-<pid>.txt`) left next to the images.
+/// Largest restore report read (the plugin writes a few KiB).
+const MAX_REPORT_BYTES: u64 = 1 << 20;
+
+/// The plugin's restore reports (`cuda-migrate-restore-<pid>.txt`) left next to the images, read
+/// as the images are (no link followed, capped) and with any control character but the line
+/// breaks escaped.
 fn restore_reports(dir: &Path) -> Vec<(String, String)> {
     let mut out = Vec::new();
-    if let Ok(rd) = std::fs::read_dir(dir) {
-        for e in rd.flatten() {
-            let name = e.file_name().to_string_lossy().into_owned();
-            if ccm_identity::image::is_report_file_name(&name).is_some() {
-                if let Ok(t) = std::fs::read_to_string(e.path()) {
-                    out.push((name, t));
-                }
-            }
+    let Ok(d) = Dir::open(dir) else { return out };
+    for name in d.names().unwrap_or_default() {
+        let Some(name) = name.to_str() else { continue };
+        if ccm_identity::image::is_report_file_name(name).is_none() {
+            continue;
         }
+        let text = match d.read_file(name, MAX_REPORT_BYTES) {
+            Ok(b) => {
+                String::from_utf8_lossy(&b).lines().map(ccm_identity::text::escaped).collect::<Vec<_>>().join("\n")
+            }
+            Err(e) => format!("(not read: {e})"),
+        };
+        out.push((name.to_string(), text));
     }
     out.sort();
     out
@@ -200,8 +214,11 @@ fn run_preflight(
     let images = load_images(dir)?;
     let spec = match bundle {
         Some(b) => {
-            let path = b.join("config.json");
-            Some(std::fs::read_to_string(&path).map_err(|e| format!("--bundle: cannot read {}: {e}", path.display()))?)
+            let d = Dir::open(b).map_err(|e| format!("--bundle: {e}"))?;
+            let bytes = d
+                .read_file("config.json", ccm_process::container::MAX_SPEC_BYTES)
+                .map_err(|e| format!("--bundle: {e}"))?;
+            Some((d.shown_file("config.json"), String::from_utf8_lossy(&bytes).into_owned()))
         }
         None => None,
     };
@@ -226,10 +243,17 @@ fn run_preflight(
         Err(_) => Vec::new(),
     };
     let given = match &spec {
-        Some(text) if config.usable_gpus.is_none() => Some(
-            ccm_identity::runtime::gpus_given_by_spec(text, &gpus)
-                .ok_or_else(|| "--bundle: its config.json is no OCI spec that names GPUs".to_string())?,
-        ),
+        Some((path, text)) if config.usable_gpus.is_none() => {
+            match ccm_identity::runtime::gpus_given_by_spec(text, &gpus) {
+                Ok(Some(g)) => Some(g),
+                Ok(None) => return Err(format!(
+                    "--bundle: {} names no GPU (no /dev/nvidiaN in linux.devices, no NVIDIA_VISIBLE_DEVICES): without \
+                         --usable-gpus the restore would use every GPU of this node",
+                    path.display()
+                )),
+                Err(e) => return refuse(json, &format!("the bundle's spec {} {e}", path.display())),
+            }
+        }
         _ => None,
     };
     if let (Some(g), false) = (&given, json) {
@@ -312,7 +336,7 @@ fn recover(pid: i32, json: bool) -> CliResult {
     if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
         return Err(format!("pid {pid} does not exist on this host; pass the pid `ps` shows for the stuck process"));
     }
-    use ccm_driver::checkpoint::{CheckpointApi, ProcessState};
+    use ccm_driver::checkpoint::CheckpointApi;
     let lib = ccm_driver::Libcuda::load().map_err(|e| e.to_string())?;
     let api = CheckpointApi::new(&lib).map_err(|e| e.to_string())?;
     lib.init().map_err(|e| e.to_string())?;
@@ -323,17 +347,11 @@ fn recover(pid: i32, json: bool) -> CliResult {
     // The engine's put-back, the one the dump's rollback uses; progress of the long step (the
     // device memory back onto the GPUs, about 1 s per GiB) on stderr, so that --json output stays
     // one document on stdout.
-    let done = ccm_engine::recover::put_back(
-        &api,
-        pid,
-        before == ProcessState::Checkpointed,
-        matches!(before, ProcessState::Checkpointed | ProcessState::Locked),
-        |step| {
-            if step == ccm_engine::recover::Step::Restore {
-                eprintln!("criu-cuda-migrate: pid {pid}: restoring its device memory onto the same GPUs ...");
-            }
-        },
-    );
+    let done = ccm_driver::checkpoint::put_back(&api, pid, before, std::time::Duration::MAX, |step| {
+        if step == ccm_driver::checkpoint::Step::Restore {
+            eprintln!("criu-cuda-migrate: pid {pid}: restoring its device memory onto the same GPUs ...");
+        }
+    });
     let steps: Vec<serde_json::Value> = done
         .iter()
         .map(

@@ -198,8 +198,9 @@ pub fn timed<T>(f: impl FnOnce() -> T) -> Timed<T> {
 pub trait PutBackCalls: Sync {
     type Error: std::fmt::Display;
     fn state(&self, pid: i32) -> Result<ProcessState, Self::Error>;
-    /// An empty `pairs` restores onto the same GPUs.
-    fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), Self::Error>;
+    /// Restores onto the same GPUs. `deadline` bounds a call made through a helper process (a
+    /// direct call is bounded by the driver).
+    fn restore_in_place(&self, pid: i32, deadline: Duration) -> Result<(), Self::Error>;
     fn unlock(&self, pid: i32) -> Result<(), Self::Error>;
 }
 
@@ -208,10 +209,144 @@ impl PutBackCalls for CheckpointApi {
     fn state(&self, pid: i32) -> Result<ProcessState, CudaError> {
         CheckpointApi::state(self, pid)
     }
-    fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), CudaError> {
-        CheckpointApi::restore(self, pid, pairs)
+    fn restore_in_place(&self, pid: i32, _deadline: Duration) -> Result<(), CudaError> {
+        CheckpointApi::restore(self, pid, &[])
     }
     fn unlock(&self, pid: i32) -> Result<(), CudaError> {
         CheckpointApi::unlock(self, pid)
+    }
+}
+
+/// One step of [`put_back`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Step {
+    /// `cuCheckpointProcessRestore` with no GPU pairs (about 1 s per GiB of device memory).
+    Restore,
+    /// `cuCheckpointProcessUnlock`.
+    Unlock,
+}
+
+impl Step {
+    pub fn name(self) -> &'static str {
+        match self {
+            Step::Restore => "restore",
+            Step::Unlock => "unlock",
+        }
+    }
+
+    /// The state a process is left in when this step fails.
+    pub fn left_in(self) -> ProcessState {
+        match self {
+            Step::Restore => ProcessState::Checkpointed,
+            Step::Unlock => ProcessState::Locked,
+        }
+    }
+}
+
+/// What one step did.
+#[derive(Debug, Clone)]
+pub struct StepDone {
+    pub step: Step,
+    pub elapsed: Duration,
+    /// The driver's error text when it failed.
+    pub error: Option<String>,
+}
+
+/// The steps that bring a process in `state` back to RUNNING: restore then unlock from
+/// CHECKPOINTED, unlock from LOCKED, nothing from anything else.
+pub fn put_back_steps(state: ProcessState) -> &'static [Step] {
+    match state {
+        ProcessState::Checkpointed => &[Step::Restore, Step::Unlock],
+        ProcessState::Locked => &[Step::Unlock],
+        _ => &[],
+    }
+}
+
+/// Puts `pid` back to RUNNING from `state` (the state the driver reports), stopping at the first
+/// failure: the dump's rollback, the agent's after CRIU died, and the CLI's `recover` all go
+/// through here. `starting` is called before each step (the CLI's progress line).
+pub fn put_back<D: PutBackCalls + ?Sized>(
+    api: &D,
+    pid: i32,
+    state: ProcessState,
+    restore_deadline: Duration,
+    mut starting: impl FnMut(Step),
+) -> Vec<StepDone> {
+    let mut done = Vec::new();
+    for &step in put_back_steps(state) {
+        starting(step);
+        let t0 = Instant::now();
+        let r = match step {
+            Step::Restore => api.restore_in_place(pid, restore_deadline),
+            Step::Unlock => api.unlock(pid),
+        };
+        let failed = r.is_err();
+        done.push(StepDone { step, elapsed: t0.elapsed(), error: r.err().map(|e| e.to_string()) });
+        if failed {
+            break;
+        }
+    }
+    done
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    #[derive(Default)]
+    struct Fake {
+        calls: Mutex<Vec<&'static str>>,
+        fail_restore: bool,
+    }
+
+    impl PutBackCalls for Fake {
+        type Error = String;
+        fn state(&self, _: i32) -> Result<ProcessState, String> {
+            Ok(ProcessState::Running)
+        }
+        fn restore_in_place(&self, _: i32, _: Duration) -> Result<(), String> {
+            self.calls.lock().unwrap().push("restore");
+            if self.fail_restore {
+                Err("CUDA_ERROR_OPERATING_SYSTEM (304)".into())
+            } else {
+                Ok(())
+            }
+        }
+        fn unlock(&self, _: i32) -> Result<(), String> {
+            self.calls.lock().unwrap().push("unlock");
+            Ok(())
+        }
+    }
+
+    const D: Duration = Duration::from_secs(1);
+
+    #[test]
+    fn a_checkpointed_process_is_restored_then_unlocked() {
+        let f = Fake::default();
+        let mut seen = Vec::new();
+        let done = put_back(&f, 7, ProcessState::Checkpointed, D, |s| seen.push(s));
+        assert_eq!(*f.calls.lock().unwrap(), vec!["restore", "unlock"]);
+        assert_eq!(seen, vec![Step::Restore, Step::Unlock]);
+        assert!(done.iter().all(|d| d.error.is_none()));
+    }
+
+    #[test]
+    fn a_failed_restore_stops_before_the_unlock() {
+        let f = Fake { fail_restore: true, ..Default::default() };
+        let done = put_back(&f, 7, ProcessState::Checkpointed, D, |_| {});
+        assert_eq!(*f.calls.lock().unwrap(), vec!["restore"]);
+        assert_eq!(done.len(), 1);
+        assert!(done[0].error.as_deref().unwrap().contains("304"));
+        assert_eq!(done[0].step.left_in(), ProcessState::Checkpointed);
+    }
+
+    #[test]
+    fn a_locked_process_is_only_unlocked_and_a_running_one_left_alone() {
+        let f = Fake::default();
+        put_back(&f, 7, ProcessState::Locked, D, |_| {});
+        assert_eq!(*f.calls.lock().unwrap(), vec!["unlock"]);
+        assert!(put_back(&f, 7, ProcessState::Running, D, |_| {}).is_empty());
+        assert!(put_back(&f, 7, ProcessState::Failed, D, |_| {}).is_empty());
     }
 }

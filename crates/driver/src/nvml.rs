@@ -21,6 +21,8 @@ pub enum NvmlFailure {
         #[source]
         source: NvmlError,
     },
+    #[error("refusing to load NVML from {lib}: {why}")]
+    Untrusted { lib: String, why: String },
     #[error("NVML reported GPU UUID `{0}` that is not in GPU-xxxxxxxx-... form")]
     BadUuid(String),
 }
@@ -63,14 +65,24 @@ fn q(what: impl Into<String>) -> impl FnOnce(NvmlError) -> NvmlFailure {
     move |source| NvmlFailure::Query { what, source }
 }
 
+/// The library name the driver installs; `CRIU_CUDA_MIGRATE_LIBNVML` may name another path.
+pub const LIBNVML_NAME: &str = "libnvidia-ml.so.1";
+
 impl Nvml {
+    /// NVML from `$CRIU_CUDA_MIGRATE_LIBNVML`, else the loader's search (the command-line tool).
     pub fn init() -> Result<Nvml, NvmlFailure> {
-        let lib =
-            std::env::var(ccm_identity::settings::LIBNVML.env).unwrap_or_else(|_| "libnvidia-ml.so.1".to_string());
+        let lib = std::env::var(ccm_identity::settings::LIBNVML.env).unwrap_or_else(|_| LIBNVML_NAME.to_string());
+        Self::init_from(&lib)
+    }
+
+    /// NVML from `lib`: a file name for the loader's search, or a path, which must be a file only
+    /// root (or this user) can change, in a directory only they can change (it is loaded as root).
+    pub fn init_from(lib: &str) -> Result<Nvml, NvmlFailure> {
+        crate::cuda::check_library_path(lib).map_err(|why| NvmlFailure::Untrusted { lib: lib.to_string(), why })?;
         let nvml = nvml_wrapper::Nvml::builder()
-            .lib_path(OsStr::new(&lib))
+            .lib_path(OsStr::new(lib))
             .init()
-            .map_err(|source| NvmlFailure::Init { lib: lib.clone(), source })?;
+            .map_err(|source| NvmlFailure::Init { lib: lib.to_string(), source })?;
         Ok(Nvml { nvml })
     }
 

@@ -25,6 +25,9 @@ pub struct Config {
     pub memory_check: bool,
     /// Lock timeout: CRIU's `--timeout` (seconds) when we can see it, else 10 s like CRIU.
     pub lock_timeout: Duration,
+    /// `CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT`: how long one checkpoint or restore call may take
+    /// before the driver agent is given up on; `None`: [`Config::call_deadline`]'s default.
+    pub driver_timeout: Option<Duration>,
     /// Whether the dump leaves the tree running (`-R`/`--leave-running`).
     pub leave_running: LeaveRunning,
     /// `CRIU_CUDA_MIGRATE_LIBCUDA` / `_LIBNVML` (the driver agent reads them from the same
@@ -72,13 +75,26 @@ pub enum ConfigError {
     Invalid { name: &'static str, value: String, expected: &'static str },
 }
 
-fn truthy(v: &str) -> bool {
-    matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "yes" | "true" | "on")
+/// Longest lock timeout taken from CRIU's `--timeout` (the driver takes milliseconds in 32 bits).
+const MAX_LOCK_TIMEOUT_S: u64 = (u32::MAX / 1000) as u64;
+/// Longest `CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT`: a day.
+const MAX_DRIVER_TIMEOUT_S: u64 = 86_400;
+/// The default deadline of one checkpoint or restore call: this much, plus [`DEADLINE_PER_GIB`]
+/// for every GiB of the process's device memory (the driver copies 2-6 GB/s: ten times margin).
+const DEADLINE_BASE: Duration = Duration::from_secs(60);
+const DEADLINE_PER_GIB: Duration = Duration::from_secs(5);
+
+/// The one reading of an on/off setting, for every switch: `1`, `yes`, `true`, `on` and `0`,
+/// `no`, `false`, `off`, in any case; `None` for anything else.
+pub fn switch(v: &str) -> Option<bool> {
+    match v.trim().to_ascii_lowercase().as_str() {
+        "1" | "yes" | "true" | "on" => Some(true),
+        "0" | "no" | "false" | "off" => Some(false),
+        _ => None,
+    }
 }
 
-fn falsy(v: &str) -> bool {
-    matches!(v.trim().to_ascii_lowercase().as_str(), "0" | "no" | "false" | "off")
-}
+const SWITCH_FORMS: &str = "`on` or `off` (also 1/0, yes/no, true/false)";
 
 impl Config {
     /// Builds the configuration from an environment lookup, CRIU's own command line and the
@@ -109,44 +125,49 @@ impl Config {
                 })
             }
         };
-        let reconcile = match get(&settings::RECONCILE).as_deref().map(str::trim) {
-            None | Some("") | Some("on") | Some("1") => true,
-            Some("off") | Some("0") => false,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    name: ENV_RECONCILE,
-                    value: other.to_string(),
-                    expected: "`on` or `off`",
-                })
+        // Every switch reads the same forms; an empty value is the default.
+        let on_off = |s: &Setting, default: bool| -> Result<bool, ConfigError> {
+            match get(s).filter(|v| !v.trim().is_empty()) {
+                None => Ok(default),
+                Some(v) => switch(&v).ok_or(ConfigError::Invalid { name: s.env, value: v, expected: SWITCH_FORMS }),
             }
         };
-        let memory_check = match get(&settings::MEMORY_CHECK).as_deref().map(str::trim) {
-            None | Some("") => true,
-            Some(v) if truthy(v) => true,
-            Some(v) if falsy(v) => false,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    name: settings::MEMORY_CHECK.env,
-                    value: other.to_string(),
-                    expected: "`on` or `off`",
-                })
-            }
-        };
-        let disabled = get(&settings::DISABLE).is_some_and(|v| truthy(&v));
-        let args = parse_criu_args(criu_args);
+        let reconcile = on_off(&settings::RECONCILE, true)?;
+        let memory_check = on_off(&settings::MEMORY_CHECK, true)?;
+        let disabled = on_off(&settings::DISABLE, false)?;
+        let args = parse_criu_args(criu_args).map_err(|v| ConfigError::Invalid {
+            name: "CRIU's --timeout",
+            value: v,
+            expected: "a whole number of seconds CRIU can use (at most 4294967)",
+        })?;
         let leave_running = match get(&settings::LEAVE_RUNNING).filter(|v| !v.trim().is_empty()) {
             _ if args.leave_running => LeaveRunning::Yes,
-            Some(v) if truthy(&v) => LeaveRunning::Yes,
-            Some(v) if falsy(&v) => LeaveRunning::No,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    name: ENV_LEAVE_RUNNING,
-                    value: other,
-                    expected: "`1` (the dump leaves the processes running) or `0` (it ends them)",
-                })
-            }
+            Some(v) => match switch(&v) {
+                Some(true) => LeaveRunning::Yes,
+                Some(false) => LeaveRunning::No,
+                None => {
+                    return Err(ConfigError::Invalid {
+                        name: ENV_LEAVE_RUNNING,
+                        value: v,
+                        expected: "`1` (the dump leaves the processes running) or `0` (it ends them)",
+                    })
+                }
+            },
             None if args.over_rpc => LeaveRunning::Unknown,
             None => LeaveRunning::No,
+        };
+        let driver_timeout = match get(&settings::DRIVER_TIMEOUT).filter(|v| !v.trim().is_empty()) {
+            None => None,
+            Some(v) => match v.trim().parse::<u64>() {
+                Ok(n) if (1..=MAX_DRIVER_TIMEOUT_S).contains(&n) => Some(Duration::from_secs(n)),
+                _ => {
+                    return Err(ConfigError::Invalid {
+                        name: settings::DRIVER_TIMEOUT.env,
+                        value: v,
+                        expected: "a whole number of seconds from 1 to 86400",
+                    })
+                }
+            },
         };
         Ok(Config {
             disabled,
@@ -156,10 +177,27 @@ impl Config {
             reconcile,
             memory_check,
             lock_timeout: Duration::from_secs(args.timeout_s.unwrap_or(10).max(1)),
+            driver_timeout,
             leave_running,
             libcuda,
             libnvml,
         })
+    }
+
+    /// The deadline of one checkpoint or restore call on a process holding `device_bytes` of
+    /// device memory (`None`: unknown): the setting, else [`DEADLINE_BASE`] plus
+    /// [`DEADLINE_PER_GIB`] per GiB (an unknown amount counts as 80 GiB).
+    pub fn call_deadline(&self, device_bytes: Option<u64>) -> Duration {
+        if let Some(t) = self.driver_timeout {
+            return t;
+        }
+        let gib = device_bytes.unwrap_or(80 << 30).div_ceil(1 << 30);
+        DEADLINE_BASE + DEADLINE_PER_GIB * u32::try_from(gib).unwrap_or(u32::MAX)
+    }
+
+    /// The driver libraries the agent loads.
+    pub fn driver_libs(&self) -> ccm_agent::DriverLibs {
+        ccm_agent::DriverLibs { libcuda: self.libcuda.clone(), libnvml: self.libnvml.clone() }
     }
 
     pub fn from_process(plugin_options: &[(String, String)]) -> Result<Config, ConfigError> {
@@ -217,15 +255,21 @@ struct CriuArgs {
     over_rpc: bool,
 }
 
-fn parse_criu_args(args: &[String]) -> CriuArgs {
+/// CRIU's own options as the plugin reads them; `Err(value)` for a `--timeout` that is no number of
+/// seconds the plugin can pass on (it is never silently replaced by the default).
+fn parse_criu_args(args: &[String]) -> Result<CriuArgs, String> {
     let mut parsed = CriuArgs::default();
     let mut it = args.iter().skip(1).peekable();
     let mut command_seen = false;
+    let seconds = |v: &str| match v.trim().parse::<u64>() {
+        Ok(n) if n <= MAX_LOCK_TIMEOUT_S => Ok(n),
+        _ => Err(v.to_string()),
+    };
     while let Some(a) = it.next() {
         if a == "--timeout" {
-            parsed.timeout_s = it.peek().and_then(|v| v.parse().ok());
+            parsed.timeout_s = it.peek().map(|v| seconds(v)).transpose()?;
         } else if let Some(v) = a.strip_prefix("--timeout=") {
-            parsed.timeout_s = v.parse().ok();
+            parsed.timeout_s = Some(seconds(v)?);
         } else if a == "--leave-running" {
             parsed.leave_running = true;
         } else if a == "--rpc" {
@@ -242,7 +286,7 @@ fn parse_criu_args(args: &[String]) -> CriuArgs {
             parsed.over_rpc |= a == "swrk" || a == "service";
         }
     }
-    parsed
+    Ok(parsed)
 }
 
 #[cfg(test)]
@@ -253,30 +297,78 @@ mod tests {
         s.split_whitespace().map(String::from).collect()
     }
 
+    fn parse_criu_args_ok(a: &[String]) -> CriuArgs {
+        parse_criu_args(a).unwrap()
+    }
+
+    #[test]
+    fn settings_parse_alike_and_refuse_what_they_do_not_know() {
+        let with = |name: &'static str, v: &str| {
+            let v = v.to_string();
+            Config::from_sources(move |k| (k == name).then(|| v.clone()), &[], &[])
+        };
+        for v in ["OFF", "no", "0", "False"] {
+            assert!(!with(ENV_RECONCILE, v).unwrap().reconcile, "{v}");
+            assert!(!with(settings::MEMORY_CHECK.env, v).unwrap().memory_check, "{v}");
+            assert!(!with(ENV_DISABLE, v).unwrap().disabled, "{v}");
+        }
+        for v in ["yes", "ON", "1", "true"] {
+            assert!(with(ENV_RECONCILE, v).unwrap().reconcile, "{v}");
+            assert!(with(ENV_DISABLE, v).unwrap().disabled, "{v}");
+        }
+        for (name, v) in [(ENV_DISABLE, "y"), (ENV_RECONCILE, "sometimes"), (settings::MEMORY_CHECK.env, "2")] {
+            let e = with(name, v).unwrap_err().to_string();
+            assert!(e.contains(name) && e.contains("`on` or `off`"), "{e}");
+        }
+        let overflow = Config::from_sources(|_| None, &args("criu dump --timeout 99999999999999999999 -t 1"), &[]);
+        assert!(overflow.unwrap_err().to_string().contains("--timeout"));
+        assert!(Config::from_sources(|_| None, &args("criu dump --timeout=5000000 -t 1"), &[]).is_err());
+        assert_eq!(
+            Config::from_sources(|_| None, &args("criu dump --timeout=4294967"), &[]).unwrap().lock_timeout,
+            Duration::from_secs(4294967)
+        );
+        assert_eq!(with(settings::DRIVER_TIMEOUT.env, "7").unwrap().driver_timeout, Some(Duration::from_secs(7)));
+        for v in ["0", "-1", "1e3", "86401", "99999999999999999999"] {
+            assert!(with(settings::DRIVER_TIMEOUT.env, v).is_err(), "{v}");
+        }
+    }
+
+    #[test]
+    fn a_call_deadline_grows_with_device_memory() {
+        let c = Config::from_sources(|_| None, &[], &[]).unwrap();
+        assert_eq!(c.call_deadline(Some(0)), Duration::from_secs(60));
+        assert_eq!(c.call_deadline(Some(8 << 30)), Duration::from_secs(100));
+        assert_eq!(c.call_deadline(Some((8 << 30) + 1)), Duration::from_secs(105));
+        assert_eq!(c.call_deadline(None), Duration::from_secs(460));
+        let fixed =
+            Config::from_sources(|k| (k == settings::DRIVER_TIMEOUT.env).then(|| "3".into()), &[], &[]).unwrap();
+        assert_eq!(fixed.call_deadline(Some(80 << 30)), Duration::from_secs(3));
+    }
+
     fn parsed(timeout_s: Option<u64>, leave_running: bool, over_rpc: bool) -> CriuArgs {
         CriuArgs { timeout_s, leave_running, over_rpc }
     }
 
     #[test]
     fn criu_command_lines() {
-        assert_eq!(parse_criu_args(&args("criu dump -t 5 -D d --timeout 30 -R")), parsed(Some(30), true, false));
-        assert_eq!(parse_criu_args(&args("criu dump --timeout=7 --leave-running")), parsed(Some(7), true, false));
-        assert_eq!(parse_criu_args(&args("criu dump -t 5 -D /R")), parsed(None, false, false));
-        assert_eq!(parse_criu_args(&args("criu swrk 3")), parsed(None, false, true));
+        assert_eq!(parse_criu_args_ok(&args("criu dump -t 5 -D d --timeout 30 -R")), parsed(Some(30), true, false));
+        assert_eq!(parse_criu_args_ok(&args("criu dump --timeout=7 --leave-running")), parsed(Some(7), true, false));
+        assert_eq!(parse_criu_args_ok(&args("criu dump -t 5 -D /R")), parsed(None, false, false));
+        assert_eq!(parse_criu_args_ok(&args("criu swrk 3")), parsed(None, false, true));
         assert_eq!(
-            parse_criu_args(&args("/usr/sbin/criu service --address /run/criu.sock")),
+            parse_criu_args_ok(&args("/usr/sbin/criu service --address /run/criu.sock")),
             parsed(None, false, true)
         );
-        assert_eq!(parse_criu_args(&args("criu -v4 dump -t 5 -D swrk")), parsed(None, false, false));
+        assert_eq!(parse_criu_args_ok(&args("criu -v4 dump -t 5 -D swrk")), parsed(None, false, false));
         // What /proc/self/cmdline says while CRIU serves runc's or crun's request (measured under runc 1.1).
         let retitled = criu_command_line(b"criu: dump --rpc -t 4242 -D /ckpt\0");
         assert_eq!(retitled, args("criu: dump --rpc -t 4242 -D /ckpt"));
-        assert_eq!(parse_criu_args(&retitled), parsed(None, false, true));
+        assert_eq!(parse_criu_args_ok(&retitled), parsed(None, false, true));
         let restore = criu_command_line(b"criu: restore --rpc -D /ckpt\0");
-        assert_eq!(parse_criu_args(&restore), parsed(None, false, true));
+        assert_eq!(parse_criu_args_ok(&restore), parsed(None, false, true));
         // A command line of several arguments keeps spaces inside them.
         assert_eq!(criu_command_line(b"criu\0dump\0-D\0/a -R b\0"), ["criu", "dump", "-D", "/a -R b"]);
-        assert_eq!(parse_criu_args(&criu_command_line(b"criu\0dump\0-D\0/a -R b\0")), parsed(None, false, false));
+        assert_eq!(parse_criu_args_ok(&criu_command_line(b"criu\0dump\0-D\0/a -R b\0")), parsed(None, false, false));
     }
 
     #[test]

@@ -2,24 +2,23 @@
 //! write identity images (first CHECKPOINT_DEVICES), roll back at `exit(DUMP)` when needed.
 
 use std::collections::BTreeMap;
-use std::io::Write;
-use std::os::unix::fs::OpenOptionsExt;
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::time::{Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use ccm_agent::Agent;
 use ccm_driver::checkpoint::{timed, ProcessState, Timed};
 use ccm_identity::image::{IdentityImage, ProcessEnv};
 use ccm_identity::memory::DeviceMemoryUse;
 use ccm_identity::{GpuIdentity, GpuUuid, PciSignature};
+use ccm_process::dir::Dir;
 use log::{debug, error, info, warn};
 
 use crate::batch::{with_restore_threads_running, OnResumeError};
 use crate::host::CriuHost;
 use crate::node::Node;
-use crate::recover::{put_back, Step};
 use crate::{Config, EngineError, HookOutcome, LeaveRunning, ProcessFailure, LIBCUDA_FILE, PLUGIN_NAME};
+use ccm_driver::checkpoint::{put_back, Step};
 
 /// One CUDA process this dump touched.
 #[derive(Debug)]
@@ -31,6 +30,12 @@ struct Tracked {
     checkpointed_by_us: bool,
     /// Set once the batch checkpoint ran.
     checkpoint_result: Option<Result<(), ProcessFailure>>,
+    /// Device memory the process held at dump (bytes), when NVML told.
+    device_bytes: Option<u64>,
+    /// A driver call on it was in flight when the agent was lost: until then the driver may still
+    /// change its state by itself (a lock within its timeout, a checkpoint finishing), so the
+    /// rollback waits for the state to settle before it puts the process back.
+    settles_by: Option<(Instant, ProcessState)>,
 }
 
 pub struct DumpSession {
@@ -126,11 +131,21 @@ impl DumpSession {
             locked_by_us: false,
             checkpointed_by_us: false,
             checkpoint_result: None,
+            device_bytes: None,
+            settles_by: None,
         };
         if initial == ProcessState::Running {
+            let started = Instant::now();
             let r = timed(|| api.lock(pid, timeout_ms));
             info!("pid {pid}: cuCheckpointProcessLock (timeout {timeout_ms} ms) {:.3} s", r.elapsed.as_secs_f64());
             if let Err(e) = r.value {
+                if e.is_lost() {
+                    // The driver may still take the lock within its timeout: exit(DUMP) waits for that
+                    // and puts the process back with a fresh agent.
+                    t.settles_by = Some((started + self.config.lock_timeout, ProcessState::Locked));
+                    self.tracked.insert(pid, t);
+                    return HookOutcome::Failed(EngineError::Driver { pid, source: e });
+                }
                 // A lock that timed out may still have taken effect: never leave it LOCKED.
                 if matches!(api.state(pid), Ok(ProcessState::Locked)) {
                     match api.unlock(pid) {
@@ -189,6 +204,9 @@ impl DumpSession {
         // the restore's preflight checks the target GPUs have room for it. One NVML pass for all.
         let memory = device_memory_by_pid(node, &todo.iter().map(|t| t.0).collect::<Vec<_>>());
         let memory = &memory;
+        let bytes_of = |pid: i32| memory.get(&pid).cloned().flatten().map(|u| u.iter().map(|x| x.bytes).sum::<u64>());
+        let config = &self.config;
+        let started = Instant::now();
         let results = with_restore_threads_running(
             &todo,
             |&(_, tid)| tid as u32,
@@ -196,26 +214,37 @@ impl DumpSession {
             |&(pid, _)| {
                 std::thread::scope(|s| {
                     let scan = s.spawn(move || collect_identity(pid, node, memory.get(&pid).cloned().flatten()));
-                    let checkpoint = timed(|| api.checkpoint(pid));
+                    let checkpoint = timed(|| api.checkpoint(pid, config.call_deadline(bytes_of(pid))));
                     let facts = scan.join().unwrap_or_else(|_| Err("identity collection panicked".into()));
                     (checkpoint, facts)
                 })
             },
         );
-        // (Written through CRIU's own descriptor of the image directory: it may be in another
-        // mount namespace than any path we could name.)
-        let dir = host.image_dir_fd().map(|fd| PathBuf::from(format!("/proc/self/fd/{fd}")));
+        // Written through CRIU's own descriptor of the image directory: it may be in another mount
+        // namespace than any path we could name, and a path could be swapped under us.
+        let dir = host.image_dir().map(|fd| Dir::from_owned(fd, PathBuf::from("CRIU's image directory")));
         for (&(pid, _), r) in todo.iter().zip(results) {
             let Some(t) = self.tracked.get_mut(&pid) else { continue };
+            t.device_bytes = bytes_of(pid);
             t.checkpoint_result = Some(match r {
                 Err(e) => Err(ProcessFailure::Batch(e)),
-                Ok((Timed { value: Err(e), .. }, _)) => Err(ProcessFailure::Driver(e)),
+                Ok((Timed { value: Err(e), .. }, _)) => {
+                    if e.is_lost() {
+                        // The driver may finish this checkpoint by itself: give it the time the copy takes.
+                        t.settles_by = Some((
+                            started.max(Instant::now()) + settle_time(t.device_bytes),
+                            ProcessState::Checkpointed,
+                        ));
+                    }
+                    Err(ProcessFailure::Driver(e))
+                }
                 Ok((Timed { value: Ok(()), elapsed }, facts)) => {
                     t.checkpointed_by_us = true;
                     info!("pid {pid}: cuCheckpointProcessCheckpoint {:.3} s", elapsed.as_secs_f64());
                     match (facts, &dir) {
-                        (Ok(img), Some(dir)) => write_image(dir, &img).map_err(ProcessFailure::Image),
+                        (Ok(img), Some(Ok(dir))) => write_image(dir, &img).map_err(ProcessFailure::Image),
                         (Err(e), _) => Err(ProcessFailure::Identity(e)),
+                        (_, Some(Err(e))) => Err(ProcessFailure::Image(e.to_string())),
                         (_, None) => Err(ProcessFailure::Image("CRIU gave no image directory".into())),
                     }
                 }
@@ -225,7 +254,9 @@ impl DumpSession {
     }
 
     /// `exit(DUMP, ret)`: on failure or with `--leave-running`, put every process back as found.
-    pub fn finish(&mut self, ret: i32) {
+    /// When the driver agent was lost (killed, stopped past a deadline), a fresh agent does it:
+    /// CRIU's process is single-threaded here, so it can fork one.
+    pub fn finish(&mut self, ret: i32, host: &dyn CriuHost) {
         if self.tracked.is_empty() {
             return;
         }
@@ -241,17 +272,49 @@ impl DumpSession {
             }
             _ => "--leave-running",
         };
-        info!("rolling back {} CUDA process(es): {why}", self.tracked.len());
+        let todo: Vec<&Tracked> = self
+            .tracked
+            .values()
+            .filter(|t| t.locked_by_us || t.checkpointed_by_us || t.settles_by.is_some())
+            .collect();
+        info!("rolling back {} CUDA process(es): {why}", todo.len());
         let Some(node) = self.node.as_ref() else { return };
-        let api = &node.agent;
-        let todo: Vec<&Tracked> = self.tracked.values().filter(|t| t.locked_by_us || t.checkpointed_by_us).collect();
+        let fresh;
+        let api: &Agent = match node.agent.lost() {
+            None => &node.agent,
+            Some(_) => {
+                info!("the driver agent was lost: starting a fresh one to put the processes back");
+                match crate::node::spawn_agent(host, &self.config).and_then(Node::load) {
+                    Ok(n) => {
+                        n.agent.exit_without_waiting();
+                        fresh = n;
+                        &fresh.agent
+                    }
+                    Err(e) => {
+                        for t in &todo {
+                            error!(
+                                "pid {} may be left LOCKED or CHECKPOINTED: the driver agent was lost and a fresh one cannot start ({e}); run `criu-cuda-migrate recover --pid {}`",
+                                t.pid, t.pid
+                            );
+                        }
+                        return;
+                    }
+                }
+            }
+        };
+        if todo.iter().any(|t| t.settles_by.is_some()) {
+            if let Err(e) = api.cuinit() {
+                warn!("the fresh driver agent's cuInit failed ({e}); putting the processes back anyway");
+            }
+        }
+        let config = &self.config;
         // The tasks may still be ptrace-stopped by CRIU; the driver needs their restore threads
         // to run for a restore and for an unlock alike.
         let results = with_restore_threads_running(
             &todo,
             |t| t.restore_tid as u32,
             OnResumeError::WorkAnyway,
-            |t| rollback_one(api, t),
+            |t| rollback_one(api, t, config),
         );
         for (t, r) in todo.iter().zip(results) {
             if let Err(e) = r {
@@ -261,21 +324,78 @@ impl DumpSession {
     }
 }
 
-/// Puts one process back as the dump found it, with an ERROR line naming the fix for anything
-/// left LOCKED or CHECKPOINTED.
-fn rollback_one(api: &Agent, t: &Tracked) {
+/// How long a checkpoint the driver may still be finishing by itself is given (after the agent
+/// that asked for it was lost): its copy runs at about 2 GB/s, so 1 s per GiB is twice that.
+fn settle_time(device_bytes: Option<u64>) -> Duration {
+    let gib = device_bytes.unwrap_or(80 << 30).div_ceil(1 << 30);
+    Duration::from_secs(2 + gib.min(3600))
+}
+
+/// The state the driver reports for `pid`, once it settled: while a call that was in flight when
+/// the agent was lost may still complete (`settles_by`), it is read again until it is that call's
+/// outcome or the time is up.
+fn settled_state(api: &Agent, t: &Tracked) -> Result<ProcessState, ccm_agent::AgentError> {
+    let mut state = api.state(t.pid)?;
+    if let Some((until, outcome)) = t.settles_by {
+        while state != outcome && Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(50));
+            state = api.state(t.pid)?;
+        }
+    }
+    Ok(state)
+}
+
+/// Puts one process back as the dump found it, from the state the driver reports, with an ERROR
+/// line naming the fix for anything left LOCKED or CHECKPOINTED.
+fn rollback_one(api: &Agent, t: &Tracked, config: &Config) {
     let pid = t.pid;
-    for step in put_back(api, pid, t.checkpointed_by_us, t.locked_by_us, |_| {}) {
+    let state = match settled_state(api, t) {
+        Ok(s) => s,
+        Err(e) => {
+            // Without the driver's word, what this dump did: the assumption is named as one.
+            let assumed = if t.checkpointed_by_us {
+                ProcessState::Checkpointed
+            } else if t.locked_by_us || t.settles_by.is_some() {
+                ProcessState::Locked
+            } else {
+                ProcessState::Running
+            };
+            warn!(
+                "pid {pid}: its CUDA state cannot be read ({e}); putting it back as {assumed}, what this dump made it"
+            );
+            assumed
+        }
+    };
+    if state == t.initial {
+        if state != ProcessState::Running {
+            info!("pid {pid}: CUDA state {state}, as the dump found it; left as it is");
+        }
+        return;
+    }
+    info!("pid {pid}: rolling back from CUDA state {state}");
+    let deadline = config.call_deadline(t.device_bytes);
+    if t.initial == ProcessState::Locked && state == ProcessState::Checkpointed {
+        // Found LOCKED by someone else: its device memory goes back, the lock stays theirs.
+        match api.restore(pid, &[], deadline) {
+            Ok(()) => info!("pid {pid}: rolled back: restored, LOCKED as the dump found it"),
+            Err(e) => error!(
+                "pid {pid} is left CHECKPOINTED: restore failed ({e}); run `criu-cuda-migrate recover --pid {pid}`"
+            ),
+        }
+        return;
+    }
+    for step in put_back(api, pid, state, deadline, |_| {}) {
         match (step.step, &step.error) {
             (Step::Restore, None) => {
                 info!("pid {pid}: rolled back: cuCheckpointProcessRestore {:.3} s", step.elapsed.as_secs_f64())
             }
             (Step::Unlock, None) => info!("pid {pid}: rolled back: unlocked, RUNNING again"),
-            (Step::Restore, Some(e)) => error!(
-                "pid {pid} is left CHECKPOINTED: restore failed ({e}); run `criu-cuda-migrate recover --pid {pid}`"
-            ),
-            (Step::Unlock, Some(e)) => {
-                error!("pid {pid} is left LOCKED: unlock failed ({e}); run `criu-cuda-migrate recover --pid {pid}`")
+            (s, Some(e)) => {
+                let now = api.state(pid).map(|x| x.to_string()).unwrap_or_else(|_| s.left_in().to_string());
+                error!(
+                    "pid {pid} is left {now}: {} failed ({e}); run `criu-cuda-migrate recover --pid {pid}`",
+                    s.name()
+                )
             }
         }
     }
@@ -387,7 +507,7 @@ fn collect_identity(
         enumerated = node.gpus().iter().map(|g| g.uuid).collect();
     }
     let ns_pid = ccm_process::tree::ns_pid(upid).unwrap_or(upid);
-    let img = IdentityImage {
+    let mut img = IdentityImage {
         pid: ns_pid,
         host_pid: upid,
         dumped_at_unix: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
@@ -404,6 +524,11 @@ fn collect_identity(
         prop_sites: scan.prop_sites,
         device_memory,
     };
+    // The hostname, the process's mapping names and environment are not ours: no control
+    // character of theirs reaches an image or a log raw.
+    if img.escape_controls() {
+        warn!("pid {pid}: its identity holds control characters (in a mapping name, its environment or the hostname); they are recorded escaped");
+    }
     info!(
         "pid {pid}: identity: uses {} GPU(s) [{}], enumerated {}, {} PCI site(s), {} cudaDeviceProp cop(ies) ({} look-alike(s) left alone), device memory {}; scanned {} MiB in {} mapping(s) in {:.3} s (total {:.3} s)",
         img.used.len(),
@@ -469,22 +594,16 @@ fn order_by_cuda_view(used: &mut [&GpuIdentity], env: &ProcessEnv, node_gpus: &[
     used.sort_by_key(|g| rank(g));
 }
 
-fn write_image(dir: &std::path::Path, img: &IdentityImage) -> Result<(), String> {
-    let path = dir.join(IdentityImage::file_name(img.pid));
+fn write_image(dir: &Dir, img: &IdentityImage) -> Result<(), String> {
     let t0 = Instant::now();
     // Refused here, failing the dump (which rolls the processes back), rather than written and
     // then refused by the restore.
     let bytes = img.try_encode().map_err(|e| {
         format!("its identity image cannot be written: {e}; nothing was written. Report this with the dump log")
     })?;
-    let mut f = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(&path)
-        .map_err(|e| format!("cannot create identity image {}: {e}", IdentityImage::file_name(img.pid)))?;
-    f.write_all(&bytes).and_then(|()| f.sync_all()).map_err(|e| format!("cannot write identity image: {e}"))?;
+    // A fresh file renamed into place: whatever stood under that name (a planted link) is replaced.
+    dir.write_file(&IdentityImage::file_name(img.pid), &bytes, 0o600)
+        .map_err(|e| format!("cannot write its identity image: {e}"))?;
     info!(
         "pid {}: wrote {} ({} bytes, {:.3} s)",
         img.host_pid,
@@ -534,10 +653,11 @@ mod tests {
     fn an_image_over_the_format_bounds_fails_the_dump_and_writes_nothing() {
         let dir = std::env::temp_dir().join(format!("ccm-dump-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let err = write_image(&dir, &image(ccm_identity::image::MAX_GPUS as u32 + 1)).unwrap_err();
+        let d = Dir::open(&dir).unwrap();
+        let err = write_image(&d, &image(ccm_identity::image::MAX_GPUS as u32 + 1)).unwrap_err();
         assert!(err.contains("cannot be written"), "{err}");
         assert!(!dir.join(IdentityImage::file_name(7)).exists(), "nothing may be written");
-        write_image(&dir, &image(2)).unwrap();
+        write_image(&d, &image(2)).unwrap();
         assert!(dir.join(IdentityImage::file_name(7)).exists());
         std::fs::remove_dir_all(&dir).unwrap();
     }

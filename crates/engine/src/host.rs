@@ -1,11 +1,13 @@
 //! What the engine needs from CRIU itself. The plugin shell implements it with `dlsym` on the
 //! running `criu`; tests implement it in memory.
 
-use std::os::fd::RawFd;
+use std::os::fd::{OwnedFd, RawFd};
 
 pub trait CriuHost {
-    /// `criu_get_image_dir()`: CRIU's images directory fd (never closed by us).
-    fn image_dir_fd(&self) -> Option<RawFd>;
+    /// A duplicate of `criu_get_image_dir()`, CRIU's images directory fd: every image is read and
+    /// written through it (the directory may be in another mount namespace than any path we
+    /// could name, and a path could be swapped under us).
+    fn image_dir(&self) -> Option<OwnedFd>;
     /// `add_inventory_plugin(name)` (CRIU 4.1+): makes a restore without this plugin fail clearly.
     fn add_inventory_plugin(&self, name: &str) -> bool;
     /// `check_and_remove_inventory_plugin(name)` at restore: `None` when CRIU lacks it.
@@ -19,13 +21,11 @@ pub trait CriuHost {
 
 /// A host for tests and for the command-line tool: no CRIU around.
 #[derive(Debug, Default)]
-pub struct NoCriu {
-    pub image_dir: Option<RawFd>,
-}
+pub struct NoCriu;
 
 impl CriuHost for NoCriu {
-    fn image_dir_fd(&self) -> Option<RawFd> {
-        self.image_dir
+    fn image_dir(&self) -> Option<OwnedFd> {
+        None
     }
     fn add_inventory_plugin(&self, _: &str) -> bool {
         false

@@ -23,7 +23,6 @@ pub mod host;
 pub mod node;
 pub mod preflight;
 pub mod reconcile;
-pub mod recover;
 pub mod restore;
 
 use ccm_agent::AgentError;
@@ -99,8 +98,8 @@ pub enum EngineError {
     },
     #[error("{0}")]
     Preflight(String),
-    #[error("identity image {path}: {message}")]
-    Image { path: String, message: String },
+    #[error(transparent)]
+    Image(#[from] preflight::ImageFileError),
 }
 
 /// Why one CUDA process's checkpoint or restore failed.

@@ -12,7 +12,7 @@ use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
 use log::{info, warn};
 
 use crate::host::CriuHost;
-use crate::EngineError;
+use crate::{Config, EngineError};
 
 pub struct Node {
     pub agent: Agent,
@@ -31,10 +31,11 @@ struct NvmlView {
     gpus: Vec<GpuIdentity>,
 }
 
-/// Starts the driver agent for this CRIU run, keeping CRIU's log open in it.
-pub fn spawn_agent(host: &dyn CriuHost) -> Result<Agent, EngineError> {
+/// Starts the driver agent for this CRIU run, keeping CRIU's log open in it, with the driver
+/// libraries of the configuration.
+pub fn spawn_agent(host: &dyn CriuHost, config: &Config) -> Result<Agent, EngineError> {
     let keep: Vec<i32> = host.log_fd().into_iter().collect();
-    Agent::spawn(&keep).map_err(EngineError::Agent)
+    Agent::spawn(&keep, &config.driver_libs()).map_err(EngineError::Agent)
 }
 
 impl Node {

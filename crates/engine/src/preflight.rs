@@ -1,18 +1,19 @@
 //! Preflight: before CRIU restores anything, read the identity images, check this node and
 //! choose the device map. Shared by the plugin (`init(RESTORE)`) and `criu-cuda-migrate preflight`.
 
-use std::path::{Path, PathBuf};
+use std::path::PathBuf;
 
-use ccm_identity::image::IdentityImage;
+use ccm_identity::image::{IdentityImage, ImageError};
 use ccm_identity::map::{self, DeviceMap, MapRequest};
 use ccm_identity::memory::{self, ProcessNeed, TargetNeed};
 use ccm_identity::runtime::GivenGpus;
 use ccm_identity::{GpuIdentity, GpuUuid};
+use ccm_process::dir::{Dir, FileError};
 
 use crate::{Config, EngineError};
 
-/// Largest identity image we read (the format bounds it too).
-const MAX_IMAGE_FILE: u64 = 16 << 20;
+/// Largest identity image read: the format's own bound.
+const MAX_IMAGE_FILE: u64 = ccm_identity::image::MAX_IMAGE_BYTES as u64;
 
 /// One CUDA process of the checkpoint and what restore will do with it.
 #[derive(Debug, Clone)]
@@ -23,32 +24,52 @@ pub struct ProcessPlan {
     pub map: DeviceMap,
 }
 
-/// Reads every `cuda-migrate-<pid>.img` of `dir`, sorted by pid. Never writes.
-pub fn read_images(dir: &Path) -> Result<Vec<(PathBuf, IdentityImage)>, EngineError> {
-    let rd = std::fs::read_dir(dir)
-        .map_err(|e| EngineError::Image { path: dir.display().to_string(), message: format!("cannot list: {e}") })?;
+/// Why an identity image of a checkpoint cannot be read.
+#[derive(Debug, thiserror::Error)]
+pub enum ImageFileError {
+    /// The file itself (a link, a FIFO, too large, unreadable): the message names it and the rule.
+    #[error("identity image: {0}")]
+    File(#[from] FileError),
+    #[error("identity image {path}: {source}")]
+    Decode {
+        path: PathBuf,
+        #[source]
+        source: ImageError,
+    },
+    #[error(
+        "identity image {path} holds pid {inside}, but its name says pid {named}: it was renamed or copied from \
+         another dump; put back the file the dump wrote, or dump again"
+    )]
+    PidMismatch { path: PathBuf, named: u32, inside: u32 },
+}
+
+/// Reads every `cuda-migrate-<pid>.img` of `dir`, sorted by pid. Never writes. Each file is read
+/// through the directory's fd, without following a link, and at most [`MAX_IMAGE_FILE`] bytes.
+pub fn read_images(dir: &Dir) -> Result<Vec<(PathBuf, IdentityImage)>, ImageFileError> {
     let mut out = Vec::new();
-    for entry in rd.flatten() {
-        let name = entry.file_name();
+    for name in dir.names()? {
         let Some(name) = name.to_str() else { continue };
         if ccm_identity::image::is_image_file_name(name).is_none() {
             continue;
         }
-        let path = entry.path();
-        out.push((path.clone(), read_image(&path)?));
+        out.push((dir.shown_file(name), read_image(dir, name)?));
     }
     out.sort_by_key(|(_, i)| i.pid);
     Ok(out)
 }
 
-pub fn read_image(path: &Path) -> Result<IdentityImage, EngineError> {
-    let err = |message: String| EngineError::Image { path: path.display().to_string(), message };
-    let meta = std::fs::metadata(path).map_err(|e| err(format!("cannot read: {e}")))?;
-    if meta.len() > MAX_IMAGE_FILE {
-        return Err(err(format!("{} bytes is larger than any identity image ({MAX_IMAGE_FILE}); the file is not one of ours or is corrupted: re-dump", meta.len())));
+/// Reads the identity image `name` of `dir`, checking that the pid in its name is the one inside.
+pub fn read_image(dir: &Dir, name: &str) -> Result<IdentityImage, ImageFileError> {
+    let path = dir.shown_file(name);
+    let bytes = dir.read_file(name, MAX_IMAGE_FILE)?;
+    let image =
+        IdentityImage::decode(&bytes).map_err(|source| ImageFileError::Decode { path: path.clone(), source })?;
+    if let Some(named) = ccm_identity::image::is_image_file_name(name) {
+        if named != image.pid {
+            return Err(ImageFileError::PidMismatch { path, named, inside: image.pid });
+        }
     }
-    let bytes = std::fs::read(path).map_err(|e| err(format!("cannot read: {e}")))?;
-    IdentityImage::decode(&bytes).map_err(|e| err(e.to_string()))
+    Ok(image)
 }
 
 /// Plans one device map for the whole checkpoint (every process of a job must see the same

@@ -3,11 +3,15 @@
 //! of its GPU identity, and unlock.
 
 use std::collections::BTreeMap;
+use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::Instant;
 
 use ccm_driver::checkpoint::{timed, ProcessState};
-use ccm_identity::GpuUuid;
+use ccm_identity::runtime::GivenGpus;
+use ccm_identity::{GpuIdentity, GpuUuid};
+use ccm_process::container::{DevView, ForeignDev};
+use ccm_process::dir::Dir;
 use log::{debug, error, info, warn};
 
 use crate::batch::{with_restore_threads_running, BatchError, OnResumeError};
@@ -21,7 +25,7 @@ pub struct RestoreSession {
     config: Config,
     node: Option<Node>,
     plans: Vec<ProcessPlan>,
-    image_dir: Option<PathBuf>,
+    image_dir: Option<Dir>,
     /// Host pid → result of its restore.
     results: BTreeMap<u32, Result<(), ProcessFailure>>,
 }
@@ -36,11 +40,15 @@ impl RestoreSession {
     /// `init(RESTORE)`: read the images and check this node before CRIU restores anything. An
     /// error here makes CRIU abort the restore with our message; nothing has been touched.
     pub fn init(config: Config, host: &dyn CriuHost) -> Result<RestoreSession, EngineError> {
-        let image_dir = host.image_dir_fd().map(|fd| {
-            // Read through CRIU's own descriptor; name the directory as the user knows it.
-            let via_fd = PathBuf::from(format!("/proc/self/fd/{fd}"));
-            std::fs::read_link(&via_fd).ok().filter(|p| p.is_dir()).unwrap_or(via_fd)
-        });
+        // Read through CRIU's own descriptor; named as the user knows the directory.
+        let image_dir = match host.image_dir() {
+            Some(fd) => {
+                let shown = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+                    .unwrap_or_else(|_| PathBuf::from("CRIU's image directory"));
+                Some(Dir::from_owned(fd, shown).map_err(preflight::ImageFileError::from)?)
+            }
+            None => None,
+        };
         // Our inventory entry (if the dump added one) must be claimed, or CRIU reports us missing.
         let in_inventory = host.check_and_remove_inventory_plugin(PLUGIN_NAME);
         let images = match &image_dir {
@@ -58,7 +66,7 @@ impl RestoreSession {
                      images), or dump again",
                     s.image_dir
                         .as_ref()
-                        .map(|d| d.display().to_string())
+                        .map(|d| d.shown().display().to_string())
                         .unwrap_or_else(|| "the image directory".into())
                 )));
             }
@@ -69,7 +77,7 @@ impl RestoreSession {
             return Err(e);
         }
         let t0 = Instant::now();
-        let agent = crate::node::spawn_agent(host).map_err(|e| {
+        let agent = crate::node::spawn_agent(host, &s.config).map_err(|e| {
             EngineError::Preflight(format!(
                 "the checkpoint holds {} CUDA process(es) but the driver agent cannot start: {e}",
                 images.len()
@@ -81,14 +89,9 @@ impl RestoreSession {
                 images.len()
             ))
         })?;
-        // Without an explicit usable set, the GPUs the restoring runtime gives the container.
-        let given = if s.config.usable_gpus.is_none() {
-            ccm_process::container::restoring_runtime_spec().and_then(|(path, text)| {
-                ccm_identity::runtime::gpus_given_by_spec(&text, node.gpus()).map(|g| (path, g))
-            })
-        } else {
-            None
-        };
+        // Without an explicit usable set, the GPUs the restoring runtime gives the container. A spec that
+        // is there but cannot be read refuses the restore: "all GPUs" could be another tenant's.
+        let given = if s.config.usable_gpus.is_none() { given_by_restoring_runtime(node.gpus())? } else { None };
         if let Some((path, g)) = &given {
             info!(
                 "usable GPUs: [{}], what the restoring runtime's spec {} gives the container ({})",
@@ -242,7 +245,7 @@ impl RestoreSession {
                 }
             }
             error!(
-                "strict mode: killed the restored tree ({} process(es)) because pid(s) {:?} failed their driver restore or identity reconciliation; images are untouched: fix the cause above and restore again, or set CRIU_CUDA_MIGRATE_MODE=permissive",
+                "killed the restored tree ({} process(es)) because pid(s) {:?} failed their driver restore or identity reconciliation (strict mode), or lost their driver agent; images are untouched: fix the cause above and restore again (a failed identity check can be let through with CRIU_CUDA_MIGRATE_MODE=permissive)",
                 pids.len(),
                 kill
             );
@@ -267,7 +270,8 @@ impl RestoreSession {
             plan.map.render_table(&plan.image, node.gpus()),
             reconcile
         );
-        if let Err(e) = std::fs::write(dir.join(&name), text) {
+        // A fresh file renamed into place: a link planted under that name is replaced, never followed.
+        if let Err(e) = dir.write_file(&name, text.as_bytes(), 0o644) {
             warn!("cannot write {name} next to the images ({e}); the same report is in this log");
         }
     }
@@ -313,8 +317,12 @@ fn fix_container_devices(jobs: &[(Job<'_>, u32)], node: &Node) {
         }
         done.push(ns);
         let dev = match ccm_process::container::container_dev(job.pid) {
-            Ok(Some(d)) => d,
-            Ok(None) => continue,
+            Ok(DevView::Own(d)) => d,
+            Ok(DevView::HostNamespace) => continue,
+            Ok(DevView::Foreign { why, gpu_minors }) => {
+                warn_foreign_dev(job.pid, &why, &gpu_minors, &moves);
+                continue;
+            }
             Err(e) => {
                 warn!(
                     "pid {}: cannot read its container's /dev ({e}); its GPU device nodes are left as restored",
@@ -323,6 +331,13 @@ fn fix_container_devices(jobs: &[(Job<'_>, u32)], node: &Node) {
                 continue;
             }
         };
+        for (name, kind) in &dev.impostors {
+            warn!(
+                "pid {}: container /dev/{} is {kind}, not a GPU node: left alone",
+                job.pid,
+                ccm_identity::text::escaped(name)
+            );
+        }
         for edit in ccm_identity::runtime::plan_node_edits(&moves, &dev.gpu_minors) {
             let (what, minor, r) = match edit {
                 ccm_identity::runtime::NodeEdit::Create { minor } => {
@@ -347,6 +362,44 @@ fn fix_container_devices(jobs: &[(Job<'_>, u32)], node: &Node) {
                 ),
             }
         }
+    }
+}
+
+/// The one line for a container whose `/dev` the plugin must not edit: what it is, what the
+/// container sees, and what to do.
+fn warn_foreign_dev(pid: u32, why: &ForeignDev, shows: &[u32], moves: &[(u32, u32)]) {
+    let nodes = |m: &mut dyn Iterator<Item = u32>| m.map(ccm_process::container::shown).collect::<Vec<_>>().join(", ");
+    let sees = if shows.is_empty() {
+        "no GPU node it can be seen to hold".to_string()
+    } else {
+        nodes(&mut shows.iter().copied())
+    };
+    warn!(
+        "pid {pid}: {why}: left unchanged. The container sees {sees}, while it now runs on {} (moved from {}); give \
+         the container its GPUs through its runtime (CDI, --device, the device plugin) rather than the host's /dev, or \
+         restore it onto the same GPUs",
+        nodes(&mut moves.iter().map(|m| m.1)),
+        nodes(&mut moves.iter().map(|m| m.0)),
+    );
+}
+
+/// The GPUs the runtime that runs this CRIU (runc, crun, youki) gives the container in its
+/// spec. `Ok(None)`: no such runtime, no spec, or a spec that says nothing about GPUs.
+fn given_by_restoring_runtime(node_gpus: &[GpuIdentity]) -> Result<Option<(PathBuf, GivenGpus)>, EngineError> {
+    let spec = ccm_process::container::restoring_runtime_spec().map_err(|e| {
+        EngineError::Preflight(format!(
+            "the restoring runtime's spec cannot be read: {e}; fix the bundle, or name the container's GPUs with {}",
+            ccm_identity::settings::USABLE_GPUS.env
+        ))
+    })?;
+    let Some(spec) = spec else { return Ok(None) };
+    match ccm_identity::runtime::gpus_given_by_spec(&spec.text, node_gpus) {
+        Ok(g) => Ok(g.map(|g| (spec.path, g))),
+        Err(e) => Err(EngineError::Preflight(format!(
+            "the restoring runtime's ({}) spec {} {e}",
+            spec.runtime,
+            spec.path.display()
+        ))),
     }
 }
 
@@ -397,8 +450,14 @@ fn restore_one_steps(
         _ => Vec::new(),
     };
     info!("pid {pid}: driver restore started ({} pair(s))", pairs.len());
-    let r = timed(|| api.restore(pid as i32, &pairs));
+    let device_bytes = job.plan.and_then(|p| p.image.device_memory.as_ref()).map(|u| u.iter().map(|x| x.bytes).sum());
+    let r = timed(|| api.restore(pid as i32, &pairs, config.call_deadline(device_bytes)));
     if let Err(e) = r.value {
+        if e.is_lost() {
+            // Whatever the driver did to it, CRIU's restore cannot finish it: it must not run.
+            error!("pid {pid}: {e}, during the driver's restore; its CUDA state is unknown, so the restored tree is killed. The images are intact: restore again");
+            return (Err(ProcessFailure::Driver(e)), true);
+        }
         let hint = if e.cuda_code() == Some(ccm_driver::cuda::CUDA_ERROR_INVALID_VALUE) && !pairs.is_empty() {
             " (the driver refused the device map: it must pair every GPU the process enumerated with a distinct GPU of the same chip and enough memory)"
         } else if e.cuda_code() == Some(ccm_driver::abi::CUDA_ERROR_OUT_OF_MEMORY) {
@@ -472,6 +531,12 @@ fn restore_one_steps(
     }
     let u = timed(|| api.unlock(pid as i32));
     if let Err(e) = u.value {
+        if e.is_lost() {
+            error!(
+                "pid {pid}: {e}, during its unlock; the restored tree is killed. The images are intact: restore again"
+            );
+            return (Err(ProcessFailure::Driver(e)), true);
+        }
         error!("pid {pid} is left LOCKED: {e}; run `criu-cuda-migrate recover --pid {pid}`");
         return (Err(ProcessFailure::Driver(e)), kill);
     }

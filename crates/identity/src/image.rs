@@ -104,8 +104,8 @@ pub enum ImageError {
     TooShort { len: usize, min: usize },
     #[error("identity image is truncated: {needed} bytes needed at offset {offset}, {available} left; the file was cut: re-dump the process")]
     Truncated { offset: usize, needed: usize, available: usize },
-    #[error("not a criu-cuda-migrate identity image (magic {found:02x?}, expected \"CCMIDIMG\"); point the plugin at the image directory written by criu-cuda-migrate's dump")]
-    BadMagic { found: [u8; 8] },
+    #[error("not a criu-cuda-migrate identity image (it does not start with \"CCMIDIMG\"): a file of that name that criu-cuda-migrate's dump did not write; remove it, or dump again")]
+    BadMagic,
     #[error("identity image format version {found} is newer than this plugin reads (up to {supported}); upgrade criu-cuda-migrate to a release that reads format version {found}")]
     NewerVersion { found: u16, supported: u16 },
     #[error("identity image format version {found} is not a released format (this plugin reads 1..={supported}); the file is damaged or not ours: re-dump the process")]
@@ -116,6 +116,8 @@ pub enum ImageError {
     LengthOutOfBounds { field: &'static str, value: u64, max: u64 },
     #[error("identity image field `{field}` is not valid UTF-8; the image is corrupted: re-dump the process")]
     InvalidUtf8 { field: &'static str },
+    #[error("identity image field `{field}` holds a control character, which no dump writes; the image is corrupted or forged: re-dump the process")]
+    ControlCharacter { field: &'static str },
     #[error("identity image has {count} unexpected trailing bytes at offset {offset}; the image is corrupted or was concatenated: re-dump the process")]
     TrailingBytes { offset: usize, count: usize },
     #[error("identity image field `{field}` holds {value}, which is not allowed there; the image is corrupted: re-dump the process")]
@@ -133,6 +135,48 @@ impl IdentityImage {
         self.node_gpus.iter().find(|g| g.uuid == *u)
     }
 
+    /// Every string field, named as errors name it.
+    fn strings(&self) -> Vec<(&'static str, &str)> {
+        let mut out = vec![("hostname", self.hostname.as_str()), ("driver_version", self.driver_version.as_str())];
+        out.extend(self.node_gpus.iter().map(|g| ("gpu.name", g.name.as_str())));
+        for (field, value) in [
+            ("env.cuda_visible_devices", &self.env.cuda_visible_devices),
+            ("env.cuda_device_order", &self.env.cuda_device_order),
+            ("env.nvidia_visible_devices", &self.env.nvidia_visible_devices),
+        ] {
+            out.extend(value.as_deref().map(|v| (field, v)));
+        }
+        out.extend(self.sites.iter().map(|s| ("site.mapping_name", s.mapping_name.as_str())));
+        out.extend(self.prop_sites.iter().map(|s| ("prop_site.mapping_name", s.mapping_name.as_str())));
+        out
+    }
+
+    /// Escapes the control characters of every string field (`\n` for a newline): what the dump
+    /// read from places it does not control (the hostname, another process's maps and environment)
+    /// never reaches an image, a log or a terminal raw. Returns whether anything changed.
+    pub fn escape_controls(&mut self) -> bool {
+        let mut changed = false;
+        let mut fix = |s: &mut String| {
+            if crate::text::has_control(s) {
+                *s = crate::text::escaped(s);
+                changed = true;
+            }
+        };
+        fix(&mut self.hostname);
+        fix(&mut self.driver_version);
+        self.node_gpus.iter_mut().for_each(|g| fix(&mut g.name));
+        for v in
+            [&mut self.env.cuda_visible_devices, &mut self.env.cuda_device_order, &mut self.env.nvidia_visible_devices]
+                .into_iter()
+                .flatten()
+        {
+            fix(v);
+        }
+        self.sites.iter_mut().for_each(|s| fix(&mut s.mapping_name));
+        self.prop_sites.iter_mut().for_each(|s| fix(&mut s.mapping_name));
+        changed
+    }
+
     /// Checks that the image fits the format's bounds, so that [`IdentityImage::decode`] will read
     /// back what [`IdentityImage::encode`] writes. The dump side calls this before writing.
     pub fn check_bounds(&self) -> Result<(), ImageError> {
@@ -143,6 +187,11 @@ impl IdentityImage {
                 Ok(())
             }
         };
+        for (field, text) in self.strings() {
+            if crate::text::has_control(text) {
+                return Err(ImageError::ControlCharacter { field });
+            }
+        }
         count("node_gpus", self.node_gpus.len(), MAX_GPUS)?;
         count("enumerated", self.enumerated.len(), MAX_GPUS)?;
         count("used", self.used.len(), MAX_GPUS)?;
@@ -266,7 +315,7 @@ impl IdentityImage {
         let mut header = Reader::new(&bytes[..HEADER_LEN]);
         let magic: [u8; 8] = header.array()?;
         if magic != MAGIC {
-            return Err(ImageError::BadMagic { found: magic });
+            return Err(ImageError::BadMagic);
         }
         let version = header.u16()?;
         if version > FORMAT_VERSION {
@@ -544,7 +593,11 @@ impl<'a> Reader<'a> {
     fn string(&mut self, field: &'static str) -> Result<String, ImageError> {
         let n = self.count(field, MAX_STRING_BYTES, 1)?;
         let bytes = self.take(n)?;
-        std::str::from_utf8(bytes).map(str::to_owned).map_err(|_| ImageError::InvalidUtf8 { field })
+        let s = std::str::from_utf8(bytes).map_err(|_| ImageError::InvalidUtf8 { field })?;
+        if crate::text::has_control(s) {
+            return Err(ImageError::ControlCharacter { field });
+        }
+        Ok(s.to_owned())
     }
 
     fn opt_string(&mut self, field: &'static str) -> Result<Option<String>, ImageError> {
@@ -806,7 +859,7 @@ pub(crate) mod tests {
     }
 
     fn arb_gpu() -> impl Strategy<Value = GpuIdentity> {
-        (arb_uuid(), any::<[u32; 4]>(), any::<[u32; 3]>(), ".{0,20}", any::<u64>()).prop_map(
+        (arb_uuid(), any::<[u32; 4]>(), any::<[u32; 3]>(), "[^\\p{Cc}]{0,20}", any::<u64>()).prop_map(
             |(uuid, p, ids, name, memory_total)| GpuIdentity {
                 uuid,
                 pci: PciAddress { domain: p[0], bus: p[1], device: p[2], function: p[3] },
@@ -854,11 +907,15 @@ pub(crate) mod tests {
 
     pub(crate) fn arb_image() -> impl Strategy<Value = IdentityImage> {
         (
-            (any::<u32>(), any::<u32>(), any::<u64>(), ".{0,30}", "[0-9.]{0,12}", any::<i32>()),
+            (any::<u32>(), any::<u32>(), any::<u64>(), "[^\\p{Cc}]{0,30}", "[0-9.]{0,12}", any::<i32>()),
             prop::collection::vec(arb_gpu(), 0..6),
             prop::collection::vec(arb_uuid(), 0..6),
             prop::collection::vec(arb_uuid(), 0..6),
-            (proptest::option::of(".{0,40}"), proptest::option::of(".{0,12}"), proptest::option::of(".{0,40}")),
+            (
+                proptest::option::of("[^\\p{Cc}]{0,40}"),
+                proptest::option::of("[^\\p{Cc}]{0,12}"),
+                proptest::option::of("[^\\p{Cc}]{0,40}"),
+            ),
             prop::collection::vec(arb_site(), 0..10),
             (prop::collection::vec(arb_prop_site(), 0..4), arb_memory()),
         )

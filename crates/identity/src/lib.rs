@@ -19,6 +19,7 @@ pub mod options;
 pub mod pattern;
 pub mod runtime;
 pub mod settings;
+pub mod text;
 pub mod validate;
 
 mod table;

@@ -79,6 +79,7 @@ fn checked(setting: Setting, name: &str, value: Option<&str>) -> Result<String, 
             s if s == settings::USABLE_GPUS => "UUIDs or NVML indices, comma-separated, or all",
             s if s == settings::MODE => "strict or permissive",
             s if s.default == "on" => "on or off",
+            s if s == settings::DRIVER_TIMEOUT => "a number of seconds",
             _ => "a path",
         };
         return Err(OptionError::NeedsValue { name: name.to_string(), expected });
@@ -113,6 +114,10 @@ fn checked(setting: Setting, name: &str, value: Option<&str>) -> Result<String, 
         s if s == settings::MODE => match trimmed {
             "strict" | "permissive" => Ok(trimmed.to_string()),
             _ => Err(invalid("strict or permissive")),
+        },
+        s if s == settings::DRIVER_TIMEOUT => match trimmed.parse::<u64>() {
+            Ok(n) if (1..=86_400).contains(&n) => Ok(n.to_string()),
+            _ => Err(invalid("a whole number of seconds from 1 to 86400")),
         },
         // The switches that are on unless turned off (reconcile, memory-check).
         s if s.default == "on" => match boolean(trimmed) {
@@ -207,6 +212,7 @@ mod tests {
                     "mode" => "=permissive".to_string(),
                     "leave-running" => String::new(),
                     "disable" => "=no".to_string(),
+                    "driver-timeout" => "= 90 ".to_string(),
                     _ if s.default == "on" => "=0".to_string(),
                     _ => format!("= /opt/nv/{}.so.1 ", s.option),
                 };
@@ -224,6 +230,7 @@ mod tests {
                 "leave-running" => "1".to_string(),
                 "disable" => "0".to_string(),
                 "reconcile" => "off".to_string(),
+                "driver-timeout" => "90".to_string(),
                 _ if value == "off" => "off".to_string(),
                 other => format!("/opt/nv/{other}.so.1"),
             };

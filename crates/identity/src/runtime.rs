@@ -13,7 +13,7 @@
 
 use serde::Deserialize;
 
-use crate::gpu::{GpuIdentity, GpuUuid};
+use crate::gpu::{GpuIdentity, GpuUuid, PciAddress};
 
 /// The GPUs a restored container was given, and where that was read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -23,12 +23,35 @@ pub struct GivenGpus {
     pub source: String,
 }
 
+/// Why a runtime's spec cannot say which GPUs the container is given. The restore is refused: a
+/// guess ("all GPUs") could put the container on GPUs another tenant was given.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum SpecError {
+    #[error(
+        "is not an OCI runtime spec the plugin can read ({0}): fix the spec, or name the container's GPUs with \
+         CRIU_CUDA_MIGRATE_USABLE_GPUS"
+    )]
+    Malformed(String),
+    #[error(
+        "gives NVIDIA_VISIBLE_DEVICES twice with different values ({first:?}, then {second:?}): keep one, or name the \
+         container's GPUs with CRIU_CUDA_MIGRATE_USABLE_GPUS"
+    )]
+    Twice { first: String, second: String },
+    #[error(
+        "says NVIDIA_VISIBLE_DEVICES={value:?}, and `{item}` is {why}: write GPU UUIDs, NVML indices (0 to {last}), PCI \
+         bus ids, `all`, `none` or `void`, or name the container's GPUs with CRIU_CUDA_MIGRATE_USABLE_GPUS"
+    )]
+    VisibleDevices { value: String, item: String, why: String, last: String },
+}
+
 #[derive(Debug, Deserialize)]
 struct Spec {
     #[serde(rename = "ociVersion")]
-    oci_version: Option<String>,
+    oci_version: String,
     process: Option<SpecProcess>,
     linux: Option<SpecLinux>,
+    #[serde(default)]
+    mounts: Vec<SpecMount>,
 }
 
 #[derive(Debug, Deserialize)]
@@ -51,6 +74,15 @@ struct SpecDevice {
     minor: Option<i64>,
 }
 
+#[derive(Debug, Deserialize)]
+struct SpecMount {
+    destination: String,
+}
+
+/// The directory of the NVIDIA toolkit's volume-mount form: `NVIDIA_VISIBLE_DEVICES` names it,
+/// and one (empty) mount per device id below it says which GPUs.
+pub const VOLUME_MOUNT_DEVICES: &str = "/var/run/nvidia-container-devices";
+
 /// The minor N of a path naming a GPU node `.../dev/nvidiaN` (N: digits only), else `None`.
 ///
 /// Any directory before `dev/` is accepted: a path seen through another mount namespace (a
@@ -72,12 +104,19 @@ pub fn nvidia_minor_of_path(path: &str) -> Option<u32> {
 ///
 /// `linux.devices` first: the `/dev/nvidiaN` nodes the runtime creates, which the devices cgroup
 /// allows (CDI, the NVIDIA device plugin with CDI, a hand-written bundle). Without any, the
-/// `NVIDIA_VISIBLE_DEVICES` of `process.env` (UUIDs, UUID prefixes, NVML indices, `all`), which
-/// the legacy NVIDIA runtime hook turns into device nodes. `None` when the text is no OCI spec
-/// or names no GPU either way: the caller then keeps its default.
-pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Option<GivenGpus> {
-    let spec: Spec = serde_json::from_str(spec_json).ok()?;
-    spec.oci_version.as_ref()?;
+/// `NVIDIA_VISIBLE_DEVICES` of `process.env`, which the legacy NVIDIA runtime hook turns into
+/// device nodes, with the NVIDIA Container Toolkit's meanings: `all`; `none`, `void` and empty
+/// (no GPU); NVML indices; GPU UUIDs or their unique prefixes; PCI bus ids; the volume-mount form.
+/// MIG devices are refused (the driver cannot checkpoint them), and so is anything the toolkit
+/// does not define.
+///
+/// `Ok(None)`: the spec says nothing about GPUs (the caller keeps its default). `Err`: the spec
+/// cannot be read, or names GPUs the plugin cannot map; the restore is refused.
+pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<Option<GivenGpus>, SpecError> {
+    let spec: Spec = serde_json::from_str(spec_json).map_err(|e| SpecError::Malformed(e.to_string()))?;
+    if spec.oci_version.trim().is_empty() {
+        return Err(SpecError::Malformed("its ociVersion is empty".into()));
+    }
     let mut nodes: Vec<(String, u32)> = Vec::new();
     for d in spec.linux.iter().flat_map(|l| &l.devices) {
         if d.kind.as_deref().is_some_and(|k| k != "c") {
@@ -85,7 +124,12 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Option<
         }
         if let Some(m) = nvidia_minor_of_path(&d.path) {
             // The node's own minor decides which GPU it is; the path's number is only a name.
-            let minor = d.minor.and_then(|v| u32::try_from(v).ok()).unwrap_or(m);
+            let minor = match d.minor {
+                None => m,
+                Some(v) => u32::try_from(v).map_err(|_| {
+                    SpecError::Malformed(format!("linux.devices {} has minor {v}", crate::text::escaped(&d.path)))
+                })?,
+            };
             nodes.push((d.path.clone(), minor));
         }
     }
@@ -94,34 +138,92 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Option<
             node_gpus.iter().filter(|g| nodes.iter().any(|(_, m)| *m == g.minor)).map(|g| g.uuid).collect();
         let source = format!(
             "linux.devices {}",
-            nodes.iter().map(|(p, m)| format!("{p} (minor {m})")).collect::<Vec<_>>().join(", ")
+            nodes
+                .iter()
+                .map(|(p, m)| format!("{} (minor {m})", crate::text::escaped(p)))
+                .collect::<Vec<_>>()
+                .join(", ")
         );
-        return Some(GivenGpus { uuids, source });
+        return Ok(Some(GivenGpus { uuids, source }));
     }
-    let env = spec.process.as_ref()?.env.iter().find_map(|e| e.strip_prefix("NVIDIA_VISIBLE_DEVICES="))?;
-    let value = env.trim();
-    let source = format!("process.env NVIDIA_VISIBLE_DEVICES={value}");
-    let uuids = match value {
-        "all" => node_gpus.iter().map(|g| g.uuid).collect(),
-        "" | "none" | "void" => return None,
-        list => {
-            let mut out = Vec::new();
-            for item in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
-                let found = if item.starts_with("GPU-") {
-                    node_gpus.iter().find(|g| g.uuid.to_string().starts_with(item))
-                } else {
-                    item.parse::<usize>().ok().and_then(|i| node_gpus.get(i))
-                };
-                if let Some(g) = found {
-                    if !out.contains(&g.uuid) {
-                        out.push(g.uuid);
+    let mut value: Option<&str> = None;
+    for e in spec.process.iter().flat_map(|p| &p.env) {
+        if let Some(v) = e.strip_prefix("NVIDIA_VISIBLE_DEVICES=") {
+            match value {
+                Some(first) if first != v => {
+                    return Err(SpecError::Twice { first: first.to_string(), second: v.to_string() })
+                }
+                _ => value = Some(v),
+            }
+        }
+    }
+    let Some(value) = value else { return Ok(None) };
+    let ids: Vec<String> = if value.trim() == VOLUME_MOUNT_DEVICES {
+        let prefix = format!("{VOLUME_MOUNT_DEVICES}/");
+        spec.mounts.iter().filter_map(|m| m.destination.strip_prefix(&prefix)).map(str::to_string).collect()
+    } else {
+        value.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
+    };
+    let source = format!("process.env NVIDIA_VISIBLE_DEVICES={}", crate::text::escaped(value));
+    let uuids = visible_devices(value, &ids, node_gpus)?;
+    Ok(Some(GivenGpus { uuids, source }))
+}
+
+/// The GPUs a list of `NVIDIA_VISIBLE_DEVICES` ids names.
+fn visible_devices(value: &str, ids: &[String], node_gpus: &[GpuIdentity]) -> Result<Vec<GpuUuid>, SpecError> {
+    let refuse = |item: &str, why: String| SpecError::VisibleDevices {
+        value: value.to_string(),
+        item: item.to_string(),
+        why,
+        last: node_gpus.len().checked_sub(1).map(|n| n.to_string()).unwrap_or_else(|| "none".into()),
+    };
+    if ids.iter().any(|i| i.eq_ignore_ascii_case("all")) {
+        return Ok(node_gpus.iter().map(|g| g.uuid).collect());
+    }
+    let mut out: Vec<GpuUuid> = Vec::new();
+    for item in ids {
+        let lower = item.to_ascii_lowercase();
+        if lower == "none" || lower == "void" {
+            // The toolkit's words for "no GPU" (with or without the driver's libraries).
+            continue;
+        }
+        let found =
+            if lower.starts_with("mig-") || (item.contains(':') && item.split(':').all(|p| p.parse::<u32>().is_ok())) {
+                return Err(refuse(item, "a MIG device, which the driver's checkpoint does not support".into()));
+            } else if lower.starts_with("gpu-") {
+                if item.len() <= 4 {
+                    return Err(refuse(item, "no UUID (`GPU-` and nothing after it)".into()));
+                }
+                let matching: Vec<&GpuIdentity> =
+                    node_gpus.iter().filter(|g| g.uuid.to_string().to_ascii_lowercase().starts_with(&lower)).collect();
+                match matching.as_slice() {
+                    [one] => one.uuid,
+                    [] => return Err(refuse(item, "no GPU of this node".into())),
+                    _ => {
+                        return Err(refuse(
+                            item,
+                            format!("the start of {} GPUs' UUIDs: write the whole UUID", matching.len()),
+                        ))
                     }
                 }
-            }
-            out
+            } else if let Some(pci) = PciAddress::parse(item) {
+                match node_gpus.iter().find(|g| g.pci == pci) {
+                    Some(g) => g.uuid,
+                    None => return Err(refuse(item, "the PCI bus id of no GPU of this node".into())),
+                }
+            } else if !item.is_empty() && item.bytes().all(|b| b.is_ascii_digit()) {
+                match item.parse::<usize>().ok().and_then(|i| node_gpus.get(i)) {
+                    Some(g) => g.uuid,
+                    None => return Err(refuse(item, format!("an index past this node's {} GPU(s)", node_gpus.len()))),
+                }
+            } else {
+                return Err(refuse(item, "no device id the NVIDIA Container Toolkit defines".into()));
+            };
+        if !out.contains(&found) {
+            out.push(found);
         }
-    };
-    Some(GivenGpus { uuids, source })
+    }
+    Ok(out)
 }
 
 /// One change to a restored container's `/dev`.
@@ -181,7 +283,7 @@ mod tests {
             {"path":"/dev/nvidia-uvm","type":"c","major":238,"minor":0},
             {"path":"/dev/nvidia3","type":"c","major":195,"minor":3},
             {"path":"/dev/nvidia1","type":"c","major":195,"minor":1}]}}"#;
-        let g = gpus_given_by_spec(spec, &node()).unwrap();
+        let g = gpus_given_by_spec(spec, &node()).unwrap().unwrap();
         assert_eq!(g.uuids, vec![node()[1].uuid, node()[3].uuid]);
         assert!(g.source.contains("/dev/nvidia3 (minor 3)"), "{}", g.source);
     }
@@ -190,7 +292,7 @@ mod tests {
     fn a_renamed_node_counts_by_its_minor() {
         let spec =
             r#"{"ociVersion":"1.0.2","linux":{"devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":2}]}}"#;
-        assert_eq!(gpus_given_by_spec(spec, &node()).unwrap().uuids, vec![node()[2].uuid]);
+        assert_eq!(gpus_given_by_spec(spec, &node()).unwrap().unwrap().uuids, vec![node()[2].uuid]);
     }
 
     #[test]
@@ -200,23 +302,70 @@ mod tests {
             r#"{{"ociVersion":"1.0.2","process":{{"env":["PATH=/bin","NVIDIA_VISIBLE_DEVICES={},0"]}},"linux":{{"devices":[]}}}}"#,
             &u[..12]
         );
-        let g = gpus_given_by_spec(&spec, &node()).unwrap();
+        let g = gpus_given_by_spec(&spec, &node()).unwrap().unwrap();
         assert_eq!(g.uuids, vec![node()[2].uuid, node()[0].uuid]);
         let all = r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=all"]}}"#;
-        assert_eq!(gpus_given_by_spec(all, &node()).unwrap().uuids.len(), 4);
+        assert_eq!(gpus_given_by_spec(all, &node()).unwrap().unwrap().uuids.len(), 4);
+        let pci = r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0000:08:00.0"]}}"#;
+        assert_eq!(gpus_given_by_spec(pci, &node()).unwrap().unwrap().uuids, vec![node()[2].uuid]);
+        let volumes = r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=/var/run/nvidia-container-devices"]},
+            "mounts":[{"destination":"/var/run/nvidia-container-devices/3"},{"destination":"/proc"}]}"#;
+        assert_eq!(gpus_given_by_spec(volumes, &node()).unwrap().unwrap().uuids, vec![node()[3].uuid]);
+    }
+
+    #[test]
+    fn none_and_void_give_no_gpu() {
+        for v in ["none", "void", "", "VOID"] {
+            let spec = format!(r#"{{"ociVersion":"1.0.2","process":{{"env":["NVIDIA_VISIBLE_DEVICES={v}"]}}}}"#);
+            let g = gpus_given_by_spec(&spec, &node()).unwrap().unwrap();
+            assert!(g.uuids.is_empty(), "{v}: {g:?}");
+        }
     }
 
     #[test]
     fn no_gpu_statement_means_no_opinion() {
         let node = node();
         for text in [
-            r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=void"]}}"#,
             r#"{"ociVersion":"1.0.2","process":{"env":["PATH=/bin"]},"linux":{"devices":[{"path":"/dev/fuse","type":"c","major":10,"minor":229}]}}"#,
+            r#"{"ociVersion":"1.0.2"}"#,
+        ] {
+            assert_eq!(gpus_given_by_spec(text, &node), Ok(None), "{text}");
+        }
+    }
+
+    #[test]
+    fn what_cannot_be_mapped_is_refused_naming_the_value() {
+        let node = node();
+        let env = |v: &str| format!(r#"{{"ociVersion":"1.0.2","process":{{"env":["NVIDIA_VISIBLE_DEVICES={v}"]}}}}"#);
+        for (v, why) in [
+            ("GPU-", "nothing after it"),
+            ("GPU-0", "start of 4 GPUs"),
+            ("GPU-ff", "no GPU of this node"),
+            ("MIG-4f2c8a5e-0000-0000-0000-000000000000", "MIG"),
+            ("0:1", "MIG"),
+            ("99", "index past this node's 4 GPU(s)"),
+            ("0,garbage", "no device id"),
+            ("0000:66:00.0", "PCI bus id of no GPU"),
+        ] {
+            let e = gpus_given_by_spec(&env(v), &node).unwrap_err().to_string();
+            assert!(e.contains(why) && e.contains("CRIU_CUDA_MIGRATE_USABLE_GPUS"), "{v}: {e}");
+        }
+        for text in [
             r#"{"not":"a spec"}"#,
             "garbage",
+            r#"{"ociVersion":"1.0.2","linux":{},"linux":{}}"#,
+            r#"{"ociVersion":"1.0.2","linux":{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":"1"}]}}"#,
+            r#"{"ociVersion":"1.0.2","linux":{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":-1}]}}"#,
         ] {
-            assert_eq!(gpus_given_by_spec(text, &node), None, "{text}");
+            let e = gpus_given_by_spec(text, &node).unwrap_err();
+            assert!(matches!(e, SpecError::Malformed(_)), "{text}: {e}");
         }
+        let twice =
+            r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0","NVIDIA_VISIBLE_DEVICES=1"]}}"#;
+        assert!(matches!(gpus_given_by_spec(twice, &node), Err(SpecError::Twice { .. })));
+        let same_twice =
+            r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=1","NVIDIA_VISIBLE_DEVICES=1"]}}"#;
+        assert_eq!(gpus_given_by_spec(same_twice, &node).unwrap().unwrap().uuids, vec![node[1].uuid]);
     }
 
     #[test]

@@ -68,6 +68,14 @@ pub const LEAVE_RUNNING: Setting = Setting {
     help: "1: the dump leaves the tree running; 0: the dump ends it",
 };
 
+pub const DRIVER_TIMEOUT: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT",
+    option: "driver-timeout",
+    at: "both",
+    default: "60 s + 5 s per GiB of the process's device memory",
+    help: "seconds one checkpoint or restore call may take before the driver agent is given up on (killed, and what it did put back)",
+};
+
 pub const DISABLE: Setting = Setting {
     env: "CRIU_CUDA_MIGRATE_DISABLE",
     option: "disable",
@@ -93,8 +101,8 @@ pub const LIBNVML: Setting = Setting {
 };
 
 /// All of them, in the order of the documentation tables.
-pub const ALL: [Setting; 9] =
-    [DEVICE_MAP, USABLE_GPUS, MODE, RECONCILE, MEMORY_CHECK, LEAVE_RUNNING, DISABLE, LIBCUDA, LIBNVML];
+pub const ALL: [Setting; 10] =
+    [DEVICE_MAP, USABLE_GPUS, MODE, RECONCILE, MEMORY_CHECK, LEAVE_RUNNING, DRIVER_TIMEOUT, DISABLE, LIBCUDA, LIBNVML];
 
 impl Setting {
     /// `criu-cuda-migrate.KEY`.

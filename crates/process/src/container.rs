@@ -1,24 +1,41 @@
 //! A container being restored, as the plugin can see it from CRIU's process: the OCI spec of the
 //! runtime that runs this CRIU, and the restored task's `/dev`.
 //!
-//! runc and crun run `criu swrk` as their own child, in the bundle directory or with
+//! runc, crun and youki run `criu swrk` as their own child, in the bundle directory or with
 //! `restore --bundle DIR` on their command line; containerd's shim, CRI-O and Podman all call
-//! them that way. The spec is read, never written. The restored `/dev` is CRIU's copy of the
-//! dumped container's `/dev` (a tmpfs), reached through `/proc/PID/root/dev`; a host `/dev`
-//! (devtmpfs, or the same mount namespace as CRIU's) is never edited.
+//! them that way. The spec is read, never written, and only from such a runtime.
+//!
+//! The restored `/dev` is CRIU's copy of the dumped container's `/dev`. The plugin edits it only
+//! when it is the container's own: reached from the task's root without following a link, a mount
+//! of its own in the task's mount namespace, a tmpfs by `mountinfo`, and a file system that CRIU's
+//! own mount namespace does not have mounted anywhere (the host's `/dev` bind-mounted into a
+//! container, a privileged pod's hostPath `/dev`, a service with its own mount namespace on the
+//! host's `/dev`: each of those reaches the host's nodes, which other tenants use). Every edit goes
+//! through that directory's fd (`mknodat`, `fchownat` without following, `unlinkat`), and only a
+//! character device of the NVIDIA major is ever removed.
 
 use std::ffi::OsString;
+use std::os::fd::{AsFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
-use std::os::unix::fs::{FileTypeExt, MetadataExt};
 use std::path::{Path, PathBuf};
 
+use rustix::fs::{AtFlags, FileType, Mode, OFlags};
+
+use crate::dir::{Dir, FileError};
+use crate::mountinfo::{self, MountEntry};
 use crate::procfs::{io_error, proc_path};
 use crate::ProcessError;
 
-/// Largest spec read (a runtime's config.json is a few KiB).
-const MAX_SPEC_BYTES: u64 = 4 << 20;
+/// Largest spec read (a runtime's config.json is a few KiB; Kubernetes' rarely reach 100 KiB).
+pub const MAX_SPEC_BYTES: u64 = 4 << 20;
+/// Largest mountinfo read (a node with thousands of mounts stays far below).
+const MAX_MOUNTINFO_BYTES: u64 = 16 << 20;
 /// Character-device major of the NVIDIA GPU nodes.
-const NVIDIA_MAJOR: u64 = 195;
+pub const NVIDIA_MAJOR: u32 = 195;
+/// Minors at and above this are the control nodes (254 `nvidia-modeset`, 255 `nvidiactl`).
+const NVIDIA_FIRST_CONTROL_MINOR: u32 = 254;
+/// The OCI runtimes that run CRIU for a container restore, by the name of their program.
+pub const RESTORING_RUNTIMES: [&str; 3] = ["runc", "crun", "youki"];
 
 /// The bundle directory a runtime command line names (`--bundle DIR`, `--bundle=DIR`, `-b DIR`).
 pub fn bundle_of_command_line(args: &[OsString]) -> Option<PathBuf> {
@@ -35,99 +52,341 @@ pub fn bundle_of_command_line(args: &[OsString]) -> Option<PathBuf> {
     None
 }
 
-/// The OCI spec (`config.json`) of the runtime that runs this process (CRIU), with its path:
-/// the bundle its command line names, else its working directory. `None` when there is none.
-pub fn restoring_runtime_spec() -> Option<(PathBuf, String)> {
+/// Whether a program name is one of [`RESTORING_RUNTIMES`] (`runc`, or a distribution's
+/// `runc.amd64`).
+pub fn is_restoring_runtime(program: &str) -> bool {
+    RESTORING_RUNTIMES
+        .iter()
+        .any(|r| program == *r || program.strip_prefix(r).is_some_and(|rest| rest.starts_with('.')))
+}
+
+/// The runtime's OCI spec for a restore: where it is and its text.
+#[derive(Debug, Clone)]
+pub struct RuntimeSpec {
+    pub path: PathBuf,
+    pub runtime: String,
+    pub text: String,
+}
+
+/// The OCI spec (`config.json`) of the runtime that runs this process (CRIU): the bundle its
+/// command line names, else its working directory. `Ok(None)` when CRIU's parent is no OCI
+/// runtime ([`RESTORING_RUNTIMES`]) or its bundle has no `config.json`; an error when the file is
+/// there but is a link, not a regular file, or too large, so that the restore is refused rather
+/// than run with a guess.
+pub fn restoring_runtime_spec() -> Result<Option<RuntimeSpec>, FileError> {
     let parent = std::os::unix::process::parent_id();
-    let cmdline = std::fs::read(proc_path(parent, "cmdline")).ok()?;
+    let exe = std::fs::read_link(proc_path(parent, "exe")).ok();
+    let program = exe
+        .as_ref()
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().trim_end_matches(" (deleted)").to_string())
+        .unwrap_or_default();
+    if !is_restoring_runtime(&program) {
+        log::debug!("CRIU's parent (pid {parent}, {program:?}) is no OCI runtime: no bundle to read");
+        return Ok(None);
+    }
+    let cmdline = Dir::open(&proc_path(parent, ""))?.read_file("cmdline", 1 << 20)?;
     let args: Vec<OsString> =
         cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| OsString::from_vec(a.to_vec())).collect();
     let cwd = proc_path(parent, "cwd");
+    // The runtime's own bundle argument, resolved as the runtime resolves it (links in it are the
+    // runtime's choice); config.json in it is reached without following a link.
     let dir = match bundle_of_command_line(&args) {
         Some(b) if b.is_absolute() => b,
         Some(b) => cwd.join(b),
         None => cwd,
     };
-    let path = dir.join("config.json");
-    let meta = std::fs::metadata(&path).ok()?;
-    if !meta.is_file() || meta.len() > MAX_SPEC_BYTES {
-        return None;
+    let shown = std::fs::canonicalize(&dir).unwrap_or_else(|_| dir.clone());
+    let bundle = match Dir::open(&dir) {
+        Ok(d) => d,
+        Err(FileError::Missing { .. }) => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let bundle = bundle.named(shown);
+    match bundle.read_file("config.json", MAX_SPEC_BYTES) {
+        Ok(bytes) => Ok(Some(RuntimeSpec {
+            path: bundle.shown_file("config.json"),
+            runtime: program,
+            text: String::from_utf8_lossy(&bytes).into_owned(),
+        })),
+        Err(FileError::Missing { .. }) => Ok(None),
+        Err(e) => Err(e),
     }
-    let text = std::fs::read_to_string(&path).ok()?;
-    // Name it as the runtime knows it, not through /proc.
-    let shown = std::fs::canonicalize(&path).unwrap_or(path);
-    Some((shown, text))
 }
 
 /// The inode of a process's mount namespace (`/proc/PID/ns/mnt`).
 pub fn mount_namespace(pid: u32) -> Result<u64, ProcessError> {
+    use std::os::unix::fs::MetadataExt;
     let p = proc_path(pid, "ns/mnt");
     std::fs::metadata(&p).map(|m| m.ino()).map_err(|e| io_error(pid, "stat", &p, e))
 }
 
-/// A restored container's `/dev`, when the plugin may edit it.
-#[derive(Debug, Clone)]
+/// Why a restored task's `/dev` is not the container's own, so that it is left alone.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ForeignDev {
+    /// `/dev` in the task's root is a symbolic link.
+    Symlink {
+        target: String,
+    },
+    NotDirectory,
+    /// A directory of the task's root file system, no mount.
+    NotAMount,
+    /// A mount of another type (`devtmpfs` is the host's own `/dev`).
+    NotTmpfs {
+        fs_type: String,
+    },
+    /// CRIU's own mount namespace has the same file system mounted (a bind mount from the host).
+    SharedWithHost {
+        mount_point: String,
+    },
+    /// The directory opened is not the mount listed there (it changed while it was read).
+    Changed,
+}
+
+impl std::fmt::Display for ForeignDev {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            ForeignDev::Symlink { target } => write!(
+                f,
+                "its /dev is a symbolic link (to {}), which the plugin never follows out of the container",
+                target.escape_debug()
+            ),
+            ForeignDev::NotDirectory => write!(f, "its /dev is not a directory"),
+            ForeignDev::NotAMount => write!(f, "its /dev is no mount of its own (a directory of its root file system)"),
+            ForeignDev::NotTmpfs { fs_type } if fs_type == "devtmpfs" => {
+                write!(f, "its /dev is a devtmpfs: the host's own device nodes, which other tenants use")
+            }
+            ForeignDev::NotTmpfs { fs_type } => {
+                write!(f, "its /dev is a {} mount, not a tmpfs of its own", fs_type.escape_debug())
+            }
+            ForeignDev::SharedWithHost { mount_point } => write!(
+                f,
+                "its /dev is a file system that the host also has mounted (at {}): a bind mount of host device nodes",
+                mount_point.escape_debug()
+            ),
+            ForeignDev::Changed => write!(f, "its /dev changed while the plugin looked at it"),
+        }
+    }
+}
+
+/// A restored task's `/dev`, as far as the plugin may touch it.
+#[derive(Debug)]
+pub enum DevView {
+    /// The task shares CRIU's mount namespace: the host's `/dev`, which has every GPU's node.
+    HostNamespace,
+    /// The container's own tmpfs: the plugin may edit it.
+    Own(ContainerDev),
+    /// Something the plugin must not edit; `gpu_minors` are the GPU nodes it shows, where they
+    /// could be listed without following a link.
+    Foreign { why: ForeignDev, gpu_minors: Vec<u32> },
+}
+
+/// A restored container's own `/dev`, open.
+#[derive(Debug)]
 pub struct ContainerDev {
     pub pid: u32,
-    /// `/proc/PID/root/dev`.
-    pub dir: PathBuf,
-    /// Minors of the `/dev/nvidiaN` nodes it holds.
+    dev: OwnedFd,
+    /// Minors of the `/dev/nvidiaN` character devices (major 195) it holds.
     pub gpu_minors: Vec<u32>,
+    /// Entries named `nvidiaN` that are not NVIDIA character devices (left alone).
+    pub impostors: Vec<(String, &'static str)>,
 }
 
-/// The `/dev` of `pid` if it is a container's own (another mount namespace than this process's,
-/// and a tmpfs); `None` for a process that uses the host's `/dev`.
-pub fn container_dev(pid: u32) -> Result<Option<ContainerDev>, ProcessError> {
+fn proc_err<'a>(pid: u32, action: &'static str, path: &'a Path) -> impl FnOnce(rustix::io::Errno) -> ProcessError + 'a {
+    move |e| io_error(pid, action, path, e.into())
+}
+
+/// The GPU nodes of an open `/dev`, never following a link: `(minors of genuine nodes, impostors)`.
+fn gpu_nodes(dev: &OwnedFd) -> (Vec<u32>, Vec<(String, &'static str)>) {
+    let mut minors = Vec::new();
+    let mut impostors = Vec::new();
+    let Ok(mut dir) = rustix::fs::Dir::read_from(dev) else { return (minors, impostors) };
+    while let Some(Ok(entry)) = dir.read() {
+        let name = entry.file_name().to_string_lossy().into_owned();
+        let Some(minor) = ccm_identity::runtime::nvidia_minor_of_path(&format!("/dev/{name}")) else { continue };
+        match node_minor(dev, &name) {
+            Ok(m) if m == minor => minors.push(m),
+            Ok(_) => impostors.push((name, "an NVIDIA node of another GPU")),
+            Err(kind) => impostors.push((name, kind)),
+        }
+    }
+    minors.sort_unstable();
+    (minors, impostors)
+}
+
+/// The minor of `name` in `dir` when it is a GPU character device (major 195, below the control
+/// minors), else what it is instead. Never follows a link.
+fn node_minor(dir: impl AsFd, name: &str) -> Result<u32, &'static str> {
+    let st = rustix::fs::statat(dir, name, AtFlags::SYMLINK_NOFOLLOW).map_err(|_| "gone")?;
+    match FileType::from_raw_mode(st.st_mode) {
+        FileType::CharacterDevice => {
+            let (major, minor) = (rustix::fs::major(st.st_rdev), rustix::fs::minor(st.st_rdev));
+            if major == NVIDIA_MAJOR && minor < NVIDIA_FIRST_CONTROL_MINOR {
+                Ok(minor)
+            } else {
+                Err("a character device of another driver")
+            }
+        }
+        t => Err(crate::dir::kind_name(t)),
+    }
+}
+
+/// Where `pid`'s `/dev` stands (see the module's rules).
+pub fn container_dev(pid: u32) -> Result<DevView, ProcessError> {
     if mount_namespace(pid)? == mount_namespace(std::process::id())? {
-        return Ok(None);
+        return Ok(DevView::HostNamespace);
     }
-    let dir = proc_path(pid, "root/dev");
-    match nix::sys::statfs::statfs(&dir) {
-        Ok(fs) if fs.filesystem_type() == nix::sys::statfs::TMPFS_MAGIC => {}
-        Ok(_) => return Ok(None),
-        Err(e) => return Err(io_error(pid, "statfs", &dir, std::io::Error::from(e))),
+    let root_path = proc_path(pid, "root");
+    // The magic link /proc/PID/root is the task's root: following it is the point.
+    let root = rustix::fs::open(&root_path, OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
+        .map_err(proc_err(pid, "open", &root_path))?;
+    let dev = match rustix::fs::openat(
+        &root,
+        "dev",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::NOTDIR) => {
+            let why = match rustix::fs::readlinkat(&root, "dev", Vec::new()) {
+                Ok(t) => ForeignDev::Symlink { target: t.to_string_lossy().into_owned() },
+                Err(_) => ForeignDev::NotDirectory,
+            };
+            return Ok(DevView::Foreign { why, gpu_minors: Vec::new() });
+        }
+        Err(e) => return Err(proc_err(pid, "open", &root_path.join("dev"))(e)),
+    };
+    let (gpu_minors, impostors) = gpu_nodes(&dev);
+    let foreign = |why| Ok(DevView::Foreign { why, gpu_minors: gpu_minors.clone() });
+    let theirs = read_mountinfo(pid)?;
+    let Some(mount) = mountinfo::top_mount_at(&theirs, "/dev") else { return foreign(ForeignDev::NotAMount) };
+    let st = rustix::fs::fstat(&dev).map_err(proc_err(pid, "stat", &root_path.join("dev")))?;
+    let on = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
+    if on != (mount.major, mount.minor) {
+        // The directory is on another file system than the mount listed at /dev: no mount of its own.
+        return foreign(if theirs.iter().any(|m| (m.major, m.minor) == on && m.mount_point == "/") {
+            ForeignDev::NotAMount
+        } else {
+            ForeignDev::Changed
+        });
     }
-    let mut gpu_minors: Vec<u32> = std::fs::read_dir(&dir)
-        .map_err(|e| io_error(pid, "list", &dir, e))?
-        .flatten()
-        .filter_map(|e| crate::devices::gpu_minor_of_path(&format!("/dev/{}", e.file_name().to_string_lossy())))
-        .collect();
-    gpu_minors.sort_unstable();
-    Ok(Some(ContainerDev { pid, dir, gpu_minors }))
+    if let Ok(x) = rustix::fs::statx(&dev, "", AtFlags::EMPTY_PATH, rustix::fs::StatxFlags::MNT_ID) {
+        if x.stx_mask & rustix::fs::StatxFlags::MNT_ID.bits() != 0 && x.stx_mnt_id != mount.mount_id {
+            return foreign(ForeignDev::Changed);
+        }
+    }
+    if mount.fs_type != "tmpfs" {
+        return foreign(ForeignDev::NotTmpfs { fs_type: mount.fs_type.clone() });
+    }
+    if let Some(host) = shared_with_host(mount)? {
+        return foreign(ForeignDev::SharedWithHost { mount_point: host.mount_point.clone() });
+    }
+    Ok(DevView::Own(ContainerDev { pid, dev, gpu_minors, impostors }))
 }
 
-fn node_path(dev: &ContainerDev, minor: u32) -> PathBuf {
-    dev.dir.join(format!("nvidia{minor}"))
+fn read_mountinfo(pid: u32) -> Result<Vec<MountEntry>, ProcessError> {
+    let path = proc_path(pid, "mountinfo");
+    let bytes =
+        Dir::open(&proc_path(pid, "")).and_then(|d| d.read_file("mountinfo", MAX_MOUNTINFO_BYTES)).map_err(|e| {
+            ProcessError::Io { pid, action: "read", path: path.clone(), source: std::io::Error::other(e.to_string()) }
+        })?;
+    Ok(mountinfo::parse(&String::from_utf8_lossy(&bytes)))
 }
 
-/// Creates `/dev/nvidia<minor>` in the container: the host's node's device number, the mode and
-/// owner of a GPU node the container already has (else the host node's).
-pub fn create_gpu_node(dev: &ContainerDev, minor: u32) -> Result<(), ProcessError> {
-    let host = PathBuf::from(format!("/dev/nvidia{minor}"));
-    let host_meta = std::fs::metadata(&host).ok().filter(|m| m.file_type().is_char_device());
-    let rdev = host_meta.as_ref().map(|m| m.rdev()).unwrap_or(nix::sys::stat::makedev(NVIDIA_MAJOR, minor.into()));
-    let like = dev.gpu_minors.first().and_then(|m| std::fs::metadata(node_path(dev, *m)).ok()).or(host_meta);
-    let (mode, uid, gid) = like.map(|m| (m.mode() & 0o7777, m.uid(), m.gid())).unwrap_or((0o666, 0, 0));
-    let path = node_path(dev, minor);
-    let kind = nix::sys::stat::SFlag::S_IFCHR;
-    let perm = nix::sys::stat::Mode::from_bits_truncate(mode);
-    nix::sys::stat::mknod(&path, kind, perm, rdev)
-        .map_err(|e| io_error(dev.pid, "mknod", &path, std::io::Error::from(e)))?;
-    // mknod applies the umask; the node must have the container's mode exactly.
-    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(mode))
-        .map_err(|e| io_error(dev.pid, "chmod", &path, e))?;
-    std::os::unix::fs::chown(&path, Some(uid), Some(gid)).map_err(|e| io_error(dev.pid, "chown", &path, e))
+/// A mount of CRIU's own namespace on the same file system as `mount`, if any.
+fn shared_with_host(mount: &MountEntry) -> Result<Option<MountEntry>, ProcessError> {
+    let ours = read_mountinfo(std::process::id())?;
+    Ok(ours.into_iter().find(|m| (m.major, m.minor) == (mount.major, mount.minor)))
 }
 
-/// Removes `/dev/nvidia<minor>` from the container.
-pub fn remove_gpu_node(dev: &ContainerDev, minor: u32) -> Result<(), ProcessError> {
-    let path = node_path(dev, minor);
-    std::fs::remove_file(&path).map_err(|e| io_error(dev.pid, "unlink", &path, e))
+fn node_name(minor: u32) -> String {
+    format!("nvidia{minor}")
+}
+
+/// What went wrong with one `/dev` edit.
+#[derive(Debug, thiserror::Error)]
+pub enum NodeEditError {
+    #[error("/dev/{name} in the container is {kind}, not the NVIDIA GPU node it is named after: left alone")]
+    NotAGpuNode { name: String, kind: &'static str },
+    #[error("/dev/{name} is already there as {kind}: left alone")]
+    Exists { name: String, kind: &'static str },
+    #[error("{action} /dev/{name} in the container of pid {pid} failed: {source}")]
+    Io {
+        pid: u32,
+        action: &'static str,
+        name: String,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// Creates `/dev/nvidia<minor>` in the container: the host's node's device number (else
+/// 195:minor), the mode and owner of a GPU node the container already has (else the host node's,
+/// else 0666 root), all read without following a link.
+pub fn create_gpu_node(dev: &ContainerDev, minor: u32) -> Result<(), NodeEditError> {
+    let name = node_name(minor);
+    let io = |action: &'static str, name: &str| {
+        let name = name.to_string();
+        move |e: rustix::io::Errno| NodeEditError::Io { pid: dev.pid, action, name, source: e.into() }
+    };
+    if let Ok(st) = rustix::fs::statat(&dev.dev, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
+        return Err(NodeEditError::Exists { name, kind: crate::dir::kind_name(FileType::from_raw_mode(st.st_mode)) });
+    }
+    let host_dev = rustix::fs::open("/dev", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty()).ok();
+    let host_node = host_dev.as_ref().and_then(|d| {
+        node_minor(d, &name).ok().filter(|m| *m == minor)?;
+        rustix::fs::statat(d, name.as_str(), AtFlags::SYMLINK_NOFOLLOW).ok()
+    });
+    let rdev = host_node.as_ref().map(|s| s.st_rdev).unwrap_or_else(|| rustix::fs::makedev(NVIDIA_MAJOR, minor));
+    let like = dev
+        .gpu_minors
+        .iter()
+        .find_map(|m| {
+            node_minor(&dev.dev, &node_name(*m)).ok()?;
+            rustix::fs::statat(&dev.dev, node_name(*m).as_str(), AtFlags::SYMLINK_NOFOLLOW).ok()
+        })
+        .or(host_node);
+    let (mode, uid, gid) = like.map(|s| (s.st_mode & 0o7777, s.st_uid, s.st_gid)).unwrap_or((0o666, 0, 0));
+    // mknod applies the umask; the node must have the mode exactly. CRIU's process is single-threaded
+    // here (the hook's own thread, before any worker starts), so the umask change is seen by no one else.
+    let old = rustix::process::umask(Mode::empty());
+    let made = rustix::fs::mknodat(&dev.dev, name.as_str(), FileType::CharacterDevice, Mode::from_raw_mode(mode), rdev);
+    rustix::process::umask(old);
+    made.map_err(io("mknod", &name))?;
+    rustix::fs::chownat(
+        &dev.dev,
+        name.as_str(),
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(io("chown", &name))?;
+    match node_minor(&dev.dev, &name) {
+        Ok(m) if m == minor => Ok(()),
+        Ok(_) => Err(NodeEditError::NotAGpuNode { name, kind: "an NVIDIA node of another GPU" }),
+        Err(kind) => Err(NodeEditError::NotAGpuNode { name, kind }),
+    }
+}
+
+/// Removes `/dev/nvidia<minor>` from the container, only when it is that GPU's character device.
+pub fn remove_gpu_node(dev: &ContainerDev, minor: u32) -> Result<(), NodeEditError> {
+    let name = node_name(minor);
+    match node_minor(&dev.dev, &name) {
+        Ok(m) if m == minor => {}
+        Ok(_) => return Err(NodeEditError::NotAGpuNode { name, kind: "an NVIDIA node of another GPU" }),
+        Err(kind) => return Err(NodeEditError::NotAGpuNode { name, kind }),
+    }
+    rustix::fs::unlinkat(&dev.dev, name.as_str(), AtFlags::empty()).map_err(|e| NodeEditError::Io {
+        pid: dev.pid,
+        action: "unlink",
+        name,
+        source: e.into(),
+    })
 }
 
 /// The path a node has inside the container, for messages.
 pub fn shown(minor: u32) -> String {
-    Path::new("/dev").join(format!("nvidia{minor}")).display().to_string()
+    format!("/dev/{}", node_name(minor))
 }
 
 #[cfg(test)]
@@ -151,7 +410,17 @@ mod tests {
     }
 
     #[test]
+    fn only_oci_runtimes_give_a_bundle() {
+        for p in ["runc", "crun", "youki", "runc.amd64"] {
+            assert!(is_restoring_runtime(p), "{p}");
+        }
+        for p in ["bash", "criu", "runcx", "podman", "containerd-shim-runc-v2", "", "sh"] {
+            assert!(!is_restoring_runtime(p), "{p}");
+        }
+    }
+
+    #[test]
     fn this_process_uses_the_host_dev() {
-        assert!(container_dev(std::process::id()).unwrap().is_none());
+        assert!(matches!(container_dev(std::process::id()).unwrap(), DevView::HostNamespace));
     }
 }

@@ -12,7 +12,8 @@
 //! CRIU treats the exit of any child as a failed restore, and at dump compel's SIGCHLD handler
 //! complains about children it did not make. The middle process exits at once and is reaped here.
 
-use std::os::fd::RawFd;
+use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::time::Duration;
 
 use crate::ProcessError;
 
@@ -20,9 +21,66 @@ use crate::ProcessError;
 /// `/dev/null` (a runtime hands the container's stdio to CRIU).
 const FIRST_NON_STDIO_FD: RawFd = 3;
 
+/// How long the parent waits for the middle process to name the helper.
+const HANDSHAKE_WAIT: Duration = Duration::from_secs(5);
+
 /// How many threads this process has now (`/proc/self/task`); forking is safe only at 1.
 pub fn own_thread_count() -> usize {
     std::fs::read_dir("/proc/self/task").map(|d| d.count()).unwrap_or(0)
+}
+
+/// The helper, as its parent holds it: its pid and a pidfd, through which it is signalled (a pid
+/// alone could name another process once the helper is gone and its number reused).
+#[derive(Debug)]
+pub struct Helper {
+    pub pid: u32,
+    pidfd: Option<OwnedFd>,
+}
+
+impl Helper {
+    /// SIGKILL to the helper; nothing when it is already gone.
+    pub fn kill(&self) {
+        match &self.pidfd {
+            Some(fd) => {
+                let _ = rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL);
+            }
+            // A kernel without pidfds (before 5.3): by pid, as the best left.
+            None => {
+                if let Some(p) = rustix::process::Pid::from_raw(self.pid as i32) {
+                    let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
+                }
+            }
+        }
+    }
+
+    /// Waits up to `timeout` for the helper to exit; whether it has.
+    pub fn wait_gone(&self, timeout: Duration) -> bool {
+        match &self.pidfd {
+            Some(fd) => {
+                let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
+                let t = rustix::event::Timespec {
+                    tv_sec: timeout.as_secs() as i64,
+                    tv_nsec: i64::from(timeout.subsec_nanos()),
+                };
+                matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0)
+            }
+            None => {
+                let end = std::time::Instant::now() + timeout;
+                while std::time::Instant::now() < end {
+                    if !crate::tree::is_alive(self.pid) {
+                        return true;
+                    }
+                    std::thread::sleep(Duration::from_millis(10));
+                }
+                !crate::tree::is_alive(self.pid)
+            }
+        }
+    }
+
+    /// Whether the helper is stopped (SIGSTOP) or traced, as `/proc/PID/stat` says.
+    pub fn is_stopped(&self) -> bool {
+        crate::tree::state_letter(self.pid).is_some_and(|c| c == 'T' || c == 't')
+    }
 }
 
 /// Forks a detached helper that runs `body` and exits with its return value (101 when it
@@ -30,37 +88,70 @@ pub fn own_thread_count() -> usize {
 /// signal at its default action and unblocked, stdio on `/dev/null`, and every other fd closed
 /// except `keep`. Returns once the middle process has exited, so the helper exists by then.
 ///
-/// Call it only while this process has one thread (the plugin does so from CRIU's hooks): the
-/// child of a multi-threaded process may find locks held by threads that no longer exist.
-pub fn spawn_detached(name: &str, keep: &[RawFd], body: impl FnOnce() -> i32) -> Result<(), ProcessError> {
+/// Refused while this process has more than one thread: the child of a multi-threaded process
+/// may find locks held by threads that no longer exist (the plugin forks from CRIU's hooks, where
+/// CRIU has one thread).
+pub fn spawn_detached(name: &str, keep: &[RawFd], body: impl FnOnce() -> i32) -> Result<Helper, ProcessError> {
     let threads = own_thread_count();
-    if threads > 1 {
-        log::warn!("forking the {name} helper from a process with {threads} threads");
-    }
     let io = |action: &'static str| {
         let e = std::io::Error::last_os_error();
         move || ProcessError::Io { pid: std::process::id(), action, path: "/proc/self".into(), source: e }
     };
+    if threads != 1 {
+        return Err(ProcessError::Io {
+            pid: std::process::id(),
+            action: "fork a helper from",
+            path: "/proc/self".into(),
+            source: std::io::Error::other(format!(
+                "this process has {threads} threads, and a fork is safe only from one; this is a bug in \
+                 criu-cuda-migrate, please report it with this log"
+            )),
+        });
+    }
+    // The middle process names the helper over this pair and waits for our word before it exits:
+    // while it lives, the helper is its child and cannot be reaped, so the pidfd opened here is
+    // the helper's and nobody else's.
+    let (ours, theirs) = std::os::unix::net::UnixStream::pair().map_err(|e| ProcessError::Io {
+        pid: std::process::id(),
+        action: "make the helper's handshake socket in",
+        path: "/proc/self".into(),
+        source: e,
+    })?;
     // SAFETY: fork has no memory-safety preconditions of its own; the child only runs code that
-    // is safe after fork in a process that had one thread (checked above, warned otherwise), and
-    // leaves through _exit without returning into the caller's frames.
+    // is safe after fork in a process that had one thread (checked above), and leaves through
+    // _exit without returning into the caller's frames.
     let middle = unsafe { libc::fork() };
     if middle < 0 {
         return Err(io("fork a helper from")());
     }
     if middle == 0 {
-        // SAFETY: as above; the middle process forks once more and exits at once.
+        // SAFETY: as above; the middle process forks once more, names the helper and exits.
         let helper = unsafe { libc::fork() };
         if helper != 0 {
-            // SAFETY: _exit ends this process without running atexit handlers or destructors,
-            // which belong to CRIU.
-            unsafe { libc::_exit(if helper > 0 { 0 } else { 1 }) };
+            let fd = theirs.as_raw_fd();
+            let pid = helper.to_le_bytes();
+            let mut go = [0u8; 1];
+            // SAFETY: write and read on our own socket with buffers of this frame, then _exit, which
+            // ends this process without running atexit handlers or destructors (CRIU's).
+            unsafe {
+                if helper > 0 {
+                    libc::write(fd, pid.as_ptr().cast(), pid.len());
+                    libc::read(fd, go.as_mut_ptr().cast(), 1);
+                }
+                libc::_exit(if helper > 0 { 0 } else { 1 });
+            }
         }
         prepare_helper(name, keep);
         let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or(101);
         // SAFETY: as above.
         unsafe { libc::_exit(code) };
     }
+    drop(theirs);
+    let pid = read_helper_pid(&ours);
+    let pidfd = pid.and_then(|p| rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()).ok());
+    // Let the middle process go (a closed socket does the same if the write fails).
+    let _ = std::io::Write::write_all(&mut &ours, &[1]);
+    drop(ours);
     let mut status: libc::c_int = 0;
     loop {
         // SAFETY: waits for our own child; `status` is a live int of this frame.
@@ -72,20 +163,32 @@ pub fn spawn_detached(name: &str, keep: &[RawFd], body: impl FnOnce() -> i32) ->
         match e.raw_os_error() {
             Some(libc::EINTR) => continue,
             // A SIGCHLD handler of the host reaped it first: it exited, which is all we wait for.
-            Some(libc::ECHILD) => return Ok(()),
+            Some(libc::ECHILD) => {
+                status = 0;
+                break;
+            }
             _ => return Err(io("wait for the helper's middle process of")()),
         }
     }
-    if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 {
-        Ok(())
-    } else {
-        Err(ProcessError::Io {
+    match pid {
+        Some(pid) if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 => {
+            Ok(Helper { pid: pid.as_raw_nonzero().get() as u32, pidfd })
+        }
+        _ => Err(ProcessError::Io {
             pid: std::process::id(),
             action: "fork a helper (the second fork failed) from",
             path: "/proc/self".into(),
             source: std::io::Error::other(format!("middle process status {status:#x}")),
-        })
+        }),
     }
+}
+
+/// The helper's pid as the middle process sends it (4 bytes), within [`HANDSHAKE_WAIT`].
+fn read_helper_pid(sock: &std::os::unix::net::UnixStream) -> Option<rustix::process::Pid> {
+    sock.set_read_timeout(Some(HANDSHAKE_WAIT)).ok()?;
+    let mut b = [0u8; 4];
+    std::io::Read::read_exact(&mut &*sock, &mut b).ok()?;
+    rustix::process::Pid::from_raw(i32::from_le_bytes(b))
 }
 
 /// Makes the freshly forked helper independent of the process it came from.
@@ -119,28 +222,55 @@ fn prepare_helper(name: &str, keep: &[RawFd]) {
 }
 
 fn close_fds_except(keep: &[RawFd]) {
-    let open: Vec<RawFd> = match std::fs::read_dir("/proc/self/fd") {
-        Ok(d) => d.flatten().filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok())).collect(),
-        Err(_) => (0..1024).collect(),
-    };
     // SAFETY: opens /dev/null with a NUL-terminated literal path.
     let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    for fd in open {
-        if keep.contains(&fd) || fd == null {
-            continue;
+    for fd in 0..FIRST_NON_STDIO_FD {
+        if null >= 0 && !keep.contains(&fd) {
+            // SAFETY: dup2 onto a stdio number; both are plain fd numbers.
+            unsafe { libc::dup2(null, fd) };
         }
-        if fd < FIRST_NON_STDIO_FD {
-            if null >= 0 {
-                // SAFETY: dup2 onto a stdio number; both are plain fd numbers.
-                unsafe { libc::dup2(null, fd) };
-            }
+    }
+    // Everything from 3 up, but the kept fds: close_range over the gaps between them (Linux 5.9);
+    // without it, what /proc/self/fd lists; without that, every number below RLIMIT_NOFILE.
+    let mut kept: Vec<RawFd> = keep.iter().copied().filter(|fd| *fd >= FIRST_NON_STDIO_FD).collect();
+    kept.sort_unstable();
+    kept.dedup();
+    let mut from = FIRST_NON_STDIO_FD as libc::c_uint;
+    let mut ranges = Vec::new();
+    for k in &kept {
+        let k = *k as libc::c_uint;
+        if k > from {
+            ranges.push((from, k - 1));
+        }
+        from = k + 1;
+    }
+    ranges.push((from, libc::c_uint::MAX));
+    let closed_by_range = ranges.iter().all(|(first, last)| {
+        // SAFETY: close_range only closes descriptors; this freshly forked process runs no code of its
+        // own that uses any of them.
+        unsafe { libc::syscall(libc::SYS_close_range, *first, *last, 0 as libc::c_uint) == 0 }
+    });
+    if closed_by_range {
+        return;
+    }
+    let open: Vec<RawFd> = match std::fs::read_dir("/proc/self/fd") {
+        Ok(d) => d.flatten().filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok())).collect(),
+        Err(_) => {
+            let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
+            // SAFETY: getrlimit writes the struct of this frame.
+            let max = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
+                lim.rlim_cur.min(1 << 20)
+            } else {
+                1 << 16
+            };
+            (FIRST_NON_STDIO_FD..max as RawFd).collect()
+        }
+    };
+    for fd in open {
+        if fd < FIRST_NON_STDIO_FD || keep.contains(&fd) {
             continue;
         }
         // SAFETY: closing an fd this freshly forked process inherited and no code of its own uses.
         unsafe { libc::close(fd) };
-    }
-    if null >= FIRST_NON_STDIO_FD {
-        // SAFETY: our own /dev/null fd, no longer needed.
-        unsafe { libc::close(null) };
     }
 }

@@ -4,7 +4,11 @@
 //! - [`mem`]: reading and writing another process's memory through `/proc/PID/mem`, and the
 //!   scan for the six PCI identity words of each GPU;
 //! - [`environ`]: the live environ block (`env_start..env_end` of `/proc/PID/stat`);
-//! - [`container`]: the restoring runtime's OCI spec and a restored container's `/dev`;
+//! - [`container`]: the restoring runtime's OCI spec and a restored container's `/dev` (edited only
+//!   when it is the container's own tmpfs, through its directory fd);
+//! - [`dir`]: files read and written as root in directories others may control: relative to a
+//!   directory fd, never through a link, reads capped, writes by a fresh file renamed into place;
+//! - [`mountinfo`]: `/proc/PID/mountinfo`;
 //! - [`devices`]: which `/dev/nvidiaN` a process holds open or mapped, and which libraries it maps;
 //! - [`tree`]: namespace pids, process tree, threads;
 //! - [`helper`]: forking the detached helper process that makes the plugin's driver calls;
@@ -16,11 +20,13 @@
 
 pub mod container;
 pub mod devices;
+pub mod dir;
 pub mod environ;
 pub mod fds;
 pub mod helper;
 pub mod maps;
 pub mod mem;
+pub mod mountinfo;
 mod procfs;
 pub mod ptrace;
 pub mod tree;

@@ -73,6 +73,49 @@ pub fn children_recursive(root: u32) -> Vec<u32> {
     order
 }
 
+/// The state letter of `/proc/PID/stat` (`R`, `S`, `T` stopped, `t` traced, `Z` zombie...).
+pub fn state_letter(pid: u32) -> Option<char> {
+    let stat = read_text(pid, "stat").ok()?;
+    stat_field(&stat, 3)?.chars().next()
+}
+
+/// A process held by a pidfd: a signal through it reaches that process, or nobody once it is
+/// gone, never another process that got its number since.
+#[derive(Debug)]
+pub struct ProcessHandle {
+    pub pid: u32,
+    pidfd: Option<std::os::fd::OwnedFd>,
+}
+
+impl ProcessHandle {
+    /// Opens a handle on `pid` (a kernel without pidfds, before 5.3, gives a handle by pid only).
+    pub fn open(pid: u32) -> Result<ProcessHandle, ProcessError> {
+        let p = i32::try_from(pid).ok().and_then(rustix::process::Pid::from_raw).ok_or_else(|| ProcessError::Io {
+            pid,
+            action: "open a pidfd of",
+            path: proc_path(pid, ""),
+            source: std::io::Error::new(std::io::ErrorKind::InvalidInput, "no process can have this pid"),
+        })?;
+        match rustix::process::pidfd_open(p, rustix::process::PidfdFlags::empty()) {
+            Ok(fd) => Ok(ProcessHandle { pid, pidfd: Some(fd) }),
+            Err(rustix::io::Errno::NOSYS) => Ok(ProcessHandle { pid, pidfd: None }),
+            Err(rustix::io::Errno::SRCH) => Err(ProcessError::NoSuchProcess { pid, path: proc_path(pid, "") }),
+            Err(e) => Err(io_error(pid, "open a pidfd of", &proc_path(pid, ""), e.into())),
+        }
+    }
+
+    /// SIGKILL; a process that is already gone is not an error.
+    pub fn kill(&self) -> Result<(), ProcessError> {
+        match &self.pidfd {
+            Some(fd) => match rustix::process::pidfd_send_signal(fd, rustix::process::Signal::KILL) {
+                Ok(()) | Err(rustix::io::Errno::SRCH) => Ok(()),
+                Err(e) => Err(io_error(self.pid, "sending SIGKILL to", &proc_path(self.pid, ""), e.into())),
+            },
+            None => kill_by_pid(self.pid),
+        }
+    }
+}
+
 /// Whether `pid` exists and is not a zombie (`Z`) or dead (`X`/`x`).
 pub fn is_alive(pid: u32) -> bool {
     let Ok(stat) = read_text(pid, "stat") else {
@@ -81,9 +124,23 @@ pub fn is_alive(pid: u32) -> bool {
     !matches!(stat_field(&stat, 3), Some("Z" | "X" | "x") | None)
 }
 
-/// Sends SIGKILL to `pid` (a restored task whose GPU identity could not be made right must not
-/// run). A process that is already gone is not an error.
+/// Sends SIGKILL to `pid` through a pidfd opened for it (a restored task whose GPU identity could
+/// not be made right must not run). A process that is already gone is not an error. Where the
+/// pid was learnt long before, hold a [`ProcessHandle`] from then instead.
 pub fn kill(pid: u32) -> Result<(), ProcessError> {
+    if pid != 0 {
+        if let Ok(h) = ProcessHandle::open(pid) {
+            if h.pidfd.is_some() {
+                return h.kill();
+            }
+        } else if !proc_path(pid, "").exists() {
+            return Ok(());
+        }
+    }
+    kill_by_pid(pid)
+}
+
+fn kill_by_pid(pid: u32) -> Result<(), ProcessError> {
     // Pids above i32::MAX cannot exist (pid_max is at most 2^22); converting one would make a
     // negative pid, which kill(2) reads as a process group.
     let Ok(raw) = i32::try_from(pid) else { return Ok(()) };

@@ -15,6 +15,12 @@
 //! | `unlock-fail[=CODE]` | `cuCheckpointProcessUnlock` fails (default 999), process stays LOCKED |
 //! | `nvml-missing` | `nvmlInit*` fails with NVML_ERROR_DRIVER_NOT_LOADED (9) |
 //! | `restore-thread-stall` | the restore thread stops answering (as if it were ptrace-stopped) |
+//! | `restore-slow[=MS]` | the restore waits MS (2000) before it does anything |
+//! | `agent-stop=CALL` | the CALLER (the plugin's driver agent) stops itself with SIGSTOP once it has posted CALL (`lock`, `checkpoint`, `restore`, `unlock`): the target works on, the caller never answers |
+//! | `agent-kill=CALL` | the same with SIGKILL: the caller dies mid-call |
+//!
+//! The two caller knobs fire once per state directory (the marker `STATE/agent-fault-fired`), so the
+//! fresh agent that puts things back afterwards is not stopped too.
 
 use crate::{cuda, StateDir};
 
@@ -30,6 +36,10 @@ pub struct Faults {
     pub restore_thread_stall: bool,
     /// The restore takes this many milliseconds before it does anything (`restore-slow[=MS]`, 2000).
     pub restore_slow_ms: Option<u64>,
+    /// The caller of this call stops itself (SIGSTOP) once it posted it (`agent-stop=CALL`).
+    pub agent_stop: Option<String>,
+    /// The caller of this call kills itself (SIGKILL) once it posted it (`agent-kill=CALL`).
+    pub agent_kill: Option<String>,
     /// Knobs this build does not know: reported by the doubles on stderr, never silently ignored.
     pub unknown: Vec<String>,
 }
@@ -59,6 +69,8 @@ impl Faults {
                     "nvml-missing" => self.nvml_missing = true,
                     "restore-thread-stall" => self.restore_thread_stall = true,
                     "restore-slow" => self.restore_slow_ms = Some(value.and_then(|v| v.parse().ok()).unwrap_or(2000)),
+                    "agent-stop" => self.agent_stop = value.map(str::to_string),
+                    "agent-kill" => self.agent_kill = value.map(str::to_string),
                     other => self.unknown.push(other.to_string()),
                 }
             }
@@ -93,6 +105,14 @@ mod tests {
         assert_eq!(f.unlock_fail, Some(999));
         assert!(!f.nvml_missing);
         assert_eq!(f.unknown, vec!["bogus".to_string()]);
+    }
+
+    #[test]
+    fn caller_knobs_name_the_call() {
+        let f = Faults::parse("agent-stop=checkpoint\nagent-kill=restore");
+        assert_eq!(f.agent_stop.as_deref(), Some("checkpoint"));
+        assert_eq!(f.agent_kill.as_deref(), Some("restore"));
+        assert!(f.unknown.is_empty());
     }
 
     #[test]

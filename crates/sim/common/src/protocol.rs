@@ -154,6 +154,18 @@ pub fn new_request_id() -> String {
 /// Controller side: posts `op` for `pid`'s restore thread and waits up to `wait` for its answer. `pid` is a
 /// pid of the controller's `/proc`; the target may live in any pid namespace below (registry.rs).
 pub fn exchange(state: &StateDir, pid: i32, op: Op, wait: Duration) -> Result<i32, ExchangeError> {
+    exchange_then(state, pid, op, wait, || {})
+}
+
+/// [`exchange`], with `posted` run once the request is on the channel (the target may be at work
+/// on it while the caller waits): the fault knobs that stop or kill the caller mid-call use it.
+pub fn exchange_then(
+    state: &StateDir,
+    pid: i32,
+    op: Op,
+    wait: Duration,
+    posted: impl FnOnce(),
+) -> Result<i32, ExchangeError> {
     let Some(resolved) = registry::resolve(state, pid) else {
         let path = match pidns::key_of(pid) {
             Ok(key) => state.index(&key).display().to_string(),
@@ -166,6 +178,7 @@ pub fn exchange(state: &StateDir, pid: i32, op: Op, wait: Duration) -> Result<i3
     let response_path = reg.response();
     let _ = std::fs::remove_file(&response_path);
     write_atomic(&reg.request(), request.encode().as_bytes())?;
+    posted();
     let start = Instant::now();
     loop {
         if let Some(r) = read_response(&response_path) {

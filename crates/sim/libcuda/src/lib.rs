@@ -24,6 +24,7 @@ use std::time::Duration;
 use ccm_sim_common::cuda::*;
 use ccm_sim_common::protocol::{self, ExchangeError, Op};
 use ccm_sim_common::registry;
+use ccm_sim_common::Faults;
 use ccm_sim_common::{SimPci, SimUuid, StateDir};
 
 type CuResult = c_int;
@@ -368,9 +369,38 @@ fn call_timeout() -> Duration {
         .unwrap_or(protocol::DEFAULT_CALL_TIMEOUT)
 }
 
+/// The caller knobs (`agent-stop=CALL`, `agent-kill=CALL`): once the request is posted, this process
+/// stops or kills itself, once per state directory.
+fn caller_fault(state: &StateDir, call: &str) {
+    let f = Faults::current(Some(state));
+    let signal = if f.agent_kill.as_deref() == Some(call) {
+        libc::SIGKILL
+    } else if f.agent_stop.as_deref() == Some(call) {
+        libc::SIGSTOP
+    } else {
+        return;
+    };
+    let marker = state.root().join("agent-fault-fired");
+    if std::fs::OpenOptions::new().write(true).create_new(true).open(&marker).is_err() {
+        return;
+    }
+    eprintln!(
+        "cuda-test-double: {call}: the caller (pid {}) sends itself signal {signal} (fault knob)",
+        std::process::id()
+    );
+    // SAFETY: raise has no preconditions; SIGSTOP stops this whole process, SIGKILL ends it.
+    unsafe { libc::raise(signal) };
+}
+
 fn call_target(pid: c_int, op: Op, extra: Duration) -> Result<(), i32> {
     let state = controller_state_dir()?;
-    match protocol::exchange(&state, pid, op, call_timeout() + extra) {
+    let call = match &op {
+        Op::Lock { .. } => "lock",
+        Op::Checkpoint => "checkpoint",
+        Op::Restore { .. } => "restore",
+        Op::Unlock => "unlock",
+    };
+    match protocol::exchange_then(&state, pid, op, call_timeout() + extra, || caller_fault(&state, call)) {
         Ok(CUDA_SUCCESS) => Ok(()),
         Ok(code) => Err(code),
         Err(ExchangeError::NotRegistered { .. }) => Err(CUDA_ERROR_NOT_FOUND),
