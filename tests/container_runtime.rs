@@ -538,4 +538,52 @@ fn runc_checkpoints_and_restores_a_cuda_container_on_the_test_doubles() {
             "{case}: the workload's registration outlived it: {left}"
         );
     }
+    // Hostile /dev layouts, each moved from G0 to G1 by the restore bundle: nothing on the host side changes, and
+    // the restore log says what was left alone and why.
+    let mut ran = Vec::new();
+    for (h, said) in [
+        ("hostbind", "its /dev is a file system that the host also has mounted"),
+        ("devlink", "its /dev is a symbolic link"),
+        ("plaindev", "its /dev is no mount of its own"),
+        ("nodelink", "container /dev/nvidia0 is a symbolic link, not a GPU node: left alone"),
+    ] {
+        let case = format!("hostile-{h}");
+        let log = scratch.read(&format!("{case}-restore.log"));
+        let plugin_lines =
+            || log.lines().filter(|l| l.contains(LOG_PREFIX) || l.contains("Error")).collect::<Vec<_>>().join("\n");
+        for (step, what) in [("run", "runc run"), ("checkpoint", "runc checkpoint")] {
+            if scratch.rc(&format!("{case}-{step}")) != Some(0) {
+                loud(&format!(
+                    "SKIPPED {case}: {what} of a container with this /dev fails in runc or CRIU, before the plugin has any say: {}",
+                    scratch.read(&format!("{case}-{step}.err")).lines().last().unwrap_or("")
+                ));
+            }
+        }
+        if scratch.rc(&format!("{case}-checkpoint")) != Some(0) {
+            continue;
+        }
+        let before = scratch.read(&format!("{h}-sentinel-before.txt"));
+        let after = scratch.read(&format!("{case}-sentinel-after.txt"));
+        assert!(!before.is_empty(), "{case}: no sentinel was made");
+        assert_eq!(scratch.rc(&format!("{case}-restore")), Some(0), "{case}: runc restore failed:\n{}", plugin_lines());
+        assert_eq!(before, after, "{case}: a host-side file changed:\n{}", plugin_lines());
+        assert!(log.contains(said), "{case}: the restore log does not say {said:?}:\n{}", plugin_lines());
+        if h == "nodelink" {
+            // The new node comes from the host node or the defaults, never from the link's target (4751 1234:4321).
+            let node = scratch.read(&format!("{case}-node1.txt"));
+            assert!(log.contains("container /dev: created /dev/nvidia1"), "{case}:\n{}", plugin_lines());
+            assert!(
+                node.contains("character special file") && !node.contains("4751") && !node.contains("1234:4321"),
+                "{case}: {node}"
+            );
+        } else {
+            assert!(log.contains("left unchanged. The container sees"), "{case}:\n{}", plugin_lines());
+            assert!(!log.contains("container /dev: created"), "{case}: a foreign /dev was edited:\n{}", plugin_lines());
+        }
+        ran.push(h);
+    }
+    assert!(
+        ran.contains(&"nodelink") && ran.contains(&"plaindev"),
+        "the hostile /dev cases that runc can run did not run: {ran:?}"
+    );
 }

@@ -137,3 +137,76 @@ fn leave_running_dump_puts_the_process_back_to_running() {
 fn criu_killed_mid_restore_leaves_no_half_restored_process() {
     run_case("criu-killed-mid-restore");
 }
+
+/// The driver agent stops (SIGSTOP) right after it asked for the lock: the lock's deadline (CRIU's
+/// timeout + 10 s) ends the wait, the agent is killed, and a fresh agent unlocks the process.
+#[test]
+fn a_stopped_agent_at_lock_is_killed_and_the_process_put_back() {
+    run_case("agent-stop-lock");
+}
+
+#[test]
+fn a_killed_agent_at_lock_leaves_the_process_running() {
+    run_case("agent-kill-lock");
+}
+
+/// Stopped during the checkpoint: the driver finishes it, and the fresh agent restores and
+/// unlocks from the CHECKPOINTED state it reports.
+#[test]
+fn a_stopped_agent_at_checkpoint_is_killed_and_the_process_put_back() {
+    run_case("agent-stop-checkpoint");
+}
+
+#[test]
+fn a_killed_agent_at_checkpoint_leaves_the_process_running() {
+    run_case("agent-kill-checkpoint");
+}
+
+/// Stopped during the driver's restore: the restored tree is killed, the images stay, a retry works.
+#[test]
+fn a_stopped_agent_at_restore_kills_the_tree_and_a_retry_restores() {
+    run_case("agent-stop-restore");
+}
+
+#[test]
+fn a_killed_agent_at_restore_kills_the_tree_and_a_retry_restores() {
+    run_case("agent-kill-restore");
+}
+
+/// Hostile identity images: refused in the plugin's init within seconds, nothing read through a
+/// link or from a FIFO, no foreign byte printed, the directory unchanged.
+#[test]
+fn an_image_that_links_to_dev_zero_is_refused_without_reading_it() {
+    run_case("image-symlink-zero");
+}
+
+#[test]
+fn an_image_that_is_a_fifo_is_refused_without_hanging() {
+    run_case("image-fifo");
+}
+
+#[test]
+fn an_image_that_links_to_a_secret_is_refused_without_printing_it() {
+    run_case("image-symlink-secret");
+}
+
+#[test]
+fn an_oversized_image_is_refused_unread() {
+    run_case("image-oversized");
+}
+
+#[test]
+fn an_image_with_control_characters_is_refused_and_forges_no_log_line() {
+    run_case("image-control");
+}
+
+#[test]
+fn an_image_renamed_to_another_pid_is_refused() {
+    run_case("image-pid-renamed");
+}
+
+/// `CRIU_CUDA_MIGRATE_DISABLE=y` is refused instead of leaving the plugin on.
+#[test]
+fn an_unknown_disable_value_is_refused() {
+    run_case("setting-disable-unknown");
+}

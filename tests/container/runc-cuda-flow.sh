@@ -129,9 +129,27 @@ make_bundle() {
         devices='"devices": [{ "path": "/dev/nvidia'$minor'", "type": "c", "major": 195, "minor": '$minor', "fileMode": 438, "uid": 0, "gid": 0 }],'
         allow=', { "allow": true, "type": "c", "major": 195, "minor": '$minor', "access": "rwm" }'
     fi
+    local args='"'$W/bin/ccm-sample-workload'", "--dir", "/ctl", "--mib", "8", "--devices", "0", "--rounds", "3"'
+    local devmounts='{ "destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
+    { "destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"] },
+    { "destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
+    { "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"] },'
+    # Hostile layouts of the container's /dev (HOSTILE, with the host-side sentinel directory SENT).
+    case ${HOSTILE:-} in
+    hostbind) devmounts='{ "destination": "/dev", "type": "bind", "source": "'$SENT'", "options": ["rbind", "rw"] },' ;;
+    plaindev) devmounts='' ;;
+    nodelink)
+        args='"/bin/sh", "-c", "rm -f /dev/nvidia0 && ln -s '$SENT'/secret /dev/nvidia0 && exec '$W'/bin/ccm-sample-workload --dir /ctl --mib 8 --devices 0 --rounds 3"'
+        ;;
+    esac
     rm -rf "$dir"
     mkdir -p "$dir/rootfs" "$ctl"
     for d in usr etc proc sys dev tmp ctl "${W#/}"; do mkdir -p "$dir/rootfs/$d"; done
+    if [ "${HOSTILE:-}" = devlink ]; then
+        # The container's /dev is a link to an absolute path; runc mounts the tmpfs at that path inside the root.
+        rmdir "$dir/rootfs/dev"
+        ln -s "$SENT" "$dir/rootfs/dev"
+    fi
     for d in bin lib lib64 sbin; do ln -s "usr/$d" "$dir/rootfs/$d"; done
     cat >"$dir/config.json" <<EOF
 {
@@ -139,7 +157,7 @@ make_bundle() {
   "process": {
     "terminal": false,
     "user": { "uid": 0, "gid": 0 },
-    "args": ["$W/bin/ccm-sample-workload", "--dir", "/ctl", "--mib", "8", "--devices", "0", "--rounds", "3"],
+    "args": [$args],
     "env": [
       "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
       "HOME=/tmp",
@@ -161,10 +179,7 @@ make_bundle() {
   "hostname": "ccm-rcuda",
   "mounts": [
     { "destination": "/proc", "type": "proc", "source": "proc" },
-    { "destination": "/dev", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "strictatime", "mode=755", "size=65536k"] },
-    { "destination": "/dev/pts", "type": "devpts", "source": "devpts", "options": ["nosuid", "noexec", "newinstance", "ptmxmode=0666", "mode=0620", "gid=5"] },
-    { "destination": "/dev/shm", "type": "tmpfs", "source": "shm", "options": ["nosuid", "noexec", "nodev", "mode=1777", "size=65536k"] },
-    { "destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue", "options": ["nosuid", "noexec", "nodev"] },
+    $devmounts
     { "destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"] },
     { "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"] },
     { "destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro", "nosuid", "nodev"] },
@@ -221,7 +236,14 @@ run_case() {
     cp "$c/img.rwork/restore.log" "$S/$name-restore.log" 2>/dev/null
     [ "$(cat "$S/$name-restore.rc")" = 0 ] || return 0
     pid2=$(container_pid "$id")
-    ls "/proc/$pid2/root/dev" >"$S/$name-dev.txt" 2>&1
+    # Never through a link (a hostile /dev): the listing of what the container's root holds at dev.
+    if [ -L "/proc/$pid2/root/dev" ]; then
+        echo "dev -> $(readlink "/proc/$pid2/root/dev")" >"$S/$name-dev.txt"
+    else
+        ls "/proc/$pid2/root/dev/" >"$S/$name-dev.txt" 2>&1
+        stat -c '%n %F %a %u:%g' "/proc/$pid2/root/dev/nvidia1" >"$S/$name-node1.txt" 2>&1
+    fi
+    [ -n "${SENT:-}" ] && sentinel_sum >"$S/$name-sentinel-after.txt"
 
     round "$c/ctl" 2 "$name"
     echo "after $(key_of "$pid2")" >>"$S/$name-keys.txt"
@@ -237,6 +259,24 @@ run_case() {
     # plugin's driver agents register too, in the host pid namespace, and are killed rather than exit).
     (cd "$W/state" && for r in reg-*; do [ -d "$r" ] && echo "$r $(cat "$r/key" 2>/dev/null)"; done) >"$S/$name-left.txt"
     runc_ delete -f "$id" >/dev/null 2>&1
+}
+
+# sentinel_sum: every entry of the host-side sentinel directory SENT (name, type, mode, owner, device, size,
+# content): what must be unchanged after a restore of a container with a hostile /dev.
+sentinel_sum() {
+    find "$SENT" -mindepth 1 -exec stat -c '%n %F %a %u:%g %t:%T %s' {} + | sort
+    find "$SENT" -mindepth 1 -type f -exec sha256sum {} + | sort
+}
+
+# make_sentinel NAME: a tmpfs on the host side (S/rcuda-sentinel-NAME) standing for host device nodes: a GPU node
+# nvidia0 (195:0), a node nvidia1 of another device (1:3), and a set-uid file owned by 1234:4321.
+make_sentinel() {
+    SENT=$S/rcuda-sentinel-$1
+    mkdir -p "$SENT"
+    mount -t tmpfs -o mode=755 tmpfs "$SENT" || return 1
+    mknod -m 666 "$SENT/nvidia0" c 195 0 && mknod -m 666 "$SENT/null" c 1 3 &&
+        echo "host secret" >"$SENT/secret" && chmod 4751 "$SENT/secret" && chown 1234:4321 "$SENT/secret" || return 1
+    sentinel_sum >"$S/$1-sentinel-before.txt"
 }
 
 : >"$S/flow.log"
@@ -289,3 +329,15 @@ run_case move "CRIU_CUDA_MIGRATE_DEVICE_MAP=$G0=$G1"
 note "move: done"
 RUN_MINOR=0 RESTORE_MINOR=1 run_case given
 note "given: done"
+# The hostile /dev layouts, each moved from GPU 0 to GPU 1 by the restore bundle: nothing outside the container's
+# own /dev may change (the sentinel), and the restore log says what was left alone.
+for h in hostbind devlink nodelink plaindev; do
+    if make_sentinel "$h"; then
+        HOSTILE=$h RUN_MINOR=0 RESTORE_MINOR=1 run_case "hostile-$h"
+        umount -l "$SENT" 2>/dev/null
+    else
+        echo 1 >"$S/hostile-$h-sentinel.rc"
+    fi
+    unset SENT
+    note "hostile-$h: done"
+done

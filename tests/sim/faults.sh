@@ -13,7 +13,10 @@
 #            criu-killed-mid-restore | nvml-missing-dump |
 #            nvml-missing-restore | libcuda-missing-dump | libcuda-missing-restore | image-missing |
 #            image-truncated | image-newer-version | map-unknown-gpu | sites-moved-strict |
-#            sites-moved-permissive | criu-killed-mid-dump | newer-driver | leave-running
+#            sites-moved-permissive | criu-killed-mid-dump | newer-driver | leave-running |
+#            agent-stop-lock | agent-kill-lock | agent-stop-checkpoint | agent-kill-checkpoint |
+#            agent-stop-restore | agent-kill-restore | image-symlink-zero | image-fifo | image-symlink-secret |
+#            image-oversized | image-control | image-pid-renamed | setting-disable-unknown
 # Prints `SEEN <line>` (the error line the user sees), `STATE pid=N <state>` (every process after) and
 # `FAULT <case> OK`, exit 0, when the case behaves as documented in docs/RELIABILITY.md; exits 1 with
 # the relevant logs otherwise.
@@ -188,6 +191,33 @@ not_stuck_silently() {
     done
 }
 images_sum() { sha256sum "$1"/cuda-migrate-*.img | sha256sum; }
+# dir_sum DIR: every entry's name, type, size, link target and (regular files only) content hash, never reading
+# through a link or from a FIFO: what "the images are unchanged" means when an image is hostile.
+dir_sum() {
+    local f
+    for f in "$1"/* "$1"/.[!.]*; do
+        [ -e "$f" ] || [ -L "$f" ] || continue
+        case ${f##*/} in *.log) continue ;; esac
+        stat -c '%n %F %s %N' "$f"
+        [ -f "$f" ] && [ ! -L "$f" ] && sha256sum <"$f"
+    done | sha256sum
+}
+# agent_alive: whether a driver agent of this run (its environment names this run's state directory) is still
+# there and no zombie.
+agent_alive() {
+    local c d
+    for c in $(grep -lx ccm-agent /proc/[0-9]*/comm 2>/dev/null); do
+        d=${c%/comm}
+        grep -q '^State:[[:space:]]*Z' "$d/status" 2>/dev/null && continue
+        tr '\0' '\n' 2>/dev/null <"$d/environ" | grep -qx "CCM_SIM_STATE_DIR=$WORK/state" && return 0
+    done
+    return 1
+}
+# no_agent_left: within 10 s, no driver agent of this run is left.
+no_agent_left() {
+    for _ in $(seq 200); do agent_alive || { echo "AGENTS none left"; return 0; }; sleep 0.05; done
+    fail "a driver agent of this run is still there 10 s after CRIU ended"
+}
 # recover PID: the CLI brings a process left LOCKED or CHECKPOINTED back to RUNNING.
 # With --json: one document on stdout (the progress line goes to stderr) that says RUNNING after.
 recover() {
@@ -517,6 +547,130 @@ leave-running)
     dump "$WORK/img" "$pid" --leave-running || fail "criu dump --leave-running failed"
     [ -f "$WORK/img/cuda-migrate-$pid.img" ] || fail "no identity image written"
     seen "$WORK/img/dump.log" "rolling back 1 CUDA process\(es\): --leave-running"
+    expect_state "$pid" RUNNING
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+agent-stop-lock | agent-kill-lock | agent-stop-checkpoint | agent-kill-checkpoint)
+    # The driver agent stops (SIGSTOP) or dies (SIGKILL) right after it asked the driver to lock or checkpoint
+    # (a caller knob of the double: the target goes on with the call). The plugin's deadline (CRIU's --timeout 2 +
+    # 10 s for the lock, CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT=3 for the checkpoint) or the closed socket ends the wait:
+    # the agent is killed, the hook fails, and at exit(DUMP) a fresh agent reads the state the driver reports and
+    # puts the process back: RUNNING, with one ERROR line naming what happened, and no agent left.
+    how=${CASE#agent-}
+    sig=${how%%-*}
+    call=${how#*-}
+    pid=$(start "$WORK/w0" 0,1)
+    echo "agent-$sig=$call" >"$WORK/state/faults"
+    export CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT=3
+    t0=$SECONDS
+    if dump "$WORK/img" "$pid" --timeout 2; then fail "the dump succeeded although its driver agent was lost"; fi
+    echo "DUMP failed after $((SECONDS - t0)) s"
+    [ $((SECONDS - t0)) -le 40 ] || fail "the dump took $((SECONDS - t0)) s to fail"
+    rm -f "$WORK/state/faults"
+    case $sig in
+    stop) seen "$WORK/img/dump.log" "Error: the driver agent \(pid [0-9]+\) did not answer cuCheckpointProcess(Lock|Checkpoint) for pid $pid within [0-9.]+ s \(stopped or hung\); it was killed" ;;
+    kill) seen "$WORK/img/dump.log" "Error: the driver agent \(pid [0-9]+, the helper process that makes the plugin's driver calls\) is gone" ;;
+    esac
+    seen "$WORK/img/dump.log" "the driver agent was lost: starting a fresh one to put the processes back"
+    seen "$WORK/img/dump.log" "pid $pid: rolling back from CUDA state (LOCKED|CHECKPOINTED)"
+    seen "$WORK/img/dump.log" "pid $pid: rolled back: unlocked, RUNNING again"
+    expect_state "$pid" RUNNING
+    not_stuck_silently "$WORK/img/dump.log" "$pid"
+    no_agent_left
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+agent-stop-restore | agent-kill-restore)
+    # The same during the driver's restore: the restored tree is killed (CRIU never finished it and its CUDA state
+    # is unknown), the images are intact, no agent is left, and the same images restore.
+    sig=${CASE#agent-}
+    sig=${sig%%-*}
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    sum=$(images_sum "$WORK/img")
+    echo "agent-$sig=restore" >"$WORK/state/faults"
+    export CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT=3
+    t0=$SECONDS
+    restore "$WORK/img" && rc=0 || rc=$?
+    echo "CRIU restore rc=$rc after $((SECONDS - t0)) s"
+    rm -f "$WORK/state/faults"
+    [ $((SECONDS - t0)) -le 30 ] || fail "the restore took $((SECONDS - t0)) s"
+    seen "$WORK/img/restore.log" "pid $pid: the driver agent \(pid [0-9]+.*, during the driver's restore; its CUDA state is unknown, so the restored tree is killed. The images are intact: restore again"
+    seen "$WORK/img/restore.log" "killed the restored tree \(1 process\(es\)\)"
+    wait_gone "$pid" || fail "pid $pid survived the loss of its driver agent during its restore"
+    expect_state "$pid" GONE
+    [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "identity images changed"
+    no_agent_left
+    unset CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT
+    restore_works "$WORK/img" "$pid" "$WORK/w0" 1
+    ;;
+image-symlink-zero | image-fifo | image-symlink-secret | image-oversized | image-control | image-pid-renamed)
+    # A hostile identity image: a link to /dev/zero (read until out of memory before), a FIFO (hung for ever
+    # before), a link to a secret file (its first bytes were printed before), a 17 MiB file, a driver version with ESC,
+    # CR and LF that would forge a line of restore.log, an image renamed to another pid. Each: the restore is
+    # refused in the plugin's init within seconds, the line names the file and the rule, no foreign byte is
+    # printed, the directory is unchanged, and with the good image back the same directory restores.
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    img=$WORK/img/cuda-migrate-$pid.img
+    mv "$img" "$WORK/good.img"
+    case $CASE in
+    image-symlink-zero) ln -s /dev/zero "$img"; why="identity image: .*cuda-migrate-$pid.img is a symbolic link" ;;
+    image-fifo) mkfifo "$img"; why="identity image: .*cuda-migrate-$pid.img is a FIFO, not a regular file" ;;
+    image-symlink-secret)
+        echo "TOPSECRET-0123456789" >"$WORK/secret"
+        ln -s "$WORK/secret" "$img"
+        why="identity image: .*cuda-migrate-$pid.img is a symbolic link"
+        ;;
+    image-oversized)
+        cp "$WORK/good.img" "$img"
+        truncate -s 17M "$img"
+        why="identity image: .*cuda-migrate-$pid.img is larger than 16777216 bytes"
+        ;;
+    image-control)
+        cp "$WORK/good.img" "$img"
+        # The driver version string (after the hostname: u32 length at offset 32, its bytes from 36, then the
+        # version's u32 length and bytes) overwritten in place with ESC, CR and LF, then the CRC32 trailer recomputed
+        # (gzip's trailer holds the same CRC-32 of its input).
+        perl -e 'open(my $h, "+<:raw", $ARGV[0]) or die; local $/; my $d = <$h>; my $at = 36 + unpack("V", substr($d, 32, 4));
+            my $n = unpack("V", substr($d, $at, 4)); die "driver version too short" if $n < 4;
+            substr($d, $at + 4, $n) = substr(("\e[2J\r\ncriu-cuda-migrate: Error: forged ") x 40, 0, $n);
+            seek($h, 0, 0); print $h $d; close($h) or die' "$img"
+        body=$(($(stat -c %s "$img") - 4))
+        head -c "$body" "$img" | gzip -c | tail -c 8 | head -c 4 | dd of="$img" bs=1 seek="$body" conv=notrunc status=none
+        why="identity image .*cuda-migrate-$pid.img: identity image field .driver_version. holds a control character"
+        ;;
+    image-pid-renamed)
+        cp "$WORK/good.img" "$WORK/img/cuda-migrate-$((pid + 1)).img"
+        cp "$WORK/good.img" "$img"
+        why="identity image .*cuda-migrate-$((pid + 1)).img holds pid $pid, but its name says pid $((pid + 1))"
+        ;;
+    esac
+    sum=$(dir_sum "$WORK/img")
+    t0=$(date +%s%N)
+    if restore "$WORK/img"; then fail "a restore with a hostile identity image was not refused"; fi
+    took=$((($(date +%s%N) - t0) / 1000000))
+    echo "REFUSED after $took ms"
+    [ "$took" -le 10000 ] || fail "the refusal took $took ms"
+    seen "$WORK/img/restore.log" "restore refused before anything was restored: $why"
+    grep -q "TOPSECRET" "$WORK/img/restore.log" && fail "restore.log shows the secret file's bytes"
+    grep -q $'\e' "$WORK/img/restore.log" && fail "restore.log holds a raw ESC"
+    grep -q "^criu-cuda-migrate: Error: forged" "$WORK/img/restore.log" && fail "restore.log holds a forged line"
+    [ "$(dir_sum "$WORK/img")" = "$sum" ] || fail "the image directory changed"
+    expect_state "$pid" GONE
+    rm -f "$img" "$WORK/img/cuda-migrate-$((pid + 1)).img"
+    cp -p "$WORK/good.img" "$img"
+    restore_works "$WORK/img" "$pid" "$WORK/w0" 1
+    ;;
+setting-disable-unknown)
+    # CRIU_CUDA_MIGRATE_DISABLE=y (neither 1 nor 0): the plugin refuses it in init, naming the variable, rather
+    # than staying on (as before); the dump fails and the process runs on untouched.
+    pid=$(start "$WORK/w0" 0,1)
+    export CRIU_CUDA_MIGRATE_DISABLE=y
+    if dump "$WORK/img" "$pid"; then fail "the dump went through with CRIU_CUDA_MIGRATE_DISABLE=y"; fi
+    unset CRIU_CUDA_MIGRATE_DISABLE
+    seen "$WORK/img/dump.log" "configuration: CRIU_CUDA_MIGRATE_DISABLE=\"y\" is not valid: expected .on. or .off."
     expect_state "$pid" RUNNING
     go "$WORK/w0" 1
     check_agree "$WORK/w0" 1

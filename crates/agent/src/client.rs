@@ -32,8 +32,6 @@ const EXIT_WAIT: Duration = Duration::from_secs(2);
 pub const WARM_UP_DEADLINE: Duration = Duration::from_secs(60);
 /// Deadline of the short driver and NVML queries (state, restore thread id, unlock, lookups).
 pub const QUERY_DEADLINE: Duration = Duration::from_secs(30);
-/// A lock may take its own timeout; this much more, and the agent is given up on.
-pub const LOCK_MARGIN: Duration = Duration::from_secs(10);
 /// How long one read of the socket waits before the reader lets other callers check their
 /// deadlines.
 const READ_SLICE: Duration = Duration::from_millis(50);
@@ -338,9 +336,10 @@ impl Agent {
     }
 
     /// The driver's lock, given `timeout_ms` to wait for the process's work; the agent is given
-    /// up on [`LOCK_MARGIN`] after that.
-    pub fn lock(&self, pid: i32, timeout_ms: u32) -> Result<(), AgentError> {
-        self.done(Call::Lock { pid, timeout_ms }, Duration::from_millis(timeout_ms.into()) + LOCK_MARGIN)
+    /// up on after `deadline` (at least the driver's wait plus a little).
+    pub fn lock(&self, pid: i32, timeout_ms: u32, deadline: Duration) -> Result<(), AgentError> {
+        let floor = Duration::from_millis(timeout_ms.into()) + Duration::from_millis(200);
+        self.done(Call::Lock { pid, timeout_ms }, deadline.max(floor))
     }
 
     pub fn checkpoint(&self, pid: i32, deadline: Duration) -> Result<(), AgentError> {

@@ -246,11 +246,13 @@ fn run_preflight(
         Some((path, text)) if config.usable_gpus.is_none() => {
             match ccm_identity::runtime::gpus_given_by_spec(text, &gpus) {
                 Ok(Some(g)) => Some(g),
-                Ok(None) => return Err(format!(
+                Ok(None) => {
+                    return Err(format!(
                     "--bundle: {} names no GPU (no /dev/nvidiaN in linux.devices, no NVIDIA_VISIBLE_DEVICES): without \
                          --usable-gpus the restore would use every GPU of this node",
                     path.display()
-                )),
+                ))
+                }
                 Err(e) => return refuse(json, &format!("the bundle's spec {} {e}", path.display())),
             }
         }

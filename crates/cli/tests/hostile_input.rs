@@ -58,7 +58,173 @@ fn garbage_and_huge_images() {
     let f = std::fs::File::create(dir.path().join("cuda-migrate-8.img")).unwrap();
     f.set_len(1 << 30).unwrap(); // sparse: 1 GiB that is never read
     let out = run(&["--json".as_ref(), "inspect".as_ref(), dir.path().as_os_str()]);
-    assert_clean_failure(&out, 2, "larger than any identity image");
+    assert_clean_failure(&out, 2, "is larger than 16777216 bytes");
+}
+
+/// The largest resident size (KiB) of any child this test binary has waited for.
+fn children_max_rss_kib() -> i64 {
+    // SAFETY: getrusage writes the zeroed struct of this frame and nothing else.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
+        u.ru_maxrss
+    }
+}
+
+/// Runs the CLI with a deadline: a read that never ends fails the test instead of hanging it.
+fn run_within(args: &[&std::ffi::OsStr], limit: std::time::Duration) -> Output {
+    let mut child = Command::new(cli())
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the CLI");
+    let t0 = std::time::Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the CLI did not end within {limit:?} on {args:?}");
+        }
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+#[test]
+fn images_that_are_links_fifos_or_too_large_are_refused_unread_and_quickly() {
+    let second = std::time::Duration::from_secs(1);
+    let secret = tempfile::NamedTempFile::new().unwrap();
+    std::fs::write(secret.path(), b"TOPSECRET-0123456789").unwrap();
+    let cases: [(&str, Box<dyn Fn(&std::path::Path)>, &str); 4] = [
+        (
+            "a link to /dev/zero",
+            Box::new(|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap()),
+            "is a symbolic link",
+        ),
+        (
+            "a link to a secret",
+            Box::new(|p| std::os::unix::fs::symlink(secret.path(), p).unwrap()),
+            "is a symbolic link",
+        ),
+        (
+            "a FIFO",
+            Box::new(|p| assert!(Command::new("mkfifo").arg(p).status().unwrap().success())),
+            "is a FIFO, not a regular file",
+        ),
+        (
+            "a 17 MiB file",
+            Box::new(|p| std::fs::File::create(p).unwrap().set_len(17 << 20).unwrap()),
+            "is larger than 16777216 bytes",
+        ),
+    ];
+    for (what, make, needle) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        let img = dir.path().join("cuda-migrate-1.img");
+        make(&img);
+        for cmd in ["inspect", "preflight"] {
+            let out = run_within(&[cmd.as_ref(), dir.path().as_os_str()], second);
+            assert_clean_failure(&out, 2, needle);
+            let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+            assert!(!all.contains("TOPSECRET"), "{what}: foreign bytes printed: {all}");
+        }
+        assert!(std::fs::symlink_metadata(&img).is_ok(), "{what}: the image is still there");
+    }
+    assert_eq!(std::fs::read(secret.path()).unwrap(), b"TOPSECRET-0123456789");
+    let rss = children_max_rss_kib();
+    assert!(rss < 256 << 10, "a CLI run grew to {rss} KiB: a read was not bounded");
+}
+
+#[test]
+fn an_image_with_control_characters_is_refused_and_prints_none() {
+    use ccm_identity::image::{IdentityImage, ProcessEnv};
+    let img = IdentityImage {
+        pid: 5,
+        host_pid: 5,
+        dumped_at_unix: 0,
+        hostname: "node\u{1b}[2J\r\ncriu-cuda-migrate: Error: forged".into(),
+        driver_version: "580.159.04".into(),
+        cuda_driver_version: 13000,
+        node_gpus: Vec::new(),
+        enumerated: Vec::new(),
+        used: Vec::new(),
+        env: ProcessEnv::default(),
+        sites: Vec::new(),
+        prop_sites: Vec::new(),
+        device_memory: None,
+    };
+    assert!(img.try_encode().is_err(), "the dump side never writes one");
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("cuda-migrate-5.img"), img.encode()).unwrap();
+    for json in [false, true] {
+        let mut args: Vec<&std::ffi::OsStr> = vec!["inspect".as_ref(), dir.path().as_os_str()];
+        if json {
+            args.insert(0, "--json".as_ref());
+        }
+        let out = run(&args);
+        assert_clean_failure(&out, 2, "holds a control character");
+        assert!(!out.stdout.contains(&0x1b) && !out.stderr.contains(&0x1b), "a raw ESC was printed");
+    }
+}
+
+#[test]
+fn a_bundle_spec_that_cannot_be_read_is_refused_naming_it() {
+    let images = tempfile::tempdir().unwrap();
+    let write = |d: &std::path::Path, text: &[u8]| std::fs::write(d.join("config.json"), text).unwrap();
+    let cases: [(&str, Box<dyn Fn(&std::path::Path)>, i32, &str); 7] = [
+        (
+            "a FIFO",
+            Box::new(|d| assert!(Command::new("mkfifo").arg(d.join("config.json")).status().unwrap().success())),
+            2,
+            "is a FIFO",
+        ),
+        (
+            "a link to /dev/zero",
+            Box::new(|d| std::os::unix::fs::symlink("/dev/zero", d.join("config.json")).unwrap()),
+            2,
+            "is a symbolic link",
+        ),
+        (
+            "5 MB",
+            Box::new(|d| std::fs::File::create(d.join("config.json")).unwrap().set_len(5_000_000).unwrap()),
+            2,
+            "is larger than",
+        ),
+        ("malformed JSON", Box::new(move |d| write(d, b"{\"ociVersion\": ")), 1, "is not an OCI runtime spec"),
+        (
+            "a duplicate key",
+            Box::new(move |d| write(d, br#"{"ociVersion":"1.0.2","linux":{},"linux":{}}"#)),
+            1,
+            "duplicate field",
+        ),
+        (
+            "a string minor",
+            Box::new(move |d| {
+                write(d, br#"{"ociVersion":"1.0.2","linux":{"devices":[{"path":"/dev/nvidia1","type":"c","major":195,"minor":"1"}]}}"#)
+            }),
+            1,
+            "is not an OCI runtime spec",
+        ),
+        (
+            "a MIG device",
+            Box::new(move |d| {
+                write(d, br#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=MIG-1"]}}"#)
+            }),
+            1,
+            "a MIG device",
+        ),
+    ];
+    for (what, make, code, needle) in cases {
+        let bundle = tempfile::tempdir().unwrap();
+        make(bundle.path());
+        let out = run_within(
+            &["preflight".as_ref(), images.path().as_os_str(), "--bundle".as_ref(), bundle.path().as_os_str()],
+            std::time::Duration::from_secs(2),
+        );
+        assert_eq!(out.status.code(), Some(code), "{what}: {out:?}");
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(all.contains(needle) && all.contains("config.json"), "{what}: {all}");
+    }
 }
 
 #[test]

@@ -47,10 +47,18 @@ pub struct DumpSession {
     tracked: BTreeMap<i32, Tracked>,
     inventory_added: bool,
     batch_done: bool,
+    /// When CRIU's alarm for the collection of the tree (its `--timeout`, set right after init) fires.
+    alarm_end: Instant,
 }
+
+/// What is kept free before CRIU's alarm: the agent's answer and the hook's return.
+const ALARM_GUARD: Duration = Duration::from_millis(500);
+/// Less than this left before CRIU's alarm, and a lock is not even tried.
+const MIN_LOCK_BUDGET: Duration = Duration::from_millis(600);
 
 impl DumpSession {
     pub fn new(config: Config, agent: Agent) -> DumpSession {
+        let config_lock_timeout = config.lock_timeout;
         // The dump's agent ends by itself once told (CRIU need not wait for the driver's teardown).
         agent.exit_without_waiting();
         DumpSession {
@@ -61,6 +69,7 @@ impl DumpSession {
             tracked: BTreeMap::new(),
             inventory_added: false,
             batch_done: false,
+            alarm_end: Instant::now() + config_lock_timeout,
         }
     }
 
@@ -100,7 +109,6 @@ impl DumpSession {
         if let Some(e) = crate::conflicting_plugin() {
             return HookOutcome::Failed(e);
         }
-        let timeout_ms = u32::try_from(self.config.lock_timeout.as_millis()).unwrap_or(u32::MAX);
         let Some(node) = self.node() else { return HookOutcome::NotMine };
         let api = &node.agent;
         if let Err(e) = node.cuinit() {
@@ -135,14 +143,28 @@ impl DumpSession {
             settles_by: None,
         };
         if initial == ProcessState::Running {
+            // PAUSE_DEVICES runs under CRIU's own alarm (--timeout, from before init): the lock must end
+            // before it, or CRIU aborts the dump (a BUG at cr-dump.c) with the driver agent's work
+            // unfinished and nobody left to put the process back.
             let started = Instant::now();
-            let r = timed(|| api.lock(pid, timeout_ms));
+            let budget = self.alarm_end.saturating_duration_since(started).saturating_sub(ALARM_GUARD);
+            if budget < MIN_LOCK_BUDGET {
+                self.tracked.insert(pid, t);
+                return HookOutcome::Failed(EngineError::Preflight(format!(
+                    "pid {pid}: only {:.1} s of CRIU's --timeout ({} s) are left to lock it; raise criu's --timeout",
+                    budget.as_secs_f64(),
+                    self.config.lock_timeout.as_secs()
+                )));
+            }
+            let driver_wait = budget.saturating_sub(ALARM_GUARD).max(Duration::from_millis(100));
+            let timeout_ms = u32::try_from(driver_wait.as_millis()).unwrap_or(u32::MAX);
+            let r = timed(|| api.lock(pid, timeout_ms, budget));
             info!("pid {pid}: cuCheckpointProcessLock (timeout {timeout_ms} ms) {:.3} s", r.elapsed.as_secs_f64());
             if let Err(e) = r.value {
                 if e.is_lost() {
                     // The driver may still take the lock within its timeout: exit(DUMP) waits for that
                     // and puts the process back with a fresh agent.
-                    t.settles_by = Some((started + self.config.lock_timeout, ProcessState::Locked));
+                    t.settles_by = Some((started + driver_wait, ProcessState::Locked));
                     self.tracked.insert(pid, t);
                     return HookOutcome::Failed(EngineError::Driver { pid, source: e });
                 }
