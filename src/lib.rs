@@ -115,8 +115,10 @@ fn not_cuda(pid: c_int) -> HookOutcome {
     HookOutcome::NotMine
 }
 
-fn outcome_code(pid: c_int, hook: &str, o: HookOutcome, started: std::time::Instant) -> c_int {
-    if !matches!(o, HookOutcome::NotMine) {
+/// CRIU's answer for a hook's outcome, with the hook's timing line when it did work: for a CUDA
+/// process, or for the process whose call did the whole tree's work (a non-CUDA root).
+fn outcome_code(pid: c_int, hook: &str, o: HookOutcome, worked: bool, started: std::time::Instant) -> c_int {
+    if worked || !matches!(o, HookOutcome::NotMine) {
         ccm_engine::check_single_threaded(hook);
         // What CRIU waited for in this hook: the benchmark adds these up (bench/summarize.py).
         info!("timing: {hook}(pid {pid}) {:.4} s in the plugin", started.elapsed().as_secs_f64());
@@ -184,7 +186,7 @@ fn plugin_init_inner(stage: c_int) -> c_int {
             sys::CR_PLUGIN_STAGE__DUMP => {
                 // The driver agent loads libcuda (no cuInit wait here): hosts without the NVIDIA
                 // driver must dump as before. Its cuInit and NVML go on while CRIU collects the tree.
-                let agent = match ccm_engine::node::spawn_agent(&host, &config) {
+                let agent = match ccm_engine::node::spawn_agent(&host, &config, ccm_engine::node::WarmUp::Dump) {
                     Ok(a) => a,
                     Err(e) => {
                         error!("{e}; CUDA processes cannot be checkpointed in this run");
@@ -249,7 +251,7 @@ extern "C" fn pause_devices(pid: c_int) -> c_int {
             Session::NoDriver => not_cuda(pid),
             _ => HookOutcome::NotMine,
         };
-        outcome_code(pid, "PAUSE_DEVICES", o, started)
+        outcome_code(pid, "PAUSE_DEVICES", o, false, started)
     })
 }
 
@@ -261,19 +263,19 @@ extern "C" fn checkpoint_devices(pid: c_int) -> c_int {
             Session::NoDriver => not_cuda(pid),
             _ => HookOutcome::NotMine,
         };
-        outcome_code(pid, "CHECKPOINT_DEVICES", o, started)
+        outcome_code(pid, "CHECKPOINT_DEVICES", o, false, started)
     })
 }
 
 extern "C" fn resume_devices_late(pid: c_int) -> c_int {
     guard("RESUME_DEVICES_LATE", -libc::EIO, || {
         let started = std::time::Instant::now();
-        let o = match &mut *session() {
+        let (o, worked) = match &mut *session() {
             Session::Restore(r) => r.resume_devices_late(pid),
-            Session::NoDriver => not_cuda(pid),
-            _ => HookOutcome::NotMine,
+            Session::NoDriver => (not_cuda(pid), false),
+            _ => (HookOutcome::NotMine, false),
         };
-        outcome_code(pid, "RESUME_DEVICES_LATE", o, started)
+        outcome_code(pid, "RESUME_DEVICES_LATE", o, worked, started)
     })
 }
 

@@ -9,6 +9,11 @@
 #   bash tests/gpu/props-faults.sh b XFER     machine B: restore p0's images without, then with the rewrite (p1),
 #                                             dump it again (p2) into $OUT
 #   bash tests/gpu/props-faults.sh c XFER     machine C: restore the second dump (p3: chained migration)
+#   CASES="a1 a2 a3 a4" bash tests/gpu/props-faults.sh a
+#                                             issue 23: the driver agent SIGKILLed (a1) and SIGSTOPped (a2) 0.3 s
+#                                             into a 4 GiB checkpoint, SIGKILLed (a3) and SIGSTOPped (a4) 0.2 s into
+#                                             an 8 GiB driver restore (CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT=5 for the
+#                                             stopped ones)
 # Prints `| case | expected | seen | result | times |` rows ($OUT/rows.md) and exits 1 on any FAIL.
 
 set -uo pipefail
@@ -44,7 +49,16 @@ row() {
 }
 sums() { sha256sum "$1"/*.img | sha256sum | cut -c1-16; }
 state() { "$PY" "$REPO/tests/gpu/ckpt_ctl.py" state "$1" 2>&1 | tail -n1; }
-agent_alive() { grep -lx ccm-agent /proc/[0-9]*/comm >/dev/null 2>&1; }
+# A driver agent that is no zombie (a killed agent waits for init to reap it).
+agent_alive() {
+    local c
+    for c in $(grep -lx ccm-agent /proc/[0-9]*/comm 2>/dev/null); do
+        grep -q '^State:[[:space:]]*Z' "${c%/comm}/status" 2>/dev/null || return 0
+    done
+    return 1
+}
+# agent_pid LOG: the driver agent's pid, as the plugin's log names it.
+agent_pid() { grep -ao 'driver agent, pid [0-9]*\|driver agent pid [0-9]*' "$1" | head -n1 | grep -o '[0-9]*$'; }
 plines() { grep -a "criu-cuda-migrate" "$1" | grep -E "$2" | sed 's/^.*criu-cuda-migrate: //' | head -n "${3:-1}" | tr '\n' ';' | cut -c1-260; }
 dump() { # PID IMG [ARGS]
     local pid=$1 img=$2
@@ -294,6 +308,73 @@ phase_c() {
     fi
     cp "$d/img/restore.log" "$OUTD/logs/p3-restore.log"
 }
+
+# agent_fault_dump NAME SIG MIB: the driver agent gets SIG 0.3 s into the checkpoint of a MIB workload. The dump
+# fails; a fresh agent puts the process back from the state the driver reports: RUNNING, data intact, no agent left.
+agent_fault_dump() {
+    local name=$1 sig=$2 d=$WORK/$1 cpid t0 apid rc st seen
+    rm -rf "$d"; workload "$d/w" "$3" || { row "$name" "-" "workload not ready" FAIL -; return; }
+    mkdir -p "$d/img"
+    (close_inherited_fds && exec env LD_LIBRARY_PATH="$CRIU_LIBS" CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT=5 \
+        "$CRIU_BIN" dump -t "$W" -D "$d/img" --libdir "$WORK/plugins" -v4 -o dump.log) &
+    cpid=$!
+    for _ in $(seq 3000); do grep -q "cuCheckpointProcessLock" "$d/img/dump.log" 2>/dev/null && break; sleep 0.005; done
+    sleep 0.3
+    apid=$(agent_pid "$d/img/dump.log")
+    [[ -n $apid ]] || { row "$name" "-" "no agent pid in dump.log" FAIL -; kill -9 "$cpid"; return; }
+    kill "-$sig" "$apid"; t0=$(now)
+    wait "$cpid"; rc=$?
+    local tdump; tdump=$(elapsed "$t0")
+    for _ in $(seq 600); do agent_alive || break; sleep 0.05; done
+    st=$(state "$W")
+    seen="dump rc $rc ${tdump}s after SIG$sig; $(plines "$d/img/dump.log" 'did not answer|is gone|rolling back from|rolled back|is left' 5) state after: $st; agent left: $(agent_alive && echo yes || echo no)"
+    go "$d/w" 1
+    if [[ $rc -ne 0 && $st == running ]] && ! agent_alive && report_ok "$d/w/report1.json" >/dev/null; then
+        row "$name" "dump fails at once or at the deadline; a fresh agent puts it back from the reported state: RUNNING, data intact, no agent left" "$seen; $(report_ok "$d/w/report1.json")" PASS "$3 MiB"
+    else
+        row "$name" "RUNNING, data intact, no agent left" "$seen" FAIL -
+    fi
+    cp "$d/img/dump.log" "$OUTD/logs/$name-dump.log"; kill -9 "$W" 2>/dev/null; wait_gone "$W" 10; rm -rf "$d/img"
+}
+case_a1() { agent_fault_dump a1-agent-killed-mid-checkpoint KILL 4096; }
+case_a2() { agent_fault_dump a2-agent-stopped-mid-checkpoint STOP 4096; }
+
+# agent_fault_restore NAME SIG MIB: the driver agent gets SIG 0.2 s into the driver's restore of a MIB workload.
+# The restored tree is killed with one ERROR line, the images are intact, no agent is left, and a retry restores.
+agent_fault_restore() {
+    local name=$1 sig=$2 d=$WORK/$1 cpid t0 apid rc s0 seen gone=no intact=no
+    rm -rf "$d"; workload "$d/w" "$3" || { row "$name" "-" "workload not ready" FAIL -; return; }
+    dump "$W" "$d/img" || { row "$name" "-" "dump failed" FAIL -; return; }
+    wait_gone "$W" 30; s0=$(sums "$d/img")
+    (cd "$d/img" && close_inherited_fds && exec env LD_LIBRARY_PATH="$CRIU_LIBS" CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT=5 \
+        "$CRIU_BIN" restore -d -D "$d/img" --libdir "$WORK/plugins" -v4 -o restore.log) &
+    cpid=$!
+    for _ in $(seq 6000); do grep -q "driver restore started" "$d/img/restore.log" 2>/dev/null && break; sleep 0.005; done
+    sleep 0.2
+    apid=$(agent_pid "$d/img/restore.log")
+    [[ -n $apid ]] || { row "$name" "-" "no agent pid in restore.log" FAIL -; kill -9 "$cpid"; return; }
+    kill "-$sig" "$apid"; t0=$(now)
+    wait "$cpid"; rc=$?
+    local trest; trest=$(elapsed "$t0")
+    for _ in $(seq 600); do agent_alive || break; sleep 0.05; done
+    sleep 0.5
+    alive "$W" || gone=yes; [[ $(sums "$d/img") == "$s0" ]] && intact=yes
+    seen="restore rc $rc ${trest}s after SIG$sig; $(plines "$d/img/restore.log" 'did not answer|is gone|killed the restored tree' 3) process gone: $gone; images intact: $intact; agent left: $(agent_alive && echo yes || echo no)"
+    cp "$d/img/restore.log" "$OUTD/logs/$name-restore.log"
+    if [[ $gone == yes && $intact == yes ]] && ! agent_alive && restore "$d/img"; then
+        track "$W"; go "$d/w" 1
+        if report_ok "$d/w/report1.json" >/dev/null; then
+            row "$name" "tree killed with one ERROR line; images intact; no agent left; the retry restores it" "$seen; retry: $(report_ok "$d/w/report1.json")" PASS "$3 MiB"
+        else
+            row "$name" "retry restores with data" "$seen; retry report bad" FAIL -
+        fi
+    else
+        row "$name" "no half-restored process, images intact, no agent, retry works" "$seen" FAIL -
+    fi
+    kill -9 "$W" 2>/dev/null; wait_gone "$W" 10; rm -rf "$d/img"
+}
+case_a3() { agent_fault_restore a3-agent-killed-mid-restore KILL 8192; }
+case_a4() { agent_fault_restore a4-agent-stopped-mid-restore STOP 8192; }
 
 echo "GPU $GPU, driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1), $(cat "$DEVICE_DIR/MANIFEST" | head -n1)" | tee -a "$OUTD/rows.md"
 case $PHASE in

@@ -21,6 +21,7 @@ use ccm_process::helper::Helper;
 use crate::protocol::{
     take_frame, write_frame, Answer, Call, CuInitInfo, DriverInfo, DriverLibs, NodeInfo, Reply, Request, WireError,
 };
+use crate::server::WarmUp;
 
 /// The name the agent process shows in `ps` (its `comm`).
 pub const AGENT_PROCESS_NAME: &str = "ccm-agent";
@@ -156,15 +157,17 @@ impl Agent {
     /// Forks the agent (see `ccm_process::helper`) and starts its warm-up. `keep` are fds of this
     /// process the agent keeps open (CRIU's log, so that its lines land there); `libs` are the
     /// driver libraries it loads (the settings' paths, else the loader's search).
-    pub fn spawn(keep: &[RawFd], libs: &DriverLibs) -> Result<Agent, AgentError> {
+    pub fn spawn(keep: &[RawFd], libs: &DriverLibs, order: WarmUp) -> Result<Agent, AgentError> {
         let (ours, theirs) =
             UnixStream::pair().map_err(|e| AgentError::Agent(format!("cannot make its socket: {e}")))?;
         let mut keep = keep.to_vec();
         keep.push(theirs.as_raw_fd());
         let libs = libs.clone();
-        let helper =
-            ccm_process::helper::spawn_detached(AGENT_PROCESS_NAME, &keep, move || crate::server::serve(theirs, &libs))
-                .map_err(|e| AgentError::Agent(e.to_string()))?;
+        let criu_parent = std::os::unix::process::parent_id();
+        let helper = ccm_process::helper::spawn_detached(AGENT_PROCESS_NAME, &keep, move || {
+            crate::server::serve(theirs, &libs, order, criu_parent)
+        })
+        .map_err(|e| AgentError::Agent(e.to_string()))?;
         let _ = ours.set_write_timeout(Some(WRITE_TIMEOUT));
         Ok(Agent {
             stream: ours,

@@ -24,3 +24,4 @@ pub mod server;
 
 pub use client::{Agent, AgentError, Lost, AGENT_PROCESS_NAME};
 pub use protocol::{CuInitInfo, DriverInfo, DriverLibs, NodeInfo, NvmlInfo};
+pub use server::WarmUp;

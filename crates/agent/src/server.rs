@@ -89,7 +89,10 @@ struct Touched {
 
 struct Shared {
     driver: Ready<Result<Loaded, String>>,
-    nvml: Ready<(Option<Nvml>, Result<NvmlInfo, String>)>,
+    nvml: Ready<NvmlState>,
+    nvml_list: OnceLock<Result<NvmlInfo, String>>,
+    /// Where the agent moved at its start (`Ok(Some((from, to)))`), for [`DriverInfo`].
+    left_cgroup: Result<Option<(String, String)>, String>,
     cuinit: Ready<Result<f64, WireError>>,
     touched: Mutex<Touched>,
     inflight: AtomicUsize,
@@ -98,10 +101,21 @@ struct Shared {
 }
 
 /// The agent's main loop; returns the process's exit code.
-pub fn serve(stream: UnixStream, libs: &DriverLibs) -> i32 {
+/// `criu_parent` is the process that started CRIU (the runtime), whose cgroup a restore's agent moves
+/// into.
+pub fn serve(stream: UnixStream, libs: &DriverLibs, order: WarmUp, criu_parent: u32) -> i32 {
+    // A restore's agent leaves the cgroup CRIU runs in (under runc: the restored container's) for that
+    // of the runtime that started CRIU, before it does anything: the container's cgroup then holds only
+    // the container once CRIU is done, without waiting for the agent to exit.
+    let left_cgroup = match order {
+        WarmUp::Restore => ccm_process::cgroup::follow(criu_parent),
+        WarmUp::Dump => Ok(None),
+    };
     let shared = Arc::new(Shared {
+        left_cgroup: left_cgroup.clone(),
         driver: Ready::new(),
         nvml: Ready::new(),
+        nvml_list: OnceLock::new(),
         cuinit: Ready::new(),
         touched: Mutex::new(Touched::default()),
         inflight: AtomicUsize::new(0),
@@ -110,7 +124,7 @@ pub fn serve(stream: UnixStream, libs: &DriverLibs) -> i32 {
     {
         let shared = shared.clone();
         let libs = libs.clone();
-        std::thread::spawn(move || warm_up(&shared, &libs));
+        std::thread::spawn(move || warm_up(&shared, &libs, order));
     }
     let writer = Arc::new(Mutex::new(match stream.try_clone() {
         Ok(s) => s,
@@ -175,7 +189,28 @@ pub fn answer_guarded(call: &Call, f: impl FnOnce() -> Result<Answer, WireError>
     })
 }
 
-fn warm_up(shared: &Arc<Shared>, libs: &DriverLibs) {
+fn warm_up(shared: &Arc<Shared>, libs: &DriverLibs, order: WarmUp) {
+    // NVML starts at once, beside the libcuda load: a restore's preflight waits for nothing else.
+    let nvml_started = {
+        let shared = shared.clone();
+        let lib = libs.libnvml.clone().unwrap_or_else(|| ccm_driver::nvml::LIBNVML_NAME.to_string());
+        std::thread::spawn(move || {
+            let t = Instant::now();
+            let state = match Nvml::init_from(&lib) {
+                Ok(n) => NvmlState {
+                    driver_version: n.driver_version().unwrap_or_default(),
+                    nvml: Ok(n),
+                    seconds: t.elapsed().as_secs_f64(),
+                },
+                Err(e) => NvmlState {
+                    driver_version: String::new(),
+                    nvml: Err(e.to_string()),
+                    seconds: t.elapsed().as_secs_f64(),
+                },
+            };
+            shared.nvml.put(state);
+        })
+    };
     let t0 = Instant::now();
     let path = libs.libcuda.as_deref().unwrap_or(ccm_driver::cuda::LIBCUDA_NAME);
     let loaded = Libcuda::load_from(path).map_err(|e| e.to_string()).and_then(|lib| {
@@ -185,6 +220,7 @@ fn warm_up(shared: &Arc<Shared>, libs: &DriverLibs) {
             libcuda_path: lib.path().to_string(),
             cuda_driver_version: lib.driver_version().unwrap_or(0),
             load_seconds: t0.elapsed().as_secs_f64(),
+            left_cgroup: None,
         };
         Ok(Loaded { lib, api, info })
     });
@@ -192,33 +228,56 @@ fn warm_up(shared: &Arc<Shared>, libs: &DriverLibs) {
     let failed = loaded.as_ref().err().cloned();
     shared.driver.put(loaded);
     let Some(lib) = lib else {
-        let why = failed.unwrap_or_default();
-        shared.cuinit.put(Err(WireError::NoDriver(why.clone())));
-        shared.nvml.put((None, Err(why)));
+        shared.cuinit.put(Err(WireError::NoDriver(failed.unwrap_or_default())));
         return;
     };
-    {
-        let shared = shared.clone();
-        std::thread::spawn(move || {
-            let t = Instant::now();
-            let r = lib.init().map(|()| t.elapsed().as_secs_f64()).map_err(|e| WireError::from_cuda(&e));
-            shared.cuinit.put(r);
-        });
+    if order == WarmUp::Restore {
+        // A restore needs cuInit only at its end: NVML (which the preflight waits for) first, so that the
+        // two do not contend in the driver.
+        let _ = nvml_started.join();
     }
-    let t1 = Instant::now();
-    let nvml = match Nvml::init_from(libs.libnvml.as_deref().unwrap_or(ccm_driver::nvml::LIBNVML_NAME)) {
-        Ok(n) => {
-            let driver_version = n.driver_version().unwrap_or_default();
+    let t = Instant::now();
+    let r = lib.init().map(|()| t.elapsed().as_secs_f64()).map_err(|e| WireError::from_cuda(&e));
+    shared.cuinit.put(r);
+}
+
+/// What the agent warms up first.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WarmUp {
+    /// A dump's PAUSE_DEVICES waits for `cuInit`: it starts as soon as libcuda is loaded.
+    Dump,
+    /// A restore's preflight waits for NVML; `cuInit` follows it.
+    Restore,
+}
+
+/// NVML in the agent, once started.
+struct NvmlState {
+    nvml: Result<Nvml, String>,
+    driver_version: String,
+    seconds: f64,
+}
+
+/// NVML's GPU list, made once, at the first call that wants it (a restore whose kernel driver
+/// lists the GPUs in /proc never asks).
+fn nvml_list(shared: &Shared) -> Result<Result<NvmlInfo, String>, WireError> {
+    let state = nvml(shared)?;
+    Ok(shared
+        .nvml_list
+        .get_or_init(|| {
+            let t = Instant::now();
+            let n = state.nvml.as_ref().map_err(Clone::clone)?;
             let (gpus, gpus_error) = match n.gpus() {
                 Ok(g) => (g, None),
                 Err(e) => (Vec::new(), Some(e.to_string())),
             };
-            let info = NvmlInfo { driver_version, gpus, gpus_error, seconds: t1.elapsed().as_secs_f64() };
-            (Some(n), Ok(info))
-        }
-        Err(e) => (None, Err(e.to_string())),
-    };
-    shared.nvml.put(nvml);
+            Ok(NvmlInfo {
+                driver_version: state.driver_version.clone(),
+                gpus,
+                gpus_error,
+                seconds: state.seconds + t.elapsed().as_secs_f64(),
+            })
+        })
+        .clone())
 }
 
 fn not_ready(what: &str) -> WireError {
@@ -237,7 +296,7 @@ fn loaded(shared: &Shared) -> Result<&Loaded, WireError> {
         .map_err(|e| WireError::NoDriver(e.clone()))
 }
 
-fn nvml(shared: &Shared) -> Result<&(Option<Nvml>, Result<NvmlInfo, String>), WireError> {
+fn nvml(shared: &Shared) -> Result<&NvmlState, WireError> {
     shared.nvml.wait().ok_or_else(|| not_ready("NVML's start"))
 }
 
@@ -255,10 +314,14 @@ fn cuda<T>(r: Result<T, CudaError>) -> Result<T, WireError> {
 
 fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
     match call {
-        Call::Driver => Ok(Answer::Driver(loaded(shared)?.info.clone())),
+        Call::Driver => {
+            let mut info = loaded(shared)?.info.clone();
+            info.left_cgroup = Some(shared.left_cgroup.clone().map(|m| m.map(|(from, to)| format!("{from} -> {to}"))));
+            Ok(Answer::Driver(info))
+        }
         Call::Node => {
             let driver = loaded(shared)?.info.clone();
-            let nvml = nvml(shared)?.1.clone();
+            let nvml = nvml_list(shared)?;
             Ok(Answer::Node(NodeInfo { driver, nvml }))
         }
         Call::CuInit => {
@@ -272,20 +335,14 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
         Call::Checkpoint { pid } => cuda(api(shared)?.checkpoint(*pid)).map(|()| Answer::Done),
         Call::Restore { pid, pairs } => cuda(api(shared)?.restore(*pid, pairs)).map(|()| Answer::Done),
         Call::Unlock { pid } => cuda(api(shared)?.unlock(*pid)).map(|()| Answer::Done),
-        Call::UuidAtPci { pci } => {
-            loaded(shared)?;
-            match &nvml(shared)?.0 {
-                Some(n) => n.uuid_at_pci(pci).map(Answer::Uuid).map_err(|e| WireError::Nvml(e.to_string())),
-                None => Err(WireError::Nvml("NVML is unavailable in the driver agent".into())),
-            }
-        }
-        Call::DeviceMemory => {
-            loaded(shared)?;
-            match &nvml(shared)?.0 {
-                Some(n) => n.device_memory().map(Answer::DeviceMemory).map_err(|e| WireError::Nvml(e.to_string())),
-                None => Err(WireError::Nvml("NVML is unavailable in the driver agent".into())),
-            }
-        }
+        Call::UuidAtPci { pci } => match &nvml(shared)?.nvml {
+            Ok(n) => n.uuid_at_pci(pci).map(Answer::Uuid).map_err(|e| WireError::Nvml(e.to_string())),
+            Err(e) => Err(WireError::Nvml(e.clone())),
+        },
+        Call::DeviceMemory => match &nvml(shared)?.nvml {
+            Ok(n) => n.device_memory().map(Answer::DeviceMemory).map_err(|e| WireError::Nvml(e.to_string())),
+            Err(e) => Err(WireError::Nvml(e.clone())),
+        },
         Call::Exit => Ok(Answer::Done),
     }
 }

@@ -9,7 +9,7 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
 
-use ccm_agent::{Agent, AgentError, DriverLibs, Lost};
+use ccm_agent::{Agent, AgentError, DriverLibs, Lost, WarmUp};
 
 const G0: &str = "GPU-5e110000-aabb-ccdd-0001-020304050600";
 const G1: &str = "GPU-5e110001-aabb-ccdd-0001-020304050601";
@@ -71,7 +71,7 @@ fn stack(tmp: &Path) -> DriverLibs {
 fn the_agent_serves_the_doubles_and_exits() {
     let tmp = tempfile::tempdir().expect("scratch dir");
     let libs = stack(tmp.path());
-    let agent = Agent::spawn(&[], &libs).expect("the agent starts");
+    let agent = Agent::spawn(&[], &libs, WarmUp::Dump).expect("the agent starts");
     let driver = agent.driver().expect("libcuda loads in the agent");
     assert!(driver.libcuda_path.ends_with("libcuda_test_double.so"), "{driver:?}");
     assert_eq!(driver.cuda_driver_version, 13000);
@@ -113,7 +113,7 @@ fn signal(pid: u32, sig: i32) {
 
 fn a_stopped_agent_misses_its_deadline_and_is_killed() {
     let tmp = tempfile::tempdir().expect("scratch dir");
-    let agent = Agent::spawn(&[], &stack(tmp.path())).expect("the agent starts");
+    let agent = Agent::spawn(&[], &stack(tmp.path()), WarmUp::Dump).expect("the agent starts");
     agent.driver().expect("libcuda loads");
     let pid = agent.pid();
     signal(pid, libc::SIGSTOP);
@@ -138,7 +138,7 @@ fn a_stopped_agent_misses_its_deadline_and_is_killed() {
 
 fn a_killed_agent_fails_the_call_in_flight_at_once() {
     let tmp = tempfile::tempdir().expect("scratch dir");
-    let agent = Agent::spawn(&[], &stack(tmp.path())).expect("the agent starts");
+    let agent = Agent::spawn(&[], &stack(tmp.path()), WarmUp::Dump).expect("the agent starts");
     agent.driver().expect("libcuda loads");
     signal(agent.pid(), libc::SIGKILL);
     let t0 = Instant::now();
@@ -152,7 +152,7 @@ fn a_killed_agent_fails_the_call_in_flight_at_once() {
 
 fn exit_kills_an_agent_that_is_stopped() {
     let tmp = tempfile::tempdir().expect("scratch dir");
-    let agent = Agent::spawn(&[], &stack(tmp.path())).expect("the agent starts");
+    let agent = Agent::spawn(&[], &stack(tmp.path()), WarmUp::Dump).expect("the agent starts");
     agent.driver().expect("libcuda loads");
     let pid = agent.pid();
     signal(pid, libc::SIGSTOP);
@@ -161,7 +161,7 @@ fn exit_kills_an_agent_that_is_stopped() {
     assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());
     assert!(gone(pid, Duration::from_secs(2)), "a stopped agent outlived exit()");
     // Without the wait (a dump's agent), a stopped agent is killed at once.
-    let agent = Agent::spawn(&[], &stack(tmp.path())).expect("the agent starts");
+    let agent = Agent::spawn(&[], &stack(tmp.path()), WarmUp::Dump).expect("the agent starts");
     agent.driver().expect("libcuda loads");
     agent.exit_without_waiting();
     let pid = agent.pid();
@@ -180,13 +180,16 @@ fn a_library_others_can_change_is_not_loaded() {
     std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
     let lib = open.join("libcuda.so.1");
     std::fs::copy(libs.libcuda.as_ref().unwrap(), &lib).unwrap();
-    let agent = Agent::spawn(&[], &DriverLibs { libcuda: Some(lib.display().to_string()), ..libs.clone() })
-        .expect("the agent starts");
+    let agent =
+        Agent::spawn(&[], &DriverLibs { libcuda: Some(lib.display().to_string()), ..libs.clone() }, WarmUp::Restore)
+            .expect("the agent starts");
     match agent.driver() {
         Err(AgentError::NoDriver(m)) => assert!(m.contains("can be changed by other users"), "{m}"),
         other => panic!("{other:?}"),
     }
-    let agent = Agent::spawn(&[], &DriverLibs { libcuda: Some("relative/libcuda.so.1".into()), ..libs }).unwrap();
+    let agent =
+        Agent::spawn(&[], &DriverLibs { libcuda: Some("relative/libcuda.so.1".into()), ..libs }, WarmUp::Restore)
+            .unwrap();
     assert!(matches!(agent.driver(), Err(AgentError::NoDriver(m)) if m.contains("relative path")));
 }
 

@@ -8,5 +8,6 @@ pub mod app;
 pub mod checkpoint;
 pub mod cuda;
 pub mod nvml;
+pub mod procfs;
 
 pub use cuda::{CuResult, CudaError, Libcuda};

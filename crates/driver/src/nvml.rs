@@ -54,6 +54,9 @@ pub struct GpuMemory {
     pub gpu: GpuUuid,
     /// Free device memory in bytes.
     pub free: Option<u64>,
+    /// All of its device memory, in bytes.
+    #[serde(default)]
+    pub total: Option<u64>,
     /// `(pid as NVML names it, used device memory)` of each compute process.
     pub processes: Vec<(u32, Option<u64>)>,
     /// What NVML could not tell, when something failed.
@@ -111,9 +114,12 @@ impl Nvml {
             let d = self.nvml.device_by_index(i).map_err(q(format!("device {i}")))?;
             let uuid_text = d.uuid().map_err(q(format!("uuid of device {i}")))?;
             let gpu: GpuUuid = uuid_text.parse().map_err(|_| NvmlFailure::BadUuid(uuid_text.clone()))?;
-            let mut m = GpuMemory { gpu, free: None, processes: Vec::new(), error: None };
+            let mut m = GpuMemory { gpu, free: None, total: None, processes: Vec::new(), error: None };
             match d.memory_info() {
-                Ok(info) => m.free = Some(info.free),
+                Ok(info) => {
+                    m.free = Some(info.free);
+                    m.total = Some(info.total);
+                }
                 Err(e) => m.error = Some(format!("memory info: {e}")),
             }
             match d.running_compute_processes() {

@@ -306,7 +306,7 @@ impl DumpSession {
             None => &node.agent,
             Some(_) => {
                 info!("the driver agent was lost: starting a fresh one to put the processes back");
-                match crate::node::spawn_agent(host, &self.config).and_then(Node::load) {
+                match crate::node::spawn_agent(host, &self.config, ccm_agent::WarmUp::Dump).and_then(Node::load) {
                     Ok(n) => {
                         n.agent.exit_without_waiting();
                         fresh = n;

@@ -6,10 +6,14 @@
 //! [`Node::gpus`] for NVML's GPU list only where it is needed.
 
 use std::sync::OnceLock;
+use std::time::Instant;
 
+use ccm_driver::nvml::GpuMemory;
+
+pub use ccm_agent::WarmUp;
 use ccm_agent::{Agent, AgentError};
 use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
-use log::{info, warn};
+use log::{debug, info, warn};
 
 use crate::host::CriuHost;
 use crate::{Config, EngineError};
@@ -21,6 +25,8 @@ pub struct Node {
     /// NVML's view, waited for at first use: a dump needs it only for the identity scan, which
     /// runs during the checkpoint, so the agent's NVML start (16-19 ms) stays off the hooks' path.
     nvml: OnceLock<NvmlView>,
+    /// Each GPU's memory as NVML told it when the restore's preflight asked (`None` at dump).
+    memory: Option<Result<Vec<GpuMemory>, AgentError>>,
 }
 
 struct NvmlView {
@@ -33,9 +39,9 @@ struct NvmlView {
 
 /// Starts the driver agent for this CRIU run, keeping CRIU's log open in it, with the driver
 /// libraries of the configuration.
-pub fn spawn_agent(host: &dyn CriuHost, config: &Config) -> Result<Agent, EngineError> {
+pub fn spawn_agent(host: &dyn CriuHost, config: &Config, order: WarmUp) -> Result<Agent, EngineError> {
     let keep: Vec<i32> = host.log_fd().into_iter().collect();
-    Agent::spawn(&keep, &config.driver_libs()).map_err(EngineError::Agent)
+    Agent::spawn(&keep, &config.driver_libs(), order).map_err(EngineError::Agent)
 }
 
 impl Node {
@@ -50,7 +56,72 @@ impl Node {
             "driver: {} loaded, CUDA driver API {} ({:.3} s, in the driver agent, pid {})",
             d.libcuda_path, d.cuda_driver_version, d.load_seconds, d.agent_pid
         );
-        Ok(Node { agent, cuinit: OnceLock::new(), cuda_driver_version: d.cuda_driver_version, nvml: OnceLock::new() })
+        match &d.left_cgroup {
+            Some(Ok(Some(moved))) => {
+                info!("the driver agent left CRIU's cgroup for the runtime's ({moved}); the restore's end does not wait for it");
+                agent.exit_without_waiting();
+            }
+            Some(Err(e)) => {
+                warn!("the driver agent stays in CRIU's cgroup ({e}); the restore's end waits for it to exit")
+            }
+            _ => {}
+        }
+        Ok(Node {
+            agent,
+            cuinit: OnceLock::new(),
+            cuda_driver_version: d.cuda_driver_version,
+            nvml: OnceLock::new(),
+            memory: None,
+        })
+    }
+
+    /// The node for a restore's preflight: libcuda loaded (the restore needs it), the GPUs as the
+    /// kernel driver lists them in /proc (no NVML list to wait for) with each GPU's memory from one
+    /// NVML query, which the free-memory check uses too. Without that /proc list (another driver,
+    /// the test doubles), NVML's whole list.
+    pub fn load_for_restore(agent: Agent) -> Result<Node, EngineError> {
+        let t0 = Instant::now();
+        let mut node = Node::load(agent)?;
+        let listed = match ccm_driver::procfs::gpus() {
+            Ok(g) => g,
+            Err(e) => {
+                debug!("the kernel driver's GPU list is not usable ({e}); NVML's list instead");
+                return Ok(node);
+            }
+        };
+        let memory = node.agent.device_memory();
+        let view = match &memory {
+            Ok(m) => {
+                let gpus: Vec<GpuIdentity> = listed
+                    .into_iter()
+                    .map(|mut g| {
+                        g.memory_total = m.iter().find(|x| x.gpu == g.uuid).and_then(|x| x.total).unwrap_or(0);
+                        g
+                    })
+                    .collect();
+                NvmlView { ok: true, driver_version: String::new(), gpus }
+            }
+            Err(e) => {
+                // Without NVML the restore cannot be validated: the preflight refuses as for no GPU.
+                warn!("NVML through the driver agent: {e}");
+                NvmlView { ok: false, driver_version: String::new(), gpus: Vec::new() }
+            }
+        };
+        info!("GPUs from {} with NVML's memory ({:.3} s)", ccm_driver::procfs::GPUS_DIR, t0.elapsed().as_secs_f64());
+        for (i, g) in view.gpus.iter().enumerate() {
+            info!("  GPU {i}: {} {} {} minor {} {} MiB", g.uuid, g.pci, g.name, g.minor, g.memory_total >> 20);
+        }
+        let _ = node.nvml.set(view);
+        node.memory = Some(memory);
+        Ok(node)
+    }
+
+    /// Each GPU's memory now: from the preflight's query when there was one, else asked.
+    pub fn memory(&self) -> Result<Vec<GpuMemory>, AgentError> {
+        match &self.memory {
+            Some(m) => m.clone(),
+            None => self.agent.device_memory(),
+        }
     }
 
     fn nvml(&self) -> &NvmlView {

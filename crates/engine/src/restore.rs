@@ -77,13 +77,13 @@ impl RestoreSession {
             return Err(e);
         }
         let t0 = Instant::now();
-        let agent = crate::node::spawn_agent(host, &s.config).map_err(|e| {
+        let agent = crate::node::spawn_agent(host, &s.config, ccm_agent::WarmUp::Restore).map_err(|e| {
             EngineError::Preflight(format!(
                 "the checkpoint holds {} CUDA process(es) but the driver agent cannot start: {e}",
                 images.len()
             ))
         })?;
-        let node = Node::load(agent).map_err(|e| {
+        let node = Node::load_for_restore(agent).map_err(|e| {
             EngineError::Preflight(format!(
                 "the checkpoint holds {} CUDA process(es) but this node cannot restore them: {e}",
                 images.len()
@@ -109,7 +109,7 @@ impl RestoreSession {
             }
         }
         if s.config.memory_check {
-            let free: Vec<(GpuUuid, Option<u64>)> = match node.agent.device_memory() {
+            let free: Vec<(GpuUuid, Option<u64>)> = match node.memory() {
                 Ok(m) => m.into_iter().map(|g| (g.gpu, g.free)).collect(),
                 Err(e) => {
                     warn!("cannot read the GPUs' free memory ({e}); the restore goes on without the memory check");
@@ -141,12 +141,14 @@ impl RestoreSession {
     }
 
     /// RESUME_DEVICES_LATE: every task is restored and ptrace-stopped. The first call handles the
-    /// whole tree below `pid` at once.
-    pub fn resume_devices_late(&mut self, pid: i32) -> HookOutcome {
+    /// whole tree below `pid` at once, whatever `pid` is (a non-CUDA root, the torchrun shape):
+    /// the second value says whether this call did that work, so that its time is logged.
+    pub fn resume_devices_late(&mut self, pid: i32) -> (HookOutcome, bool) {
         if self.node.is_none() || pid <= 0 {
-            return HookOutcome::NotMine;
+            return (HookOutcome::NotMine, false);
         }
         let pid = pid as u32;
+        let mut worked = false;
         if !self.results.contains_key(&pid) {
             let mut tree = vec![pid];
             for c in ccm_process::tree::children_recursive(pid) {
@@ -155,13 +157,14 @@ impl RestoreSession {
                 }
             }
             tree.retain(|p| !self.results.contains_key(p));
-            self.restore_batch(&tree);
+            worked = self.restore_batch(&tree);
         }
-        match self.results.get(&pid) {
+        let outcome = match self.results.get(&pid) {
             None => HookOutcome::NotMine,
             Some(Ok(())) => HookOutcome::Done,
             Some(Err(source)) => HookOutcome::Failed(EngineError::Process { pid: pid as i32, source: source.clone() }),
-        }
+        };
+        (outcome, worked)
     }
 
     fn plan_for(&self, host_pid: u32) -> Option<&ProcessPlan> {
@@ -169,8 +172,9 @@ impl RestoreSession {
         self.plans.iter().find(|p| p.image.pid == ns)
     }
 
-    fn restore_batch(&mut self, pids: &[u32]) {
-        let Some(node) = self.node.as_ref() else { return };
+    /// Restores every CUDA process of `pids`; whether there was any.
+    fn restore_batch(&mut self, pids: &[u32]) -> bool {
+        let Some(node) = self.node.as_ref() else { return false };
         let api = &node.agent;
         let t0 = Instant::now();
         if let Err(e) = node.cuinit() {
@@ -179,7 +183,7 @@ impl RestoreSession {
                     error!("pid {pid} is left CHECKPOINTED: cuInit failed in CRIU ({e}); fix the driver and run `criu-cuda-migrate recover --pid {pid}`");
                 }
             }
-            return;
+            return true;
         }
         // Which of these are CUDA processes. Only the restore thread id is asked here: the driver
         // answers it from outside, while a state query needs the (still stopped) restore thread
@@ -203,7 +207,7 @@ impl RestoreSession {
             jobs.push((Job { pid, plan }, tid));
         }
         if jobs.is_empty() {
-            return;
+            return false;
         }
         fix_container_devices(&jobs, node);
         // Restore threads run; everything else of each task stays stopped until CRIU resumes it.
@@ -251,6 +255,7 @@ impl RestoreSession {
             );
         }
         info!("restore of {job_count} CUDA process(es) took {:.3} s (parallel)", t0.elapsed().as_secs_f64());
+        true
     }
 
     /// Leaves `cuda-migrate-restore-<pid>.txt` next to the images (best effort; the images
@@ -308,17 +313,23 @@ fn fix_container_devices(jobs: &[(Job<'_>, u32)], node: &Node) {
             .iter()
             .filter_map(|p| Some((plan.image.gpu(&p.old)?.minor, node.gpu(&p.new)?.minor)))
             .collect();
-        if moves.iter().all(|(o, n)| o == n) {
-            continue;
-        }
         let Ok(ns) = ccm_process::container::mount_namespace(job.pid) else { continue };
         if done.contains(&ns) {
             continue;
         }
         done.push(ns);
+        let unmoved = moves.iter().all(|(o, n)| o == n);
         let dev = match ccm_process::container::container_dev(job.pid) {
+            Ok(DevView::Own(d)) if unmoved => {
+                info!("pid {}: container /dev: its own tmpfs, GPU nodes {:?}; the GPUs keep their minors, nothing to change", job.pid, d.gpu_minors);
+                continue;
+            }
             Ok(DevView::Own(d)) => d,
             Ok(DevView::HostNamespace) => continue,
+            Ok(DevView::Foreign { why, .. }) if unmoved => {
+                info!("pid {}: {why}; the GPUs keep their minors, so it needs no change", job.pid);
+                continue;
+            }
             Ok(DevView::Foreign { why, gpu_minors }) => {
                 warn_foreign_dev(job.pid, &why, &gpu_minors, &moves);
                 continue;

@@ -18,6 +18,7 @@
 //! All `unsafe` outside the FFI crates lives here, each block with a `// SAFETY:` comment.
 //! Everything needs root (or `CAP_SYS_PTRACE` over the target): the product runs inside CRIU.
 
+pub mod cgroup;
 pub mod container;
 pub mod devices;
 pub mod dir;
