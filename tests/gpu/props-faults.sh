@@ -357,8 +357,9 @@ agent_fault_restore() {
     wait "$cpid"; rc=$?
     local trest; trest=$(elapsed "$t0")
     for _ in $(seq 600); do agent_alive || break; sleep 0.05; done
-    sleep 0.5
-    alive "$W" || gone=yes; [[ $(sums "$d/img") == "$s0" ]] && intact=yes
+    # A killed process holding gigabytes of device memory takes a moment to be torn down by the driver.
+    wait_gone "$W" 30 && gone=yes
+    [[ $(sums "$d/img") == "$s0" ]] && intact=yes
     seen="restore rc $rc ${trest}s after SIG$sig; $(plines "$d/img/restore.log" 'did not answer|is gone|killed the restored tree' 3) process gone: $gone; images intact: $intact; agent left: $(agent_alive && echo yes || echo no)"
     cp "$d/img/restore.log" "$OUTD/logs/$name-restore.log"
     if [[ $gone == yes && $intact == yes ]] && ! agent_alive && restore "$d/img"; then

@@ -409,6 +409,14 @@ impl Agent {
             }
             return;
         }
+        // A restore's agent that moved out of CRIU's cgroup (the restored container's, under runc) at
+        // its start leaves nothing behind in it: its exit need not be waited for.
+        let ours = ccm_process::cgroup::cgroup_v2_of(std::process::id());
+        if ours.is_some()
+            && ccm_process::cgroup::cgroup_v2_of(self.helper.pid).is_some_and(|theirs| Some(theirs) != ours)
+        {
+            return;
+        }
         if !self.helper.wait_gone(EXIT_WAIT) {
             log::warn!(
                 "the driver agent (pid {}) did not exit within {} s of being told (stopped or hung): killed it",

@@ -99,10 +99,6 @@ pub struct DriverInfo {
     pub libcuda_path: String,
     pub cuda_driver_version: i32,
     pub load_seconds: f64,
-    /// A restore's agent: `Ok(Some("from -> to"))` when it moved out of CRIU's cgroup at its start,
-    /// `Ok(None)` when it had no need, `Err` when it could not.
-    #[serde(default)]
-    pub left_cgroup: Option<Result<Option<String>, String>>,
 }
 
 /// The node as NVML lists it.

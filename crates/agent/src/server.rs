@@ -91,8 +91,6 @@ struct Shared {
     driver: Ready<Result<Loaded, String>>,
     nvml: Ready<NvmlState>,
     nvml_list: OnceLock<Result<NvmlInfo, String>>,
-    /// Where the agent moved at its start (`Ok(Some((from, to)))`), for [`DriverInfo`].
-    left_cgroup: Result<Option<(String, String)>, String>,
     cuinit: Ready<Result<f64, WireError>>,
     touched: Mutex<Touched>,
     inflight: AtomicUsize,
@@ -105,14 +103,18 @@ struct Shared {
 /// into.
 pub fn serve(stream: UnixStream, libs: &DriverLibs, order: WarmUp, criu_parent: u32) -> i32 {
     // A restore's agent leaves the cgroup CRIU runs in (under runc: the restored container's) for that
-    // of the runtime that started CRIU, before it does anything: the container's cgroup then holds only
-    // the container once CRIU is done, without waiting for the agent to exit.
-    let left_cgroup = match order {
-        WarmUp::Restore => ccm_process::cgroup::follow(criu_parent),
-        WarmUp::Dump => Ok(None),
-    };
+    // of the runtime that started CRIU: the container's cgroup then holds only the container once CRIU
+    // is done, and the end of the restore need not wait for the agent's exit (the plugin sees that it
+    // moved). In a thread of its own: a cgroup migration can take milliseconds, and the preflight
+    // waits for the warm-up.
+    if order == WarmUp::Restore {
+        std::thread::spawn(move || match ccm_process::cgroup::follow(criu_parent) {
+            Ok(Some((from, to))) => info!("driver agent: moved from CRIU's cgroup {from} to the runtime's {to}"),
+            Ok(None) => {}
+            Err(e) => warn!("driver agent: stays in CRIU's cgroup ({e}); the restore's end waits for it to exit"),
+        });
+    }
     let shared = Arc::new(Shared {
-        left_cgroup: left_cgroup.clone(),
         driver: Ready::new(),
         nvml: Ready::new(),
         nvml_list: OnceLock::new(),
@@ -220,7 +222,6 @@ fn warm_up(shared: &Arc<Shared>, libs: &DriverLibs, order: WarmUp) {
             libcuda_path: lib.path().to_string(),
             cuda_driver_version: lib.driver_version().unwrap_or(0),
             load_seconds: t0.elapsed().as_secs_f64(),
-            left_cgroup: None,
         };
         Ok(Loaded { lib, api, info })
     });
@@ -314,11 +315,7 @@ fn cuda<T>(r: Result<T, CudaError>) -> Result<T, WireError> {
 
 fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
     match call {
-        Call::Driver => {
-            let mut info = loaded(shared)?.info.clone();
-            info.left_cgroup = Some(shared.left_cgroup.clone().map(|m| m.map(|(from, to)| format!("{from} -> {to}"))));
-            Ok(Answer::Driver(info))
-        }
+        Call::Driver => Ok(Answer::Driver(loaded(shared)?.info.clone())),
         Call::Node => {
             let driver = loaded(shared)?.info.clone();
             let nvml = nvml_list(shared)?;

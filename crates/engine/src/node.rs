@@ -56,16 +56,6 @@ impl Node {
             "driver: {} loaded, CUDA driver API {} ({:.3} s, in the driver agent, pid {})",
             d.libcuda_path, d.cuda_driver_version, d.load_seconds, d.agent_pid
         );
-        match &d.left_cgroup {
-            Some(Ok(Some(moved))) => {
-                info!("the driver agent left CRIU's cgroup for the runtime's ({moved}); the restore's end does not wait for it");
-                agent.exit_without_waiting();
-            }
-            Some(Err(e)) => {
-                warn!("the driver agent stays in CRIU's cgroup ({e}); the restore's end waits for it to exit")
-            }
-            _ => {}
-        }
         Ok(Node {
             agent,
             cuinit: OnceLock::new(),
@@ -79,7 +69,10 @@ impl Node {
     /// kernel driver lists them in /proc (no NVML list to wait for) with each GPU's memory from one
     /// NVML query, which the free-memory check uses too. Without that /proc list (another driver,
     /// the test doubles), NVML's whole list.
-    pub fn load_for_restore(agent: Agent) -> Result<Node, EngineError> {
+    ///
+    /// Without `need_memory` (the free-memory check is off), NVML is not waited for at all: the GPUs'
+    /// totals stay unknown (0), which the map rules do not hold against a GPU of the same chip.
+    pub fn load_for_restore(agent: Agent, need_memory: bool) -> Result<Node, EngineError> {
         let t0 = Instant::now();
         let mut node = Node::load(agent)?;
         let listed = match ccm_driver::procfs::gpus() {
@@ -89,6 +82,18 @@ impl Node {
                 return Ok(node);
             }
         };
+        if !need_memory {
+            info!(
+                "GPUs from {} ({:.3} s; NVML not waited for)",
+                ccm_driver::procfs::GPUS_DIR,
+                t0.elapsed().as_secs_f64()
+            );
+            for (i, g) in listed.iter().enumerate() {
+                info!("  GPU {i}: {} {} {} minor {}", g.uuid, g.pci, g.name, g.minor);
+            }
+            let _ = node.nvml.set(NvmlView { ok: true, driver_version: String::new(), gpus: listed });
+            return Ok(node);
+        }
         let memory = node.agent.device_memory();
         let view = match &memory {
             Ok(m) => {

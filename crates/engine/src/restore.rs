@@ -83,7 +83,7 @@ impl RestoreSession {
                 images.len()
             ))
         })?;
-        let node = Node::load_for_restore(agent).map_err(|e| {
+        let node = Node::load_for_restore(agent, s.config.memory_check).map_err(|e| {
             EngineError::Preflight(format!(
                 "the checkpoint holds {} CUDA process(es) but this node cannot restore them: {e}",
                 images.len()

@@ -250,7 +250,13 @@ fn describe_old(image: &IdentityImage, old: &GpuUuid) -> String {
 
 /// Fits `old` (a used GPU): same chip, at least as much memory, usable.
 fn suits(old: &GpuIdentity, new: &GpuIdentity, usable: &HashSet<GpuUuid>) -> bool {
-    usable.contains(&new.uuid) && new.same_chip(old) && new.memory_total >= old.memory_total
+    usable.contains(&new.uuid) && new.same_chip(old) && holds_as_much(new, old)
+}
+
+/// Whether `new` has at least `old`'s memory; a total of 0 is unknown (a restore's GPU list from
+/// the kernel driver, without NVML) and not held against it: the same chip has the same memory.
+fn holds_as_much(new: &GpuIdentity, old: &GpuIdentity) -> bool {
+    new.memory_total == 0 || old.memory_total == 0 || new.memory_total >= old.memory_total
 }
 
 /// Assignment state: enumerated index -> node index, and back.
@@ -340,7 +346,7 @@ pub fn plan(req: &MapRequest) -> Result<DeviceMap, MapError> {
                 if !new_gpu.same_chip(old_gpu) {
                     return Err(MapError::ExplicitWrongChip { old: old_gpu.describe(), new: new_gpu.describe() });
                 }
-                if new_gpu.memory_total < old_gpu.memory_total {
+                if !holds_as_much(new_gpu, old_gpu) {
                     return Err(MapError::ExplicitTooLittleMemory { old: old_gpu.describe(), new: new_gpu.describe() });
                 }
             }
