@@ -402,19 +402,25 @@ impl Agent {
             let _w = self.writing.lock().unwrap_or_else(|p| p.into_inner());
             let _ = write_frame(&mut &self.stream, &Request { id: 0, call: Call::Exit });
         }
-        if !self.wait_at_exit.load(Ordering::Relaxed) {
-            if self.helper.is_stopped() {
-                log::warn!("the driver agent (pid {}) is stopped at the end of the dump: killed it", self.helper.pid);
-                self.helper.kill();
-            }
+        // A stopped agent would never read the word: killed at once.
+        if self.helper.is_stopped() {
+            log::warn!("the driver agent (pid {}) is stopped at the end of the run: killed it", self.helper.pid);
+            self.helper.kill();
             return;
         }
-        // A restore's agent that moved out of CRIU's cgroup (the restored container's, under runc) at
-        // its start leaves nothing behind in it: its exit need not be waited for.
-        let ours = ccm_process::cgroup::cgroup_v2_of(std::process::id());
-        if ours.is_some()
-            && ccm_process::cgroup::cgroup_v2_of(self.helper.pid).is_some_and(|theirs| Some(theirs) != ours)
-        {
+        if !self.wait_at_exit.load(Ordering::Relaxed) {
+            return;
+        }
+        // The wait is for one case: CRIU in a cgroup of its own (the restored container's, under
+        // runc), which must hold only the container once CRIU is done, and the agent still in it. An
+        // agent that moved out at its start, or a CRIU in its caller's cgroup, needs no wait.
+        use ccm_process::cgroup::cgroup_v2_of;
+        let (criu, agent, caller) = (
+            cgroup_v2_of(std::process::id()),
+            cgroup_v2_of(self.helper.pid),
+            cgroup_v2_of(std::os::unix::process::parent_id()),
+        );
+        if criu.is_some() && agent.is_some() && (agent != criu || criu == caller) {
             return;
         }
         if !self.helper.wait_gone(EXIT_WAIT) {

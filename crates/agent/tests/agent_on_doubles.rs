@@ -156,6 +156,7 @@ fn exit_kills_an_agent_that_is_stopped() {
     agent.driver().expect("libcuda loads");
     let pid = agent.pid();
     signal(pid, libc::SIGSTOP);
+    std::thread::sleep(Duration::from_millis(50));
     let t0 = Instant::now();
     agent.exit();
     assert!(t0.elapsed() < Duration::from_secs(4), "{:?}", t0.elapsed());

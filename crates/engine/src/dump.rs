@@ -222,26 +222,49 @@ impl DumpSession {
         // adds the host copy of the device memory. So the scan (20-40 ms) is off the critical path,
         // under the checkpoint (hundreds of ms).
         let api = &node.agent;
-        // What each process holds on each GPU, read before the checkpoint moves it to the host:
-        // the restore's preflight checks the target GPUs have room for it. One NVML pass for all.
-        let memory = device_memory_by_pid(node, &todo.iter().map(|t| t.0).collect::<Vec<_>>());
+        // What each process holds on each GPU, for the restore's free-memory check: one NVML pass for
+        // all. The checkpoints wait for it a little ([`MEMORY_GRACE`]: when NVML has started, the pass
+        // takes a millisecond); if NVML's own start (about 20 ms) is not over by then, they begin beside
+        // it. The driver keeps a process's device memory until its checkpoint ends (hundreds of ms at
+        // the least), so NVML still sees it then; a process it no longer lists is recorded as unknown,
+        // which the restore does not check.
+        let pids: Vec<i32> = todo.iter().map(|t| t.0).collect();
+        let memory: Waitable<BTreeMap<i32, Option<Vec<DeviceMemoryUse>>>> = Waitable::default();
         let memory = &memory;
-        let bytes_of = |pid: i32| memory.get(&pid).cloned().flatten().map(|u| u.iter().map(|x| x.bytes).sum::<u64>());
         let config = &self.config;
         let started = Instant::now();
-        let results = with_restore_threads_running(
-            &todo,
-            |&(_, tid)| tid as u32,
-            OnResumeError::Skip,
-            |&(pid, _)| {
-                std::thread::scope(|s| {
-                    let scan = s.spawn(move || collect_identity(pid, node, memory.get(&pid).cloned().flatten()));
-                    let checkpoint = timed(|| api.checkpoint(pid, config.call_deadline(bytes_of(pid))));
-                    let facts = scan.join().unwrap_or_else(|_| Err("identity collection panicked".into()));
-                    (checkpoint, facts)
-                })
-            },
-        );
+        let results = std::thread::scope(|outer| {
+            outer.spawn(|| {
+                let m = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| device_memory_by_pid(node, &pids)))
+                    .unwrap_or_else(|_| pids.iter().map(|p| (*p, None)).collect());
+                memory.set(m)
+            });
+            if !memory.wait_for(MEMORY_GRACE) {
+                debug!(
+                    "NVML has not answered within {} ms; the checkpoints start beside its pass",
+                    MEMORY_GRACE.as_millis()
+                );
+            }
+            with_restore_threads_running(
+                &todo,
+                |&(_, tid)| tid as u32,
+                OnResumeError::Skip,
+                |&(pid, _)| {
+                    std::thread::scope(|s| {
+                        // The identity is read at once (the driver closes the GPU nodes during the checkpoint);
+                        // the device memory is added when the NVML pass has it.
+                        let scan =
+                            s.spawn(move || collect_identity(pid, node, || memory.wait().get(&pid).cloned().flatten()));
+                        // The device memory is not known yet: the deadline for an unknown amount.
+                        let checkpoint = timed(|| api.checkpoint(pid, config.call_deadline(None)));
+                        let facts = scan.join().unwrap_or_else(|_| Err("identity collection panicked".into()));
+                        (checkpoint, facts)
+                    })
+                },
+            )
+        });
+        let memory = memory.wait();
+        let bytes_of = |pid: i32| memory.get(&pid).cloned().flatten().map(|u| u.iter().map(|x| x.bytes).sum::<u64>());
         // Written through CRIU's own descriptor of the image directory: it may be in another mount
         // namespace than any path we could name, and a path could be swapped under us.
         let dir = host.image_dir().map(|fd| Dir::from_owned(fd, PathBuf::from("CRIU's image directory")));
@@ -342,6 +365,49 @@ impl DumpSession {
             if let Err(e) = r {
                 error!("pid {}: rollback failed ({e}); its CUDA state is unknown: run `criu-cuda-migrate recover --pid {}`", t.pid, t.pid);
             }
+        }
+    }
+}
+
+/// A value one thread sets and others wait for (the dump's device-memory pass, beside the checkpoints).
+struct Waitable<T> {
+    value: std::sync::Mutex<Option<T>>,
+    set: std::sync::Condvar,
+}
+
+impl<T> Default for Waitable<T> {
+    fn default() -> Self {
+        Waitable { value: std::sync::Mutex::new(None), set: std::sync::Condvar::new() }
+    }
+}
+
+/// How long the dump's checkpoints wait for NVML's device-memory pass before they start beside it.
+const MEMORY_GRACE: Duration = Duration::from_millis(5);
+
+impl<T> Waitable<T> {
+    /// Whether the value is set within `d`.
+    fn wait_for(&self, d: Duration) -> bool {
+        let g = self.value.lock().unwrap_or_else(|p| p.into_inner());
+        let (g, _) = self.set.wait_timeout_while(g, d, |v| v.is_none()).unwrap_or_else(|p| p.into_inner());
+        g.is_some()
+    }
+
+    fn set(&self, v: T) {
+        *self.value.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
+        self.set.notify_all();
+    }
+
+    /// Waits for the value (its setter always sets it: the NVML calls behind it have their deadlines).
+    fn wait(&self) -> T
+    where
+        T: Clone,
+    {
+        let mut g = self.value.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            if let Some(v) = g.as_ref() {
+                return v.clone();
+            }
+            g = self.set.wait(g).unwrap_or_else(|p| p.into_inner());
         }
     }
 }
@@ -479,7 +545,7 @@ fn device_memory_by_pid(node: &Node, pids: &[i32]) -> BTreeMap<i32, Option<Vec<D
 fn collect_identity(
     pid: i32,
     node: &Node,
-    device_memory: Option<Vec<DeviceMemoryUse>>,
+    device_memory: impl FnOnce() -> Option<Vec<DeviceMemoryUse>>,
 ) -> Result<IdentityImage, String> {
     let t0 = Instant::now();
     let upid = pid as u32;
@@ -544,7 +610,7 @@ fn collect_identity(
         env,
         sites: scan.sites,
         prop_sites: scan.prop_sites,
-        device_memory,
+        device_memory: device_memory(),
     };
     // The hostname, the process's mapping names and environment are not ours: no control
     // character of theirs reaches an image or a log raw.
