@@ -13,6 +13,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Condvar, Mutex};
 use std::time::{Duration, Instant};
 
+use ccm_driver::abi::CudaCode;
 use ccm_driver::checkpoint::ProcessState;
 use ccm_driver::CudaError;
 use ccm_identity::{GpuUuid, PciAddress};
@@ -88,7 +89,7 @@ fn lost_text(agent_pid: u32, lost: &Lost) -> String {
 
 impl AgentError {
     /// The `CUresult` of a failed driver call.
-    pub fn cuda_code(&self) -> Option<i32> {
+    pub fn cuda_code(&self) -> Option<CudaCode> {
         match self {
             AgentError::Cuda(e) => Some(e.code),
             _ => None,
@@ -101,27 +102,13 @@ impl AgentError {
     }
 }
 
-/// The driver calls' names, so that errors keep the `&'static str` [`CudaError`] carries.
-const CALL_NAMES: [&str; 8] = [
-    "cuInit",
-    "cuDriverGetVersion",
-    "cuCheckpointProcessGetRestoreThreadId",
-    "cuCheckpointProcessGetState",
-    "cuCheckpointProcessLock",
-    "cuCheckpointProcessCheckpoint",
-    "cuCheckpointProcessRestore",
-    "cuCheckpointProcessUnlock",
-];
-
-impl From<WireError> for AgentError {
-    fn from(e: WireError) -> AgentError {
+impl AgentError {
+    /// A failure as the agent sent it, for the request `call` (whose name a driver error keeps).
+    fn from_wire(call: &'static str, e: WireError) -> AgentError {
         match e {
-            WireError::Cuda { call, code, name, description } => AgentError::Cuda(CudaError {
-                call: CALL_NAMES.iter().find(|c| **c == call).copied().unwrap_or("a driver call"),
-                code,
-                name,
-                description,
-            }),
+            WireError::Cuda { code, name, description } => {
+                AgentError::Cuda(CudaError { call, code: CudaCode::from_raw(code), name, description })
+            }
             WireError::NoDriver(m) => AgentError::NoDriver(m),
             WireError::Nvml(m) => AgentError::Nvml(m),
             WireError::Agent(m) => AgentError::Agent(m),
@@ -225,7 +212,7 @@ impl Agent {
         }
         loop {
             if let Some(r) = inbox.replies.remove(&id) {
-                return r.map_err(AgentError::from);
+                return r.map_err(|e| AgentError::from_wire(name, e));
             }
             if let Some(l) = &inbox.lost {
                 return Err(AgentError::Lost { agent_pid: self.helper.pid, lost: l.clone() });

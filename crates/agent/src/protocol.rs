@@ -142,7 +142,12 @@ pub enum Answer {
 /// A failure as it crosses the socket.
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub enum WireError {
-    Cuda { call: String, code: i32, name: String, description: String },
+    /// A driver call's failure: its `CUresult` and the driver's texts (the call is the request's).
+    Cuda {
+        code: i32,
+        name: String,
+        description: String,
+    },
     NoDriver(String),
     Nvml(String),
     Agent(String),
@@ -150,12 +155,7 @@ pub enum WireError {
 
 impl WireError {
     pub fn from_cuda(e: &CudaError) -> WireError {
-        WireError::Cuda {
-            call: e.call.to_string(),
-            code: e.code,
-            name: e.name.clone(),
-            description: e.description.clone(),
-        }
+        WireError::Cuda { code: e.code.raw(), name: e.name.clone(), description: e.description.clone() }
     }
 }
 

@@ -90,7 +90,7 @@ fn the_agent_serves_the_doubles_and_exits() {
         for h in handles {
             match h.join().unwrap() {
                 Err(AgentError::Cuda(e)) => {
-                    assert_eq!(e.code, 500, "{e}");
+                    assert_eq!(e.code.raw(), 500, "{e}");
                     assert_eq!(e.call, "cuCheckpointProcessGetRestoreThreadId");
                 }
                 other => panic!("expected CUDA_ERROR_NOT_FOUND, got {other:?}"),

@@ -149,7 +149,7 @@ impl CheckpointApi {
             // Never hand a newer driver a struct it may read differently.
             return Err(CudaError {
                 call: "cuCheckpointProcessRestore",
-                code: abi::CUDA_ERROR_NOT_SUPPORTED,
+                code: abi::CudaCode::NotSupported,
                 name: "CUDA_ERROR_NOT_SUPPORTED".into(),
                 description: why,
             });
@@ -160,7 +160,7 @@ impl CheckpointApi {
         } else {
             let count = c_uint::try_from(raw.len()).map_err(|_| CudaError {
                 call: "cuCheckpointProcessRestore",
-                code: crate::cuda::CUDA_ERROR_INVALID_VALUE,
+                code: abi::CudaCode::InvalidValue,
                 name: "CUDA_ERROR_INVALID_VALUE".into(),
                 description: "too many GPU pairs".into(),
             })?;

@@ -11,19 +11,12 @@ pub use crate::abi::{
 
 /// A failed driver call: which call, the `CUresult` and the driver's own name for it.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
-#[error("{call} failed: {name} ({code}): {description}")]
+#[error("{call} failed: {name} ({}): {description}", code.raw())]
 pub struct CudaError {
     pub call: &'static str,
-    pub code: CuResult,
+    pub code: CudaCode,
     pub name: String,
     pub description: String,
-}
-
-impl CudaError {
-    /// The result code by name.
-    pub fn kind(&self) -> CudaCode {
-        CudaCode::from_raw(self.code)
-    }
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -159,7 +152,12 @@ impl Libcuda {
         if code == CUDA_SUCCESS {
             return Ok(());
         }
-        Err(CudaError { call, code, name: self.error_name(code), description: self.error_string(code) })
+        Err(CudaError {
+            call,
+            code: CudaCode::from_raw(code),
+            name: self.error_name(code),
+            description: self.error_string(code),
+        })
     }
 
     pub fn error_name(&self, code: CuResult) -> String {

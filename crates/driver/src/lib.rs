@@ -4,7 +4,6 @@
 //! disables itself there. All FFI `unsafe` of the driver libraries lives in this crate.
 
 pub mod abi;
-pub mod app;
 pub mod checkpoint;
 pub mod cuda;
 pub mod nvml;

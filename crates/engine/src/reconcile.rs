@@ -31,8 +31,7 @@ pub struct ReconcileSummary {
     pub props_fresh: usize,
     pub props_skipped: usize,
     /// One row per changed GPU: ordinal, old → new, sites, validation.
-    pub report: ReconcileReport,
-    /// `report` rendered as a table.
+    /// The per-GPU report, rendered as a table.
     pub table: String,
     /// Empty when every changed GPU validated.
     pub failures: Vec<String>,
@@ -273,5 +272,4 @@ fn validate(pid: u32, plan: &ProcessPlan, node: &Node, changed: &[(GpuUuid, GpuU
         report.rows.push(ReportRow::from_verdict(ordinal, old_gpu, new_gpu, sites, &verdict));
     }
     s.table = report.render_table();
-    s.report = report;
 }

@@ -7,6 +7,7 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::Instant;
 
+use ccm_driver::abi::CudaCode;
 use ccm_driver::checkpoint::{timed, ProcessState};
 use ccm_identity::runtime::GivenGpus;
 use ccm_identity::{GpuIdentity, GpuUuid};
@@ -457,7 +458,7 @@ fn restore_one_steps(
         warn!("pid {pid}: CHECKPOINTED CUDA process without identity image; restoring it onto the same GPUs");
     }
     let pairs: Vec<(GpuUuid, GpuUuid)> = match job.plan {
-        Some(p) if !p.map.is_identity() => p.map.pairs.iter().map(|x| (x.old, x.new)).collect(),
+        Some(p) if !p.map.is_identity() => p.map.driver_pairs(),
         _ => Vec::new(),
     };
     info!("pid {pid}: driver restore started ({} pair(s))", pairs.len());
@@ -469,9 +470,9 @@ fn restore_one_steps(
             error!("pid {pid}: {e}, during the driver's restore; its CUDA state is unknown, so the restored tree is killed. The images are intact: restore again");
             return (Err(ProcessFailure::Driver(e)), true);
         }
-        let hint = if e.cuda_code() == Some(ccm_driver::cuda::CUDA_ERROR_INVALID_VALUE) && !pairs.is_empty() {
+        let hint = if e.cuda_code() == Some(CudaCode::InvalidValue) && !pairs.is_empty() {
             " (the driver refused the device map: it must pair every GPU the process enumerated with a distinct GPU of the same chip and enough memory)"
-        } else if e.cuda_code() == Some(ccm_driver::abi::CUDA_ERROR_OUT_OF_MEMORY) {
+        } else if e.cuda_code() == Some(CudaCode::OutOfMemory) {
             " (a target GPU ran out of memory: something took it after the preflight's check)"
         } else {
             ""

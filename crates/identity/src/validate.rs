@@ -139,10 +139,6 @@ pub struct ReconcileReport {
 }
 
 impl ReconcileReport {
-    pub fn all_ok(&self) -> bool {
-        self.rows.iter().all(|r| r.ok)
-    }
-
     /// A table: ordinal, old GPU and bus, new GPU and bus, sites rewritten, validation.
     pub fn render_table(&self) -> String {
         let pci = |p: &Option<PciAddress>| p.map_or_else(|| "?".to_string(), |p| p.to_string());
@@ -213,7 +209,7 @@ mod tests {
                 ReportRow::from_verdict(None, &g1, &g0, 4, &Verdict::Mismatch("x".into())),
             ],
         };
-        assert!(!report.all_ok());
+        assert!(!report.rows.iter().all(|r| r.ok));
         let text = report.render_table();
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 3, "{text}");

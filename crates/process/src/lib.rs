@@ -23,7 +23,6 @@ pub mod container;
 pub mod devices;
 pub mod dir;
 pub mod environ;
-pub mod fds;
 pub mod helper;
 pub mod maps;
 pub mod mem;

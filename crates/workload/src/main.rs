@@ -9,8 +9,14 @@
 //!
 //! `--report-now` prints one report on stdout and exits (a quick identity check).
 
-#![forbid(unsafe_code)]
+// The app-side calls into libcuda (`app`) and the closing of inherited descriptors (`fds`) are FFI;
+// nothing else here may use `unsafe`.
+#![deny(unsafe_code)]
 
+#[allow(unsafe_code)]
+mod app;
+#[allow(unsafe_code)]
+mod fds;
 mod files;
 mod pattern;
 mod props;
@@ -21,7 +27,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Instant;
 
-use ccm_driver::app::{AppError, CudaApp};
+use crate::app::{AppError, CudaApp};
 use clap::Parser;
 
 use crate::report::Held;
@@ -76,7 +82,7 @@ enum WorkloadError {
 }
 
 fn main() -> ExitCode {
-    ccm_process::fds::close_inherited_fds();
+    crate::fds::close_inherited_fds();
     let args = Args::parse();
     match run(&args) {
         Ok(()) => ExitCode::SUCCESS,

@@ -7,7 +7,7 @@
 //! plus a decoy per device: the same name and UUID with the PCI words where no layout keeps them,
 //! which the plugin must leave byte for byte. Each report says what the copies hold now.
 
-use ccm_driver::app::CudaApp;
+use crate::app::CudaApp;
 use ccm_identity::devprop::{self, LAYOUTS, NAME_BYTES, UUID_BYTES, UUID_OFFSET};
 use ccm_identity::{GpuUuid, PciAddress};
 use serde::Serialize;
@@ -61,7 +61,7 @@ fn from_bytes(bytes: &[u8]) -> [u64; PROP_BYTES / 8] {
 
 impl PropCache {
     /// Builds the copies of every ordinal, as `cudaGetDeviceProperties` does.
-    pub fn fill(app: &CudaApp) -> Result<PropCache, ccm_driver::app::AppError> {
+    pub fn fill(app: &CudaApp) -> Result<PropCache, crate::app::AppError> {
         let l13 = LAYOUTS[0];
         let mut cache = PropCache { copies: Vec::new(), decoys: Vec::new(), decoy_bytes: Vec::new() };
         for ordinal in 0..app.device_count()? {

@@ -4,7 +4,7 @@
 use std::ffi::OsStr;
 use std::time::Instant;
 
-use ccm_driver::app::{CudaApp, DeviceBuffer};
+use crate::app::{CudaApp, DeviceBuffer};
 use ccm_identity::PciAddress;
 use serde::Serialize;
 
@@ -150,7 +150,7 @@ fn ordinal_report(
             return r;
         }
     };
-    let mut note = |e: ccm_driver::app::AppError| r.errors.push(e.to_string());
+    let mut note = |e: crate::app::AppError| r.errors.push(e.to_string());
     let name = app.device_name(dev).map_err(&mut note).ok();
     let total_mem = app.device_total_mem(dev).map_err(&mut note).ok();
     let bus_text = app.device_pci_bus_id_text(dev).map_err(&mut note).ok();
@@ -221,7 +221,7 @@ fn ordinal_report(
 }
 
 /// Reads the whole buffer back in chunks and counts words that differ from the pattern.
-pub fn check_data(h: &Held) -> Result<u64, ccm_driver::app::AppError> {
+pub fn check_data(h: &Held) -> Result<u64, crate::app::AppError> {
     let total = h.buffer.len();
     let mut chunk = vec![0u8; CHECK_CHUNK_BYTES.min(total)];
     let mut bad = 0;
@@ -242,7 +242,7 @@ fn check_context(app: &CudaApp, h: &Held) -> (Result<i32, String>, Result<(), St
         .and_then(|()| app.current_device())
         .map(|d| d.raw())
         .map_err(|e| e.to_string());
-    let works = (|| -> Result<bool, ccm_driver::app::AppError> {
+    let works = (|| -> Result<bool, crate::app::AppError> {
         let scratch = app.alloc(h.buffer.context(), SCRATCH_WORDS * 4)?;
         scratch.fill_u32(0, SCRATCH_WORDS, SCRATCH_WORD)?;
         let mut back = vec![0u8; SCRATCH_WORDS * 4];

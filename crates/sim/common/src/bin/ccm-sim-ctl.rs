@@ -42,7 +42,7 @@ impl Ctl {
     fn report<T>(&mut self, what: &str, r: &Result<T, CudaError>, started: Instant) {
         let (code, name) = match r {
             Ok(_) => (0, "CUDA_SUCCESS".to_string()),
-            Err(e) => (e.code, e.name.clone()),
+            Err(e) => (e.code.raw(), e.name.clone()),
         };
         println!("CTL {what} -> {code} {name} ({:.3}s)", started.elapsed().as_secs_f64());
         if code != 0 {

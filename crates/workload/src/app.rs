@@ -11,7 +11,7 @@ use std::sync::Arc;
 
 use ccm_identity::{GpuUuid, PciAddress};
 
-use crate::cuda::{CuResult, CudaError, Libcuda, LoadError};
+use ccm_driver::cuda::{CuResult, CudaError, Libcuda, LoadError};
 
 /// `CUdevice_attribute` values used here (cuda.h).
 pub const CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: c_int = 33;
@@ -31,8 +31,6 @@ pub enum AppError {
     Load(#[from] LoadError),
     #[error(transparent)]
     Cuda(#[from] CudaError),
-    #[error("cuDeviceGetPCIBusId returned `{text}`, which is not a PCI address (expected DDDD:BB:DD.F); the driver or its test double is broken")]
-    BadBusId { text: String },
     #[error(
         "device copy of {len} bytes at offset {offset} does not fit in a buffer of {size} bytes; copy a smaller range"
     )]
@@ -213,12 +211,6 @@ impl CudaApp {
         Ok(c_buf_to_string(&buf))
     }
 
-    /// `cuDeviceGetPCIBusId`, parsed.
-    pub fn device_pci_bus_id(&self, dev: Device) -> Result<PciAddress, AppError> {
-        let text = self.device_pci_bus_id_text(dev)?;
-        PciAddress::parse(&text).ok_or(AppError::BadBusId { text })
-    }
-
     /// `cuDeviceGetUuid_v2` (the NVML-compatible UUID).
     pub fn device_uuid(&self, dev: Device) -> Result<GpuUuid, AppError> {
         let mut bytes = [0u8; 16];
@@ -311,15 +303,8 @@ impl DeviceBuffer {
     pub fn len(&self) -> usize {
         self.bytes
     }
-    pub fn is_empty(&self) -> bool {
-        self.bytes == 0
-    }
     pub fn context(&self) -> Context {
         self.ctx
-    }
-    /// The device address (for logs).
-    pub fn device_ptr(&self) -> u64 {
-        self.ptr
     }
 
     fn range(&self, offset: usize, len: usize) -> Result<u64, AppError> {
