@@ -167,8 +167,7 @@ fn plugin_init_inner(stage: c_int) -> c_int {
                 return -libc::EINVAL;
             }
         };
-        let pairs = given.as_deref().map(ccm_identity::options::as_pairs).unwrap_or_default();
-        let config = match Config::from_process(&pairs) {
+        let config = match Config::from_process(given.as_deref().unwrap_or_default()) {
             Ok(c) => c,
             Err(e) => {
                 error!("configuration: {e}");

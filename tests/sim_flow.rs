@@ -74,3 +74,11 @@ fn three_gpu_cycle() {
 fn restore_onto_a_full_gpu_is_refused_then_succeeds() {
     run_case("memory");
 }
+
+/// One preflight, two front ends: the CLI's `preflight` and the plugin's init(RESTORE) give the same
+/// verdict and the same reason for a map onto an unknown GPU, too few usable GPUs, no NVML, a newer driver
+/// with a map (the restore-argument layout gate), and a valid swap.
+#[test]
+fn the_cli_and_the_plugin_give_the_same_preflight_verdicts() {
+    run_case("parity");
+}

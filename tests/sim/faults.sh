@@ -405,7 +405,7 @@ image-truncated | image-newer-version)
     else
         # Format version (u16 LE at offset 8) = 3: read before the checksum, so no CRC fix-up is needed.
         printf '\003\000' | dd of="$img" bs=1 seek=8 conv=notrunc status=none
-        why="format version 3 is newer than this plugin reads.*upgrade criu-cuda-migrate"
+        why="format version 3 is newer than this build of criu-cuda-migrate reads.*upgrade criu-cuda-migrate"
     fi
     sum=$(images_sum "$WORK/img")
     refused_cleanly "$WORK/img" "$pid" "$sum" "$why"

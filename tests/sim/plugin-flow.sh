@@ -197,6 +197,44 @@ memory)
     check_agree "$WORK/w0" 1
     [ "$(ordinal_uuid "$WORK/w0/report1.json" 0)" = "$G1" ] || fail "ordinal 0 not on $G1"
     ;;
+parity)
+    # One preflight, two front ends: for each case, `criu-cuda-migrate preflight` and the plugin's init(RESTORE)
+    # under real CRIU give the same verdict, and a refusal the same reason. The images are dumped once; each
+    # refused restore leaves them as they were.
+    pid=$(start "$WORK/w0" 0,1)
+    dump "$WORK/img" "$pid"
+    sum=$(sha256sum "$WORK"/img/*.img | sha256sum)
+    cp "$WORK/gpus.json" "$WORK/gpus.json.orig"
+    verdicts() { # NAME: prints `NAME cli=<passed|refused> plugin=<passed|refused>` and compares the reasons
+        local name=$1 cli plugin cli_why plugin_why
+        if "$BIN/criu-cuda-migrate" preflight "$WORK/img" >"$WORK/p-$name.txt" 2>&1; then cli=passed; else cli=refused; fi
+        cli_why=$(sed -n 's/^preflight refused: //p' "$WORK/p-$name.txt" | head -n1 || true)
+        # The plugin's verdict without restoring anything: CRIU's init fails on a refusal; a pass restores, so
+        # it is undone by killing the restored tree at once (the images stay).
+        if restore "$WORK/img"; then plugin=passed; kill -9 "$pid" 2>/dev/null; for _ in $(seq 100); do [ -d "/proc/$pid" ] || break; sleep 0.05; done
+        else plugin=refused; fi
+        plugin_why=$(grep -a -m1 "restore refused before anything was restored: " "$WORK/img/restore.log" | sed 's/.*restore refused before anything was restored: //; s/\. The images are unchanged; fix this and run the restore again\.$//' || true)
+        echo "VERDICT $name cli=$cli plugin=$plugin"
+        [ "$cli" = "$plugin" ] || fail "$name: the CLI says $cli, the plugin $plugin: CLI: $(cat "$WORK/p-$name.txt"); plugin: $plugin_why"
+        if [ "$cli" = refused ]; then
+            [ -n "$cli_why" ] && [ "$cli_why" = "$plugin_why" ] || fail "$name: different reasons: CLI: $cli_why; plugin: $plugin_why"
+        fi
+        [ "$sum" = "$(sha256sum "$WORK"/img/*.img | sha256sum)" ] || fail "$name: the images changed"
+    }
+    # A map onto a GPU this node lacks, from the environment: both name the variable.
+    CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=GPU-0badc0de-0000-0000-0000-000000000000,$G1=$G0" verdicts unknown-target
+    # A usable set of one GPU for a process that uses two.
+    CRIU_CUDA_MIGRATE_USABLE_GPUS=$G1 verdicts too-few-usable
+    # No NVML on this node.
+    CCM_SIM_FAULTS=nvml-missing verdicts no-nvml
+    # A driver newer than this build knows, with a map that moves GPUs: the restore-argument layout gate (the
+    # CLI lacked it before: it passed what the plugin refused).
+    sed -i 's/"cuda_driver_version":13000/"cuda_driver_version":14000/' "$WORK/gpus.json"
+    CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0" verdicts newer-driver-with-map
+    cp "$WORK/gpus.json.orig" "$WORK/gpus.json"
+    # And a pass: both accept the swap.
+    CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0" verdicts swap
+    ;;
 refuse)
     # Limited to GPU 0 like a container's rank: it opens only GPU 0's node, so only GPU 0 is "used".
     pid=$(CUDA_VISIBLE_DEVICES=$G0 start "$WORK/w0" 0)

@@ -1,17 +1,22 @@
 //! `criu-cuda-migrate`: inspect a checkpoint's GPU identity, preflight this node for a restore,
 //! list this node's GPUs, and recover a process a failed run left LOCKED or CHECKPOINTED.
 //!
-//! Exit codes: 0 success; 1 the check failed (preflight refused, recover failed); 2 bad usage or
-//! unreadable input.
+//! One rule for exit codes: 0 success; 1 a refusal (preflight refused, recover could not bring the
+//! process back); 2 bad usage or unreadable input (an unknown option, a malformed value, a missing
+//! or damaged checkpoint, no NVIDIA driver for `node` or `recover`). Under `--json` every outcome,
+//! a failure included, is one JSON document on stdout.
 
 #![forbid(unsafe_code)]
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
-use ccm_engine::preflight;
+use ccm_driver::nvml::Nvml;
+use ccm_engine::config::{parse_device_map, Sourced};
+use ccm_engine::preflight::{self, MemoryVerdict, NodeView};
 use ccm_engine::Config;
 use ccm_identity::image::IdentityImage;
+use ccm_identity::{GpuIdentity, GpuUuid};
 use ccm_process::dir::{Dir, FileError};
 use clap::{Parser, Subcommand};
 
@@ -36,18 +41,18 @@ enum Command {
         /// CRIU's image directory (`criu dump -D DIR`).
         dir: PathBuf,
     },
-    /// Run the plugin's restore checks against this node and print the device map it would use.
+    /// Run the restore's checks against this node and print the device map a restore would use.
     Preflight {
         /// CRIU's image directory (`criu dump -D DIR`), as it will be restored.
         dir: PathBuf,
-        /// Explicit map `OLD=NEW,...` (default: $CRIU_CUDA_MIGRATE_DEVICE_MAP).
+        /// Explicit map `OLD=NEW,...` of GPU UUIDs (default: $CRIU_CUDA_MIGRATE_DEVICE_MAP).
         #[arg(long)]
         device_map: Option<String>,
         /// GPUs the restore may use, UUIDs or NVML indices (default: $CRIU_CUDA_MIGRATE_USABLE_GPUS).
         #[arg(long)]
         usable_gpus: Option<String>,
         /// The container bundle the restore will use: without --usable-gpus, the GPUs its config.json gives the
-        /// container, as the plugin reads them at a runc or crun restore.
+        /// container, as a runc or crun restore gives them.
         #[arg(long)]
         bundle: Option<PathBuf>,
     },
@@ -61,65 +66,127 @@ enum Command {
     },
 }
 
-fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    let cli = Cli::parse();
-    let r = match &cli.command {
-        Command::Inspect { dir } => inspect(dir, cli.json),
-        Command::Preflight { dir, device_map, usable_gpus, bundle } => {
-            run_preflight(dir, device_map.clone(), usable_gpus.clone(), bundle.as_deref(), cli.json)
+/// How a command failed, and so its exit code.
+#[derive(Debug)]
+enum Failure {
+    /// Bad usage or unreadable input (exit 2).
+    Input(String),
+    /// The check refused (exit 1).
+    Refused(String),
+}
+
+impl Failure {
+    fn code(&self) -> u8 {
+        match self {
+            Failure::Input(_) => 2,
+            Failure::Refused(_) => 1,
         }
-        Command::Node => node(cli.json),
-        Command::Recover { pid } => recover(*pid, cli.json),
-    };
-    match r {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("criu-cuda-migrate: {e}");
-            ExitCode::from(2)
+    }
+    fn text(&self) -> &str {
+        match self {
+            Failure::Input(t) | Failure::Refused(t) => t,
         }
     }
 }
 
-type CliResult = Result<ExitCode, String>;
+type CliResult = Result<(), Failure>;
 
-fn load_images(dir: &Path) -> Result<Vec<(PathBuf, IdentityImage)>, String> {
-    let d = open_image_dir(dir)?;
-    preflight::read_images(&d).map_err(|e| e.to_string())
+fn input(e: impl std::fmt::Display) -> Failure {
+    Failure::Input(e.to_string())
 }
 
-fn open_image_dir(dir: &Path) -> Result<Dir, String> {
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    // Clap's own usage errors exit 2, as ours do.
+    let cli = Cli::parse();
+    let (name, r) = match &cli.command {
+        Command::Inspect { dir } => ("inspect", inspect(dir, cli.json)),
+        Command::Preflight { dir, device_map, usable_gpus, bundle } => (
+            "preflight",
+            run_preflight(dir, device_map.as_deref(), usable_gpus.as_deref(), bundle.as_deref(), cli.json),
+        ),
+        Command::Node => ("node", node(cli.json)),
+        Command::Recover { pid } => ("recover", recover(*pid, cli.json)),
+    };
+    match r {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(f) => {
+            if cli.json {
+                println!("{}", serde_json::json!({"ok": false, "error": f.text(), "exit_code": f.code()}));
+            } else if name == "preflight" && matches!(f, Failure::Refused(_)) {
+                println!("preflight refused: {}", f.text());
+            } else {
+                eprintln!("criu-cuda-migrate {name}: {}", f.text());
+            }
+            ExitCode::from(f.code())
+        }
+    }
+}
+
+/// A checkpoint as the commands read it: its identity images and the restore reports beside them.
+struct Checkpoint {
+    shown: String,
+    images: Vec<(PathBuf, IdentityImage)>,
+    reports: Vec<(String, String)>,
+}
+
+/// Largest restore report read (the plugin writes a few KiB).
+const MAX_REPORT_BYTES: u64 = 1 << 20;
+
+fn open_image_dir(dir: &Path) -> Result<Dir, Failure> {
     Dir::open(dir).map_err(|e| match e {
-        FileError::Missing { .. } => {
-            format!("{} does not exist; pass CRIU's image directory (the -D of `criu dump`)", dir.display())
-        }
-        FileError::NotRegular { .. } => {
-            format!("{} is not a directory; pass CRIU's image directory (the -D of `criu dump`)", dir.display())
-        }
-        e => e.to_string(),
+        FileError::Missing { .. } => Failure::Input(format!(
+            "{} does not exist; pass CRIU's image directory (the -D of `criu dump`)",
+            dir.display()
+        )),
+        FileError::NotRegular { .. } => Failure::Input(format!(
+            "{} is not a directory; pass CRIU's image directory (the -D of `criu dump`)",
+            dir.display()
+        )),
+        e => input(e),
     })
 }
 
+/// Reads a CRIU image directory: every identity image (relative to the directory's fd, never
+/// through a link, capped) and the restore reports, with any control character but the line
+/// breaks escaped.
+fn load_checkpoint(dir: &Path) -> Result<Checkpoint, Failure> {
+    let d = open_image_dir(dir)?;
+    let images = preflight::read_images(&d).map_err(input)?;
+    let mut reports = Vec::new();
+    for name in d.names().map_err(input)? {
+        let Some(name) = name.to_str() else { continue };
+        if ccm_identity::image::is_report_file_name(name).is_none() {
+            continue;
+        }
+        let text = match d.read_file(name, MAX_REPORT_BYTES) {
+            Ok(b) => {
+                String::from_utf8_lossy(&b).lines().map(ccm_identity::text::escaped).collect::<Vec<_>>().join("\n")
+            }
+            Err(e) => format!("(not read: {e})"),
+        };
+        reports.push((name.to_string(), text));
+    }
+    reports.sort();
+    Ok(Checkpoint { shown: dir.display().to_string(), images, reports })
+}
+
 fn inspect(dir: &Path, json: bool) -> CliResult {
-    let images = load_images(dir)?;
-    let reports = restore_reports(dir);
+    let c = load_checkpoint(dir)?;
     if json {
         let v = serde_json::json!({
-            "dir": dir.display().to_string(),
-            "processes": images.iter().map(|(_, i)| i).collect::<Vec<_>>(),
-            "restore_reports": reports,
+            "dir": c.shown,
+            "processes": c.images.iter().map(|(_, i)| i).collect::<Vec<_>>(),
+            "restore_reports": c.reports,
         });
-        println!("{}", serde_json::to_string_pretty(&v).map_err(|e| e.to_string())?);
-        return Ok(ExitCode::SUCCESS);
+        println!("{}", serde_json::to_string_pretty(&v).map_err(input)?);
+        return Ok(());
     }
-    if images.is_empty() {
-        println!(
-            "{}: no criu-cuda-migrate identity images (no CUDA process was dumped with the plugin)",
-            dir.display()
-        );
-        return Ok(ExitCode::SUCCESS);
+    if c.images.is_empty() {
+        println!("{}: no criu-cuda-migrate identity images (no CUDA process was dumped with the plugin)", c.shown);
+        return Ok(());
     }
-    for (path, img) in &images {
+    for (path, img) in &c.images {
         println!("{}", path.display());
         println!(
             "  pid {} (host pid {}), dumped on {} with driver {} (CUDA {}.{})",
@@ -172,88 +239,97 @@ fn inspect(dir: &Path, json: bool) -> CliResult {
             }
         }
     }
-    for (name, text) in &reports {
+    for (name, text) in &c.reports {
         println!("\n{name}:\n{text}");
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
-/// Largest restore report read (the plugin writes a few KiB).
-const MAX_REPORT_BYTES: u64 = 1 << 20;
+/// This node as the command-line tool sees it: NVML, called directly (no agent: the tool is no
+/// CRIU, and no namespace work follows).
+struct DirectNode {
+    nvml: Option<Nvml>,
+    gpus: Vec<GpuIdentity>,
+}
 
-/// The plugin's restore reports (`cuda-migrate-restore-<pid>.txt`) left next to the images, read
-/// as the images are (no link followed, capped) and with any control character but the line
-/// breaks escaped.
-fn restore_reports(dir: &Path) -> Vec<(String, String)> {
-    let mut out = Vec::new();
-    let Ok(d) = Dir::open(dir) else { return out };
-    for name in d.names().unwrap_or_default() {
-        let Some(name) = name.to_str() else { continue };
-        if ccm_identity::image::is_report_file_name(name).is_none() {
-            continue;
-        }
-        let text = match d.read_file(name, MAX_REPORT_BYTES) {
-            Ok(b) => {
-                String::from_utf8_lossy(&b).lines().map(ccm_identity::text::escaped).collect::<Vec<_>>().join("\n")
-            }
-            Err(e) => format!("(not read: {e})"),
-        };
-        out.push((name.to_string(), text));
+impl NodeView for DirectNode {
+    fn gpus(&self) -> &[GpuIdentity] {
+        &self.gpus
     }
-    out.sort();
-    out
+    fn free_memory(&self) -> Result<Vec<(GpuUuid, Option<u64>)>, String> {
+        let n = self.nvml.as_ref().ok_or("NVML is unavailable")?;
+        n.device_memory().map(|m| m.into_iter().map(|g| (g.gpu, g.free)).collect()).map_err(|e| e.to_string())
+    }
+    fn cuda_driver_version(&self) -> i32 {
+        self.nvml.as_ref().and_then(|n| n.cuda_driver_version().ok()).unwrap_or(0)
+    }
+}
+
+/// The syntax of a usable-GPU list (UUIDs, decimal indices, `all`), checked before anything is
+/// asked of the node: a malformed value is the user's input (exit 2), a GPU this node lacks is a
+/// refusal (exit 1).
+fn check_usable_syntax(text: &str, from: &str) -> Result<(), Failure> {
+    if text.trim().eq_ignore_ascii_case("all") {
+        return Ok(());
+    }
+    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+        let ok = item.parse::<GpuUuid>().is_ok() || item.bytes().all(|b| b.is_ascii_digit());
+        if !ok {
+            return Err(Failure::Input(format!(
+                "{from} {text:?}: `{item}` is neither a GPU UUID (GPU-xxxxxxxx-...) nor an NVML index; list UUIDs or \
+                 indices from `nvidia-smi -L`, comma-separated"
+            )));
+        }
+    }
+    Ok(())
 }
 
 fn run_preflight(
     dir: &Path,
-    device_map: Option<String>,
-    usable: Option<String>,
+    device_map: Option<&str>,
+    usable: Option<&str>,
     bundle: Option<&Path>,
     json: bool,
 ) -> CliResult {
-    let images = load_images(dir)?;
+    // The user's own input first, named as typed, before anything about the checkpoint or this node.
+    let mut config = Config::from_sources(|k| std::env::var(k).ok(), &[], &[]).map_err(input)?;
+    if let Some(t) = device_map {
+        config.device_map = parse_device_map(t, "--device-map").map_err(input)?;
+    }
+    if let Some(t) = usable {
+        config.usable_gpus = Some(Sourced { value: t.to_string(), from: "--usable-gpus".into() });
+    }
+    if let Some(u) = &config.usable_gpus {
+        check_usable_syntax(&u.value, &u.from)?;
+    }
+    let checkpoint = load_checkpoint(dir)?;
     let spec = match bundle {
         Some(b) => {
-            let d = Dir::open(b).map_err(|e| format!("--bundle: {e}"))?;
+            let d = Dir::open(b).map_err(|e| Failure::Input(format!("--bundle: {e}")))?;
             let bytes = d
                 .read_file("config.json", ccm_process::container::MAX_SPEC_BYTES)
-                .map_err(|e| format!("--bundle: {e}"))?;
+                .map_err(|e| Failure::Input(format!("--bundle: {e}")))?;
             Some((d.shown_file("config.json"), String::from_utf8_lossy(&bytes).into_owned()))
         }
         None => None,
     };
-    let mut config = Config::from_sources(|k| std::env::var(k).ok(), &[], &[]).map_err(|e| e.to_string())?;
-    if device_map.is_some() {
-        config.device_map = device_map;
-    }
-    if usable.is_some() {
-        config.usable_gpus = usable;
-    }
-    // The user's own input first, named as typed, before anything about this node.
-    if let Some(t) = &config.device_map {
-        ccm_identity::map::parse_pairs(t).map_err(|e| format!("--device-map {t:?}: {e}"))?;
-    }
-    let n = images.len();
-    let nvml = ccm_driver::nvml::Nvml::init();
-    let gpus = match nvml.as_ref().map_err(|e| e.to_string()).and_then(|n| n.gpus().map_err(|e| e.to_string())) {
+    // Without NVML the GPU list is empty, and the one preflight refuses as the plugin does.
+    let nvml = Nvml::init();
+    let gpus = match nvml.as_ref().map_err(|e| e.to_string()).and_then(|v| v.gpus().map_err(|e| e.to_string())) {
         Ok(g) => g,
-        Err(e) if n > 0 => {
-            return refuse(json, &format!("this node cannot restore the checkpoint's {n} CUDA process(es): {e}"))
+        Err(e) => {
+            if !checkpoint.images.is_empty() {
+                eprintln!("criu-cuda-migrate preflight: NVML: {e}");
+            }
+            Vec::new()
         }
-        Err(_) => Vec::new(),
     };
+    let node = DirectNode { nvml: nvml.ok(), gpus };
     let given = match &spec {
         Some((path, text)) if config.usable_gpus.is_none() => {
-            match ccm_identity::runtime::gpus_given_by_spec(text, &gpus) {
-                Ok(Some(g)) => Some(g),
-                Ok(None) => {
-                    return Err(format!(
-                    "--bundle: {} names no GPU (no /dev/nvidiaN in linux.devices, no NVIDIA_VISIBLE_DEVICES): without \
-                         --usable-gpus the restore would use every GPU of this node",
-                    path.display()
-                ))
-                }
-                Err(e) => return refuse(json, &format!("the bundle's spec {} {e}", path.display())),
+            match ccm_identity::runtime::gpus_given_by_spec(text, node.gpus()) {
+                Ok(g) => g,
+                Err(e) => return Err(Failure::Refused(format!("the bundle's spec {} {e}", path.display()))),
             }
         }
         _ => None,
@@ -265,90 +341,75 @@ fn run_preflight(
             g.uuids.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", ")
         );
     }
-    let planned = preflight::plan(images, &gpus, &config, given.as_ref()).and_then(|plans| {
-        // The same free-memory rule as the plugin's preflight, against this node's GPUs now.
-        let memory = match (&nvml, config.memory_check) {
-            (Ok(n), true) => {
-                let free: Vec<_> =
-                    n.device_memory().map(|m| m.into_iter().map(|g| (g.gpu, g.free)).collect()).unwrap_or_default();
-                Some(preflight::check_memory(&plans, &free, &gpus)?.0)
-            }
-            _ => None,
-        };
-        Ok((plans, memory))
-    });
-    match planned {
-        Ok((plans, memory)) => {
-            if json {
-                let v: Vec<_> = plans
-                    .iter()
-                    .map(|p| {
-                        serde_json::json!({
-                            "pid": p.image.pid,
-                            "pairs": p.map.pairs.iter().map(|x| serde_json::json!({
-                                "old": x.old.to_string(), "new": x.new.to_string(), "used": x.used, "reason": format!("{:?}", x.reason)
-                            })).collect::<Vec<_>>(),
-                        })
-                    })
-                    .collect();
-                println!("{}", serde_json::json!({"ok": true, "processes": v}));
-            } else if plans.is_empty() {
-                println!("no CUDA process in {}: nothing for the plugin to do", dir.display());
-            } else {
-                for p in &plans {
-                    println!("pid {}: device map\n{}", p.image.pid, p.map.render_table(&p.image, &gpus));
-                }
-                match &memory {
-                    Some(t) if !t.is_empty() => println!("device memory: {}", preflight::render_memory(t)),
-                    Some(_) => println!("device memory: the images record none to check"),
-                    None => println!("device memory: not checked"),
-                }
-                println!("preflight passed: this node can restore {} CUDA process(es)", plans.len());
-            }
-            Ok(ExitCode::SUCCESS)
-        }
-        Err(e) => refuse(json, &e.to_string()),
-    }
-}
-
-fn refuse(json: bool, msg: &str) -> CliResult {
+    let verdict = preflight::run(&node, checkpoint.images, &config, given.as_ref())
+        .map_err(|e| Failure::Refused(e.to_string()))?;
+    let plans = &verdict.plans;
     if json {
-        println!("{}", serde_json::json!({"ok": false, "error": msg}));
+        let v: Vec<_> = plans
+            .iter()
+            .map(|p| {
+                serde_json::json!({
+                    "pid": p.image.pid,
+                    "pairs": p.map.pairs.iter().map(|x| serde_json::json!({
+                        "old": x.old.to_string(), "new": x.new.to_string(), "used": x.used, "reason": format!("{:?}", x.reason)
+                    })).collect::<Vec<_>>(),
+                })
+            })
+            .collect();
+        println!("{}", serde_json::json!({"ok": true, "processes": v}));
+    } else if plans.is_empty() {
+        println!("no CUDA process in {}: nothing to restore onto a GPU", checkpoint.shown);
     } else {
-        println!("preflight refused: {msg}");
+        for p in plans {
+            println!("pid {}: device map\n{}", p.image.pid, p.map.render_table(&p.image, node.gpus()));
+        }
+        match &verdict.memory {
+            MemoryVerdict::Checked { targets, .. } if !targets.is_empty() => {
+                println!("device memory: {}", preflight::render_memory(targets))
+            }
+            MemoryVerdict::Checked { .. } => println!("device memory: the images record none to check"),
+            MemoryVerdict::Off => println!("device memory: not checked (the free-memory check is off)"),
+            MemoryVerdict::Unreadable(e) => println!("device memory: not checked ({e})"),
+        }
+        println!("preflight passed: this node can restore {} CUDA process(es)", plans.len());
     }
-    Ok(ExitCode::from(1))
+    Ok(())
 }
 
 fn node(json: bool) -> CliResult {
-    let nvml = ccm_driver::nvml::Nvml::init().map_err(|e| e.to_string())?;
-    let gpus = nvml.gpus().map_err(|e| e.to_string())?;
+    let nvml = Nvml::init().map_err(input)?;
+    let gpus = nvml.gpus().map_err(input)?;
     if json {
-        println!("{}", serde_json::json!({"driver_version": nvml.driver_version().unwrap_or_default(), "gpus": gpus}));
+        println!(
+            "{}",
+            serde_json::json!({"ok": true, "driver_version": nvml.driver_version().unwrap_or_default(), "gpus": gpus})
+        );
     } else {
         println!("driver {}", nvml.driver_version().unwrap_or_default());
         for (i, g) in gpus.iter().enumerate() {
             println!("{i}  {}  {}  {}  minor {}  {} MiB", g.uuid, g.pci, g.name, g.minor, g.memory_total >> 20);
         }
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 fn recover(pid: i32, json: bool) -> CliResult {
     if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
-        return Err(format!("pid {pid} does not exist on this host; pass the pid `ps` shows for the stuck process"));
+        return Err(Failure::Input(format!(
+            "pid {pid} does not exist on this host; pass the pid `ps` shows for the stuck process"
+        )));
     }
     use ccm_driver::checkpoint::CheckpointApi;
-    let lib = ccm_driver::Libcuda::load().map_err(|e| e.to_string())?;
-    let api = CheckpointApi::new(&lib).map_err(|e| e.to_string())?;
-    lib.init().map_err(|e| e.to_string())?;
-    let before = api.state(pid).map_err(|e| format!("pid {pid}: {e}"))?;
+    let lib = ccm_driver::Libcuda::load().map_err(input)?;
+    let api = CheckpointApi::new(&lib).map_err(input)?;
+    lib.init().map_err(input)?;
+    let before = api.state(pid).map_err(|e| Failure::Input(format!("pid {pid}: {e}")))?;
     if !json {
         println!("pid {pid}: {before}");
     }
-    // The engine's put-back, the one the dump's rollback uses; progress of the long step (the
-    // device memory back onto the GPUs, about 1 s per GiB) on stderr, so that --json output stays
-    // one document on stdout.
+    // The put-back the dump's rollback and the agent use too; progress of the long step (the device
+    // memory back onto the GPUs, about 1 s per GiB) on stderr, so that --json output stays one
+    // document on stdout.
     let done = ccm_driver::checkpoint::put_back(&api, pid, before, std::time::Duration::MAX, |step| {
         if step == ccm_driver::checkpoint::Step::Restore {
             eprintln!("criu-cuda-migrate: pid {pid}: restoring its device memory onto the same GPUs ...");
@@ -377,17 +438,19 @@ fn recover(pid: i32, json: bool) -> CliResult {
                 "ok": r.is_ok(), "error": r.as_ref().err(),
             })
         );
+        // The one document is out: a failure only sets the exit code.
+        return match r {
+            Ok(()) => Ok(()),
+            Err(_) => {
+                std::process::exit(1);
+            }
+        };
     }
     match r {
         Ok(()) => {
-            if !json {
-                println!("pid {pid}: {after}");
-            }
-            Ok(ExitCode::SUCCESS)
+            println!("pid {pid}: {after}");
+            Ok(())
         }
-        Err(e) => {
-            eprintln!("{e}");
-            Ok(ExitCode::from(1))
-        }
+        Err(e) => Err(Failure::Refused(e)),
     }
 }

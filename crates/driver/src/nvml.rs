@@ -94,6 +94,11 @@ impl Nvml {
         self.nvml.sys_driver_version().map_err(q("system driver version"))
     }
 
+    /// The CUDA driver API version the kernel driver supports (`cuDriverGetVersion`'s value, e.g. 13000).
+    pub fn cuda_driver_version(&self) -> Result<i32, NvmlFailure> {
+        self.nvml.sys_cuda_driver_version().map_err(q("CUDA driver version"))
+    }
+
     /// Every GPU NVML sees, in NVML index order.
     pub fn gpus(&self) -> Result<Vec<GpuIdentity>, NvmlFailure> {
         let n = self.nvml.device_count().map_err(q("device count"))?;

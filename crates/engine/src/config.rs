@@ -11,13 +11,23 @@ pub enum Strictness {
     Permissive,
 }
 
+/// A setting's value and where it came from (`CRIU_CUDA_MIGRATE_DEVICE_MAP`,
+/// `--plugin-option criu-cuda-migrate.device-map`, the CLI's `--device-map`), so that an error
+/// about it names what the user wrote.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Sourced<T> {
+    pub value: T,
+    pub from: String,
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     pub disabled: bool,
-    /// `CRIU_CUDA_MIGRATE_DEVICE_MAP`: `OLD=NEW,...`.
-    pub device_map: Option<String>,
-    /// `CRIU_CUDA_MIGRATE_USABLE_GPUS`: UUIDs or NVML indices.
-    pub usable_gpus: Option<String>,
+    /// `CRIU_CUDA_MIGRATE_DEVICE_MAP`: explicit `OLD=NEW` pairs, parsed; `None`: the automatic map.
+    pub device_map: Option<Sourced<Vec<(GpuUuid, GpuUuid)>>>,
+    /// `CRIU_CUDA_MIGRATE_USABLE_GPUS`: UUIDs or NVML indices as given (resolved against the
+    /// node's GPUs by the preflight).
+    pub usable_gpus: Option<Sourced<String>>,
     pub strictness: Strictness,
     /// `CRIU_CUDA_MIGRATE_RECONCILE=off` skips the identity rewrite (to reproduce the bug).
     pub reconcile: bool,
@@ -57,7 +67,9 @@ impl LeaveRunning {
     }
 }
 
+use ccm_identity::options::GivenOption;
 use ccm_identity::settings::{self, Setting};
+use ccm_identity::GpuUuid;
 
 pub const ENV_DISABLE: &str = settings::DISABLE.env;
 pub const ENV_DEVICE_MAP: &str = settings::DEVICE_MAP.env;
@@ -72,7 +84,24 @@ pub const OPTION_PREFIX: &str = settings::OPTION_PREFIX;
 #[derive(Debug, thiserror::Error)]
 pub enum ConfigError {
     #[error("{name}={value:?} is not valid: expected {expected}")]
-    Invalid { name: &'static str, value: String, expected: &'static str },
+    Invalid { name: String, value: String, expected: String },
+}
+
+impl ConfigError {
+    fn invalid(name: impl Into<String>, value: impl Into<String>, expected: impl Into<String>) -> ConfigError {
+        ConfigError::Invalid { name: name.into(), value: value.into(), expected: expected.into() }
+    }
+}
+
+/// Parses a device map setting (`auto` or nothing: the automatic map), naming its source.
+pub fn parse_device_map(text: &str, from: &str) -> Result<Option<Sourced<Vec<(GpuUuid, GpuUuid)>>>, ConfigError> {
+    let t = text.trim();
+    if t.is_empty() || t.eq_ignore_ascii_case("auto") {
+        return Ok(None);
+    }
+    let pairs = ccm_identity::map::parse_pairs(t)
+        .map_err(|e| ConfigError::invalid(from, t, format!("GPU-<uuid>=GPU-<uuid>[,...] or auto ({e})")))?;
+    Ok(Some(Sourced { value: pairs, from: from.to_string() }))
 }
 
 /// Longest lock timeout taken from CRIU's `--timeout` (the driver takes milliseconds in 32 bits).
@@ -102,71 +131,68 @@ impl Config {
     pub fn from_sources(
         env: impl Fn(&str) -> Option<String>,
         criu_args: &[String],
-        plugin_options: &[(String, String)],
+        plugin_options: &[GivenOption],
     ) -> Result<Config, ConfigError> {
-        // A plugin option overrides the environment.
-        let get = |s: &Setting| {
-            plugin_options.iter().rev().find(|(k, _)| k == s.option).map(|(_, v)| v.clone()).or_else(|| env(s.env))
+        // A plugin option overrides the environment; each value keeps where it came from.
+        let get = |s: &Setting| -> Option<(String, String)> {
+            plugin_options
+                .iter()
+                .rev()
+                .find(|g| g.setting == *s)
+                .map(|g| (g.value.clone(), format!("--plugin-option {}", g.given_as)))
+                .or_else(|| env(s.env).map(|v| (v, s.env.to_string())))
         };
-        // `auto` (CRIU cuda_plugin's word) is what no map means: the automatic map.
-        let device_map =
-            get(&settings::DEVICE_MAP).filter(|s| !s.trim().is_empty() && !s.trim().eq_ignore_ascii_case("auto"));
-        let usable_gpus = get(&settings::USABLE_GPUS).filter(|s| !s.trim().is_empty());
-        let libcuda = get(&settings::LIBCUDA).filter(|s| !s.trim().is_empty());
-        let libnvml = get(&settings::LIBNVML).filter(|s| !s.trim().is_empty());
-        let strictness = match get(&settings::MODE).as_deref().map(str::trim) {
-            None | Some("") | Some("strict") => Strictness::Strict,
-            Some("permissive") => Strictness::Permissive,
-            Some(other) => {
-                return Err(ConfigError::Invalid {
-                    name: ENV_MODE,
-                    value: other.to_string(),
-                    expected: "`strict` or `permissive`",
-                })
-            }
+        let device_map = match get(&settings::DEVICE_MAP) {
+            Some((v, from)) => parse_device_map(&v, &from)?,
+            None => None,
+        };
+        let usable_gpus = get(&settings::USABLE_GPUS)
+            .filter(|(v, _)| !v.trim().is_empty())
+            .map(|(value, from)| Sourced { value, from });
+        let libcuda = get(&settings::LIBCUDA).map(|(v, _)| v).filter(|s| !s.trim().is_empty());
+        let libnvml = get(&settings::LIBNVML).map(|(v, _)| v).filter(|s| !s.trim().is_empty());
+        let strictness = match get(&settings::MODE) {
+            None => Strictness::Strict,
+            Some((v, from)) => match v.trim() {
+                "" | "strict" => Strictness::Strict,
+                "permissive" => Strictness::Permissive,
+                other => return Err(ConfigError::invalid(from, other, "`strict` or `permissive`")),
+            },
         };
         // Every switch reads the same forms; an empty value is the default.
         let on_off = |s: &Setting, default: bool| -> Result<bool, ConfigError> {
-            match get(s).filter(|v| !v.trim().is_empty()) {
+            match get(s).filter(|(v, _)| !v.trim().is_empty()) {
                 None => Ok(default),
-                Some(v) => switch(&v).ok_or(ConfigError::Invalid { name: s.env, value: v, expected: SWITCH_FORMS }),
+                Some((v, from)) => switch(&v).ok_or_else(|| ConfigError::invalid(from, v, SWITCH_FORMS)),
             }
         };
         let reconcile = on_off(&settings::RECONCILE, true)?;
         let memory_check = on_off(&settings::MEMORY_CHECK, true)?;
         let disabled = on_off(&settings::DISABLE, false)?;
-        let args = parse_criu_args(criu_args).map_err(|v| ConfigError::Invalid {
-            name: "CRIU's --timeout",
-            value: v,
-            expected: "a whole number of seconds CRIU can use (at most 4294967)",
+        let args = parse_criu_args(criu_args).map_err(|v| {
+            ConfigError::invalid("CRIU's --timeout", v, "a whole number of seconds CRIU can use (at most 4294967)")
         })?;
-        let leave_running = match get(&settings::LEAVE_RUNNING).filter(|v| !v.trim().is_empty()) {
+        let leave_running = match get(&settings::LEAVE_RUNNING).filter(|(v, _)| !v.trim().is_empty()) {
             _ if args.leave_running => LeaveRunning::Yes,
-            Some(v) => match switch(&v) {
+            Some((v, from)) => match switch(&v) {
                 Some(true) => LeaveRunning::Yes,
                 Some(false) => LeaveRunning::No,
                 None => {
-                    return Err(ConfigError::Invalid {
-                        name: ENV_LEAVE_RUNNING,
-                        value: v,
-                        expected: "`1` (the dump leaves the processes running) or `0` (it ends them)",
-                    })
+                    return Err(ConfigError::invalid(
+                        from,
+                        v,
+                        "`1` (the dump leaves the processes running) or `0` (it ends them)",
+                    ))
                 }
             },
             None if args.over_rpc => LeaveRunning::Unknown,
             None => LeaveRunning::No,
         };
-        let driver_timeout = match get(&settings::DRIVER_TIMEOUT).filter(|v| !v.trim().is_empty()) {
+        let driver_timeout = match get(&settings::DRIVER_TIMEOUT).filter(|(v, _)| !v.trim().is_empty()) {
             None => None,
-            Some(v) => match v.trim().parse::<u64>() {
+            Some((v, from)) => match v.trim().parse::<u64>() {
                 Ok(n) if (1..=MAX_DRIVER_TIMEOUT_S).contains(&n) => Some(Duration::from_secs(n)),
-                _ => {
-                    return Err(ConfigError::Invalid {
-                        name: settings::DRIVER_TIMEOUT.env,
-                        value: v,
-                        expected: "a whole number of seconds from 1 to 86400",
-                    })
-                }
+                _ => return Err(ConfigError::invalid(from, v, "a whole number of seconds from 1 to 86400")),
             },
         };
         Ok(Config {
@@ -200,7 +226,7 @@ impl Config {
         ccm_agent::DriverLibs { libcuda: self.libcuda.clone(), libnvml: self.libnvml.clone() }
     }
 
-    pub fn from_process(plugin_options: &[(String, String)]) -> Result<Config, ConfigError> {
+    pub fn from_process(plugin_options: &[GivenOption]) -> Result<Config, ConfigError> {
         let args = criu_command_line(&std::fs::read("/proc/self/cmdline").unwrap_or_default());
         log::debug!("CRIU's command line: {args:?}");
         Config::from_sources(|k| std::env::var(k).ok(), &args, plugin_options)
@@ -214,8 +240,11 @@ impl std::fmt::Display for Config {
         write!(
             f,
             "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, lock timeout {} s, libcuda {}, NVML {}",
-            self.device_map.as_deref().unwrap_or("automatic"),
-            self.usable_gpus.as_deref().unwrap_or("all"),
+            self.device_map
+                .as_ref()
+                .map(|m| m.value.iter().map(|(o, n)| format!("{o}={n}")).collect::<Vec<_>>().join(","))
+                .unwrap_or_else(|| "automatic".into()),
+            self.usable_gpus.as_ref().map(|u| u.value.as_str()).unwrap_or("all"),
             match self.strictness {
                 Strictness::Strict => "strict",
                 Strictness::Permissive => "permissive",
@@ -393,40 +422,56 @@ mod tests {
 
     #[test]
     fn options_override_env() {
+        const A: &str = "GPU-aaaaaaaa-0000-0000-0000-000000000000";
+        const B: &str = "GPU-bbbbbbbb-0000-0000-0000-000000000000";
+        const C: &str = "GPU-cccccccc-0000-0000-0000-000000000000";
+        const D: &str = "GPU-dddddddd-0000-0000-0000-000000000000";
+        let opt = |key: &str, value: &str| {
+            let argv = vec!["criu-plugin".to_string(), format!("--criu-cuda-migrate.{key}={value}")];
+            ccm_identity::options::parse(&argv).unwrap().remove(0)
+        };
         let env = |k: &str| match k {
-            ENV_DEVICE_MAP => Some("A=B".to_string()),
+            ENV_DEVICE_MAP => Some(format!("{A}={B}")),
             ENV_MODE => Some("permissive".to_string()),
             _ => None,
         };
-        let c = Config::from_sources(env, &[], &[("device-map".into(), "C=D".into())]).unwrap();
-        assert_eq!(c.device_map.as_deref(), Some("C=D"));
+        let c = Config::from_sources(env, &[], &[opt("device-map", &format!("{C}={D}"))]).unwrap();
+        let map = c.device_map.clone().unwrap();
+        assert_eq!(map.value, vec![(C.parse().unwrap(), D.parse().unwrap())]);
+        assert_eq!(map.from, "--plugin-option criu-cuda-migrate.device-map", "the value names its source");
         assert_eq!(c.strictness, Strictness::Permissive);
         assert!(c.reconcile);
         assert_eq!(c.lock_timeout, Duration::from_secs(10));
         assert_eq!(
             c.to_string(),
-            "device map C=D, usable GPUs all, mode permissive, reconcile on, leave-running no, lock timeout 10 s, libcuda default, NVML default"
+            format!("device map {C}={D}, usable GPUs all, mode permissive, reconcile on, leave-running no, lock timeout 10 s, libcuda default, NVML default")
         );
         let bad = Config::from_sources(|k| (k == ENV_MODE).then(|| "loose".to_string()), &[], &[]);
         assert!(bad.unwrap_err().to_string().contains("strict"));
+        // A bad map names where it came from.
+        let e = Config::from_sources(|k| (k == ENV_DEVICE_MAP).then(|| "A=B".to_string()), &[], &[]).unwrap_err();
+        assert!(e.to_string().starts_with("CRIU_CUDA_MIGRATE_DEVICE_MAP=\"A=B\""), "{e}");
         // Every setting has its option, `auto` is no map, and a leave-running option beats RPC's unknown.
         let env = |k: &str| match k {
-            ENV_DEVICE_MAP => Some("A=B".to_string()),
+            ENV_DEVICE_MAP => Some(format!("{A}={B}")),
             ENV_LEAVE_RUNNING => Some("0".to_string()),
             _ => None,
         };
-        let o = |k: &str, v: &str| (k.to_string(), v.to_string());
         let c = Config::from_sources(
             env,
             &args("criu swrk 3"),
-            &[o("device-map", "auto"), o("leave-running", "1"), o("usable-gpus", "1"), o("libcuda", "/x")],
+            &[opt("device-map", "auto"), opt("leave-running", "1"), opt("usable-gpus", "1"), opt("libcuda", "/x")],
         )
         .unwrap();
         assert_eq!((c.device_map, c.leave_running), (None, LeaveRunning::Yes));
-        assert_eq!((c.usable_gpus.as_deref(), c.libcuda.as_deref()), (Some("1"), Some("/x")));
-        assert!(Config::from_sources(|_| None, &[], &[o("disable", "1")]).unwrap().disabled);
+        assert_eq!(
+            c.usable_gpus.map(|u| (u.value, u.from)),
+            Some(("1".into(), "--plugin-option criu-cuda-migrate.usable-gpus".into()))
+        );
+        assert_eq!(c.libcuda.as_deref(), Some("/x"));
+        assert!(Config::from_sources(|_| None, &[], &[opt("disable", "1")]).unwrap().disabled);
         assert!(
-            !Config::from_sources(|k| (k == ENV_DISABLE).then(|| "1".into()), &[], &[o("disable", "0")])
+            !Config::from_sources(|k| (k == ENV_DISABLE).then(|| "1".into()), &[], &[opt("disable", "0")])
                 .unwrap()
                 .disabled
         );

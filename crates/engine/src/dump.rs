@@ -150,11 +150,11 @@ impl DumpSession {
             let budget = self.alarm_end.saturating_duration_since(started).saturating_sub(ALARM_GUARD);
             if budget < MIN_LOCK_BUDGET {
                 self.tracked.insert(pid, t);
-                return HookOutcome::Failed(EngineError::Preflight(format!(
-                    "pid {pid}: only {:.1} s of CRIU's --timeout ({} s) are left to lock it; raise criu's --timeout",
-                    budget.as_secs_f64(),
-                    self.config.lock_timeout.as_secs()
-                )));
+                return HookOutcome::Failed(EngineError::NoTimeToLock {
+                    pid,
+                    left: budget.as_secs_f64(),
+                    timeout_s: self.config.lock_timeout.as_secs(),
+                });
             }
             let driver_wait = budget.saturating_sub(ALARM_GUARD).max(Duration::from_millis(100));
             let timeout_ms = u32::try_from(driver_wait.as_millis()).unwrap_or(u32::MAX);

@@ -41,11 +41,7 @@ pub const CRIU_CUDA_PLUGIN_FILE: &str = "/cuda_plugin.so";
 /// An error when CRIU's own CUDA plugin is loaded into this CRIU too.
 pub fn conflicting_plugin() -> Option<EngineError> {
     match ccm_process::devices::maps_library(std::process::id(), CRIU_CUDA_PLUGIN_FILE) {
-        Ok(true) => Some(EngineError::Preflight(format!(
-            "CRIU's own CUDA plugin (cuda_plugin.so) is loaded too; both would checkpoint the same processes. \
-             Remove cuda_plugin.so from CRIU's plugin directory (or point `libdir`/--libdir/CRIU_LIBS_DIR at a \
-             directory holding only {PLUGIN_NAME}'s plugin), or set CRIU_CUDA_MIGRATE_DISABLE=1 to use CRIU's plugin instead"
-        ))),
+        Ok(true) => Some(EngineError::ConflictingPlugin),
         _ => None,
     }
 }
@@ -96,10 +92,40 @@ pub enum EngineError {
         #[source]
         source: ProcessFailure,
     },
-    #[error("{0}")]
-    Preflight(String),
+    #[error(transparent)]
+    Preflight(#[from] preflight::PreflightError),
     #[error(transparent)]
     Image(#[from] preflight::ImageFileError),
+    #[error(
+        "CRIU's own CUDA plugin (cuda_plugin.so) is loaded too; both would checkpoint the same processes. Remove \
+         cuda_plugin.so from CRIU's plugin directory (or point `libdir`/--libdir/CRIU_LIBS_DIR at a directory holding \
+         only {PLUGIN_NAME}'s plugin), or set CRIU_CUDA_MIGRATE_DISABLE=1 to use CRIU's plugin instead"
+    )]
+    ConflictingPlugin,
+    #[error(
+        "the image inventory says these images were dumped with {PLUGIN_NAME}, but {dir} holds no cuda-migrate-*.img: \
+         copy every cuda-migrate-*.img of the dump into it (they travel with the other images), or dump again"
+    )]
+    ImagesMissing { dir: String },
+    #[error("the checkpoint holds {processes} CUDA process(es) but this node cannot restore them: {source}")]
+    CannotRestore {
+        processes: usize,
+        #[source]
+        source: Box<EngineError>,
+    },
+    #[error("the restoring runtime's spec cannot be read: {0}; fix the bundle, or name the container's GPUs with CRIU_CUDA_MIGRATE_USABLE_GPUS")]
+    SpecFile(#[source] ccm_process::dir::FileError),
+    #[error("the restoring runtime's ({runtime}) spec {path} {source}")]
+    Spec {
+        runtime: String,
+        path: String,
+        #[source]
+        source: ccm_identity::runtime::SpecError,
+    },
+    #[error(
+        "pid {pid}: only {left:.1} s of CRIU's --timeout ({timeout_s} s) are left to lock it; raise criu's --timeout"
+    )]
+    NoTimeToLock { pid: i32, left: f64, timeout_s: u64 },
 }
 
 /// Why one CUDA process's checkpoint or restore failed.

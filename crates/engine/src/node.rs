@@ -198,3 +198,17 @@ impl Node {
         self.agent.uuid_at_pci(*pci).ok().flatten()
     }
 }
+
+/// The plugin's view for the one preflight: the GPUs and memory the agent's NVML (or the kernel
+/// driver's list) gave, the driver API version libcuda gave.
+impl crate::preflight::NodeView for Node {
+    fn gpus(&self) -> &[GpuIdentity] {
+        Node::gpus(self)
+    }
+    fn free_memory(&self) -> Result<Vec<(GpuUuid, Option<u64>)>, String> {
+        self.memory().map(|m| m.into_iter().map(|g| (g.gpu, g.free)).collect()).map_err(|e| e.to_string())
+    }
+    fn cuda_driver_version(&self) -> i32 {
+        self.cuda_driver_version
+    }
+}

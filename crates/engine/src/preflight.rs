@@ -3,14 +3,15 @@
 
 use std::path::PathBuf;
 
+use ccm_driver::abi::{restore_args_layout, RestoreArgsLayout};
 use ccm_identity::image::{IdentityImage, ImageError};
-use ccm_identity::map::{self, DeviceMap, MapRequest};
+use ccm_identity::map::{self, Concern, DeviceMap, MapError, MapRequest};
 use ccm_identity::memory::{self, ProcessNeed, TargetNeed};
 use ccm_identity::runtime::GivenGpus;
 use ccm_identity::{GpuIdentity, GpuUuid};
 use ccm_process::dir::{Dir, FileError};
 
-use crate::{Config, EngineError};
+use crate::Config;
 
 /// Largest identity image read: the format's own bound.
 const MAX_IMAGE_FILE: u64 = ccm_identity::image::MAX_IMAGE_BYTES as u64;
@@ -72,6 +73,99 @@ pub fn read_image(dir: &Dir, name: &str) -> Result<IdentityImage, ImageFileError
     Ok(image)
 }
 
+/// What the preflight needs to know of the node that restores. The plugin's [`crate::node::Node`]
+/// (through its driver agent) and the command-line tool's direct NVML view both answer it, so the
+/// two run the same checks and give the same verdicts.
+pub trait NodeView {
+    /// Every GPU of the node, NVML index order (empty when NVML lists none or is unavailable).
+    fn gpus(&self) -> &[GpuIdentity];
+    /// Each GPU's free memory now; `Err` with the reason when it cannot be read.
+    fn free_memory(&self) -> Result<Vec<(GpuUuid, Option<u64>)>, String>;
+    /// The CUDA driver API version (`cuDriverGetVersion`, e.g. 13000), which decides whether a
+    /// device map may be passed to the driver.
+    fn cuda_driver_version(&self) -> i32;
+}
+
+/// Why the node cannot restore the checkpoint; each names what to do.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum PreflightError {
+    /// A setting's value that cannot be used: the message names where it came from.
+    #[error("{from}: {source}")]
+    Setting {
+        from: String,
+        #[source]
+        source: MapError,
+    },
+    #[error("{0}")]
+    Map(#[from] MapError),
+    #[error(
+        "the container being restored is given no GPU of this node ({source_of}), but the checkpoint holds CUDA \
+         processes: give the container this node's GPUs (CDI, --device, the device plugin), or restore it elsewhere"
+    )]
+    GivenNoGpu { source_of: String },
+    #[error(
+        "the checkpoint holds CUDA processes but NVML lists no GPU on this node; check the NVIDIA driver \
+         (`nvidia-smi`) and that CRIU runs where it sees the GPUs (runc runs a restore's CRIU in the container's \
+         cgroup, whose device rules then apply)"
+    )]
+    NoGpu,
+    /// The driver is newer than this build knows, and the map moves a GPU.
+    #[error("{0}")]
+    DriverTooNew(String),
+    #[error(transparent)]
+    Memory(#[from] memory::MemoryError),
+}
+
+/// What the free-memory check found.
+#[derive(Debug, Clone)]
+pub enum MemoryVerdict {
+    /// The check is off (`CRIU_CUDA_MIGRATE_MEMORY_CHECK=off`).
+    Off,
+    /// The GPUs' free memory cannot be read: the restore goes on without the check.
+    Unreadable(String),
+    /// What each target GPU takes; the pids whose images recorded no device memory (not checked).
+    Checked { targets: Vec<TargetNeed>, unknown: Vec<u32> },
+}
+
+/// The preflight's answer: the plan of every CUDA process and the memory check.
+#[derive(Debug, Clone)]
+pub struct Verdict {
+    pub plans: Vec<ProcessPlan>,
+    pub memory: MemoryVerdict,
+}
+
+/// THE preflight, for the plugin's `init(RESTORE)` and for `criu-cuda-migrate preflight`: the
+/// device map for the whole checkpoint, the driver's restore-argument layout when the map moves a
+/// GPU, and each target GPU's free memory. `given` are the GPUs the restoring runtime's spec gives
+/// the container (taken when no usable-GPU setting is given).
+pub fn run(
+    node: &dyn NodeView,
+    images: Vec<(PathBuf, IdentityImage)>,
+    config: &Config,
+    given: Option<&GivenGpus>,
+) -> Result<Verdict, PreflightError> {
+    let plans = plan(images, node.gpus(), config, given)?;
+    if plans.iter().any(|p| !p.map.is_identity()) {
+        if let RestoreArgsLayout::Unknown(why) = restore_args_layout(node.cuda_driver_version()) {
+            return Err(PreflightError::DriverTooNew(why));
+        }
+    }
+    let memory = if plans.is_empty() {
+        MemoryVerdict::Checked { targets: Vec::new(), unknown: Vec::new() }
+    } else if !config.memory_check {
+        MemoryVerdict::Off
+    } else {
+        match node.free_memory() {
+            Ok(free) => {
+                let (targets, unknown) = check_memory(&plans, &free, node.gpus())?;
+                MemoryVerdict::Checked { targets, unknown }
+            }
+            Err(e) => MemoryVerdict::Unreadable(e),
+        }
+    };
+    Ok(Verdict { plans, memory })
+}
+
 /// Plans one device map for the whole checkpoint (every process of a job must see the same
 /// GPU move, or NCCL ranks would disagree), then gives each process its share of it.
 ///
@@ -82,41 +176,36 @@ pub fn plan(
     node_gpus: &[GpuIdentity],
     config: &Config,
     given: Option<&GivenGpus>,
-) -> Result<Vec<ProcessPlan>, EngineError> {
-    // A malformed map is an error even when there is nothing to map: it is the user's input.
-    let explicit = match &config.device_map {
-        Some(t) => {
-            map::parse_pairs(t).map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_DEVICE_MAP: {e}")))?
-        }
-        None => Vec::new(),
-    };
+) -> Result<Vec<ProcessPlan>, PreflightError> {
     if images.is_empty() {
         return Ok(Vec::new());
     }
     if let Some(g) = given.filter(|g| g.uuids.is_empty() && config.usable_gpus.is_none()) {
-        // Under runc, CRIU (and so the driver agent) runs in the restored container's cgroup, so
-        // NVML lists only the GPUs the container may open: none, here.
-        return Err(EngineError::Preflight(format!(
-            "the container being restored is given no GPU of this node ({}), but the checkpoint holds CUDA \
-             processes: give the container this node's GPUs (device plugin / CDI), or restore it elsewhere",
-            g.source
-        )));
+        return Err(PreflightError::GivenNoGpu { source_of: g.source.clone() });
     }
     if node_gpus.is_empty() {
-        return Err(EngineError::Preflight(
-            "the checkpoint holds CUDA processes but NVML lists no GPU on this node; check the NVIDIA driver (`nvidia-smi`) and that CRIU runs where it sees the GPUs (runc runs a restore's CRIU in the container's cgroup, whose device rules then apply)".into(),
-        ));
+        return Err(PreflightError::NoGpu);
     }
     let usable = match &config.usable_gpus {
-        Some(t) => Some(
-            map::parse_usable(t, node_gpus)
-                .map_err(|e| EngineError::Preflight(format!("CRIU_CUDA_MIGRATE_USABLE_GPUS: {e}")))?,
+        Some(u) => Some(
+            map::parse_usable(&u.value, node_gpus)
+                .map_err(|source| PreflightError::Setting { from: u.from.clone(), source })?,
         ),
         None => given.map(|g| g.uuids.clone()),
     };
+    let explicit: &[(GpuUuid, GpuUuid)] = config.device_map.as_ref().map_or(&[], |m| &m.value);
     let merged = merged_view(&images);
-    let whole = map::plan(&MapRequest { image: &merged, node_gpus, usable: usable.as_deref(), explicit: &explicit })
-        .map_err(|e| EngineError::Preflight(e.to_string()))?;
+    let whole = map::plan(&MapRequest { image: &merged, node_gpus, usable: usable.as_deref(), explicit }).map_err(
+        |e| match (e.concerns(), &config.device_map, &config.usable_gpus) {
+            (Concern::DeviceMap, Some(m), _) => PreflightError::Setting { from: m.from.clone(), source: e },
+            (Concern::UsableGpus, _, Some(u)) => PreflightError::Setting { from: u.from.clone(), source: e },
+            (Concern::UsableGpus, _, None) if given.is_some() => PreflightError::Setting {
+                from: format!("the restoring runtime's spec ({})", given.map(|g| g.source.as_str()).unwrap_or("")),
+                source: e,
+            },
+            _ => PreflightError::Map(e),
+        },
+    )?;
     let mut plans = Vec::new();
     for (path, image) in images {
         let pairs = whole.pairs.iter().filter(|p| image.enumerated.contains(&p.old)).cloned().map(|mut p| {
@@ -135,13 +224,13 @@ pub fn check_memory(
     plans: &[ProcessPlan],
     free: &[(GpuUuid, Option<u64>)],
     node_gpus: &[GpuIdentity],
-) -> Result<(Vec<TargetNeed>, Vec<u32>), EngineError> {
+) -> Result<(Vec<TargetNeed>, Vec<u32>), PreflightError> {
     let needs: Vec<ProcessNeed<'_>> = plans
         .iter()
         .map(|p| ProcessNeed { pid: p.image.pid, uses: p.image.device_memory.as_deref(), map: &p.map })
         .collect();
     let (targets, unknown) = memory::targets(&needs, free);
-    memory::check(&targets, node_gpus).map_err(|e| EngineError::Preflight(e.to_string()))?;
+    memory::check(&targets, node_gpus)?;
     Ok((targets, unknown))
 }
 

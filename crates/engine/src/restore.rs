@@ -61,15 +61,13 @@ impl RestoreSession {
             if in_inventory == Some(true) {
                 // The dump checkpointed CUDA processes with this plugin, but their identity images are
                 // gone: restoring would leave them CHECKPOINTED with no way to map their GPUs.
-                return Err(EngineError::Preflight(format!(
-                    "the image inventory says these images were dumped with {PLUGIN_NAME}, but {} holds no \
-                     cuda-migrate-*.img: copy every cuda-migrate-*.img of the dump into it (they travel with the other \
-                     images), or dump again",
-                    s.image_dir
+                return Err(EngineError::ImagesMissing {
+                    dir: s
+                        .image_dir
                         .as_ref()
                         .map(|d| d.shown().display().to_string())
-                        .unwrap_or_else(|| "the image directory".into())
-                )));
+                        .unwrap_or_else(|| "the image directory".into()),
+                });
             }
             debug!("no identity images: no CUDA process to restore (inventory entry: {in_inventory:?})");
             return Ok(s);
@@ -78,18 +76,10 @@ impl RestoreSession {
             return Err(e);
         }
         let t0 = Instant::now();
-        let agent = crate::node::spawn_agent(host, &s.config, ccm_agent::WarmUp::Restore).map_err(|e| {
-            EngineError::Preflight(format!(
-                "the checkpoint holds {} CUDA process(es) but the driver agent cannot start: {e}",
-                images.len()
-            ))
-        })?;
-        let node = Node::load_for_restore(agent, s.config.memory_check).map_err(|e| {
-            EngineError::Preflight(format!(
-                "the checkpoint holds {} CUDA process(es) but this node cannot restore them: {e}",
-                images.len()
-            ))
-        })?;
+        let processes = images.len();
+        let cannot = |e: EngineError| EngineError::CannotRestore { processes, source: Box::new(e) };
+        let agent = crate::node::spawn_agent(host, &s.config, ccm_agent::WarmUp::Restore).map_err(cannot)?;
+        let node = Node::load_for_restore(agent, s.config.memory_check).map_err(cannot)?;
         // Without an explicit usable set, the GPUs the restoring runtime gives the container. A spec that
         // is there but cannot be read refuses the restore: "all GPUs" could be another tenant's.
         let given = if s.config.usable_gpus.is_none() { given_by_restoring_runtime(node.gpus())? } else { None };
@@ -101,32 +91,24 @@ impl RestoreSession {
                 g.source
             );
         }
-        s.plans = preflight::plan(images, node.gpus(), &s.config, given.as_ref().map(|(_, g)| g))?;
-        if s.plans.iter().any(|p| !p.map.is_identity()) {
-            if let ccm_driver::abi::RestoreArgsLayout::Unknown(why) =
-                ccm_driver::abi::restore_args_layout(node.cuda_driver_version)
-            {
-                return Err(EngineError::Preflight(why));
+        let verdict = preflight::run(&node, images, &s.config, given.as_ref().map(|(_, g)| g))?;
+        match &verdict.memory {
+            preflight::MemoryVerdict::Off => {
+                info!("preflight: the free-memory check is off ({}=off)", ccm_identity::settings::MEMORY_CHECK.env)
             }
-        }
-        if s.config.memory_check {
-            let free: Vec<(GpuUuid, Option<u64>)> = match node.memory() {
-                Ok(m) => m.into_iter().map(|g| (g.gpu, g.free)).collect(),
-                Err(e) => {
-                    warn!("cannot read the GPUs' free memory ({e}); the restore goes on without the memory check");
-                    Vec::new()
+            preflight::MemoryVerdict::Unreadable(e) => {
+                warn!("cannot read the GPUs' free memory ({e}); the restore goes on without the memory check")
+            }
+            preflight::MemoryVerdict::Checked { targets, unknown } => {
+                if !unknown.is_empty() {
+                    warn!("the dump recorded no device memory for pid(s) {unknown:?} (NVML could not tell, or an older image); their share is not checked");
                 }
-            };
-            let (targets, unknown) = preflight::check_memory(&s.plans, &free, node.gpus())?;
-            if !unknown.is_empty() {
-                warn!("the dump recorded no device memory for pid(s) {unknown:?} (NVML could not tell, or an older image); their share is not checked");
+                if !targets.is_empty() {
+                    info!("preflight: device memory: {}", preflight::render_memory(targets));
+                }
             }
-            if !targets.is_empty() {
-                info!("preflight: device memory: {}", preflight::render_memory(&targets));
-            }
-        } else {
-            info!("preflight: the free-memory check is off ({}=off)", ccm_identity::settings::MEMORY_CHECK.env);
         }
+        s.plans = verdict.plans;
         for p in &s.plans {
             info!(
                 "preflight: pid {} (dumped on {} with driver {}): device map\n{}",
@@ -398,20 +380,11 @@ fn warn_foreign_dev(pid: u32, why: &ForeignDev, shows: &[u32], moves: &[(u32, u3
 /// The GPUs the runtime that runs this CRIU (runc, crun, youki) gives the container in its
 /// spec. `Ok(None)`: no such runtime, no spec, or a spec that says nothing about GPUs.
 fn given_by_restoring_runtime(node_gpus: &[GpuIdentity]) -> Result<Option<(PathBuf, GivenGpus)>, EngineError> {
-    let spec = ccm_process::container::restoring_runtime_spec().map_err(|e| {
-        EngineError::Preflight(format!(
-            "the restoring runtime's spec cannot be read: {e}; fix the bundle, or name the container's GPUs with {}",
-            ccm_identity::settings::USABLE_GPUS.env
-        ))
-    })?;
+    let spec = ccm_process::container::restoring_runtime_spec().map_err(EngineError::SpecFile)?;
     let Some(spec) = spec else { return Ok(None) };
     match ccm_identity::runtime::gpus_given_by_spec(&spec.text, node_gpus) {
         Ok(g) => Ok(g.map(|g| (spec.path, g))),
-        Err(e) => Err(EngineError::Preflight(format!(
-            "the restoring runtime's ({}) spec {} {e}",
-            spec.runtime,
-            spec.path.display()
-        ))),
+        Err(source) => Err(EngineError::Spec { runtime: spec.runtime, path: spec.path.display().to_string(), source }),
     }
 }
 

@@ -106,9 +106,9 @@ pub enum ImageError {
     Truncated { offset: usize, needed: usize, available: usize },
     #[error("not a criu-cuda-migrate identity image (it does not start with \"CCMIDIMG\"): a file of that name that criu-cuda-migrate's dump did not write; remove it, or dump again")]
     BadMagic,
-    #[error("identity image format version {found} is newer than this plugin reads (up to {supported}); upgrade criu-cuda-migrate to a release that reads format version {found}")]
+    #[error("identity image format version {found} is newer than this build of criu-cuda-migrate reads (up to {supported}); upgrade criu-cuda-migrate to a release that reads format version {found}")]
     NewerVersion { found: u16, supported: u16 },
-    #[error("identity image format version {found} is not a released format (this plugin reads 1..={supported}); the file is damaged or not ours: re-dump the process")]
+    #[error("identity image format version {found} is not a released format (this build of criu-cuda-migrate reads 1..={supported}); the file is damaged or not ours: re-dump the process")]
     UnsupportedVersion { found: u16, supported: u16 },
     #[error("identity image checksum mismatch (stored {stored:#010x}, computed {computed:#010x}); the image is corrupted: re-dump the process")]
     ChecksumMismatch { stored: u32, computed: u32 },

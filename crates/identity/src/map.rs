@@ -33,13 +33,13 @@ pub const USABLE_GPUS_VAR: &str = crate::settings::USABLE_GPUS.env;
 /// Why a device map cannot be built, and what to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum MapError {
-    #[error("device map entry `{item}` is not OLD=NEW ({reason}); write {DEVICE_MAP_VAR} as GPU-<uuid>=GPU-<uuid>[,...] with UUIDs from `nvidia-smi -L`")]
+    #[error("device map entry `{item}` is not OLD=NEW ({reason}); write the map as GPU-<uuid>=GPU-<uuid>[,...] with UUIDs from `nvidia-smi -L`")]
     BadPair { item: String, reason: String },
-    #[error("usable GPU entry `{item}` is neither a GPU UUID nor an NVML index of this node ({reason}); set {USABLE_GPUS_VAR} to UUIDs or indices from `nvidia-smi -L`, comma-separated; this node has: {node}")]
+    #[error("usable GPU entry `{item}` is neither a GPU UUID nor an NVML index of this node ({reason}); list UUIDs or indices from `nvidia-smi -L`, comma-separated; this node has: {node}")]
     BadUsable { item: String, reason: String, node: String },
-    #[error("{USABLE_GPUS_VAR} lists no GPU; unset it to let the restore use every GPU of this node, or list UUIDs or NVML indices")]
+    #[error("the usable-GPU list names no GPU; leave it unset to let the restore use every GPU of this node, or list UUIDs or NVML indices")]
     EmptyUsable,
-    #[error("usable GPU {uuid} is not on this node; this node has: {node}; fix {USABLE_GPUS_VAR}")]
+    #[error("usable GPU {uuid} is not on this node; this node has: {node}; fix the usable-GPU list")]
     UsableNotOnNode { uuid: GpuUuid, node: String },
     #[error("the identity image lists GPU {uuid} twice among the enumerated GPUs; the image is inconsistent: re-dump the process")]
     DuplicateEnumerated { uuid: GpuUuid },
@@ -53,26 +53,56 @@ pub enum MapError {
     DuplicateNodeGpu { uuid: GpuUuid },
     #[error("the process enumerated {needed} GPUs at dump but this node has only {have} ({node}); the driver needs a pair for every enumerated GPU: restore on a node with at least {needed} GPUs")]
     TooFewGpus { needed: usize, have: usize, node: String },
-    #[error("{DEVICE_MAP_VAR} names {old}, which the process did not enumerate at dump; its GPUs were: {enumerated}; fix the OLD side of the map")]
+    #[error("the device map names {old}, which the process did not enumerate at dump; its GPUs were: {enumerated}; fix the OLD side of the map")]
     ExplicitUnknownOld { old: GpuUuid, enumerated: String },
     #[error(
-        "{DEVICE_MAP_VAR} maps to {new}, which is not on this node; this node has: {node}; fix the NEW side of the map"
+        "the device map maps to {new}, which is not on this node; this node has: {node}; fix the NEW side of the map"
     )]
     ExplicitUnknownNew { new: GpuUuid, node: String },
-    #[error("{DEVICE_MAP_VAR} pairs {old} more than once; give each dump GPU one target")]
+    #[error("the device map pairs {old} more than once; give each dump GPU one target")]
     ExplicitDuplicateOld { old: GpuUuid },
-    #[error("{DEVICE_MAP_VAR} maps both {first_old} and {second_old} onto {new}; each target GPU can take only one dump GPU")]
+    #[error(
+        "the device map maps both {first_old} and {second_old} onto {new}; each target GPU can take only one dump GPU"
+    )]
     ExplicitDuplicateNew { new: GpuUuid, first_old: GpuUuid, second_old: GpuUuid },
-    #[error("{DEVICE_MAP_VAR} maps used dump GPU {old} onto {new}, a different chip; the driver restores only onto the same chip: pick a GPU of the same model")]
+    #[error("the device map maps used dump GPU {old} onto {new}, a different chip; the driver restores only onto the same chip: pick a GPU of the same model")]
     ExplicitWrongChip { old: String, new: String },
-    #[error("{DEVICE_MAP_VAR} maps used dump GPU {old} onto {new}, which has less memory; pick a GPU with at least as much memory")]
+    #[error("the device map maps used dump GPU {old} onto {new}, which has less memory; pick a GPU with at least as much memory")]
     ExplicitTooLittleMemory { old: String, new: String },
-    #[error("{DEVICE_MAP_VAR} maps used dump GPU {old} onto {new}, which {USABLE_GPUS_VAR} excludes; add it to {USABLE_GPUS_VAR} or change the map")]
+    #[error("the device map maps used dump GPU {old} onto {new}, which the usable-GPU list ({USABLE_GPUS_VAR}) excludes; add it there or change the map")]
     ExplicitNotUsable { old: GpuUuid, new: GpuUuid },
     #[error("dump GPU {old} has no usable GPU of the same chip with enough memory on this node; usable: {usable}; set {USABLE_GPUS_VAR} or {DEVICE_MAP_VAR}")]
     NoSuitableGpu { old: String, usable: String },
     #[error("dump GPU {old} has no free usable GPU of the same chip with enough memory left: the process uses {used_count} GPUs and the suitable ones are taken; usable: {usable}; free more GPUs with {USABLE_GPUS_VAR} or pair them with {DEVICE_MAP_VAR}")]
     NotEnoughSuitable { old: String, used_count: usize, usable: String },
+}
+
+/// Which setting a [`MapError`] is about, so that the caller can name where its value came from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Concern {
+    DeviceMap,
+    UsableGpus,
+    /// The image or the node, not a setting.
+    Neither,
+}
+
+impl MapError {
+    pub fn concerns(&self) -> Concern {
+        match self {
+            MapError::BadPair { .. }
+            | MapError::ExplicitUnknownOld { .. }
+            | MapError::ExplicitUnknownNew { .. }
+            | MapError::ExplicitDuplicateOld { .. }
+            | MapError::ExplicitDuplicateNew { .. }
+            | MapError::ExplicitWrongChip { .. }
+            | MapError::ExplicitTooLittleMemory { .. }
+            | MapError::ExplicitNotUsable { .. } => Concern::DeviceMap,
+            MapError::BadUsable { .. } | MapError::EmptyUsable | MapError::UsableNotOnNode { .. } => {
+                Concern::UsableGpus
+            }
+            _ => Concern::Neither,
+        }
+    }
 }
 
 /// Why a pair was chosen.
