@@ -257,7 +257,7 @@ impl DumpSession {
                             s.spawn(move || collect_identity(pid, node, || memory.wait().get(&pid).cloned().flatten()));
                         // The device memory is not known yet: the deadline for an unknown amount.
                         let checkpoint = timed(|| api.checkpoint(pid, config.call_deadline(None)));
-                        let facts = scan.join().unwrap_or_else(|_| Err("identity collection panicked".into()));
+                        let facts = scan.join().map_err(|_| ProcessFailure::Batch(crate::batch::BatchError::Panicked));
                         (checkpoint, facts)
                     })
                 },
@@ -267,7 +267,8 @@ impl DumpSession {
         let bytes_of = |pid: i32| memory.get(&pid).cloned().flatten().map(|u| u.iter().map(|x| x.bytes).sum::<u64>());
         // Written through CRIU's own descriptor of the image directory: it may be in another mount
         // namespace than any path we could name, and a path could be swapped under us.
-        let dir = host.image_dir().map(|fd| Dir::from_owned(fd, PathBuf::from("CRIU's image directory")));
+        let dir =
+            host.image_dir().map(|fd| Dir::from_owned(fd, PathBuf::from("CRIU's image directory")).map_err(Arc::new));
         for (&(pid, _), r) in todo.iter().zip(results) {
             let Some(t) = self.tracked.get_mut(&pid) else { continue };
             t.device_bytes = bytes_of(pid);
@@ -287,10 +288,11 @@ impl DumpSession {
                     t.checkpointed_by_us = true;
                     info!("pid {pid}: cuCheckpointProcessCheckpoint {:.3} s", elapsed.as_secs_f64());
                     match (facts, &dir) {
-                        (Ok(img), Some(Ok(dir))) => write_image(dir, &img).map_err(ProcessFailure::Image),
-                        (Err(e), _) => Err(ProcessFailure::Identity(e)),
-                        (_, Some(Err(e))) => Err(ProcessFailure::Image(e.to_string())),
-                        (_, None) => Err(ProcessFailure::Image("CRIU gave no image directory".into())),
+                        (Ok(Ok(img)), Some(Ok(dir))) => write_image(dir, &img),
+                        (Ok(Err(e)), _) => Err(ProcessFailure::Identity(Arc::new(e))),
+                        (Err(f), _) => Err(f),
+                        (_, Some(Err(e))) => Err(ProcessFailure::ImageWrite(e.clone())),
+                        (_, None) => Err(ProcessFailure::NoImageDir),
                     }
                 }
             });
@@ -546,10 +548,10 @@ fn collect_identity(
     pid: i32,
     node: &Node,
     device_memory: impl FnOnce() -> Option<Vec<DeviceMemoryUse>>,
-) -> Result<IdentityImage, String> {
+) -> Result<IdentityImage, ccm_process::ProcessError> {
     let t0 = Instant::now();
     let upid = pid as u32;
-    let env_block = ccm_process::environ::read_environ_block(upid).map_err(|e| e.to_string());
+    let env_block = ccm_process::environ::read_environ_block(upid);
     let env = match &env_block {
         Ok(b) => ProcessEnv {
             cuda_visible_devices: ccm_process::environ::env_var(b, "CUDA_VISIBLE_DEVICES"),
@@ -561,7 +563,7 @@ fn collect_identity(
             ProcessEnv::default()
         }
     };
-    let minors = ccm_process::devices::nvidia_minors_in_use(upid).map_err(|e| e.to_string())?;
+    let minors = ccm_process::devices::nvidia_minors_in_use(upid)?;
     let mut used: Vec<&GpuIdentity> = minors.iter().filter_map(|m| node.gpu_by_minor(*m)).collect();
     order_by_cuda_view(&mut used, &env, node.gpus());
     let wanted: Vec<(GpuUuid, PciSignature)> = node.gpus().iter().map(|g| (g.uuid, g.signature())).collect();
@@ -569,14 +571,12 @@ fn collect_identity(
     // process with gigabytes of host memory); everything only when that finds nothing.
     // The same pass finds the runtime's cudaDeviceProp copies (libcudart's and frameworks', in
     // the heap like libcuda's objects).
-    let mut scan = ccm_process::scan_identity_in(upid, &wanted, node.gpus(), ccm_process::ScanScope::LIBCUDA_OBJECTS)
-        .map_err(|e| e.to_string())?;
+    let mut scan = ccm_process::scan_identity_in(upid, &wanted, node.gpus(), ccm_process::ScanScope::LIBCUDA_OBJECTS)?;
     if scan.sites.is_empty() && !wanted.is_empty() {
         debug!("pid {pid}: no PCI words in the heap or small mappings; scanning all of its memory");
         let narrow = scan.elapsed;
         let (props, lookalikes) = (std::mem::take(&mut scan.prop_sites), scan.prop_lookalikes);
-        scan =
-            ccm_process::scan_signatures_in(upid, &wanted, ccm_process::ScanScope::FULL).map_err(|e| e.to_string())?;
+        scan = ccm_process::scan_signatures_in(upid, &wanted, ccm_process::ScanScope::FULL)?;
         scan.elapsed += narrow;
         scan.prop_sites = props;
         scan.prop_lookalikes = lookalikes;
@@ -682,16 +682,14 @@ fn order_by_cuda_view(used: &mut [&GpuIdentity], env: &ProcessEnv, node_gpus: &[
     used.sort_by_key(|g| rank(g));
 }
 
-fn write_image(dir: &Dir, img: &IdentityImage) -> Result<(), String> {
+fn write_image(dir: &Dir, img: &IdentityImage) -> Result<(), ProcessFailure> {
     let t0 = Instant::now();
     // Refused here, failing the dump (which rolls the processes back), rather than written and
     // then refused by the restore.
-    let bytes = img.try_encode().map_err(|e| {
-        format!("its identity image cannot be written: {e}; nothing was written. Report this with the dump log")
-    })?;
+    let bytes = img.try_encode().map_err(ProcessFailure::ImageEncode)?;
     // A fresh file renamed into place: whatever stood under that name (a planted link) is replaced.
     dir.write_file(&IdentityImage::file_name(img.pid), &bytes, 0o600)
-        .map_err(|e| format!("cannot write its identity image: {e}"))?;
+        .map_err(|e| ProcessFailure::ImageWrite(Arc::new(e)))?;
     info!(
         "pid {}: wrote {} ({} bytes, {:.3} s)",
         img.host_pid,
@@ -743,7 +741,7 @@ mod tests {
         std::fs::create_dir_all(&dir).unwrap();
         let d = Dir::open(&dir).unwrap();
         let err = write_image(&d, &image(ccm_identity::image::MAX_GPUS as u32 + 1)).unwrap_err();
-        assert!(err.contains("cannot be written"), "{err}");
+        assert!(err.to_string().contains("cannot be written"), "{err}");
         assert!(!dir.join(IdentityImage::file_name(7)).exists(), "nothing may be written");
         write_image(&d, &image(2)).unwrap();
         assert!(dir.join(IdentityImage::file_name(7)).exists());

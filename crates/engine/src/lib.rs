@@ -136,12 +136,16 @@ pub enum ProcessFailure {
     #[error(transparent)]
     Driver(#[from] AgentError),
     #[error("cannot record its GPU identity: {0}")]
-    Identity(String),
-    #[error("{0}")]
-    Image(String),
+    Identity(std::sync::Arc<ccm_process::ProcessError>),
+    #[error("its identity image cannot be written: {0}; nothing was written. Report this with the dump log")]
+    ImageEncode(ccm_identity::ImageError),
+    #[error("cannot write its identity image: {0}")]
+    ImageWrite(std::sync::Arc<ccm_process::dir::FileError>),
+    #[error("CRIU gave no image directory to write its identity image into")]
+    NoImageDir,
     /// The GPU identity did not validate after the restore (strict mode kills the tree).
-    #[error("GPU identity is inconsistent after restore: {0}")]
-    Inconsistent(String),
+    #[error("GPU identity is inconsistent after restore: {}", .0.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; "))]
+    Inconsistent(Vec<reconcile::ReconcileFailure>),
     #[error("its CUDA state cannot be read: {0}")]
     State(AgentError),
 }

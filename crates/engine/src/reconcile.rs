@@ -2,17 +2,50 @@
 //! the unlock: verify the sites recorded at dump (scan only when they no longer match), rewrite
 //! them from one snapshot, fix the environment's GPU names, then validate against NVML.
 
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccm_identity::image::PciSite;
-use ccm_identity::pattern::{classify_recorded_sites, plan_rewrites};
+use ccm_identity::pattern::{classify_recorded_sites, plan_rewrites, PlanError};
 use ccm_identity::validate::{validate_gpu, GpuObservation, ReconcileReport, ReportRow, Verdict};
 use ccm_identity::{GpuUuid, PciSignature};
 use ccm_process::mem::ProcessMemory;
+use ccm_process::{ProcessError, SiteError};
 use log::{debug, info, warn};
 
 use crate::node::Node;
 use crate::preflight::ProcessPlan;
+
+/// Why a restored process's GPU identity could not be made right.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReconcileFailure {
+    #[error("cannot open its memory: {0}")]
+    Memory(Arc<ProcessError>),
+    #[error("the scan for its PCI words failed: {0}")]
+    Scan(Arc<ProcessError>),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("site {addr:#x} ({old} -> {new}): {source}")]
+    Site {
+        addr: u64,
+        old: GpuUuid,
+        new: GpuUuid,
+        #[source]
+        source: Arc<SiteError>,
+    },
+    #[error("environment edit at +{offset}: {source}")]
+    Environ {
+        offset: usize,
+        #[source]
+        source: Arc<ProcessError>,
+    },
+    #[error("cannot read its memory to validate: {0}")]
+    Validate(Arc<ProcessError>),
+    #[error("{old} -> {new}: one of them is unknown (not in the image / not on this node)")]
+    Unknown { old: GpuUuid, new: GpuUuid },
+    #[error("{old} -> {new}: {why}")]
+    Mismatch { old: GpuUuid, new: GpuUuid, why: String },
+}
 
 /// What reconciliation did to one process.
 #[derive(Debug, Default)]
@@ -34,8 +67,31 @@ pub struct ReconcileSummary {
     /// The per-GPU report, rendered as a table.
     pub table: String,
     /// Empty when every changed GPU validated.
-    pub failures: Vec<String>,
+    pub failures: Vec<ReconcileFailure>,
     pub elapsed: Duration,
+}
+
+/// The one line (and the table below it) of the log and of `cuda-migrate-restore-<pid>.txt`.
+impl std::fmt::Display for ReconcileSummary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let source = match (self.used_recorded_sites, self.fresh.len()) {
+            (false, _) => "found by scan".to_string(),
+            (true, 0) => "sites recorded at dump".to_string(),
+            (true, n) => format!("sites recorded at dump; {n} more already refreshed by the driver"),
+        };
+        write!(
+            f,
+            "{} site(s) rewritten ({source}), cudaDeviceProp copies: {} rewritten, {} already right, {} skipped, {} \
+             environment edit(s), {:.3} s\n{}",
+            self.sites_rewritten,
+            self.props_rewritten,
+            self.props_fresh,
+            self.props_skipped,
+            self.env_edits,
+            self.elapsed.as_secs_f64(),
+            self.table
+        )
+    }
 }
 
 pub fn reconcile(pid: u32, plan: &ProcessPlan, node: &Node) -> ReconcileSummary {
@@ -64,7 +120,12 @@ fn old_signature(plan: &ProcessPlan, u: &GpuUuid) -> Option<PciSignature> {
 /// each still holds its old words or the new words of its own mapping, otherwise a fresh scan
 /// for the old signatures of every enumerated GPU (one snapshot before any write, so swaps and
 /// cycles are never rewritten twice).
-fn current_sites(pid: u32, plan: &ProcessPlan, node: &Node, mem: &ProcessMemory) -> Result<CurrentSites, String> {
+fn current_sites(
+    pid: u32,
+    plan: &ProcessPlan,
+    node: &Node,
+    mem: &ProcessMemory,
+) -> Result<CurrentSites, ReconcileFailure> {
     let recorded = &plan.image.sites;
     if !recorded.is_empty() {
         let now: Vec<Option<PciSignature>> =
@@ -112,11 +173,11 @@ fn current_sites(pid: u32, plan: &ProcessPlan, node: &Node, mem: &ProcessMemory)
     // memory, which after a restore also holds the host copy of its device memory, only when
     // the narrow scan does not find every enumerated GPU the same number of times.
     let mut scan = ccm_process::scan_signatures_in(pid, &wanted, ccm_process::ScanScope::LIBCUDA_OBJECTS)
-        .map_err(|e| format!("scan failed: {e}"))?;
+        .map_err(|e| ReconcileFailure::Scan(Arc::new(e)))?;
     if !evenly_found(&scan.sites, &wanted) {
         let narrow = scan.elapsed;
         scan = ccm_process::scan_signatures_in(pid, &wanted, ccm_process::ScanScope::FULL)
-            .map_err(|e| format!("scan failed: {e}"))?;
+            .map_err(|e| ReconcileFailure::Scan(Arc::new(e)))?;
         scan.elapsed += narrow;
     }
     info!(
@@ -146,16 +207,19 @@ fn evenly_found(sites: &[PciSite], wanted: &[(GpuUuid, PciSignature)]) -> bool {
     counts.first().is_some_and(|&c| c > 0 && counts.iter().all(|&n| n == c))
 }
 
-fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) -> Result<(), String> {
-    let mem = ProcessMemory::open_read_write(pid).map_err(|e| e.to_string())?;
+fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) -> Result<(), ReconcileFailure> {
+    let mem = ProcessMemory::open_read_write(pid).map_err(|e| ReconcileFailure::Memory(Arc::new(e)))?;
     let sites = current_sites(pid, plan, node, &mem)?;
     s.used_recorded_sites = sites.recorded;
     s.fresh = sites.fresh.iter().map(|site| (site.gpu, site.addr)).collect();
-    let rewrites =
-        plan_rewrites(&sites.stale, &plan.map, &plan.image.node_gpus, node.gpus()).map_err(|e| e.to_string())?;
+    let rewrites = plan_rewrites(&sites.stale, &plan.map, &plan.image.node_gpus, node.gpus())?;
     for w in &rewrites.writes {
-        ccm_process::mem::verify_and_write(&mem, w.addr, &w.expect, &w.write)
-            .map_err(|e| format!("site {:#x} ({} -> {}): {e}", w.addr, w.gpu_old, w.gpu_new))?;
+        ccm_process::mem::verify_and_write(&mem, w.addr, &w.expect, &w.write).map_err(|e| ReconcileFailure::Site {
+            addr: w.addr,
+            old: w.gpu_old,
+            new: w.gpu_new,
+            source: Arc::new(e),
+        })?;
         s.sites_rewritten += 1;
         s.written.push((w.gpu_old, w.addr));
     }
@@ -170,7 +234,7 @@ fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) 
             }
             for e in &plan_env.edits {
                 ccm_process::environ::write_environ_edit(pid, block.start, e.offset, &e.old, &e.new)
-                    .map_err(|err| format!("environment edit at +{}: {err}", e.offset))?;
+                    .map_err(|err| ReconcileFailure::Environ { offset: e.offset, source: Arc::new(err) })?;
                 s.env_edits += 1;
             }
         }
@@ -239,14 +303,14 @@ fn validate(pid: u32, plan: &ProcessPlan, node: &Node, changed: &[(GpuUuid, GpuU
     let mem = match ProcessMemory::open_read_only(pid) {
         Ok(m) => m,
         Err(e) => {
-            s.failures.push(format!("cannot read memory to validate: {e}"));
+            s.failures.push(ReconcileFailure::Validate(Arc::new(e)));
             return;
         }
     };
     let mut report = ReconcileReport::default();
     for (old, new) in changed {
         let (Some(old_gpu), Some(new_gpu)) = (plan.image.gpu(old), node.gpu(new)) else {
-            s.failures.push(format!("{old} -> {new}: one of them is unknown (not in the image / not on this node)"));
+            s.failures.push(ReconcileFailure::Unknown { old: *old, new: *new });
             continue;
         };
         // Read back every place rewritten (or found refreshed) for this GPU: what the process
@@ -266,7 +330,7 @@ fn validate(pid: u32, plan: &ProcessPlan, node: &Node, changed: &[(GpuUuid, GpuU
         let obs = GpuObservation { old: *old, new: *new, words_in_process: words, nvml_uuid_at_new_pci: nvml_uuid };
         let verdict = validate_gpu(&obs, new_gpu);
         if let Verdict::Mismatch(m) = &verdict {
-            s.failures.push(format!("{old} -> {new}: {m}"));
+            s.failures.push(ReconcileFailure::Mismatch { old: *old, new: *new, why: m.clone() });
         }
         let ordinal = plan.image.used.iter().position(|u| u == old).map(|i| i as u32);
         report.rows.push(ReportRow::from_verdict(ordinal, old_gpu, new_gpu, sites, &verdict));

@@ -210,15 +210,16 @@ impl RestoreSession {
                     BatchError::Panicked => error!("pid {pid}: internal error (the restore worker panicked); its CUDA state is unknown: run `criu-cuda-migrate recover --pid {pid}`"),
                     BatchError::Resume { .. } => error!("pid {pid} is left CHECKPOINTED: {e}; run `criu-cuda-migrate recover --pid {pid}`"),
                 }
-                RestoreOutcome { result: Err(e.into()), kill: false, report: String::new() }
+                RestoreOutcome { ended: Ended::Failed(e.into()), report: String::new() }
             });
-            if o.kill {
+            if matches!(o.ended, Ended::Doomed(_)) {
                 kill.push(pid);
             }
+            let result = o.result();
             if let Some(plan) = job.plan {
-                self.write_report(pid, plan, &o.result, &o.report);
+                self.write_report(pid, plan, &result, &o.report);
             }
-            new_results.push((pid, o.result));
+            new_results.push((pid, result));
         }
         let job_count = jobs.len();
         drop(jobs);
@@ -388,28 +389,44 @@ fn given_by_restoring_runtime(node_gpus: &[GpuIdentity]) -> Result<Option<(PathB
     }
 }
 
+/// How the restore of one process ended.
+#[derive(Debug)]
+enum Ended {
+    /// Unlocked: RUNNING (with a permissive-mode identity warning, if any).
+    Resumed,
+    /// Left as CRIU restored it (not CHECKPOINTED: nothing for the driver to do).
+    AsFound,
+    /// Failed, the process left as the ERROR line says (CHECKPOINTED or LOCKED, for `recover`).
+    Failed(ProcessFailure),
+    /// Failed so that it must not run: the whole restored tree is killed (strict mode, or an
+    /// agent lost mid-call); the images stay for another restore.
+    Doomed(ProcessFailure),
+}
+
 /// What the restore of one process did.
 struct RestoreOutcome {
-    result: Result<(), ProcessFailure>,
-    /// Strict mode: its identity is wrong, so the whole restored tree must be killed.
-    kill: bool,
+    ended: Ended,
     /// The reconciliation report for `cuda-migrate-restore-<pid>.txt`.
     report: String,
+}
+
+impl RestoreOutcome {
+    fn result(&self) -> Result<(), ProcessFailure> {
+        match &self.ended {
+            Ended::Resumed | Ended::AsFound => Ok(()),
+            Ended::Failed(f) | Ended::Doomed(f) => Err(f.clone()),
+        }
+    }
 }
 
 /// Driver restore, reconciliation, unlock for one process.
 fn restore_one(job: &Job<'_>, node: &Node, config: &Config) -> RestoreOutcome {
     let mut report = String::new();
-    let (result, kill) = restore_one_steps(job, node, config, &mut report);
-    RestoreOutcome { result, kill, report }
+    let ended = restore_one_steps(job, node, config, &mut report);
+    RestoreOutcome { ended, report }
 }
 
-fn restore_one_steps(
-    job: &Job<'_>,
-    node: &Node,
-    config: &Config,
-    report: &mut String,
-) -> (Result<(), ProcessFailure>, bool) {
+fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, report: &mut String) -> Ended {
     let pid = job.pid;
     let api = &node.agent;
     match api.state(pid as i32) {
@@ -420,11 +437,11 @@ fn restore_one_steps(
                     "pid {pid}: CUDA state {other} after CRIU's restore (expected CHECKPOINTED); leaving it as it is"
                 );
             }
-            return (Ok(()), false);
+            return Ended::AsFound;
         }
         Err(e) => {
             error!("pid {pid}: cannot read its CUDA state ({e}); run `criu-cuda-migrate recover --pid {pid}`");
-            return (Err(ProcessFailure::State(e)), false);
+            return Ended::Failed(ProcessFailure::State(e));
         }
     }
     if job.plan.is_none() {
@@ -441,7 +458,7 @@ fn restore_one_steps(
         if e.is_lost() {
             // Whatever the driver did to it, CRIU's restore cannot finish it: it must not run.
             error!("pid {pid}: {e}, during the driver's restore; its CUDA state is unknown, so the restored tree is killed. The images are intact: restore again");
-            return (Err(ProcessFailure::Driver(e)), true);
+            return Ended::Doomed(ProcessFailure::Driver(e));
         }
         let hint = if e.cuda_code() == Some(CudaCode::InvalidValue) && !pairs.is_empty() {
             " (the driver refused the device map: it must pair every GPU the process enumerated with a distinct GPU of the same chip and enough memory)"
@@ -455,63 +472,38 @@ fn restore_one_steps(
             // the whole restored tree goes, and the images stay for the retry.
             Strictness::Strict => {
                 error!("pid {pid}: the driver's restore failed after {:.3} s: {e}{hint}; strict mode kills the restored tree. The images are intact: fix the cause (free the GPU's memory) and restore again", r.elapsed.as_secs_f64());
-                (Err(ProcessFailure::Driver(e)), true)
+                Ended::Doomed(ProcessFailure::Driver(e))
             }
             Strictness::Permissive => {
                 error!("pid {pid} is left CHECKPOINTED: {e}{hint}; fix the cause and run `criu-cuda-migrate recover --pid {pid}`, or kill it and restore again from the same images");
-                (Err(ProcessFailure::Driver(e)), false)
+                Ended::Failed(ProcessFailure::Driver(e))
             }
         };
     }
     info!("pid {pid}: cuCheckpointProcessRestore with {} pair(s) {:.3} s", pairs.len(), r.elapsed.as_secs_f64());
-    let mut kill = false;
-    if let Some(plan) = job.plan {
-        if !plan.map.changed().is_empty() {
-            if config.reconcile {
-                let s: ReconcileSummary = reconcile(pid, plan, node);
-                let source = match (s.used_recorded_sites, s.fresh.len()) {
-                    (false, _) => "found by scan".to_string(),
-                    (true, 0) => "sites recorded at dump".to_string(),
-                    (true, n) => format!("sites recorded at dump; {n} more already refreshed by the driver"),
-                };
-                let props = format!(
-                    "cudaDeviceProp copies: {} rewritten, {} already right, {} skipped",
-                    s.props_rewritten, s.props_fresh, s.props_skipped
-                );
-                report.push_str(&format!(
-                    "reconciliation: {} site(s) rewritten ({}), {props}, {} environment edit(s), {:.3} s\n{}\n",
-                    s.sites_rewritten,
-                    source,
-                    s.env_edits,
-                    s.elapsed.as_secs_f64(),
-                    s.table
-                ));
-                info!(
-                    "pid {pid}: identity reconciliation: {} site(s) rewritten ({}), {props}, {} environment edit(s), {:.3} s\n{}",
-                    s.sites_rewritten,
-                    source,
-                    s.env_edits,
-                    s.elapsed.as_secs_f64(),
-                    s.table
-                );
-                if !s.failures.is_empty() {
-                    let msg = s.failures.join("; ");
-                    match config.strictness {
-                        Strictness::Strict => {
-                            error!("pid {pid}: GPU identity is inconsistent after restore: {msg}");
-                            kill = true;
-                        }
-                        Strictness::Permissive => {
-                            error!("pid {pid}: GPU identity is inconsistent after restore (permissive mode: it resumes anyway): {msg}")
-                        }
+    if let Some(plan) = job.plan.filter(|p| !p.map.changed().is_empty()) {
+        if config.reconcile {
+            let s: ReconcileSummary = reconcile(pid, plan, node);
+            report.push_str(&format!("reconciliation: {s}\n"));
+            info!("pid {pid}: identity reconciliation: {s}");
+            if !s.failures.is_empty() {
+                let failure = ProcessFailure::Inconsistent(s.failures);
+                match config.strictness {
+                    Strictness::Strict => {
+                        error!("pid {pid}: {failure}");
+                        return Ended::Doomed(failure);
                     }
-                    if kill {
-                        return (Err(ProcessFailure::Inconsistent(msg)), true);
+                    Strictness::Permissive => {
+                        let ProcessFailure::Inconsistent(all) = &failure else { unreachable!("made just above") };
+                        error!(
+                            "pid {pid}: GPU identity is inconsistent after restore (permissive mode: it resumes anyway): {}",
+                            all.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")
+                        )
                     }
                 }
-            } else {
-                warn!("pid {pid}: reconciliation is off (CRIU_CUDA_MIGRATE_RECONCILE=off): its CUDA bus ids still name the dump node's GPUs");
             }
+        } else {
+            warn!("pid {pid}: reconciliation is off (CRIU_CUDA_MIGRATE_RECONCILE=off): its CUDA bus ids still name the dump node's GPUs");
         }
     }
     let u = timed(|| api.unlock(pid as i32));
@@ -520,11 +512,11 @@ fn restore_one_steps(
             error!(
                 "pid {pid}: {e}, during its unlock; the restored tree is killed. The images are intact: restore again"
             );
-            return (Err(ProcessFailure::Driver(e)), true);
+            return Ended::Doomed(ProcessFailure::Driver(e));
         }
         error!("pid {pid} is left LOCKED: {e}; run `criu-cuda-migrate recover --pid {pid}`");
-        return (Err(ProcessFailure::Driver(e)), kill);
+        return Ended::Failed(ProcessFailure::Driver(e));
     }
     info!("pid {pid}: cuCheckpointProcessUnlock {:.3} s; RUNNING", u.elapsed.as_secs_f64());
-    (Ok(()), kill)
+    Ended::Resumed
 }
