@@ -430,9 +430,6 @@ impl Drop for Agent {
 
 impl ccm_driver::checkpoint::PutBackCalls for Agent {
     type Error = AgentError;
-    fn state(&self, pid: i32) -> Result<ProcessState, AgentError> {
-        Agent::state(self, pid)
-    }
     fn restore_in_place(&self, pid: i32, deadline: Duration) -> Result<(), AgentError> {
         Agent::restore(self, pid, &[], deadline)
     }

@@ -197,7 +197,6 @@ pub fn timed<T>(f: impl FnOnce() -> T) -> Timed<T> {
 /// calls libcuda itself ([`CheckpointApi`]), the plugin through its driver agent.
 pub trait PutBackCalls: Sync {
     type Error: std::fmt::Display;
-    fn state(&self, pid: i32) -> Result<ProcessState, Self::Error>;
     /// Restores onto the same GPUs. `deadline` bounds a call made through a helper process (a
     /// direct call is bounded by the driver).
     fn restore_in_place(&self, pid: i32, deadline: Duration) -> Result<(), Self::Error>;
@@ -206,9 +205,6 @@ pub trait PutBackCalls: Sync {
 
 impl PutBackCalls for CheckpointApi {
     type Error = CudaError;
-    fn state(&self, pid: i32) -> Result<ProcessState, CudaError> {
-        CheckpointApi::state(self, pid)
-    }
     fn restore_in_place(&self, pid: i32, _deadline: Duration) -> Result<(), CudaError> {
         CheckpointApi::restore(self, pid, &[])
     }
@@ -302,9 +298,6 @@ mod tests {
 
     impl PutBackCalls for Fake {
         type Error = String;
-        fn state(&self, _: i32) -> Result<ProcessState, String> {
-            Ok(ProcessState::Running)
-        }
         fn restore_in_place(&self, _: i32, _: Duration) -> Result<(), String> {
             self.calls.lock().unwrap().push("restore");
             if self.fail_restore {

@@ -77,19 +77,7 @@ pub fn layout(runtime_major: u16) -> Option<PropLayout> {
     LAYOUTS.iter().copied().find(|l| l.runtime_major == runtime_major)
 }
 
-/// One `cudaDeviceProp` copy the dump identified in the process.
-#[derive(Clone, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
-pub struct PropSite {
-    /// The GPU it described at dump.
-    pub gpu: GpuUuid,
-    /// Address of the struct (of `name[0]`).
-    pub addr: u64,
-    /// Its layout ([`PropLayout::runtime_major`]).
-    pub runtime_major: u16,
-    pub mapping_start: u64,
-    pub mapping_end: u64,
-    pub mapping_name: String,
-}
+pub use crate::image::PropSite;
 
 /// What a scan found: identified copies, and look-alikes it left alone.
 #[derive(Clone, PartialEq, Eq, Debug, Default)]

@@ -307,13 +307,20 @@ impl Assignment {
 
 /// Plans the device map. See the module documentation for the rules.
 pub fn plan(req: &MapRequest) -> Result<DeviceMap, MapError> {
-    let image = req.image;
-    let node = req.node_gpus;
-    let enumerated = &image.enumerated;
+    check_inputs(req)?;
+    let mut p = Planner::new(req, usable_set(req)?);
+    p.take_explicit(req.explicit)?;
+    p.place_used()?;
+    p.fill_unused()?;
+    p.finish()
+}
 
-    // The inputs must be sets before a one-to-one assignment means anything.
+/// The inputs must be sets, and the node must have a GPU for each enumerated one, before a
+/// one-to-one assignment means anything.
+fn check_inputs(req: &MapRequest) -> Result<(), MapError> {
+    let (image, node) = (req.image, req.node_gpus);
     let mut seen = HashSet::new();
-    for u in enumerated {
+    for u in &image.enumerated {
         if !seen.insert(*u) {
             return Err(MapError::DuplicateEnumerated { uuid: *u });
         }
@@ -324,169 +331,237 @@ pub fn plan(req: &MapRequest) -> Result<DeviceMap, MapError> {
             return Err(MapError::DuplicateNodeGpu { uuid: g.uuid });
         }
     }
-    for u in &image.used {
-        if !seen.contains(u) {
-            return Err(MapError::UsedNotEnumerated { uuid: *u });
-        }
+    if let Some(u) = image.used.iter().find(|u| !seen.contains(u)) {
+        return Err(MapError::UsedNotEnumerated { uuid: *u });
     }
-    if node.len() < enumerated.len() {
-        return Err(MapError::TooFewGpus { needed: enumerated.len(), have: node.len(), node: list_node(node) });
+    if node.len() < image.enumerated.len() {
+        return Err(MapError::TooFewGpus { needed: image.enumerated.len(), have: node.len(), node: list_node(node) });
     }
-    let usable: HashSet<GpuUuid> = match req.usable {
-        None => node.iter().map(|g| g.uuid).collect(),
+    Ok(())
+}
+
+/// The GPUs used GPUs may go to: the usable list (each on this node), else every GPU.
+fn usable_set(req: &MapRequest) -> Result<HashSet<GpuUuid>, MapError> {
+    let node = req.node_gpus;
+    match req.usable {
+        None => Ok(node.iter().map(|g| g.uuid).collect()),
         Some(list) => {
-            for u in list {
-                if !seen_node.contains(u) {
-                    return Err(MapError::UsableNotOnNode { uuid: *u, node: list_node(node) });
-                }
+            if let Some(u) = list.iter().find(|u| !node.iter().any(|g| g.uuid == **u)) {
+                return Err(MapError::UsableNotOnNode { uuid: *u, node: list_node(node) });
             }
-            list.iter().copied().collect()
+            Ok(list.iter().copied().collect())
         }
-    };
-    let usable_text = || {
-        let list: Vec<String> = node.iter().filter(|g| usable.contains(&g.uuid)).map(GpuIdentity::describe).collect();
+    }
+}
+
+/// The assignment being built, step by step: explicit pairs, then the used GPUs, then the
+/// enumerated-but-unused placeholders.
+struct Planner<'a> {
+    image: &'a IdentityImage,
+    node: &'a [GpuIdentity],
+    usable: HashSet<GpuUuid>,
+    asg: Assignment,
+    reasons: Vec<Option<PairReason>>,
+}
+
+impl<'a> Planner<'a> {
+    fn new(req: &MapRequest<'a>, usable: HashSet<GpuUuid>) -> Planner<'a> {
+        let n_old = req.image.enumerated.len();
+        Planner {
+            image: req.image,
+            node: req.node_gpus,
+            usable,
+            asg: Assignment { of_old: vec![None; n_old], of_new: vec![None; req.node_gpus.len()] },
+            reasons: vec![None; n_old],
+        }
+    }
+
+    fn enumerated(&self) -> &'a [GpuUuid] {
+        &self.image.enumerated
+    }
+
+    fn old_index(&self, u: &GpuUuid) -> Option<usize> {
+        self.enumerated().iter().position(|e| e == u)
+    }
+
+    fn node_index(&self, u: &GpuUuid) -> Option<usize> {
+        self.node.iter().position(|g| g.uuid == *u)
+    }
+
+    fn is_used(&self, u: &GpuUuid) -> bool {
+        self.image.used.contains(u)
+    }
+
+    fn usable_text(&self) -> String {
+        let list: Vec<String> =
+            self.node.iter().filter(|g| self.usable.contains(&g.uuid)).map(GpuIdentity::describe).collect();
         if list.is_empty() {
             "none".to_string()
         } else {
             list.join("; ")
         }
-    };
-    let old_index = |u: &GpuUuid| enumerated.iter().position(|e| e == u);
-    let node_index = |u: &GpuUuid| node.iter().position(|g| g.uuid == *u);
-    let is_used = |u: &GpuUuid| image.used.contains(u);
+    }
 
-    let mut asg = Assignment { of_old: vec![None; enumerated.len()], of_new: vec![None; node.len()] };
-    let mut reasons: Vec<Option<PairReason>> = vec![None; enumerated.len()];
-
-    // 1. Explicit pairs.
-    for (old, new) in req.explicit {
-        let oi = old_index(old)
-            .ok_or_else(|| MapError::ExplicitUnknownOld { old: *old, enumerated: list_uuids(enumerated) })?;
-        let ni = node_index(new).ok_or_else(|| MapError::ExplicitUnknownNew { new: *new, node: list_node(node) })?;
-        if asg.of_old[oi].is_some() {
-            return Err(MapError::ExplicitDuplicateOld { old: *old });
-        }
-        if let Some(first) = asg.of_new[ni] {
-            return Err(MapError::ExplicitDuplicateNew { new: *new, first_old: enumerated[first], second_old: *old });
-        }
-        if is_used(old) {
-            // An unknown old identity cannot be checked; the operator named the pair, so it stands.
-            if let Some(old_gpu) = image.gpu(old) {
-                let new_gpu = &node[ni];
-                if !new_gpu.same_chip(old_gpu) {
-                    return Err(MapError::ExplicitWrongChip { old: old_gpu.describe(), new: new_gpu.describe() });
+    /// 1. Explicit pairs, each checked: known on both sides, one-to-one, and for a used GPU the
+    /// same chip, enough memory, usable.
+    fn take_explicit(&mut self, explicit: &[(GpuUuid, GpuUuid)]) -> Result<(), MapError> {
+        let (image, node, enumerated) = (self.image, self.node, self.enumerated());
+        for (old, new) in explicit {
+            let oi = self
+                .old_index(old)
+                .ok_or_else(|| MapError::ExplicitUnknownOld { old: *old, enumerated: list_uuids(enumerated) })?;
+            let ni = self
+                .node_index(new)
+                .ok_or_else(|| MapError::ExplicitUnknownNew { new: *new, node: list_node(node) })?;
+            if self.asg.of_old[oi].is_some() {
+                return Err(MapError::ExplicitDuplicateOld { old: *old });
+            }
+            if let Some(first) = self.asg.of_new[ni] {
+                return Err(MapError::ExplicitDuplicateNew {
+                    new: *new,
+                    first_old: enumerated[first],
+                    second_old: *old,
+                });
+            }
+            if self.is_used(old) {
+                // An unknown old identity cannot be checked; the operator named the pair, so it stands.
+                if let Some(old_gpu) = image.gpu(old) {
+                    let new_gpu = &node[ni];
+                    if !new_gpu.same_chip(old_gpu) {
+                        return Err(MapError::ExplicitWrongChip { old: old_gpu.describe(), new: new_gpu.describe() });
+                    }
+                    if !holds_as_much(new_gpu, old_gpu) {
+                        return Err(MapError::ExplicitTooLittleMemory {
+                            old: old_gpu.describe(),
+                            new: new_gpu.describe(),
+                        });
+                    }
                 }
-                if !holds_as_much(new_gpu, old_gpu) {
-                    return Err(MapError::ExplicitTooLittleMemory { old: old_gpu.describe(), new: new_gpu.describe() });
+                if !self.usable.contains(new) {
+                    return Err(MapError::ExplicitNotUsable { old: *old, new: *new });
                 }
             }
-            if !usable.contains(new) {
-                return Err(MapError::ExplicitNotUsable { old: *old, new: *new });
+            self.asg.take(oi, ni);
+            self.reasons[oi] = Some(PairReason::Explicit);
+        }
+        Ok(())
+    }
+
+    /// 2. Used GPUs without an explicit pair, in ordinal order: the same GPU where it is here,
+    /// usable and free; then the same PCI location; then the first free suitable GPU, moving an
+    /// earlier automatic choice along an augmenting path when needed (so a feasible assignment
+    /// is always found).
+    fn place_used(&mut self) -> Result<(), MapError> {
+        let (image, node, enumerated) = (self.image, self.node, self.enumerated());
+        // `candidates[k]` lists the node GPUs that suit automatic used GPU k, in NVML index order
+        // (which keeps the process's ordinal order among them).
+        let mut auto_used: Vec<usize> = Vec::new();
+        let mut candidates: Vec<Vec<usize>> = Vec::new();
+        for u in &image.used {
+            let Some(oi) = self.old_index(u) else { continue };
+            if self.asg.of_old[oi].is_some() {
+                continue;
+            }
+            let old_gpu = image.gpu(u).ok_or(MapError::UsedGpuUnknown { uuid: *u })?;
+            auto_used.push(oi);
+            candidates.push((0..node.len()).filter(|&ni| suits(old_gpu, &node[ni], &self.usable)).collect());
+        }
+        for (k, &oi) in auto_used.iter().enumerate() {
+            if let Some(&ni) = candidates[k].iter().find(|&&ni| node[ni].uuid == enumerated[oi]) {
+                if self.asg.is_free(ni) {
+                    self.asg.take(oi, ni);
+                }
             }
         }
-        asg.take(oi, ni);
-        reasons[oi] = Some(PairReason::Explicit);
-    }
-
-    // 2. Used GPUs, in ordinal order. `candidates[k]` lists the node GPUs that suit used GPU k,
-    // in NVML index order (which keeps the process's ordinal order among them).
-    let mut auto_used: Vec<usize> = Vec::new();
-    let mut candidates: Vec<Vec<usize>> = Vec::new();
-    for u in &image.used {
-        let Some(oi) = old_index(u) else { continue };
-        if asg.of_old[oi].is_some() {
-            continue;
-        }
-        let old_gpu = image.gpu(u).ok_or(MapError::UsedGpuUnknown { uuid: *u })?;
-        auto_used.push(oi);
-        candidates.push((0..node.len()).filter(|&ni| suits(old_gpu, &node[ni], &usable)).collect());
-    }
-    // 2a. The same GPU, where it is here, usable and free (before anyone else may take it).
-    for (k, &oi) in auto_used.iter().enumerate() {
-        if let Some(&ni) = candidates[k].iter().find(|&&ni| node[ni].uuid == enumerated[oi]) {
-            if asg.is_free(ni) {
-                asg.take(oi, ni);
+        for (k, &oi) in auto_used.iter().enumerate() {
+            if self.asg.of_old[oi].is_some() {
+                continue;
+            }
+            let pci = image.gpu(&enumerated[oi]).map(|g| g.pci);
+            if let Some(&ni) = candidates[k].iter().find(|&&ni| Some(node[ni].pci) == pci && self.asg.is_free(ni)) {
+                self.asg.take(oi, ni);
             }
         }
-    }
-    // 2b. The same PCI location.
-    for (k, &oi) in auto_used.iter().enumerate() {
-        if asg.of_old[oi].is_some() {
-            continue;
+        for k in 0..auto_used.len() {
+            let oi = auto_used[k];
+            if self.asg.of_old[oi].is_some() {
+                continue;
+            }
+            if let Some(&ni) = candidates[k].iter().find(|&&ni| self.asg.is_free(ni)) {
+                self.asg.take(oi, ni);
+                continue;
+            }
+            let mut visited = vec![false; node.len()];
+            if !augment(k, &auto_used, &candidates, &mut self.asg, &mut visited) {
+                let old = describe_old(image, &enumerated[oi]);
+                return Err(if candidates[k].is_empty() {
+                    MapError::NoSuitableGpu { old, usable: self.usable_text() }
+                } else {
+                    MapError::NotEnoughSuitable { old, used_count: image.used.len(), usable: self.usable_text() }
+                });
+            }
         }
-        let pci = image.gpu(&enumerated[oi]).map(|g| g.pci);
-        if let Some(&ni) = candidates[k].iter().find(|&&ni| Some(node[ni].pci) == pci && asg.is_free(ni)) {
-            asg.take(oi, ni);
+        for &oi in &auto_used {
+            if let Some(ni) = self.asg.of_old[oi] {
+                let same_pci = image.gpu(&enumerated[oi]).is_some_and(|g| g.pci == node[ni].pci);
+                self.reasons[oi] = Some(if node[ni].uuid == enumerated[oi] {
+                    PairReason::Identity
+                } else if same_pci {
+                    PairReason::SameLocation
+                } else {
+                    PairReason::OrdinalOrder
+                });
+            }
         }
-    }
-    // 2c. The rest in ordinal order: the first free candidate, else an augmenting path that moves
-    // an earlier automatic choice to another suitable GPU (so a feasible assignment is always found).
-    for k in 0..auto_used.len() {
-        let oi = auto_used[k];
-        if asg.of_old[oi].is_some() {
-            continue;
-        }
-        if let Some(&ni) = candidates[k].iter().find(|&&ni| asg.is_free(ni)) {
-            asg.take(oi, ni);
-            continue;
-        }
-        let mut visited = vec![false; node.len()];
-        if !augment(k, &auto_used, &candidates, &mut asg, &mut visited) {
-            let old = describe_old(image, &enumerated[oi]);
-            return Err(if candidates[k].is_empty() {
-                MapError::NoSuitableGpu { old, usable: usable_text() }
-            } else {
-                MapError::NotEnoughSuitable { old, used_count: image.used.len(), usable: usable_text() }
-            });
-        }
-    }
-    for &oi in &auto_used {
-        if let Some(ni) = asg.of_old[oi] {
-            let same_pci = image.gpu(&enumerated[oi]).is_some_and(|g| g.pci == node[ni].pci);
-            reasons[oi] = Some(if node[ni].uuid == enumerated[oi] {
-                PairReason::Identity
-            } else if same_pci {
-                PairReason::SameLocation
-            } else {
-                PairReason::OrdinalOrder
-            });
-        }
+        Ok(())
     }
 
-    // 3. Enumerated but unused GPUs: placeholders, in enumerated order.
-    for oi in 0..enumerated.len() {
-        if asg.of_old[oi].is_some() {
-            continue;
+    /// 3. Enumerated but unused GPUs: placeholders the driver demands, in enumerated order: their
+    /// own GPU where free, else the same chip at the same location, else the same chip, else any.
+    fn fill_unused(&mut self) -> Result<(), MapError> {
+        let (image, node, enumerated) = (self.image, self.node, self.enumerated());
+        for oi in 0..enumerated.len() {
+            if self.asg.of_old[oi].is_some() {
+                continue;
+            }
+            let old_gpu = image.gpu(&enumerated[oi]);
+            let asg = &self.asg;
+            let free = |ni: &usize| asg.is_free(*ni);
+            let same_chip = |ni: &usize| old_gpu.is_some_and(|g| node[*ni].same_chip(g));
+            let same_pci = |ni: &usize| old_gpu.is_some_and(|g| node[*ni].pci == g.pci);
+            let choice = self
+                .node_index(&enumerated[oi])
+                .filter(free)
+                .or_else(|| (0..node.len()).find(|ni| free(ni) && same_chip(ni) && same_pci(ni)))
+                .or_else(|| (0..node.len()).find(|ni| free(ni) && same_chip(ni)))
+                .or_else(|| (0..node.len()).find(free));
+            // There are at least as many node GPUs as enumerated ones and each assignment takes one,
+            // so a free one is always left; the error keeps this path panic-free all the same.
+            let ni = choice.ok_or_else(|| MapError::TooFewGpus {
+                needed: enumerated.len(),
+                have: node.len(),
+                node: list_node(node),
+            })?;
+            self.asg.take(oi, ni);
+            self.reasons[oi] =
+                Some(if node[ni].uuid == enumerated[oi] { PairReason::Identity } else { PairReason::Filler });
         }
-        let old_gpu = image.gpu(&enumerated[oi]);
-        let free = |ni: &usize| asg.is_free(*ni);
-        let same_chip = |ni: &usize| old_gpu.is_some_and(|g| node[*ni].same_chip(g));
-        let same_pci = |ni: &usize| old_gpu.is_some_and(|g| node[*ni].pci == g.pci);
-        let choice = node_index(&enumerated[oi])
-            .filter(free)
-            .or_else(|| (0..node.len()).find(|ni| free(ni) && same_chip(ni) && same_pci(ni)))
-            .or_else(|| (0..node.len()).find(|ni| free(ni) && same_chip(ni)))
-            .or_else(|| (0..node.len()).find(free));
-        // There are at least as many node GPUs as enumerated ones and each assignment takes one,
-        // so a free one is always left; the error keeps this path panic-free all the same.
-        let ni = choice.ok_or_else(|| MapError::TooFewGpus {
-            needed: enumerated.len(),
-            have: node.len(),
-            node: list_node(node),
-        })?;
-        asg.take(oi, ni);
-        reasons[oi] = Some(if node[ni].uuid == enumerated[oi] { PairReason::Identity } else { PairReason::Filler });
+        Ok(())
     }
 
-    let mut pairs = Vec::with_capacity(enumerated.len());
-    for (oi, old) in enumerated.iter().enumerate() {
-        let (Some(ni), Some(reason)) = (asg.of_old[oi], reasons[oi]) else {
-            // Unreachable by construction (step 3 assigns every remaining GPU).
-            return Err(MapError::TooFewGpus { needed: enumerated.len(), have: node.len(), node: list_node(node) });
-        };
-        pairs.push(MapPair { old: *old, new: node[ni].uuid, used: is_used(old), reason });
+    /// The pairs, in enumerated order.
+    fn finish(self) -> Result<DeviceMap, MapError> {
+        let (node, enumerated) = (self.node, self.enumerated());
+        let mut pairs = Vec::with_capacity(enumerated.len());
+        for (oi, old) in enumerated.iter().enumerate() {
+            let (Some(ni), Some(reason)) = (self.asg.of_old[oi], self.reasons[oi]) else {
+                // Unreachable by construction (step 3 assigns every remaining GPU).
+                return Err(MapError::TooFewGpus { needed: enumerated.len(), have: node.len(), node: list_node(node) });
+            };
+            pairs.push(MapPair { old: *old, new: node[ni].uuid, used: self.is_used(old), reason });
+        }
+        Ok(DeviceMap { pairs })
     }
-    Ok(DeviceMap { pairs })
 }
 
 /// Kuhn's augmenting path from automatic used GPU `k`: takes a free candidate, or one held by

@@ -9,13 +9,7 @@
 use crate::gpu::{GpuIdentity, GpuUuid};
 use crate::map::DeviceMap;
 
-/// Device memory one process held on one GPU at dump (NVML's `usedGpuMemory`, which includes
-/// its context).
-#[derive(Clone, Copy, PartialEq, Eq, Debug, serde::Serialize, serde::Deserialize)]
-pub struct DeviceMemoryUse {
-    pub gpu: GpuUuid,
-    pub bytes: u64,
-}
+pub use crate::image::DeviceMemoryUse;
 
 /// One process's share of the restore.
 #[derive(Debug, Clone, Copy)]
