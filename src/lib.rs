@@ -70,8 +70,9 @@ enum Session {
     Off,
     /// No NVIDIA driver on this host: no process can be a CUDA process.
     NoDriver,
-    Dump(DumpSession),
-    Restore(RestoreSession),
+    // Boxed: one session lives per CRIU run, and `Off` should not carry a session's size.
+    Dump(Box<DumpSession>),
+    Restore(Box<RestoreSession>),
 }
 
 static SESSION: Mutex<Session> = Mutex::new(Session::Off);
@@ -201,7 +202,7 @@ fn plugin_init_inner(stage: c_int) -> c_int {
                         // the cgroup freezer would prevent.
                         let set = host.set_interrupt_only_mode();
                         debug!("compel interrupt-only mode: {}", if set { "set" } else { "not offered by this CRIU" });
-                        *s = Session::Dump(DumpSession::new(config, agent));
+                        *s = Session::Dump(Box::new(DumpSession::new(config, agent)));
                     }
                     Err(e) => {
                         warn!("disabled: {e}");
@@ -212,7 +213,7 @@ fn plugin_init_inner(stage: c_int) -> c_int {
             }
             sys::CR_PLUGIN_STAGE__RESTORE => match RestoreSession::init(config, &host) {
                 Ok(r) => {
-                    *s = Session::Restore(r);
+                    *s = Session::Restore(Box::new(r));
                     0
                 }
                 Err(e) => {

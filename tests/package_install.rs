@@ -351,7 +351,7 @@ fn installed_package_is_loaded_by_criu_from_its_config_file_alone() {
     assert!(out.contains("\"processes\": []"), "inspect --json of a plain dump printed {out:?}");
     let (rc, out, err) = cli("preflight");
     assert_eq!(rc, Some(0), "preflight of a plain dump: {out}{err}");
-    assert!(out.contains("nothing for the plugin to do"), "preflight of a plain dump printed {out:?}");
+    assert!(out.contains("nothing to restore onto a GPU"), "preflight of a plain dump printed {out:?}");
     let (rc, out, err) = cli("preflight-json");
     assert_eq!(rc, Some(0), "--json preflight: {out}{err}");
     assert!(out.contains("\"ok\":true"), "--json preflight of a plain dump printed {out:?}");

@@ -205,16 +205,27 @@ parity)
     dump "$WORK/img" "$pid"
     sum=$(sha256sum "$WORK"/img/*.img | sha256sum)
     cp "$WORK/gpus.json" "$WORK/gpus.json.orig"
+    # The same checkpoint as an archive laid out as Podman exports one (checkpoint/ beside spec.dump), gzip'd:
+    # the CLI's archive form must give the directory form's verdict, word for word.
+    mkdir -p "$WORK/export"
+    cp -a "$WORK/img" "$WORK/export/checkpoint"
+    echo '{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=all"]}}' >"$WORK/export/spec.dump"
+    tar -C "$WORK/export" -czf "$WORK/export.tar.gz" checkpoint spec.dump
     verdicts() { # NAME: prints `NAME cli=<passed|refused> plugin=<passed|refused>` and compares the reasons
         local name=$1 cli plugin cli_why plugin_why
         if "$BIN/criu-cuda-migrate" preflight "$WORK/img" >"$WORK/p-$name.txt" 2>&1; then cli=passed; else cli=refused; fi
         cli_why=$(sed -n 's/^preflight refused: //p' "$WORK/p-$name.txt" | head -n1 || true)
+        local arch arch_why
+        if "$BIN/criu-cuda-migrate" preflight "$WORK/export.tar.gz" >"$WORK/a-$name.txt" 2>&1; then arch=passed; else arch=refused; fi
+        arch_why=$(sed -n 's/^preflight refused: //p' "$WORK/a-$name.txt" | head -n1 || true)
+        [ "$arch" = "$cli" ] && [ "$arch_why" = "$cli_why" ] ||
+            fail "$name: the archive form says $arch ($arch_why), the directory form $cli ($cli_why): $(cat "$WORK/a-$name.txt")"
         # The plugin's verdict without restoring anything: CRIU's init fails on a refusal; a pass restores, so
         # it is undone by killing the restored tree at once (the images stay).
         if restore "$WORK/img"; then plugin=passed; kill -9 "$pid" 2>/dev/null; for _ in $(seq 100); do [ -d "/proc/$pid" ] || break; sleep 0.05; done
         else plugin=refused; fi
         plugin_why=$(grep -a -m1 "restore refused before anything was restored: " "$WORK/img/restore.log" | sed 's/.*restore refused before anything was restored: //; s/\. The images are unchanged; fix this and run the restore again\.$//' || true)
-        echo "VERDICT $name cli=$cli plugin=$plugin"
+        echo "VERDICT $name cli=$cli archive=$arch plugin=$plugin"
         [ "$cli" = "$plugin" ] || fail "$name: the CLI says $cli, the plugin $plugin: CLI: $(cat "$WORK/p-$name.txt"); plugin: $plugin_why"
         if [ "$cli" = refused ]; then
             [ -n "$cli_why" ] && [ "$cli_why" = "$plugin_why" ] || fail "$name: different reasons: CLI: $cli_why; plugin: $plugin_why"

@@ -16,7 +16,7 @@ use std::time::{Duration, Instant};
 use ccm_driver::abi::CudaCode;
 use ccm_driver::checkpoint::ProcessState;
 use ccm_driver::CudaError;
-use ccm_identity::{GpuUuid, PciAddress};
+use ccm_identity::{GpuUuid, HostPid, HostTid, PciAddress};
 use ccm_process::helper::Helper;
 
 use crate::protocol::{
@@ -311,15 +311,17 @@ impl Agent {
     }
 
     /// `cuCheckpointProcessGetRestoreThreadId`: fails for a process that is not a CUDA process.
-    pub fn restore_thread_id(&self, pid: i32) -> Result<i32, AgentError> {
-        match self.call(Call::RestoreThreadId { pid }, QUERY_DEADLINE)? {
-            Answer::Tid(t) => Ok(t),
+    pub fn restore_thread_id(&self, pid: HostPid) -> Result<HostTid, AgentError> {
+        match self.call(Call::RestoreThreadId { pid: pid.driver() }, QUERY_DEADLINE)? {
+            Answer::Tid(t) => HostTid::new(t.into()).ok_or_else(|| {
+                AgentError::Agent(format!("the driver named restore thread {t} for pid {pid}, which is no thread id"))
+            }),
             a => Err(Self::unexpected(a)),
         }
     }
 
-    pub fn state(&self, pid: i32) -> Result<ProcessState, AgentError> {
-        match self.call(Call::State { pid }, QUERY_DEADLINE)? {
+    pub fn state(&self, pid: HostPid) -> Result<ProcessState, AgentError> {
+        match self.call(Call::State { pid: pid.driver() }, QUERY_DEADLINE)? {
             Answer::State(s) => Ok(ProcessState::from_raw(s)),
             a => Err(Self::unexpected(a)),
         }
@@ -327,22 +329,22 @@ impl Agent {
 
     /// The driver's lock, given `timeout_ms` to wait for the process's work; the agent is given
     /// up on after `deadline` (at least the driver's wait plus a little).
-    pub fn lock(&self, pid: i32, timeout_ms: u32, deadline: Duration) -> Result<(), AgentError> {
+    pub fn lock(&self, pid: HostPid, timeout_ms: u32, deadline: Duration) -> Result<(), AgentError> {
         let floor = Duration::from_millis(timeout_ms.into()) + Duration::from_millis(200);
-        self.done(Call::Lock { pid, timeout_ms }, deadline.max(floor))
+        self.done(Call::Lock { pid: pid.driver(), timeout_ms }, deadline.max(floor))
     }
 
-    pub fn checkpoint(&self, pid: i32, deadline: Duration) -> Result<(), AgentError> {
-        self.done(Call::Checkpoint { pid }, deadline)
+    pub fn checkpoint(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError> {
+        self.done(Call::Checkpoint { pid: pid.driver() }, deadline)
     }
 
     /// An empty `pairs` restores onto the same GPUs.
-    pub fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)], deadline: Duration) -> Result<(), AgentError> {
-        self.done(Call::Restore { pid, pairs: pairs.to_vec() }, deadline)
+    pub fn restore(&self, pid: HostPid, pairs: &[(GpuUuid, GpuUuid)], deadline: Duration) -> Result<(), AgentError> {
+        self.done(Call::Restore { pid: pid.driver(), pairs: pairs.to_vec() }, deadline)
     }
 
-    pub fn unlock(&self, pid: i32) -> Result<(), AgentError> {
-        self.done(Call::Unlock { pid }, QUERY_DEADLINE)
+    pub fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
+        self.done(Call::Unlock { pid: pid.driver() }, QUERY_DEADLINE)
     }
 
     /// The UUID of the GPU NVML finds at `pci` (`None`: "Not Found").
@@ -430,10 +432,10 @@ impl Drop for Agent {
 
 impl ccm_driver::checkpoint::PutBackCalls for Agent {
     type Error = AgentError;
-    fn restore_in_place(&self, pid: i32, deadline: Duration) -> Result<(), AgentError> {
+    fn restore_in_place(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError> {
         Agent::restore(self, pid, &[], deadline)
     }
-    fn unlock(&self, pid: i32) -> Result<(), AgentError> {
+    fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
         Agent::unlock(self, pid)
     }
 }

@@ -420,7 +420,8 @@ fn orphaned(shared: &Shared) {
                             continue;
                         }
                     };
-                    for step in put_back(api, *pid, state, ORPHAN_RESTORE_DEADLINE, |_| {}) {
+                    let Some(host_pid) = ccm_identity::HostPid::new((*pid).into()) else { continue };
+                    for step in put_back(api, host_pid, state, ORPHAN_RESTORE_DEADLINE, |_| {}) {
                         match (&step.error, step.step) {
                             (None, Step::Restore) => info!("driver agent: pid {pid}: restored onto its GPUs after CRIU went away"),
                             (None, Step::Unlock) => info!("driver agent: pid {pid}: unlocked, RUNNING again after CRIU went away"),

@@ -84,7 +84,7 @@ fn the_agent_serves_the_doubles_and_exits() {
 
     // Calls from several threads at once, each answered with its own result: this process is no
     // CUDA process of the doubles, so the driver says CUDA_ERROR_NOT_FOUND (500) for it.
-    let me = std::process::id() as i32;
+    let me = this_process();
     std::thread::scope(|s| {
         let handles: Vec<_> = (0..8).map(|_| s.spawn(|| agent.restore_thread_id(me))).collect();
         for h in handles {
@@ -118,7 +118,7 @@ fn a_stopped_agent_misses_its_deadline_and_is_killed() {
     let pid = agent.pid();
     signal(pid, libc::SIGSTOP);
     let t0 = Instant::now();
-    let e = agent.checkpoint(std::process::id() as i32, Duration::from_millis(400)).unwrap_err();
+    let e = agent.checkpoint(this_process(), Duration::from_millis(400)).unwrap_err();
     let waited = t0.elapsed();
     assert!(waited >= Duration::from_millis(400) && waited < Duration::from_secs(3), "{waited:?}");
     match &e {
@@ -131,7 +131,7 @@ fn a_stopped_agent_misses_its_deadline_and_is_killed() {
     assert!(gone(pid, Duration::from_secs(5)), "the stopped agent was not killed");
     // Every later call fails at once.
     let t1 = Instant::now();
-    assert!(agent.state(1).unwrap_err().is_lost());
+    assert!(agent.state(ccm_identity::HostPid::new(1).unwrap()).unwrap_err().is_lost());
     assert!(t1.elapsed() < Duration::from_millis(100));
     assert!(agent.lost().is_some());
 }
@@ -142,7 +142,7 @@ fn a_killed_agent_fails_the_call_in_flight_at_once() {
     agent.driver().expect("libcuda loads");
     signal(agent.pid(), libc::SIGKILL);
     let t0 = Instant::now();
-    let e = agent.checkpoint(std::process::id() as i32, Duration::from_secs(30)).unwrap_err();
+    let e = agent.checkpoint(this_process(), Duration::from_secs(30)).unwrap_err();
     assert!(t0.elapsed() < Duration::from_secs(2), "{:?}", t0.elapsed());
     assert!(
         matches!(e, AgentError::Lost { lost: Lost::Gone, .. } | AgentError::Lost { lost: Lost::Broken(_), .. }),
@@ -214,4 +214,9 @@ fn main() {
         ran += 1;
     }
     println!("test result: ok. {ran} passed; 0 failed");
+}
+
+/// This test process, as the agent's calls name a process.
+fn this_process() -> ccm_identity::HostPid {
+    ccm_identity::HostPid::new(std::process::id().into()).expect("a running process has a valid pid")
 }

@@ -36,15 +36,21 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Show the identity images of a CRIU image directory: GPUs used and enumerated, environment, PCI sites.
+    /// Show the identity images of a checkpoint: GPUs used and enumerated, environment, PCI sites.
     Inspect {
-        /// CRIU's image directory (`criu dump -D DIR`).
-        dir: PathBuf,
+        /// CRIU's image directory (`criu dump -D DIR`), or a checkpoint archive as Podman exports it or the kubelet
+        /// writes it (a tar: plain, gzip or zstd), read without unpacking it.
+        checkpoint: PathBuf,
+        #[command(flatten)]
+        archive: ArchiveArgs,
     },
     /// Run the restore's checks against this node and print the device map a restore would use.
     Preflight {
-        /// CRIU's image directory (`criu dump -D DIR`), as it will be restored.
-        dir: PathBuf,
+        /// CRIU's image directory (`criu dump -D DIR`) as it will be restored, or a checkpoint archive (as for
+        /// `inspect`).
+        checkpoint: PathBuf,
+        #[command(flatten)]
+        archive: ArchiveArgs,
         /// Explicit map `OLD=NEW,...` of GPU UUIDs (default: $CRIU_CUDA_MIGRATE_DEVICE_MAP).
         #[arg(long)]
         device_map: Option<String>,
@@ -64,6 +70,24 @@ enum Command {
         #[arg(long)]
         pid: i32,
     },
+}
+
+/// Bounds of an archive read (the archive is untrusted: a compressed bomb must end).
+#[derive(clap::Args)]
+struct ArchiveArgs {
+    /// Stop reading an archive after this many GiB of tar data (after decompression); a checkpoint's size is about
+    /// its processes' memory.
+    #[arg(long, value_name = "GIB", default_value_t = ccm_archive::DEFAULT_MAX_SCANNED_BYTES >> 30)]
+    archive_scan_gib: u64,
+}
+
+impl ArchiveArgs {
+    fn limits(&self) -> ccm_archive::Limits {
+        ccm_archive::Limits {
+            max_scanned_bytes: self.archive_scan_gib.saturating_mul(1 << 30),
+            ..ccm_archive::Limits::default()
+        }
+    }
 }
 
 /// How a command failed, and so its exit code.
@@ -100,10 +124,17 @@ fn main() -> ExitCode {
     // Clap's own usage errors exit 2, as ours do.
     let cli = Cli::parse();
     let (name, r) = match &cli.command {
-        Command::Inspect { dir } => ("inspect", inspect(dir, cli.json)),
-        Command::Preflight { dir, device_map, usable_gpus, bundle } => (
+        Command::Inspect { checkpoint, archive } => ("inspect", inspect(checkpoint, archive, cli.json)),
+        Command::Preflight { checkpoint, archive, device_map, usable_gpus, bundle } => (
             "preflight",
-            run_preflight(dir, device_map.as_deref(), usable_gpus.as_deref(), bundle.as_deref(), cli.json),
+            run_preflight(
+                checkpoint,
+                archive,
+                device_map.as_deref(),
+                usable_gpus.as_deref(),
+                bundle.as_deref(),
+                cli.json,
+            ),
         ),
         Command::Node => ("node", node(cli.json)),
         Command::Recover { pid } => ("recover", recover(*pid, cli.json)),
@@ -128,6 +159,18 @@ struct Checkpoint {
     shown: String,
     images: Vec<(PathBuf, IdentityImage)>,
     reports: Vec<(String, String)>,
+    /// Where the checkpoint came from an archive: what else the archive told.
+    archive: Option<ArchiveFacts>,
+}
+
+/// What an archive holds besides the identity images and reports.
+struct ArchiveFacts {
+    compression: ccm_archive::Compression,
+    members: usize,
+    bytes_scanned: u64,
+    has_inventory: bool,
+    /// `spec.dump`: the DUMPED container's OCI spec (member name, text).
+    spec: Option<(String, String)>,
 }
 
 /// Largest restore report read (the plugin writes a few KiB).
@@ -150,7 +193,64 @@ fn open_image_dir(dir: &Path) -> Result<Dir, Failure> {
 /// Reads a CRIU image directory: every identity image (relative to the directory's fd, never
 /// through a link, capped) and the restore reports, with any control character but the line
 /// breaks escaped.
-fn load_checkpoint(dir: &Path) -> Result<Checkpoint, Failure> {
+fn load_checkpoint(path: &Path, limits: &ccm_archive::Limits) -> Result<Checkpoint, Failure> {
+    // A file is an archive; anything else is read as an image directory (whose open says what is wrong).
+    if std::fs::metadata(path).is_ok_and(|m| !m.is_dir()) {
+        return load_archive(path, limits);
+    }
+    load_image_dir(path)
+}
+
+/// Lines of an untrusted text, with any control character but the line breaks escaped.
+fn shown_text(bytes: &[u8]) -> String {
+    String::from_utf8_lossy(bytes).lines().map(ccm_identity::text::escaped).collect::<Vec<_>>().join("\n")
+}
+
+/// Reads a checkpoint archive (streamed, bounded, never unpacked: see `ccm_archive`) and decodes its
+/// identity images by the rules of a directory's.
+fn load_archive(path: &Path, limits: &ccm_archive::Limits) -> Result<Checkpoint, Failure> {
+    let a = ccm_archive::read_archive(path, limits).map_err(|e| match e {
+        ccm_archive::ArchiveError::ScanLimit { .. } => {
+            Failure::Input(format!("{e} (--archive-scan-gib N raises it to N GiB)"))
+        }
+        e => input(e),
+    })?;
+    let shown = path.display().to_string();
+    let mut images = Vec::new();
+    for f in &a.images {
+        let member = PathBuf::from(format!("{shown}:{}", ccm_identity::text::escaped(&f.member)));
+        images.push((member.clone(), preflight::decode_image(member, &f.name, &f.bytes).map_err(input)?));
+    }
+    images.sort_by_key(|(_, i)| i.pid);
+    let reports = a.reports.iter().map(|f| (f.name.clone(), shown_text(&f.bytes))).collect();
+    let spec = a.spec.as_ref().map(|f| (f.member.clone(), String::from_utf8_lossy(&f.bytes).into_owned()));
+    Ok(Checkpoint {
+        shown,
+        images,
+        reports,
+        archive: Some(ArchiveFacts {
+            compression: a.compression,
+            members: a.members,
+            bytes_scanned: a.bytes_scanned,
+            has_inventory: a.has_inventory,
+            spec,
+        }),
+    })
+}
+
+/// The GPUs a dumped container's spec gave it, on the dump node (whose GPUs the images record).
+fn dumped_container_gpus(spec: &str, images: &[(PathBuf, IdentityImage)]) -> String {
+    let Some((_, img)) = images.first() else { return "(no identity image to name the dump node's GPUs)".into() };
+    match ccm_identity::runtime::gpus_given_by_spec(spec, &img.node_gpus) {
+        Ok(Some(g)) => {
+            format!("{} ({})", g.uuids.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", "), g.source)
+        }
+        Ok(None) => "not limited by the spec (every GPU of the node)".into(),
+        Err(e) => format!("(cannot tell: the spec {e})"),
+    }
+}
+
+fn load_image_dir(dir: &Path) -> Result<Checkpoint, Failure> {
     let d = open_image_dir(dir)?;
     let images = preflight::read_images(&d).map_err(input)?;
     let mut reports = Vec::new();
@@ -160,27 +260,52 @@ fn load_checkpoint(dir: &Path) -> Result<Checkpoint, Failure> {
             continue;
         }
         let text = match d.read_file(name, MAX_REPORT_BYTES) {
-            Ok(b) => {
-                String::from_utf8_lossy(&b).lines().map(ccm_identity::text::escaped).collect::<Vec<_>>().join("\n")
-            }
+            Ok(b) => shown_text(&b),
             Err(e) => format!("(not read: {e})"),
         };
         reports.push((name.to_string(), text));
     }
     reports.sort();
-    Ok(Checkpoint { shown: dir.display().to_string(), images, reports })
+    Ok(Checkpoint { shown: dir.display().to_string(), images, reports, archive: None })
 }
 
-fn inspect(dir: &Path, json: bool) -> CliResult {
-    let c = load_checkpoint(dir)?;
+fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
+    let c = load_checkpoint(path, &limits.limits())?;
     if json {
-        let v = serde_json::json!({
+        let mut v = serde_json::json!({
             "dir": c.shown,
             "processes": c.images.iter().map(|(_, i)| i).collect::<Vec<_>>(),
             "restore_reports": c.reports,
         });
+        if let Some(a) = &c.archive {
+            v["archive"] = serde_json::json!({
+                "compression": a.compression.to_string(),
+                "members": a.members,
+                "bytes_scanned": a.bytes_scanned,
+                "has_inventory": a.has_inventory,
+                "spec_member": a.spec.as_ref().map(|(m, _)| ccm_identity::text::escaped(m)),
+                "dumped_container_gpus": a.spec.as_ref().map(|(_, t)| dumped_container_gpus(t, &c.images)),
+            });
+        }
         println!("{}", serde_json::to_string_pretty(&v).map_err(input)?);
         return Ok(());
+    }
+    if let Some(a) = &c.archive {
+        println!(
+            "{}: checkpoint archive ({} compression, {} members, {} MiB of tar read{})",
+            c.shown,
+            a.compression,
+            a.members,
+            a.bytes_scanned >> 20,
+            if a.has_inventory { "" } else { "; NO checkpoint/inventory.img: the dump did not complete" }
+        );
+        if let Some((member, text)) = &a.spec {
+            println!(
+                "  {}: the dumped container's GPUs: {}",
+                ccm_identity::text::escaped(member),
+                dumped_container_gpus(text, &c.images)
+            );
+        }
     }
     if c.images.is_empty() {
         println!("{}: no criu-cuda-migrate identity images (no CUDA process was dumped with the plugin)", c.shown);
@@ -285,7 +410,8 @@ fn check_usable_syntax(text: &str, from: &str) -> Result<(), Failure> {
 }
 
 fn run_preflight(
-    dir: &Path,
+    path: &Path,
+    limits: &ArchiveArgs,
     device_map: Option<&str>,
     usable: Option<&str>,
     bundle: Option<&Path>,
@@ -302,7 +428,14 @@ fn run_preflight(
     if let Some(u) = &config.usable_gpus {
         check_usable_syntax(&u.value, &u.from)?;
     }
-    let checkpoint = load_checkpoint(dir)?;
+    let checkpoint = load_checkpoint(path, &limits.limits())?;
+    if checkpoint.archive.as_ref().is_some_and(|a| !a.has_inventory) {
+        return Err(Failure::Input(format!(
+            "{} has no checkpoint/inventory.img, which CRIU writes when a dump completes: it is a cut or partial \
+             checkpoint that no restore can use; export the checkpoint again",
+            checkpoint.shown
+        )));
+    }
     let spec = match bundle {
         Some(b) => {
             let d = Dir::open(b).map_err(|e| Failure::Input(format!("--bundle: {e}")))?;
@@ -334,6 +467,17 @@ fn run_preflight(
         }
         _ => None,
     };
+    // An archive's spec.dump is the DUMPED container's: which GPUs the restored one gets is the restoring
+    // runtime's choice (the kubelet's device plugin allocates anew), so it only informs.
+    if let (Some(a), None, None, false) = (&checkpoint.archive, bundle, &config.usable_gpus, json) {
+        if let Some((_, text)) = &a.spec {
+            println!(
+                "note: the dumped container had {}; to check the GPUs the restored container will get, pass \
+                 --bundle (its runc/crun bundle) or --usable-gpus",
+                dumped_container_gpus(text, &checkpoint.images)
+            );
+        }
+    }
     if let (Some(g), false) = (&given, json) {
         println!(
             "usable GPUs from the bundle's spec ({}): {}",
@@ -394,16 +538,18 @@ fn node(json: bool) -> CliResult {
 }
 
 fn recover(pid: i32, json: bool) -> CliResult {
-    if pid <= 0 || !Path::new(&format!("/proc/{pid}")).exists() {
-        return Err(Failure::Input(format!(
-            "pid {pid} does not exist on this host; pass the pid `ps` shows for the stuck process"
-        )));
+    let not_here = || {
+        Failure::Input(format!("pid {pid} does not exist on this host; pass the pid `ps` shows for the stuck process"))
+    };
+    let pid = ccm_identity::HostPid::new(pid.into()).ok_or_else(not_here)?;
+    if !Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(not_here());
     }
     use ccm_driver::checkpoint::CheckpointApi;
     let lib = ccm_driver::Libcuda::load().map_err(input)?;
     let api = CheckpointApi::new(&lib).map_err(input)?;
     lib.init().map_err(input)?;
-    let before = api.state(pid).map_err(|e| Failure::Input(format!("pid {pid}: {e}")))?;
+    let before = api.state(pid.driver()).map_err(|e| Failure::Input(format!("pid {pid}: {e}")))?;
     if !json {
         println!("pid {pid}: {before}");
     }
@@ -429,12 +575,12 @@ fn recover(pid: i32, json: bool) -> CliResult {
             Some(e) => r = Err(format!("pid {pid}: {} failed: {e}", d.step.name())),
         }
     }
-    let after = api.state(pid).map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+    let after = api.state(pid.driver()).map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
     if json {
         println!(
             "{}",
             serde_json::json!({
-                "pid": pid, "before": before.to_string(), "steps": steps, "after": after,
+                "pid": pid.get(), "before": before.to_string(), "steps": steps, "after": after,
                 "ok": r.is_ok(), "error": r.as_ref().err(),
             })
         );

@@ -29,12 +29,13 @@ fn missing_directory() {
 }
 
 #[test]
-fn a_file_instead_of_a_directory() {
+fn a_file_that_is_neither_a_directory_nor_an_archive() {
+    // A file is read as an archive (`podman container checkpoint --export`); this one is none.
     let dir = tempfile::tempdir().unwrap();
     let f = dir.path().join("file");
     std::fs::write(&f, b"x").unwrap();
     let out = run(&["preflight".as_ref(), f.as_os_str()]);
-    assert_clean_failure(&out, 2, "is not a directory");
+    assert_clean_failure(&out, 2, "is not a tar archive (plain, gzip or zstd)");
 }
 
 #[test]
@@ -96,7 +97,7 @@ fn images_that_are_links_fifos_or_too_large_are_refused_unread_and_quickly() {
     let second = std::time::Duration::from_secs(1);
     let secret = tempfile::NamedTempFile::new().unwrap();
     std::fs::write(secret.path(), b"TOPSECRET-0123456789").unwrap();
-    let cases: [(&str, Box<dyn Fn(&std::path::Path)>, &str); 4] = [
+    let cases: [(&str, Plant, &str); 4] = [
         (
             "a link to /dev/zero",
             Box::new(|p| std::os::unix::fs::symlink("/dev/zero", p).unwrap()),
@@ -171,7 +172,7 @@ fn an_image_with_control_characters_is_refused_and_prints_none() {
 fn a_bundle_spec_that_cannot_be_read_is_refused_naming_it() {
     let images = tempfile::tempdir().unwrap();
     let write = |d: &std::path::Path, text: &[u8]| std::fs::write(d.join("config.json"), text).unwrap();
-    let cases: [(&str, Box<dyn Fn(&std::path::Path)>, i32, &str); 7] = [
+    let cases: [(&str, Plant, i32, &str); 7] = [
         (
             "a FIFO",
             Box::new(|d| assert!(Command::new("mkfifo").arg(d.join("config.json")).status().unwrap().success())),
@@ -245,3 +246,6 @@ fn bad_flags_and_values() {
     // A malformed map is refused even with nothing to map: it is the user's input.
     assert_clean_failure(&out, 2, "--device-map");
 }
+
+/// What a case plants in its directory before the CLI runs.
+type Plant<'a> = Box<dyn Fn(&std::path::Path) + 'a>;

@@ -6,7 +6,7 @@
 use std::ffi::{c_int, c_uint};
 use std::time::{Duration, Instant};
 
-use ccm_identity::GpuUuid;
+use ccm_identity::{GpuUuid, HostPid};
 
 use crate::abi::{self, GpuPair, LockArgs, ReservedArgs, RestoreArgs};
 use crate::cuda::{CuResult, CudaError, Libcuda, LoadError};
@@ -199,17 +199,17 @@ pub trait PutBackCalls: Sync {
     type Error: std::fmt::Display;
     /// Restores onto the same GPUs. `deadline` bounds a call made through a helper process (a
     /// direct call is bounded by the driver).
-    fn restore_in_place(&self, pid: i32, deadline: Duration) -> Result<(), Self::Error>;
-    fn unlock(&self, pid: i32) -> Result<(), Self::Error>;
+    fn restore_in_place(&self, pid: HostPid, deadline: Duration) -> Result<(), Self::Error>;
+    fn unlock(&self, pid: HostPid) -> Result<(), Self::Error>;
 }
 
 impl PutBackCalls for CheckpointApi {
     type Error = CudaError;
-    fn restore_in_place(&self, pid: i32, _deadline: Duration) -> Result<(), CudaError> {
-        CheckpointApi::restore(self, pid, &[])
+    fn restore_in_place(&self, pid: HostPid, _deadline: Duration) -> Result<(), CudaError> {
+        CheckpointApi::restore(self, pid.driver(), &[])
     }
-    fn unlock(&self, pid: i32) -> Result<(), CudaError> {
-        CheckpointApi::unlock(self, pid)
+    fn unlock(&self, pid: HostPid) -> Result<(), CudaError> {
+        CheckpointApi::unlock(self, pid.driver())
     }
 }
 
@@ -263,7 +263,7 @@ pub fn put_back_steps(state: ProcessState) -> &'static [Step] {
 /// through here. `starting` is called before each step (the CLI's progress line).
 pub fn put_back<D: PutBackCalls + ?Sized>(
     api: &D,
-    pid: i32,
+    pid: HostPid,
     state: ProcessState,
     restore_deadline: Duration,
     mut starting: impl FnMut(Step),
@@ -298,7 +298,7 @@ mod tests {
 
     impl PutBackCalls for Fake {
         type Error = String;
-        fn restore_in_place(&self, _: i32, _: Duration) -> Result<(), String> {
+        fn restore_in_place(&self, _: HostPid, _: Duration) -> Result<(), String> {
             self.calls.lock().unwrap().push("restore");
             if self.fail_restore {
                 Err("CUDA_ERROR_OPERATING_SYSTEM (304)".into())
@@ -306,7 +306,7 @@ mod tests {
                 Ok(())
             }
         }
-        fn unlock(&self, _: i32) -> Result<(), String> {
+        fn unlock(&self, _: HostPid) -> Result<(), String> {
             self.calls.lock().unwrap().push("unlock");
             Ok(())
         }
@@ -314,11 +314,16 @@ mod tests {
 
     const D: Duration = Duration::from_secs(1);
 
+    const P7: HostPid = match HostPid::new(7) {
+        Some(p) => p,
+        None => panic!(),
+    };
+
     #[test]
     fn a_checkpointed_process_is_restored_then_unlocked() {
         let f = Fake::default();
         let mut seen = Vec::new();
-        let done = put_back(&f, 7, ProcessState::Checkpointed, D, |s| seen.push(s));
+        let done = put_back(&f, P7, ProcessState::Checkpointed, D, |s| seen.push(s));
         assert_eq!(*f.calls.lock().unwrap(), vec!["restore", "unlock"]);
         assert_eq!(seen, vec![Step::Restore, Step::Unlock]);
         assert!(done.iter().all(|d| d.error.is_none()));
@@ -327,7 +332,7 @@ mod tests {
     #[test]
     fn a_failed_restore_stops_before_the_unlock() {
         let f = Fake { fail_restore: true, ..Default::default() };
-        let done = put_back(&f, 7, ProcessState::Checkpointed, D, |_| {});
+        let done = put_back(&f, P7, ProcessState::Checkpointed, D, |_| {});
         assert_eq!(*f.calls.lock().unwrap(), vec!["restore"]);
         assert_eq!(done.len(), 1);
         assert!(done[0].error.as_deref().unwrap().contains("304"));
@@ -337,9 +342,9 @@ mod tests {
     #[test]
     fn a_locked_process_is_only_unlocked_and_a_running_one_left_alone() {
         let f = Fake::default();
-        put_back(&f, 7, ProcessState::Locked, D, |_| {});
+        put_back(&f, P7, ProcessState::Locked, D, |_| {});
         assert_eq!(*f.calls.lock().unwrap(), vec!["unlock"]);
-        assert!(put_back(&f, 7, ProcessState::Running, D, |_| {}).is_empty());
-        assert!(put_back(&f, 7, ProcessState::Failed, D, |_| {}).is_empty());
+        assert!(put_back(&f, P7, ProcessState::Running, D, |_| {}).is_empty());
+        assert!(put_back(&f, P7, ProcessState::Failed, D, |_| {}).is_empty());
     }
 }

@@ -93,8 +93,11 @@ impl ConfigError {
     }
 }
 
+/// Explicit (dump GPU, restore GPU) pairs, as a device map setting gives them.
+pub type DevicePairs = Vec<(GpuUuid, GpuUuid)>;
+
 /// Parses a device map setting (`auto` or nothing: the automatic map), naming its source.
-pub fn parse_device_map(text: &str, from: &str) -> Result<Option<Sourced<Vec<(GpuUuid, GpuUuid)>>>, ConfigError> {
+pub fn parse_device_map(text: &str, from: &str) -> Result<Option<Sourced<DevicePairs>>, ConfigError> {
     let t = text.trim();
     if t.is_empty() || t.eq_ignore_ascii_case("auto") {
         return Ok(None);

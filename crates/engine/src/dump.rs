@@ -10,7 +10,7 @@ use ccm_agent::Agent;
 use ccm_driver::checkpoint::{timed, ProcessState, Timed};
 use ccm_identity::image::{IdentityImage, ProcessEnv};
 use ccm_identity::memory::DeviceMemoryUse;
-use ccm_identity::{GpuIdentity, GpuUuid, PciSignature};
+use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, PciSignature};
 use ccm_process::dir::Dir;
 use log::{debug, error, info, warn};
 
@@ -23,8 +23,8 @@ use ccm_driver::checkpoint::{put_back, Step};
 /// One CUDA process this dump touched.
 #[derive(Debug)]
 struct Tracked {
-    pid: i32,
-    restore_tid: i32,
+    pid: HostPid,
+    restore_tid: HostTid,
     initial: ProcessState,
     locked_by_us: bool,
     checkpointed_by_us: bool,
@@ -44,7 +44,7 @@ pub struct DumpSession {
     agent: Option<Agent>,
     node: Option<Arc<Node>>,
     node_failed: bool,
-    tracked: BTreeMap<i32, Tracked>,
+    tracked: BTreeMap<HostPid, Tracked>,
     inventory_added: bool,
     batch_done: bool,
     /// When CRIU's alarm for the collection of the tree (its `--timeout`, set right after init) fires.
@@ -90,12 +90,13 @@ impl DumpSession {
     /// PAUSE_DEVICES: the task still runs. Decide whether it is a CUDA process, remember its
     /// state and lock it.
     pub fn pause_devices(&mut self, pid: i32, host: &dyn CriuHost) -> HookOutcome {
-        if pid <= 0 || self.tracked.contains_key(&pid) {
+        let Some(pid) = HostPid::new(pid.into()) else { return HookOutcome::NotMine };
+        if self.tracked.contains_key(&pid) {
             return HookOutcome::NotMine;
         }
         // Cheap filter first: a process that has not mapped libcuda cannot be a CUDA process, and
         // this keeps cuInit off every dump of plain processes.
-        match ccm_process::devices::maps_library(pid as u32, LIBCUDA_FILE) {
+        match ccm_process::devices::maps_library(pid.get(), LIBCUDA_FILE) {
             Ok(true) => {}
             Ok(false) => {
                 debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");
@@ -193,6 +194,7 @@ impl DumpSession {
     /// CHECKPOINT_DEVICES: every task is ptrace-stopped. The first call checkpoints all tracked
     /// processes at once; later calls report the stored result.
     pub fn checkpoint_devices(&mut self, pid: i32, host: &dyn CriuHost) -> HookOutcome {
+        let Some(pid) = HostPid::new(pid.into()) else { return HookOutcome::NotMine };
         if !self.tracked.contains_key(&pid) {
             return HookOutcome::NotMine;
         }
@@ -210,7 +212,7 @@ impl DumpSession {
         let t0 = Instant::now();
         let Some(node) = self.node.clone() else { return };
         let node: &Node = &node;
-        let todo: Vec<(i32, i32)> = self
+        let todo: Vec<(HostPid, HostTid)> = self
             .tracked
             .values()
             .filter(|t| t.initial != ProcessState::Checkpointed && t.checkpoint_result.is_none())
@@ -228,8 +230,8 @@ impl DumpSession {
         // it. The driver keeps a process's device memory until its checkpoint ends (hundreds of ms at
         // the least), so NVML still sees it then; a process it no longer lists is recorded as unknown,
         // which the restore does not check.
-        let pids: Vec<i32> = todo.iter().map(|t| t.0).collect();
-        let memory: Waitable<BTreeMap<i32, Option<Vec<DeviceMemoryUse>>>> = Waitable::default();
+        let pids: Vec<HostPid> = todo.iter().map(|t| t.0).collect();
+        let memory: Waitable<BTreeMap<HostPid, Option<Vec<DeviceMemoryUse>>>> = Waitable::default();
         let memory = &memory;
         let config = &self.config;
         let started = Instant::now();
@@ -247,7 +249,7 @@ impl DumpSession {
             }
             with_restore_threads_running(
                 &todo,
-                |&(_, tid)| tid as u32,
+                |&(_, tid)| tid.get(),
                 OnResumeError::Skip,
                 |&(pid, _)| {
                     std::thread::scope(|s| {
@@ -264,7 +266,8 @@ impl DumpSession {
             )
         });
         let memory = memory.wait();
-        let bytes_of = |pid: i32| memory.get(&pid).cloned().flatten().map(|u| u.iter().map(|x| x.bytes).sum::<u64>());
+        let bytes_of =
+            |pid: HostPid| memory.get(&pid).cloned().flatten().map(|u| u.iter().map(|x| x.bytes).sum::<u64>());
         // Written through CRIU's own descriptor of the image directory: it may be in another mount
         // namespace than any path we could name, and a path could be swapped under us.
         let dir =
@@ -359,7 +362,7 @@ impl DumpSession {
         // to run for a restore and for an unlock alike.
         let results = with_restore_threads_running(
             &todo,
-            |t| t.restore_tid as u32,
+            |t| t.restore_tid.get(),
             OnResumeError::WorkAnyway,
             |t| rollback_one(api, t, config),
         );
@@ -494,9 +497,10 @@ fn rollback_one(api: &Agent, t: &Tracked, config: &Config) {
 /// Device memory per GPU of each of `pids` (host pids, as NVML names them), from one NVML pass.
 /// `None` where NVML could not tell (unavailable, MIG, or the process listed on no GPU), so that
 /// the restore's preflight skips it rather than guessing.
-fn device_memory_by_pid(node: &Node, pids: &[i32]) -> BTreeMap<i32, Option<Vec<DeviceMemoryUse>>> {
+fn device_memory_by_pid(node: &Node, pids: &[HostPid]) -> BTreeMap<HostPid, Option<Vec<DeviceMemoryUse>>> {
     let t0 = Instant::now();
-    let mut out: BTreeMap<i32, Option<Vec<DeviceMemoryUse>>> = pids.iter().map(|p| (*p, Some(Vec::new()))).collect();
+    let mut out: BTreeMap<HostPid, Option<Vec<DeviceMemoryUse>>> =
+        pids.iter().map(|p| (*p, Some(Vec::new()))).collect();
     match node.agent.device_memory() {
         Ok(gpus) => {
             for g in &gpus {
@@ -504,7 +508,7 @@ fn device_memory_by_pid(node: &Node, pids: &[i32]) -> BTreeMap<i32, Option<Vec<D
                     warn!("NVML cannot tell the device memory of processes on {} ({e}); their restore will not check free memory there", g.gpu);
                 }
                 for (pid, bytes) in &g.processes {
-                    let Some(entry) = out.get_mut(&(*pid as i32)) else { continue };
+                    let Some(entry) = HostPid::new((*pid).into()).and_then(|p| out.get_mut(&p)) else { continue };
                     match (bytes, entry.as_mut()) {
                         (Some(b), Some(uses)) => uses.push(DeviceMemoryUse { gpu: g.gpu, bytes: *b }),
                         (None, _) => *entry = None,
@@ -545,12 +549,12 @@ fn device_memory_by_pid(node: &Node, pids: &[i32]) -> BTreeMap<i32, Option<Vec<D
 
 /// What restore needs to map and check this process's GPUs.
 fn collect_identity(
-    pid: i32,
+    pid: HostPid,
     node: &Node,
     device_memory: impl FnOnce() -> Option<Vec<DeviceMemoryUse>>,
 ) -> Result<IdentityImage, ccm_process::ProcessError> {
     let t0 = Instant::now();
-    let upid = pid as u32;
+    let upid = pid.get();
     let env_block = ccm_process::environ::read_environ_block(upid);
     let env = match &env_block {
         Ok(b) => ProcessEnv {

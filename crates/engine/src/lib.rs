@@ -81,14 +81,14 @@ pub enum EngineError {
     Agent(#[source] AgentError),
     #[error("pid {pid}: {source}")]
     Driver {
-        pid: i32,
+        pid: ccm_identity::HostPid,
         #[source]
         source: AgentError,
     },
     /// A CUDA process of the tree whose checkpoint or restore failed.
     #[error("pid {pid}: {source}")]
     Process {
-        pid: i32,
+        pid: ccm_identity::HostPid,
         #[source]
         source: ProcessFailure,
     },
@@ -119,13 +119,14 @@ pub enum EngineError {
     Spec {
         runtime: String,
         path: String,
+        // Boxed: the spec's error is large, and every hook's Result carries this type.
         #[source]
-        source: ccm_identity::runtime::SpecError,
+        source: Box<ccm_identity::runtime::SpecError>,
     },
     #[error(
         "pid {pid}: only {left:.1} s of CRIU's --timeout ({timeout_s} s) are left to lock it; raise criu's --timeout"
     )]
-    NoTimeToLock { pid: i32, left: f64, timeout_s: u64 },
+    NoTimeToLock { pid: ccm_identity::HostPid, left: f64, timeout_s: u64 },
 }
 
 /// Why one CUDA process's checkpoint or restore failed.

@@ -61,10 +61,14 @@ pub fn read_images(dir: &Dir) -> Result<Vec<(PathBuf, IdentityImage)>, ImageFile
 
 /// Reads the identity image `name` of `dir`, checking that the pid in its name is the one inside.
 pub fn read_image(dir: &Dir, name: &str) -> Result<IdentityImage, ImageFileError> {
-    let path = dir.shown_file(name);
     let bytes = dir.read_file(name, MAX_IMAGE_FILE)?;
-    let image =
-        IdentityImage::decode(&bytes).map_err(|source| ImageFileError::Decode { path: path.clone(), source })?;
+    decode_image(dir.shown_file(name), name, &bytes)
+}
+
+/// Decodes the bytes of the identity image file `name` (shown to the user as `path`: a file of a
+/// directory, or a member of an archive), checking that the pid in its name is the one inside.
+pub fn decode_image(path: PathBuf, name: &str, bytes: &[u8]) -> Result<IdentityImage, ImageFileError> {
+    let image = IdentityImage::decode(bytes).map_err(|source| ImageFileError::Decode { path: path.clone(), source })?;
     if let Some(named) = ccm_identity::image::is_image_file_name(name) {
         if named != image.pid {
             return Err(ImageFileError::PidMismatch { path, named, inside: image.pid });

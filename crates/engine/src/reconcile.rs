@@ -94,7 +94,9 @@ impl std::fmt::Display for ReconcileSummary {
     }
 }
 
-pub fn reconcile(pid: u32, plan: &ProcessPlan, node: &Node) -> ReconcileSummary {
+pub fn reconcile(pid: ccm_identity::HostPid, plan: &ProcessPlan, node: &Node) -> ReconcileSummary {
+    // The process layer names processes by their number in CRIU's pid namespace.
+    let pid = pid.get();
     let t0 = Instant::now();
     let mut s = ReconcileSummary::default();
     let changed = plan.map.changed();

@@ -10,7 +10,7 @@ use std::time::Instant;
 use ccm_driver::abi::CudaCode;
 use ccm_driver::checkpoint::{timed, ProcessState};
 use ccm_identity::runtime::GivenGpus;
-use ccm_identity::{GpuIdentity, GpuUuid};
+use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, NsPid};
 use ccm_process::container::{DevView, ForeignDev};
 use ccm_process::dir::Dir;
 use log::{debug, error, info, warn};
@@ -28,12 +28,12 @@ pub struct RestoreSession {
     plans: Vec<ProcessPlan>,
     image_dir: Option<Dir>,
     /// Host pid → result of its restore.
-    results: BTreeMap<u32, Result<(), ProcessFailure>>,
+    results: BTreeMap<HostPid, Result<(), ProcessFailure>>,
 }
 
 /// One process's work in the parallel restore.
 struct Job<'a> {
-    pid: u32,
+    pid: HostPid,
     plan: Option<&'a ProcessPlan>,
 }
 
@@ -127,14 +127,15 @@ impl RestoreSession {
     /// whole tree below `pid` at once, whatever `pid` is (a non-CUDA root, the torchrun shape):
     /// the second value says whether this call did that work, so that its time is logged.
     pub fn resume_devices_late(&mut self, pid: i32) -> (HookOutcome, bool) {
-        if self.node.is_none() || pid <= 0 {
+        let Some(pid) = HostPid::new(pid.into()) else { return (HookOutcome::NotMine, false) };
+        if self.node.is_none() {
             return (HookOutcome::NotMine, false);
         }
-        let pid = pid as u32;
         let mut worked = false;
         if !self.results.contains_key(&pid) {
             let mut tree = vec![pid];
-            for c in ccm_process::tree::children_recursive(pid) {
+            for c in ccm_process::tree::children_recursive(pid.get()).into_iter().filter_map(|c| HostPid::new(c.into()))
+            {
                 if !tree.contains(&c) {
                     tree.push(c);
                 }
@@ -145,18 +146,18 @@ impl RestoreSession {
         let outcome = match self.results.get(&pid) {
             None => HookOutcome::NotMine,
             Some(Ok(())) => HookOutcome::Done,
-            Some(Err(source)) => HookOutcome::Failed(EngineError::Process { pid: pid as i32, source: source.clone() }),
+            Some(Err(source)) => HookOutcome::Failed(EngineError::Process { pid, source: source.clone() }),
         };
         (outcome, worked)
     }
 
-    fn plan_for(&self, host_pid: u32) -> Option<&ProcessPlan> {
-        let ns = ccm_process::tree::ns_pid(host_pid).unwrap_or(host_pid);
-        self.plans.iter().find(|p| p.image.pid == ns)
+    fn plan_for(&self, host_pid: HostPid) -> Option<&ProcessPlan> {
+        let ns = ns_pid_of(host_pid);
+        self.plans.iter().find(|p| NsPid(p.image.pid) == ns)
     }
 
     /// Restores every CUDA process of `pids`; whether there was any.
-    fn restore_batch(&mut self, pids: &[u32]) -> bool {
+    fn restore_batch(&mut self, pids: &[HostPid]) -> bool {
         let Some(node) = self.node.as_ref() else { return false };
         let api = &node.agent;
         let t0 = Instant::now();
@@ -171,15 +172,15 @@ impl RestoreSession {
         // Which of these are CUDA processes. Only the restore thread id is asked here: the driver
         // answers it from outside, while a state query needs the (still stopped) restore thread
         // and would hang. The state is read by the worker once that thread runs.
-        let mut jobs: Vec<(Job<'_>, u32)> = Vec::new();
+        let mut jobs: Vec<(Job<'_>, HostTid)> = Vec::new();
         for &pid in pids {
             let plan = self.plan_for(pid);
-            if plan.is_none() && !ccm_process::devices::maps_library(pid, crate::LIBCUDA_FILE).unwrap_or(false) {
+            if plan.is_none() && !ccm_process::devices::maps_library(pid.get(), crate::LIBCUDA_FILE).unwrap_or(false) {
                 debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");
                 continue;
             }
-            let tid = match api.restore_thread_id(pid as i32) {
-                Ok(t) => t as u32,
+            let tid = match api.restore_thread_id(pid) {
+                Ok(t) => t,
                 Err(e) => {
                     if plan.is_some() {
                         error!("pid {pid}: has an identity image but no CUDA restore thread ({e}); it cannot use its GPUs. Restore again from the same images.");
@@ -197,7 +198,7 @@ impl RestoreSession {
         let config = &self.config;
         let outcomes = with_restore_threads_running(
             &jobs,
-            |(_, tid)| *tid,
+            |(_, tid)| tid.get(),
             OnResumeError::Skip,
             |(job, _)| restore_one(job, node, config),
         );
@@ -228,7 +229,7 @@ impl RestoreSession {
             // Strict mode: a process whose GPU identity is wrong must not run. Kill the whole
             // restored tree so no half of a job resumes; the images are intact for a retry.
             for &pid in pids {
-                if let Err(e) = ccm_process::tree::kill(pid) {
+                if let Err(e) = ccm_process::tree::kill(pid.get()) {
                     error!("pid {pid}: cannot kill it after a failed reconciliation: {e}");
                 }
             }
@@ -244,7 +245,13 @@ impl RestoreSession {
 
     /// Leaves `cuda-migrate-restore-<pid>.txt` next to the images (best effort; the images
     /// themselves are never written): the map used and what reconciliation did.
-    fn write_report(&self, host_pid: u32, plan: &ProcessPlan, result: &Result<(), ProcessFailure>, reconcile: &str) {
+    fn write_report(
+        &self,
+        host_pid: HostPid,
+        plan: &ProcessPlan,
+        result: &Result<(), ProcessFailure>,
+        reconcile: &str,
+    ) {
         let Some(dir) = &self.image_dir else { return };
         let Some(node) = &self.node else { return };
         let name = ccm_identity::image::report_file_name(plan.image.pid);
@@ -270,11 +277,11 @@ impl RestoreSession {
         if self.plans.is_empty() {
             return;
         }
-        let missing: Vec<i32> = self
+        let missing: Vec<NsPid> = self
             .plans
             .iter()
-            .map(|p| p.image.pid as i32)
-            .filter(|ns| !self.results.keys().any(|h| ccm_process::tree::ns_pid(*h).unwrap_or(*h) as i32 == *ns))
+            .map(|p| NsPid(p.image.pid))
+            .filter(|ns| !self.results.keys().any(|h| ns_pid_of(*h) == *ns))
             .collect();
         if ret == 0 && !missing.is_empty() {
             warn!("restore finished but CUDA process(es) {missing:?} of the images were never handed to the plugin");
@@ -282,12 +289,18 @@ impl RestoreSession {
     }
 }
 
+/// The pid `host_pid` has in its own pid namespace, which its identity image records (itself when
+/// `/proc` cannot tell: a process in CRIU's own namespace).
+fn ns_pid_of(host_pid: HostPid) -> NsPid {
+    NsPid(ccm_process::tree::ns_pid(host_pid.get()).unwrap_or(host_pid.get()))
+}
+
 /// Gives each restored container's `/dev` the nodes of its new GPUs and drops those of the GPUs
 /// it left, before the driver's restore opens them. CRIU restores the DUMPED container's `/dev`
 /// (a tmpfs), so after a move onto GPUs of other minors it holds the old node names while the
 /// runtime's devices cgroup allows only the new ones. Once per mount namespace; a process on the
 /// host's `/dev` is never touched.
-fn fix_container_devices(jobs: &[(Job<'_>, u32)], node: &Node) {
+fn fix_container_devices(jobs: &[(Job<'_>, HostTid)], node: &Node) {
     let mut done: Vec<u64> = Vec::new();
     for (job, _) in jobs {
         let Some(plan) = job.plan else { continue };
@@ -297,13 +310,13 @@ fn fix_container_devices(jobs: &[(Job<'_>, u32)], node: &Node) {
             .iter()
             .filter_map(|p| Some((plan.image.gpu(&p.old)?.minor, node.gpu(&p.new)?.minor)))
             .collect();
-        let Ok(ns) = ccm_process::container::mount_namespace(job.pid) else { continue };
+        let Ok(ns) = ccm_process::container::mount_namespace(job.pid.get()) else { continue };
         if done.contains(&ns) {
             continue;
         }
         done.push(ns);
         let unmoved = moves.iter().all(|(o, n)| o == n);
-        let dev = match ccm_process::container::container_dev(job.pid) {
+        let dev = match ccm_process::container::container_dev(job.pid.get()) {
             Ok(DevView::Own(d)) if unmoved => {
                 info!("pid {}: container /dev: its own tmpfs, GPU nodes {:?}; the GPUs keep their minors, nothing to change", job.pid, d.gpu_minors);
                 continue;
@@ -362,7 +375,7 @@ fn fix_container_devices(jobs: &[(Job<'_>, u32)], node: &Node) {
 
 /// The one line for a container whose `/dev` the plugin must not edit: what it is, what the
 /// container sees, and what to do.
-fn warn_foreign_dev(pid: u32, why: &ForeignDev, shows: &[u32], moves: &[(u32, u32)]) {
+fn warn_foreign_dev(pid: HostPid, why: &ForeignDev, shows: &[u32], moves: &[(u32, u32)]) {
     let nodes = |m: &mut dyn Iterator<Item = u32>| m.map(ccm_process::container::shown).collect::<Vec<_>>().join(", ");
     let sees = if shows.is_empty() {
         "no GPU node it can be seen to hold".to_string()
@@ -385,7 +398,11 @@ fn given_by_restoring_runtime(node_gpus: &[GpuIdentity]) -> Result<Option<(PathB
     let Some(spec) = spec else { return Ok(None) };
     match ccm_identity::runtime::gpus_given_by_spec(&spec.text, node_gpus) {
         Ok(g) => Ok(g.map(|g| (spec.path, g))),
-        Err(source) => Err(EngineError::Spec { runtime: spec.runtime, path: spec.path.display().to_string(), source }),
+        Err(source) => Err(EngineError::Spec {
+            runtime: spec.runtime,
+            path: spec.path.display().to_string(),
+            source: Box::new(source),
+        }),
     }
 }
 
@@ -429,7 +446,7 @@ fn restore_one(job: &Job<'_>, node: &Node, config: &Config) -> RestoreOutcome {
 fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, report: &mut String) -> Ended {
     let pid = job.pid;
     let api = &node.agent;
-    match api.state(pid as i32) {
+    match api.state(pid) {
         Ok(ProcessState::Checkpointed) => {}
         Ok(other) => {
             if job.plan.is_some() {
@@ -453,7 +470,7 @@ fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, report: &mut S
     };
     info!("pid {pid}: driver restore started ({} pair(s))", pairs.len());
     let device_bytes = job.plan.and_then(|p| p.image.device_memory.as_ref()).map(|u| u.iter().map(|x| x.bytes).sum());
-    let r = timed(|| api.restore(pid as i32, &pairs, config.call_deadline(device_bytes)));
+    let r = timed(|| api.restore(pid, &pairs, config.call_deadline(device_bytes)));
     if let Err(e) = r.value {
         if e.is_lost() {
             // Whatever the driver did to it, CRIU's restore cannot finish it: it must not run.
@@ -506,7 +523,7 @@ fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, report: &mut S
             warn!("pid {pid}: reconciliation is off (CRIU_CUDA_MIGRATE_RECONCILE=off): its CUDA bus ids still name the dump node's GPUs");
         }
     }
-    let u = timed(|| api.unlock(pid as i32));
+    let u = timed(|| api.unlock(pid));
     if let Err(e) = u.value {
         if e.is_lost() {
             error!(

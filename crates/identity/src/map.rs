@@ -402,7 +402,7 @@ impl<'a> Planner<'a> {
         }
     }
 
-    /// 1. Explicit pairs, each checked: known on both sides, one-to-one, and for a used GPU the
+    /// Step 1, explicit pairs, each checked: known on both sides, one-to-one, and for a used GPU the
     /// same chip, enough memory, usable.
     fn take_explicit(&mut self, explicit: &[(GpuUuid, GpuUuid)]) -> Result<(), MapError> {
         let (image, node, enumerated) = (self.image, self.node, self.enumerated());
@@ -447,7 +447,7 @@ impl<'a> Planner<'a> {
         Ok(())
     }
 
-    /// 2. Used GPUs without an explicit pair, in ordinal order: the same GPU where it is here,
+    /// Step 2, used GPUs without an explicit pair, in ordinal order: the same GPU where it is here,
     /// usable and free; then the same PCI location; then the first free suitable GPU, moving an
     /// earlier automatic choice along an augmenting path when needed (so a feasible assignment
     /// is always found).
@@ -516,7 +516,7 @@ impl<'a> Planner<'a> {
         Ok(())
     }
 
-    /// 3. Enumerated but unused GPUs: placeholders the driver demands, in enumerated order: their
+    /// Step 3, enumerated but unused GPUs: placeholders the driver demands, in enumerated order: their
     /// own GPU where free, else the same chip at the same location, else the same chip, else any.
     fn fill_unused(&mut self) -> Result<(), MapError> {
         let (image, node, enumerated) = (self.image, self.node, self.enumerated());

@@ -8,7 +8,8 @@
 //!   when it is the container's own tmpfs, through its directory fd);
 //! - [`dir`]: files read and written as root in directories others may control: relative to a
 //!   directory fd, never through a link, reads capped, writes by a fresh file renamed into place;
-//! - [`mountinfo`]: `/proc/PID/mountinfo`;
+//! - [`mountinfo`]: the mount table of a process (`/proc/PID/mountinfo`), parsed;
+//! - [`cgroup`]: which cgroup a process is in, and moving the driver agent into CRIU's;
 //! - [`devices`]: which `/dev/nvidiaN` a process holds open or mapped, and which libraries it maps;
 //! - [`tree`]: namespace pids, process tree, threads;
 //! - [`helper`]: forking the detached helper process that makes the plugin's driver calls;

@@ -1,0 +1,209 @@
+//! Reading CRIU checkpoint archives without unpacking them.
+//!
+//! `criu-cuda-migrate inspect` and `preflight` need a few small files of a checkpoint: the identity
+//! images `checkpoint/cuda-migrate-<pid>.img`, the restore reports
+//! `checkpoint/cuda-migrate-restore-<pid>.txt`, the container's OCI spec `spec.dump`, and whether
+//! CRIU's `checkpoint/inventory.img` is there. Container engines hand checkpoints around as archives;
+//! [`read_archive`] streams one and returns those files ([`CheckpointArchive`]), holding nothing else
+//! in memory and writing nothing to disk.
+//!
+//! # Formats
+//!
+//! - **Podman**, `podman container checkpoint --export=FILE [--compress gzip|zstd|none]`: a tar,
+//!   plain or compressed, with `checkpoint/` (CRIU's image directory: `inventory.img`, `core-*.img`,
+//!   `pages-*.img` of up to the process's whole memory, ..., and this project's images), beside
+//!   `config.dump`, `spec.dump`, `network.status`, `stats-dump`, `rootfs-diff.tar` and more.
+//! - **The kubelet** through containerd's CRI (`checkpoint-<pod>_<ns>-<ctr>-<time>.tar`): a plain
+//!   tar with `checkpoint/`, `config.dump`, `spec.dump`, `status`, ...; member names may start with
+//!   `./`.
+//!
+//! The compression is told by the first bytes, not the file name: gzip `1f 8b`, zstd `28 b5 2f fd`
+//! (or a zstd skippable frame), anything else is read as a plain tar. The tar may be ustar, GNU or
+//! PAX (Go's archive/tar, which Podman and containerd use, writes PAX records for long names and for
+//! members of 8 GiB and more).
+//!
+//! # Rules, and why
+//!
+//! The archive is untrusted input, and this tool often runs as root. So:
+//!
+//! - **Only a regular file is opened.** A FIFO would block the open, a device may act on it, a
+//!   directory is not an archive ([`ArchiveError::NotRegularFile`]). A symbolic link in the path is
+//!   followed: the user typed the path. The open uses `O_NONBLOCK` and is checked again with `fstat`.
+//! - **Streamed, never unpacked.** Members we do not keep are stepped over: seeked over in a plain
+//!   file, read through and dropped in a compressed one. Memory holds the kept members, one skip
+//!   buffer, and the decoder's window (zstd windows are capped at 128 MiB).
+//! - **Member paths** must be relative and free of `..` components, for every member, even one that
+//!   is skipped ([`ArchiveError::UnsafePath`]): such an archive is hostile or broken, and whoever
+//!   restores it with another tool would write outside its directory. Names are compared after
+//!   dropping `.` and empty components, so `./checkpoint/x` and `checkpoint//x` are `checkpoint/x`.
+//! - **The members we read must be unique regular files.** A link, directory or device under the name
+//!   of an identity image, restore report, `spec.dump` or `inventory.img` is refused
+//!   ([`ArchiveError::NotRegularMember`]), so the report cannot describe another file than the one a
+//!   restore reads; two members of one name ([`ArchiveError::Duplicate`]) likewise. Links under other
+//!   names are skipped: nothing here follows or creates them.
+//! - **Sizes are capped before reading.** An identity image may be
+//!   [`ccm_identity::image::MAX_IMAGE_BYTES`], a restore report [`MAX_REPORT_BYTES`], `spec.dump`
+//!   [`MAX_SPEC_BYTES`], a GNU long name or PAX header [`MAX_EXTENSION_BYTES`]; a larger one is refused
+//!   from its header ([`ArchiveError::MemberTooLarge`]). [`Limits`] caps the number of members, the
+//!   kept bytes together and the tar bytes scanned, so a gzip or zstd bomb ends at the limit in
+//!   bounded time and memory ([`ArchiveError::ScanLimit`]); the message says how to get past a limit
+//!   that is too small for a real checkpoint (raise it, or unpack the archive and point the tool at
+//!   its `checkpoint/` directory).
+//! - **A cut archive is an error, never a short answer** ([`ArchiveError::Truncated`]): a member whose
+//!   data ends before its header says, a header cut short, a compressed stream that ends early, and
+//!   an archive without tar's end-of-archive block (every writer writes one; without it, the cut may
+//!   have fallen between two members and dropped an identity image silently).
+//! - **Readers must not disagree.** Where Go's archive/tar (the reader of Podman and containerd) and
+//!   other readers would walk the stream differently (a malformed PAX record, a link or directory
+//!   with data, two long names for one member), the archive is refused
+//!   ([`ArchiveError::CorruptHeader`]): what `inspect` shows must be what a restore gets.
+//! - **Messages** name the archive, the member and the rule, never a member's contents, with control
+//!   characters of names escaped.
+//!
+//! The identity images are handed back as bytes: decoding them is `ccm_identity`'s job.
+
+#![forbid(unsafe_code)]
+
+mod error;
+mod input;
+mod name;
+mod pax;
+mod walk;
+
+use std::fmt;
+use std::io::Read;
+use std::path::{Path, PathBuf};
+
+use ccm_identity::image::{is_image_file_name, is_report_file_name};
+
+pub use ccm_identity::image::MAX_IMAGE_BYTES;
+pub use error::{ArchiveError, PathRule, Truncation};
+
+/// Upper bound of a restore report kept from an archive.
+pub const MAX_REPORT_BYTES: u64 = 1024 * 1024;
+/// Upper bound of `spec.dump` kept from an archive (an OCI spec is a few KiB to some 100 KiB).
+pub const MAX_SPEC_BYTES: u64 = 4 * 1024 * 1024;
+/// Upper bound of a GNU long-name/long-link or PAX extension header (Go's archive/tar's bound).
+pub const MAX_EXTENSION_BYTES: u64 = 1024 * 1024;
+/// Default of [`Limits::max_scanned_bytes`]: 256 GiB of tar data.
+pub const DEFAULT_MAX_SCANNED_BYTES: u64 = 256 << 30;
+/// Default of [`Limits::max_members`].
+pub const DEFAULT_MAX_MEMBERS: u64 = 1_000_000;
+/// Default of [`Limits::max_kept_bytes`]: 256 MiB, sixteen maximal identity images.
+pub const DEFAULT_MAX_KEPT_BYTES: u64 = 256 << 20;
+
+/// The bounds of one read. A hostile archive meets one of them; a real checkpoint too large for them
+/// gets an error that says so.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Limits {
+    /// Tar bytes (after decompression) walked at most, skipped members included. Bounds the time a
+    /// decompression bomb can take; a checkpoint's `pages-*.img` are about the process's memory.
+    pub max_scanned_bytes: u64,
+    /// Members at most (each one costs a header and a name check).
+    pub max_members: u64,
+    /// Bytes of identity images, restore reports and `spec.dump` held together at most.
+    pub max_kept_bytes: u64,
+}
+
+impl Default for Limits {
+    fn default() -> Self {
+        Limits {
+            max_scanned_bytes: DEFAULT_MAX_SCANNED_BYTES,
+            max_members: DEFAULT_MAX_MEMBERS,
+            max_kept_bytes: DEFAULT_MAX_KEPT_BYTES,
+        }
+    }
+}
+
+/// How the tar stream is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compression {
+    None,
+    Gzip,
+    Zstd,
+}
+
+impl fmt::Display for Compression {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Compression::None => "none",
+            Compression::Gzip => "gzip",
+            Compression::Zstd => "zstd",
+        })
+    }
+}
+
+/// A member kept from the archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ArchiveFile {
+    /// Its name in the archive, as written there (`./checkpoint/cuda-migrate-7.img`).
+    pub member: String,
+    /// Its file name (`cuda-migrate-7.img`, `spec.dump`).
+    pub name: String,
+    /// Its contents, unparsed.
+    pub bytes: Vec<u8>,
+}
+
+impl ArchiveFile {
+    /// The pid in an identity image's or restore report's file name.
+    pub fn pid(&self) -> Option<u32> {
+        is_image_file_name(&self.name).or_else(|| is_report_file_name(&self.name))
+    }
+}
+
+/// What a checkpoint archive holds, for `inspect` and `preflight`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointArchive {
+    /// The archive as named by the caller.
+    pub path: PathBuf,
+    pub compression: Compression,
+    /// Every `checkpoint/cuda-migrate-<pid>.img`, by pid.
+    pub images: Vec<ArchiveFile>,
+    /// Every `checkpoint/cuda-migrate-restore-<pid>.txt`, by pid.
+    pub reports: Vec<ArchiveFile>,
+    /// `spec.dump`, the container's OCI spec (JSON), where the archive has one.
+    pub spec: Option<ArchiveFile>,
+    /// Whether `checkpoint/inventory.img` is there (CRIU writes it last, so a dump that completed
+    /// has it).
+    pub has_inventory: bool,
+    /// Members in the archive (extension headers not counted).
+    pub members: usize,
+    /// Bytes of the tar stream walked, after decompression: up to and including the end-of-archive
+    /// block, skipped data included.
+    pub bytes_scanned: u64,
+}
+
+/// Reads the checkpoint archive at `path`. See the crate documentation for the formats and rules.
+pub fn read_archive(path: &Path, limits: &Limits) -> Result<CheckpointArchive, ArchiveError> {
+    let (file, len) = input::open(path)?;
+    let (input, compression) = input::from_file(path, file, len)?;
+    finish(path, compression, walk::Walk::new(input, compression, input::shown_path(path), limits).run()?)
+}
+
+/// Reads a checkpoint archive from any reader (a pipe, a buffer, a fuzzer's bytes), by the same rules
+/// as [`read_archive`]; `path` only names it in the result and in messages. Data is read through,
+/// never seeked, so skipping a large plain member costs reading it.
+pub fn read_archive_from(reader: impl Read, path: &Path, limits: &Limits) -> Result<CheckpointArchive, ArchiveError> {
+    let (input, compression) = input::from_reader(path, reader)?;
+    finish(path, compression, walk::Walk::new(input, compression, input::shown_path(path), limits).run()?)
+}
+
+fn finish(path: &Path, compression: Compression, found: walk::Found) -> Result<CheckpointArchive, ArchiveError> {
+    if !found.has_checkpoint {
+        return Err(ArchiveError::NotCheckpoint { archive: input::shown_path(path) });
+    }
+    let mut images = found.images;
+    images.sort_by_key(ArchiveFile::pid);
+    let mut reports = found.reports;
+    reports.sort_by_key(ArchiveFile::pid);
+    Ok(CheckpointArchive {
+        path: path.to_path_buf(),
+        compression,
+        images,
+        reports,
+        spec: found.spec,
+        has_inventory: found.has_inventory,
+        members: found.members,
+        bytes_scanned: found.bytes_scanned,
+    })
+}

@@ -1,0 +1,485 @@
+//! The walk over the tar stream, header by header.
+//!
+//! We read headers ourselves (decoding their fields with `tar::Header`) instead of using
+//! `tar::Archive::entries`, because that iterator reads GNU long-name and PAX extension members into
+//! memory whole, whatever size their header claims (a 100 GB "long name" from a zstd bomb), applies a
+//! PAX `size` only when it parses, and takes the end of the file at a header boundary for the end of
+//! the archive. Here every read is bounded before it is made, and a cut archive is an error.
+
+use std::collections::HashMap;
+use std::io;
+
+use tar::{EntryType, GnuExtSparseHeader, Header};
+
+use crate::error::{ArchiveError, Truncation};
+use crate::input::{self, Input};
+use crate::name::{self, Role};
+use crate::pax::{self, Pax};
+use crate::{ArchiveFile, Compression, Limits, MAX_EXTENSION_BYTES, MAX_IMAGE_BYTES, MAX_REPORT_BYTES, MAX_SPEC_BYTES};
+
+/// Tar's block: every header is one, every member's data is padded to a multiple of it.
+const BLOCK: u64 = 512;
+/// Buffer for reading through skipped data of a compressed archive.
+const SKIP_CHUNK: usize = 128 * 1024;
+
+/// What a walk found; [`crate::read_archive`] turns it into a [`crate::CheckpointArchive`].
+#[derive(Default)]
+pub(crate) struct Found {
+    pub(crate) images: Vec<ArchiveFile>,
+    pub(crate) reports: Vec<ArchiveFile>,
+    pub(crate) spec: Option<ArchiveFile>,
+    pub(crate) has_inventory: bool,
+    pub(crate) has_checkpoint: bool,
+    pub(crate) members: usize,
+    pub(crate) bytes_scanned: u64,
+}
+
+/// Extension headers (GNU `L`/`K`, PAX `x`) read since the last member, for the member after them.
+#[derive(Default)]
+struct Pending {
+    /// Offset of the first of them, for messages.
+    offset: Option<u64>,
+    long_name: Option<Vec<u8>>,
+    /// A GNU long link name: only ever a link's target, which we do not use.
+    long_link: bool,
+    pax: Option<Pax>,
+}
+
+pub(crate) struct Walk<'a, 'l> {
+    input: Input<'a>,
+    compression: Compression,
+    /// The archive's path, escaped for messages.
+    archive: String,
+    limits: &'l Limits,
+    /// Bytes of the tar stream consumed (read or stepped over).
+    pos: u64,
+    chunk: Vec<u8>,
+}
+
+impl<'a, 'l> Walk<'a, 'l> {
+    pub(crate) fn new(input: Input<'a>, compression: Compression, archive: String, limits: &'l Limits) -> Self {
+        Walk { input, compression, archive, limits, pos: 0, chunk: Vec::new() }
+    }
+
+    pub(crate) fn run(mut self) -> Result<Found, ArchiveError> {
+        let mut found = Found::default();
+        // Canonical path of each recognized member → its name as first seen.
+        let mut seen: HashMap<Vec<u8>, String> = HashMap::new();
+        let mut kept_bytes = 0u64;
+        let mut pending = Pending::default();
+        let mut header = Header::new_old();
+        loop {
+            let offset = self.pos;
+            self.budget(BLOCK)?;
+            let n = self.fill(header.as_mut_bytes())?;
+            if n < BLOCK as usize {
+                return Err(self.short_header(offset, n, header.as_bytes()));
+            }
+            if header.as_bytes().iter().all(|&b| b == 0) {
+                // The end-of-archive block. Writers add a second one and padding; nothing after the
+                // first is part of the archive, so it is not read.
+                if let Some(at) = pending.offset {
+                    return Err(self.corrupt(at, "extension headers that no member follows".into()));
+                }
+                break;
+            }
+            if !checksum_ok(&header) {
+                return Err(if offset == 0 {
+                    self.not_tar(header.as_bytes())
+                } else {
+                    self.corrupt(offset, "its checksum does not match".into())
+                });
+            }
+            let kind = header.entry_type();
+            let header_size =
+                header.entry_size().map_err(|_| self.corrupt(offset, "its size field is unreadable".into()))?;
+
+            if matches!(kind, EntryType::GNULongName | EntryType::GNULongLink | EntryType::XHeader) {
+                self.extension(&mut pending, kind, offset, header_size)?;
+                continue;
+            }
+
+            found.members += 1;
+            if found.members as u64 > self.limits.max_members {
+                return Err(ArchiveError::TooManyMembers {
+                    archive: self.archive.clone(),
+                    max: self.limits.max_members,
+                });
+            }
+            let Pending { offset: extensions_at, long_name, pax, .. } = std::mem::take(&mut pending);
+            if kind == EntryType::XGlobalHeader {
+                // Go's archive/tar and the `tar` crate apply none of a global header's records to
+                // later members; neither do we. Between a member's own extensions and the member it
+                // would make readers disagree on which member those extensions describe.
+                if let Some(at) = extensions_at {
+                    return Err(self.corrupt(at, "extension headers followed by a PAX global header".into()));
+                }
+                self.skip_member("(a PAX global header)", offset, header_size)?;
+                continue;
+            }
+            let (pax_path, pax_size) = pax.map_or((None, None), |p| (p.path, p.size));
+
+            // The path rules hold for every name the member carries, not only the one we use
+            // (GNU long name, then PAX path, then the header's, as Go and the `tar` crate choose):
+            // another reader could pick another one.
+            let header_name = header.path_bytes().into_owned();
+            let raw_name: &[u8] = long_name.as_deref().or(pax_path.as_deref()).unwrap_or(&header_name);
+            for candidate in [Some(&header_name[..]), long_name.as_deref(), pax_path.as_deref()].into_iter().flatten() {
+                if let Err(rule) = name::components(candidate) {
+                    return Err(ArchiveError::UnsafePath {
+                        archive: self.archive.clone(),
+                        member: name::shown(candidate),
+                        rule,
+                    });
+                }
+            }
+            let components = name::components(raw_name).unwrap_or_default();
+            let member = name::shown(raw_name);
+            let size = pax_size.unwrap_or(header_size);
+
+            if is_header_only(kind) && size != 0 {
+                // Go's archive/tar (Podman's and containerd's reader) reads no data for these types
+                // whatever the size field says, GNU tar and the `tar` crate read `size` bytes: the
+                // readers would disagree on where the next header is. No writer does this.
+                return Err(self.corrupt(
+                    offset,
+                    format!("member `{member}` is {} with {size} bytes of data", kind_name(kind, false)),
+                ));
+            }
+            let is_dir = kind == EntryType::Directory || (kind == EntryType::Regular && raw_name.ends_with(b"/"));
+            let role = name::role(&components, is_dir);
+            found.has_checkpoint |= role.in_checkpoint();
+
+            if kind == EntryType::GNUSparse {
+                self.skip_sparse_extensions(&header, offset)?;
+            }
+
+            if role.is_recognized() {
+                // Links and special files under these names are refused: a link would make the report
+                // describe a file other than the one a restore reads. Links and special files under
+                // other names are skipped like any member: this reader creates nothing on disk and
+                // follows no link, so their targets cannot reach anything here.
+                if kind != EntryType::Regular || is_dir {
+                    return Err(ArchiveError::NotRegularMember {
+                        archive: self.archive.clone(),
+                        member,
+                        kind: kind_name(kind, is_dir),
+                    });
+                }
+                let key = components.join(&b'/');
+                if let Some(first) = seen.get(&key) {
+                    return Err(ArchiveError::Duplicate {
+                        archive: self.archive.clone(),
+                        member,
+                        first: first.clone(),
+                    });
+                }
+                seen.insert(key, member.clone());
+            }
+
+            let cap = match role {
+                Role::Image => Some(("an identity image", MAX_IMAGE_BYTES as u64)),
+                Role::Report => Some(("a restore report", MAX_REPORT_BYTES)),
+                Role::Spec => Some(("the OCI spec (spec.dump)", MAX_SPEC_BYTES)),
+                _ => None,
+            };
+            let Some((what, max)) = cap else {
+                found.has_inventory |= role == Role::Inventory;
+                self.skip_member(&member, offset, size)?;
+                continue;
+            };
+            if size > max {
+                return Err(ArchiveError::MemberTooLarge { archive: self.archive.clone(), member, what, size, max });
+            }
+            kept_bytes += size;
+            if kept_bytes > self.limits.max_kept_bytes {
+                return Err(ArchiveError::KeptLimit { archive: self.archive.clone(), max: self.limits.max_kept_bytes });
+            }
+            let bytes = self.read_member(&member, offset, size)?;
+            let file = ArchiveFile {
+                member: String::from_utf8_lossy(raw_name).into_owned(),
+                name: components.last().map(|c| String::from_utf8_lossy(c).into_owned()).unwrap_or_default(),
+                bytes,
+            };
+            match role {
+                Role::Image => found.images.push(file),
+                Role::Report => found.reports.push(file),
+                _ => found.spec = Some(file),
+            }
+        }
+        found.bytes_scanned = self.pos;
+        Ok(found)
+    }
+
+    /// Reads a GNU long name/link or PAX header into `pending`.
+    fn extension(
+        &mut self,
+        pending: &mut Pending,
+        kind: EntryType,
+        offset: u64,
+        size: u64,
+    ) -> Result<(), ArchiveError> {
+        let what = match kind {
+            EntryType::GNULongName => "a GNU long-name header",
+            EntryType::GNULongLink => "a GNU long-link header",
+            _ => "a PAX header",
+        };
+        // Go's archive/tar caps these at 1 MiB too; a path is at most 4 KiB on Linux.
+        if size > MAX_EXTENSION_BYTES {
+            return Err(self.corrupt(
+                offset,
+                format!("{what} of {} (at most {} are read)", crate::error::Bytes(size), MAX_EXTENSION_BYTES),
+            ));
+        }
+        let data = self.read_member(&format!("({what})"), offset, size)?;
+        let duplicate = match kind {
+            EntryType::GNULongName => pending.long_name.replace(cut_at_nul(data)).is_some(),
+            EntryType::GNULongLink => std::mem::replace(&mut pending.long_link, true),
+            _ => {
+                let pax = pax::parse(&data).map_err(|reason| self.corrupt(offset, reason.into()))?;
+                pending.pax.replace(pax).is_some()
+            }
+        };
+        if duplicate {
+            // The `tar` crate refuses this, Go keeps the last: refusing leaves no doubt.
+            return Err(self.corrupt(offset, format!("{what} after another one for the same member")));
+        }
+        pending.offset.get_or_insert(offset);
+        Ok(())
+    }
+
+    /// Old-style GNU sparse members carry more 512-byte maps between header and data.
+    fn skip_sparse_extensions(&mut self, header: &Header, offset: u64) -> Result<(), ArchiveError> {
+        let Some(gnu) = header.as_gnu() else {
+            return Err(self.corrupt(offset, "a GNU sparse member without a GNU header".into()));
+        };
+        let mut extended = gnu.is_extended();
+        let mut ext = GnuExtSparseHeader::new();
+        while extended {
+            let at = self.pos;
+            self.budget(BLOCK)?;
+            if self.fill(ext.as_mut_bytes())? < BLOCK as usize {
+                return Err(self.truncated(Truncation::InHeader { offset: at }));
+            }
+            extended = ext.is_extended();
+        }
+        Ok(())
+    }
+
+    /// Reads a member's data (its size already checked against a cap) and steps over its padding.
+    fn read_member(&mut self, member: &str, offset: u64, size: u64) -> Result<Vec<u8>, ArchiveError> {
+        let record = self.record(offset, size)?;
+        self.budget(record)?;
+        let len = usize::try_from(size).map_err(|_| self.corrupt(offset, "a size beyond memory".into()))?;
+        let mut data = vec![0; len];
+        let got = self.fill(&mut data)? as u64;
+        let padding = if got == size { self.skip_bytes(record - size)? } else { 0 };
+        if got + padding < record {
+            return Err(self.truncated(Truncation::InMember {
+                member: member.to_string(),
+                size,
+                present: got + padding,
+                record,
+            }));
+        }
+        Ok(data)
+    }
+
+    /// Steps over a member's data and padding.
+    fn skip_member(&mut self, member: &str, offset: u64, size: u64) -> Result<(), ArchiveError> {
+        let record = self.record(offset, size)?;
+        // A plain file's length tells a cut archive at once, before the scan limit is looked at.
+        if let Input::File { len, .. } = self.input {
+            let present = len.saturating_sub(self.pos);
+            if present < record {
+                return Err(self.truncated(Truncation::InMember { member: member.to_string(), size, present, record }));
+            }
+        }
+        self.budget(record)?;
+        let present = self.skip_bytes(record)?;
+        if present < record {
+            return Err(self.truncated(Truncation::InMember { member: member.to_string(), size, present, record }));
+        }
+        Ok(())
+    }
+
+    /// `size` rounded up to whole blocks.
+    fn record(&self, offset: u64, size: u64) -> Result<u64, ArchiveError> {
+        size.checked_next_multiple_of(BLOCK).ok_or_else(|| self.corrupt(offset, "its size overflows".into()))
+    }
+
+    /// Refuses to go past [`Limits::max_scanned_bytes`]: checked before each read, so a bomb stops at
+    /// the limit, not after it.
+    fn budget(&self, more: u64) -> Result<(), ArchiveError> {
+        match self.pos.checked_add(more) {
+            Some(end) if end <= self.limits.max_scanned_bytes => Ok(()),
+            _ => Err(ArchiveError::ScanLimit { archive: self.archive.clone(), max: self.limits.max_scanned_bytes }),
+        }
+    }
+
+    /// Reads up to `buf.len()` bytes, fewer only at the end of the stream.
+    fn fill(&mut self, buf: &mut [u8]) -> Result<usize, ArchiveError> {
+        match input::read_prefix(&mut self.input, buf) {
+            Ok(n) => {
+                self.pos += n as u64;
+                Ok(n)
+            }
+            Err(e) => Err(self.io_error(e)),
+        }
+    }
+
+    /// Steps over up to `n` bytes; returns how many there were (fewer only at the end).
+    fn skip_bytes(&mut self, n: u64) -> Result<u64, ArchiveError> {
+        if let Input::File { reader, len } = &mut self.input {
+            let present = n.min(len.saturating_sub(self.pos));
+            // A file's length fits i64 (it is an off_t).
+            let step = i64::try_from(present).unwrap_or(i64::MAX);
+            if let Err(e) = reader.seek_relative(step) {
+                return Err(self.io_error(e));
+            }
+            self.pos += present;
+            return Ok(present);
+        }
+        let mut chunk = std::mem::take(&mut self.chunk);
+        chunk.resize(SKIP_CHUNK, 0);
+        let mut done = 0;
+        while done < n {
+            let want = (n - done).min(SKIP_CHUNK as u64) as usize;
+            let got = self.fill(&mut chunk[..want])?;
+            done += got as u64;
+            if got < want {
+                break;
+            }
+        }
+        self.chunk = chunk;
+        Ok(done)
+    }
+
+    fn io_error(&self, source: io::Error) -> ArchiveError {
+        let (archive, offset) = (self.archive.clone(), self.pos);
+        match self.compression {
+            Compression::None => ArchiveError::Read { archive, offset, source },
+            compression if source.kind() == io::ErrorKind::UnexpectedEof => {
+                ArchiveError::Truncated { archive, what: Truncation::CompressedStream { compression, offset } }
+            }
+            compression => ArchiveError::Decompress { archive, compression, offset, source },
+        }
+    }
+
+    fn short_header(&self, offset: u64, got: usize, bytes: &[u8]) -> ArchiveError {
+        if offset == 0 {
+            let why = match got {
+                0 => "it is empty",
+                _ => input::unsupported_hint(&bytes[..got]).unwrap_or("it is shorter than one tar header"),
+            };
+            return ArchiveError::NotTar { archive: self.archive.clone(), why };
+        }
+        self.truncated(match got {
+            0 => Truncation::NoEndMarker { offset },
+            _ => Truncation::InHeader { offset },
+        })
+    }
+
+    fn not_tar(&self, first_block: &[u8]) -> ArchiveError {
+        let why = match self.compression {
+            Compression::None => {
+                input::unsupported_hint(first_block).unwrap_or("its first 512 bytes are not a tar header")
+            }
+            _ => "its decompressed data does not start with a tar header",
+        };
+        ArchiveError::NotTar { archive: self.archive.clone(), why }
+    }
+
+    fn corrupt(&self, offset: u64, reason: String) -> ArchiveError {
+        ArchiveError::CorruptHeader { archive: self.archive.clone(), offset, reason }
+    }
+
+    fn truncated(&self, what: Truncation) -> ArchiveError {
+        ArchiveError::Truncated { archive: self.archive.clone(), what }
+    }
+}
+
+/// The header checksum: the sum of its bytes with the checksum field read as spaces. Unsigned, as
+/// POSIX says; signed too, as some old writers did and Go and GNU tar still accept.
+fn checksum_ok(header: &Header) -> bool {
+    let Ok(stored) = header.cksum() else { return false };
+    let (mut unsigned, mut signed) = (0u32, 0i32);
+    for (i, &b) in header.as_bytes().iter().enumerate() {
+        let b = if (148..156).contains(&i) { b' ' } else { b };
+        unsigned += u32::from(b);
+        signed += i32::from(b as i8);
+    }
+    stored == unsigned || i64::from(stored) == i64::from(signed)
+}
+
+/// Types that carry no data in Go's archive/tar.
+fn is_header_only(kind: EntryType) -> bool {
+    matches!(
+        kind,
+        EntryType::Link
+            | EntryType::Symlink
+            | EntryType::Char
+            | EntryType::Block
+            | EntryType::Directory
+            | EntryType::Fifo
+    )
+}
+
+fn kind_name(kind: EntryType, is_dir: bool) -> &'static str {
+    match kind {
+        EntryType::Regular if is_dir => "a directory (its name ends in `/`)",
+        EntryType::Regular => "a regular file",
+        EntryType::Link => "a hard link",
+        EntryType::Symlink => "a symbolic link",
+        EntryType::Char => "a character device",
+        EntryType::Block => "a block device",
+        EntryType::Directory => "a directory",
+        EntryType::Fifo => "a FIFO",
+        EntryType::Continuous => "a contiguous file (tar type 7)",
+        EntryType::GNUSparse => "a GNU sparse file",
+        _ => "a member of an unknown tar type",
+    }
+}
+
+/// A GNU long name is a C string: it ends at its first NUL (as Go and GNU tar read it).
+fn cut_at_nul(mut data: Vec<u8>) -> Vec<u8> {
+    if let Some(end) = data.iter().position(|&b| b == 0) {
+        data.truncate(end);
+    }
+    data
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn checksums_are_checked_both_ways() {
+        let mut h = Header::new_gnu();
+        h.set_path("checkpoint/x").unwrap();
+        h.set_size(3);
+        h.set_cksum();
+        assert!(checksum_ok(&h));
+        h.as_mut_bytes()[0] ^= 1;
+        assert!(!checksum_ok(&h));
+
+        // A signed sum (a name byte of 0xff) is accepted too.
+        let mut h = Header::new_gnu();
+        h.as_mut_bytes()[0] = 0xff;
+        let signed: i32 = h
+            .as_bytes()
+            .iter()
+            .enumerate()
+            .map(|(i, &b)| if (148..156).contains(&i) { 32 } else { i32::from(b as i8) })
+            .sum();
+        let field = format!("{signed:06o}\0 ");
+        h.as_mut_bytes()[148..156].copy_from_slice(field.as_bytes());
+        assert!(checksum_ok(&h));
+    }
+
+    #[test]
+    fn long_names_end_at_nul() {
+        assert_eq!(cut_at_nul(b"abc\0\0".to_vec()), b"abc");
+        assert_eq!(cut_at_nul(b"abc".to_vec()), b"abc");
+    }
+}

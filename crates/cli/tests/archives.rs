@@ -1,0 +1,257 @@
+//! `inspect ARCHIVE` and `preflight ARCHIVE`: checkpoint archives read in place (Podman's export,
+//! the kubelet's checkpoint tar; plain, gzip, zstd), and hostile ones refused with the documented
+//! exit code, a message naming the member and the rule, bounded memory and no panic. The reader's
+//! own rules are tested in `ccm-archive`; these tests are the command's side of them.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+use std::time::{Duration, Instant};
+
+use ccm_identity::image::{IdentityImage, ProcessEnv};
+use tar::EntryType;
+
+#[path = "../../archive/tests/common/mod.rs"]
+mod common;
+use common::{compress, raw_header, Tar, MIB};
+
+fn cli() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_criu-cuda-migrate"))
+}
+
+/// Runs the CLI with a deadline: a read that never ends fails the test instead of hanging it.
+fn run(args: &[&str], limit: Duration) -> Output {
+    let mut child = Command::new(cli())
+        .args(args)
+        .env("RUST_BACKTRACE", "0")
+        .env_remove("CRIU_CUDA_MIGRATE_USABLE_GPUS")
+        .env_remove("CRIU_CUDA_MIGRATE_DEVICE_MAP")
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("run the CLI");
+    let t0 = Instant::now();
+    while child.try_wait().unwrap().is_none() {
+        if t0.elapsed() > limit {
+            let _ = child.kill();
+            panic!("the CLI did not end within {limit:?} on {args:?}");
+        }
+        std::thread::sleep(Duration::from_millis(10));
+    }
+    child.wait_with_output().unwrap()
+}
+
+fn text(out: &Output) -> String {
+    format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr))
+}
+
+fn assert_clean_failure(out: &Output, code: i32, needles: &[&str]) {
+    let all = text(out);
+    assert_eq!(out.status.code(), Some(code), "exit code: {all}");
+    assert!(!all.contains("panicked"), "the CLI panicked: {all}");
+    for n in needles {
+        assert!(all.contains(n), "expected {n:?} in: {all}");
+    }
+}
+
+/// An identity image of pid `pid` on a one-GPU dump node (what the dump writes, minus the sites).
+fn image(pid: u32) -> Vec<u8> {
+    let gpu = ccm_identity::GpuIdentity {
+        uuid: "GPU-6ebf35c8-1111-2222-3333-444455556666".parse().unwrap(),
+        pci: ccm_identity::PciAddress::parse("0000:00:06.0").unwrap(),
+        pci_device_id: 0x233510de,
+        pci_subsystem_id: 0x18081414,
+        name: "NVIDIA H200".into(),
+        minor: 0,
+        memory_total: 140 << 30,
+    };
+    IdentityImage {
+        pid,
+        host_pid: 4000 + pid,
+        dumped_at_unix: 1_790_000_000,
+        hostname: "dump-node".into(),
+        driver_version: "580.159.04".into(),
+        cuda_driver_version: 13000,
+        enumerated: vec![gpu.uuid],
+        used: vec![gpu.uuid],
+        node_gpus: vec![gpu],
+        env: ProcessEnv { nvidia_visible_devices: Some("all".into()), ..ProcessEnv::default() },
+        sites: Vec::new(),
+        prop_sites: Vec::new(),
+        device_memory: None,
+    }
+    .try_encode()
+    .expect("a clean image encodes")
+}
+
+/// A Podman-style export: CRIU's images (ours among them) under `checkpoint/`, the engine's files beside.
+fn export(prefix: &str, with_inventory: bool) -> Vec<u8> {
+    let mut t = Tar::new();
+    t.dir(&format!("{prefix}checkpoint"));
+    if with_inventory {
+        t.file(&format!("{prefix}checkpoint/inventory.img"), b"\x54\xc6\x60\x58inventory");
+    }
+    t.file(&format!("{prefix}checkpoint/core-7.img"), &[7; 1500])
+        .zeros(&format!("{prefix}checkpoint/pages-1.img"), 4 * MIB)
+        .file(&format!("{prefix}checkpoint/cuda-migrate-7.img"), &image(7))
+        .file(&format!("{prefix}checkpoint/cuda-migrate-restore-7.txt"), b"restored pid 7\nresult: ok\n")
+        .file(&format!("{prefix}config.dump"), br#"{"id":"3f2a"}"#)
+        .file(
+            &format!("{prefix}spec.dump"),
+            br#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#,
+        );
+    t.finish()
+}
+
+fn write(dir: &Path, name: &str, bytes: &[u8]) -> String {
+    let p = dir.join(name);
+    std::fs::write(&p, bytes).unwrap();
+    p.to_str().unwrap().to_string()
+}
+
+const QUICK: Duration = Duration::from_secs(20);
+
+#[test]
+fn inspect_reads_podman_and_kubelet_archives_in_every_compression() {
+    let dir = tempfile::tempdir().unwrap();
+    for (form, prefix) in [("podman", ""), ("kubelet", "./")] {
+        for c in [ccm_archive::Compression::None, ccm_archive::Compression::Gzip, ccm_archive::Compression::Zstd] {
+            // The compression is told by the bytes: the name says nothing.
+            let path = write(dir.path(), &format!("{form}-{c}.archive"), &compress(&export(prefix, true), c));
+            let out = run(&["inspect", &path], QUICK);
+            let all = text(&out);
+            assert_eq!(out.status.code(), Some(0), "{form} {c}: {all}");
+            assert!(all.contains(&format!("checkpoint archive ({c} compression")), "{form} {c}: {all}");
+            assert!(all.contains("pid 7 (host pid 4007), dumped on dump-node"), "{all}");
+            assert!(all.contains("cuda-migrate-restore-7.txt:\nrestored pid 7"), "{all}");
+            assert!(
+                all.contains("the dumped container's GPUs: GPU-6ebf35c8-1111-2222-3333-444455556666 (process.env NVIDIA_VISIBLE_DEVICES=0)"),
+                "{all}"
+            );
+            let out = run(&["--json", "inspect", &path], QUICK);
+            let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+            assert_eq!(v["archive"]["compression"], c.to_string());
+            assert_eq!(v["archive"]["has_inventory"], true);
+            assert_eq!(v["processes"][0]["pid"], 7);
+        }
+    }
+}
+
+#[test]
+fn preflight_refuses_an_archive_without_inventory_as_an_unusable_checkpoint() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "cut.tar", &export("", false));
+    let out = run(&["preflight", &path], QUICK);
+    assert_clean_failure(&out, 2, &["no checkpoint/inventory.img", "export the checkpoint again"]);
+    // inspect still shows what is there, and says so.
+    let out = run(&["inspect", &path], QUICK);
+    assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+    assert!(text(&out).contains("NO checkpoint/inventory.img"));
+}
+
+#[test]
+fn hostile_archives_are_refused_naming_the_member_and_the_rule() {
+    let dir = tempfile::tempdir().unwrap();
+    let inventory = |t: &mut Tar| {
+        t.dir("checkpoint").file("checkpoint/inventory.img", b"inv");
+    };
+    let cases: Vec<(&str, Vec<u8>, &[&str])> = vec![
+        (
+            "a .. member",
+            {
+                let mut t = Tar::new();
+                inventory(&mut t);
+                t.raw(b"checkpoint/../../etc/cron.d/x", EntryType::Regular, 3, b"x\n\n");
+                t.finish()
+            },
+            &["../../etc/cron.d/x"],
+        ),
+        (
+            "a symbolic link named like an identity image",
+            {
+                let mut t = Tar::new();
+                inventory(&mut t);
+                t.link(EntryType::Symlink, "checkpoint/cuda-migrate-7.img", "/etc/shadow");
+                t.finish()
+            },
+            &["checkpoint/cuda-migrate-7.img"],
+        ),
+        (
+            "a member larger than its data",
+            {
+                let mut t = Tar::new();
+                inventory(&mut t);
+                t.raw(b"checkpoint/pages-1.img", EntryType::Regular, 1 << 30, &[0; 4096]);
+                t.unfinished()
+            },
+            &["checkpoint/pages-1.img"],
+        ),
+        (
+            "an identity image of 17 MiB",
+            {
+                let mut t = Tar::new();
+                inventory(&mut t);
+                t.zeros("checkpoint/cuda-migrate-7.img", 17 * MIB);
+                t.finish()
+            },
+            &["checkpoint/cuda-migrate-7.img"],
+        ),
+        (
+            "an image whose name says another pid",
+            {
+                let mut t = Tar::new();
+                inventory(&mut t);
+                t.file("checkpoint/cuda-migrate-8.img", &image(7));
+                t.finish()
+            },
+            &["holds pid 7, but its name says pid 8"],
+        ),
+        (
+            "a control character in a member name",
+            {
+                let mut t = Tar::new();
+                inventory(&mut t);
+                t.raw(b"checkpoint/../\x1b[2Jx", EntryType::Regular, 0, b"");
+                t.finish()
+            },
+            &["\\u{1b}"],
+        ),
+    ];
+    for (what, bytes, needles) in cases {
+        let path = write(dir.path(), "hostile.tar", &bytes);
+        for cmd in ["inspect", "preflight"] {
+            let out = run(&[cmd, &path], QUICK);
+            assert_clean_failure(&out, 2, needles);
+            assert!(!out.stdout.contains(&0x1b) && !out.stderr.contains(&0x1b), "{what}: a raw ESC was printed");
+        }
+    }
+}
+
+/// The largest resident size (KiB) of any child this test binary has waited for.
+fn children_max_rss_kib() -> i64 {
+    // SAFETY: getrusage writes the zeroed struct of this frame and nothing else.
+    unsafe {
+        let mut u: libc::rusage = std::mem::zeroed();
+        libc::getrusage(libc::RUSAGE_CHILDREN, &mut u);
+        u.ru_maxrss
+    }
+}
+
+#[test]
+fn a_zstd_bomb_ends_at_the_scan_limit_in_bounded_memory() {
+    // 8 GiB of zeros in one member, a few hundred KiB compressed: one MiB of zeros compressed once and
+    // repeated (zstd frames concatenate).
+    let header = raw_header(b"checkpoint/pages-1.img", EntryType::Regular, 8 << 30);
+    let mut bomb = zstd::stream::encode_all(&header.as_bytes()[..], 1).unwrap();
+    let mib = zstd::stream::encode_all(std::io::repeat(0).take(MIB), 3).unwrap();
+    for _ in 0..(8 << 10) {
+        bomb.extend_from_slice(&mib);
+    }
+    assert!(bomb.len() < 2 * MIB as usize, "{}", bomb.len());
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "bomb.tar.zst", &bomb);
+    let out = run(&["preflight", "--archive-scan-gib", "1", &path], Duration::from_secs(120));
+    assert_clean_failure(&out, 2, &["scan limit of 1073741824 bytes (1.0 GiB)", "--archive-scan-gib N raises it"]);
+    let rss = children_max_rss_kib();
+    assert!(rss < 256 << 10, "a CLI run grew to {rss} KiB: the read was not bounded");
+}
