@@ -222,10 +222,11 @@ main() {
     say "preparing the Debian trixie root with CRIU 4.x"
     bash tests/criu-root.sh prepare
 
-    local packages=(-p criu-cuda-migrate)
+    # ccm-workload holds ccm-reaper too, which every mode runs the scenario under.
+    local packages=(-p criu-cuda-migrate -p ccm-workload)
     case "$mode" in
-    gpu) packages+=(-p ccm-workload) ;;
-    sim) packages+=(-p ccm-workload -p cuda-test-double -p nvml-test-double) ;;
+    gpu) ;;
+    sim) packages+=(-p cuda-test-double -p nvml-test-double) ;;
     plain) ;;
     *) die "CCM_DEMO_MODE=$mode: expected gpu, sim or plain" ;;
     esac
@@ -238,13 +239,17 @@ main() {
     # The plugin directory holds our plugin alone, so no other plugin (CRIU's own cuda_plugin.so) answers first.
     cp "target/release/$PLUGIN_FILE" "$work/plugins/"
     local workload_bin=$REPO/target/release/ccm-sample-workload
+    # The scenario's detached processes (the workload started with setsid, the tree `criu restore -d` leaves, the
+    # plugin's driver agent) are re-parented to ccm-reaper, which reaps them: on a host whose pid 1 does not reap,
+    # they would stay behind as zombies.
+    local reaper=$REPO/target/release/ccm-reaper
 
     case "$mode" in
     gpu)
         local criu=${CCM_CRIU:-criu}
         command -v "$criu" >/dev/null 2>&1 || die "a GPU is here but no CRIU >= 4.0 on the host: install criu 4.x (Debian trixie) or set CCM_CRIU"
         say "mode gpu: $(nvidia-smi -L | head -n 4 | tr '\n' ';') CRIU: $("$criu" --version | head -n 1)"
-        scenario workload "$work" "$criu" "$workload_bin"
+        "$reaper" bash "$REPO/scripts/demo.sh" __scenario workload "$work" "$criu" "$workload_bin"
         ;;
     sim)
         say "mode sim: the simulated NVIDIA stack (test doubles, not a GPU) under CRIU in the trixie root"
@@ -252,11 +257,11 @@ main() {
         local env_lines=()
         mapfile -t env_lines < <(sim_stack_env)
         env "${env_lines[@]}" bash tests/criu-root.sh run --bind "$work" -- \
-            bash "$REPO/scripts/demo.sh" __scenario workload "$work" criu "$workload_bin"
+            "$reaper" bash "$REPO/scripts/demo.sh" __scenario workload "$work" criu "$workload_bin"
         ;;
     plain)
         say "mode plain: no GPU and no simulated stack yet; a plain process under CRIU in the trixie root"
-        bash tests/criu-root.sh run --bind "$work" -- bash "$REPO/scripts/demo.sh" __scenario plain "$work" criu
+        bash tests/criu-root.sh run --bind "$work" -- "$reaper" bash "$REPO/scripts/demo.sh" __scenario plain "$work" criu
         ;;
     esac
     say "done ($mode). Images and CRIU's logs: $work/images"

@@ -34,8 +34,8 @@
 #                        it outside the clone so CI can cache it; the name is older than the second suite)
 #   CCM_RUNTIMES_ROOT    where the runtimes root lives (default $CCM_TRIXIE_ROOT-runtimes)
 #   CCM_PATCHED_ROOT     where the patched forky root lives (default /var/cache/criu-cuda-migrate/forky-plugin-options)
-#   CCM_DEBIAN_MIRROR    mirror for debootstrap (default: the Debian mirror of this machine's own apt sources, else
-#                        debootstrap's default)
+#   CCM_DEBIAN_MIRROR    mirror for debootstrap (default: the Debian mirror of this machine's own apt sources; with
+#                        neither, prepare stops and says so)
 #
 # Needs root. Works without a terminal and without stdin (CI=true).
 set -euo pipefail
@@ -135,15 +135,16 @@ cmd_prepare() {
     local tmp="$ROOT.partial.$$"
     rm -rf "$tmp"
     # An older debootstrap (bookworm's) has no script for a newer suite; every suite since buster uses sid's.
-    local where=()
-    [ -n "$MIRROR" ] && where=("$MIRROR")
-    [ -e "/usr/share/debootstrap/scripts/$SUITE" ] ||
-        where=("${MIRROR:-http://deb.debian.org/debian}" /usr/share/debootstrap/scripts/sid)
+    # The mirror comes from this machine's apt sources (or CCM_DEBIAN_MIRROR), never from a host named here.
+    [ -n "$MIRROR" ] ||
+        die "no Debian mirror found in this machine's apt sources (/etc/apt/sources.list, /etc/apt/sources.list.d/*.list or *.sources, a URI ending in /debian); set CCM_DEBIAN_MIRROR to the URL of a Debian archive this machine can reach"
+    local where=("$MIRROR")
+    [ -e "/usr/share/debootstrap/scripts/$SUITE" ] || where=("$MIRROR" /usr/share/debootstrap/scripts/sid)
     echo "criu-root.sh: debootstrapping $SUITE with $PACKAGES into $ROOT (about 30 s)" >&2
     if ! debootstrap --variant=minbase --include="$PACKAGES" "$SUITE" "$tmp" "${where[@]}" </dev/null >"$ROOT.debootstrap.log" 2>&1; then
         tail -n 30 "$ROOT.debootstrap.log" >&2 || true
         rm -rf "$tmp"
-        die "debootstrap of $SUITE failed (log: $ROOT.debootstrap.log); check network access to ${MIRROR:-the default mirror of debootstrap} or set CCM_DEBIAN_MIRROR"
+        die "debootstrap of $SUITE failed (log: $ROOT.debootstrap.log); check network access to $MIRROR or set CCM_DEBIAN_MIRROR"
     fi
     [ -x "$tmp/usr/sbin/criu" ] || die "debootstrap finished but $tmp/usr/sbin/criu is missing; is the criu package still in $SUITE?"
     [ -f "$tmp/usr/include/criu/criu-plugin.h" ] || die "debootstrap finished but criu/criu-plugin.h is missing; is libcriu-dev still in $SUITE?"

@@ -4,9 +4,17 @@
 use std::env;
 use std::path::{Path, PathBuf};
 
-const HOWTO: &str = "install CRIU 4.x's plugin header: `apt-get install libcriu-dev` on Debian trixie or newer, \
-or run `tests/criu-root.sh prepare` (it debootstraps a trixie root with libcriu-dev) and build with \
-CRIU_INCLUDE_DIR=/var/cache/criu-cuda-migrate/trixie/usr/include";
+const HOWTO: &str = "run `bash tests/criu-root.sh prepare` once (as root: it debootstraps a Debian trixie root with \
+libcriu-dev into /var/cache/criu-cuda-migrate/trixie, where this build looks), or install CRIU 4.x's header \
+(`apt-get install libcriu-dev` on Debian trixie or newer), or point CRIU_INCLUDE_DIR at a directory holding \
+criu/criu-plugin.h";
+
+/// Ends the build with one line that names the fix: a missing header is the newcomer's first build,
+/// not a bug, so no panic and no backtrace.
+fn stop(msg: String) -> ! {
+    eprintln!("error: criu-plugin-sys: {msg}; {HOWTO}");
+    std::process::exit(1)
+}
 
 fn candidates() -> Vec<PathBuf> {
     let mut dirs = Vec::new();
@@ -28,16 +36,15 @@ fn main() {
     println!("cargo:rerun-if-changed={}", wrapper.display());
 
     let include = candidates().into_iter().find(|d| d.join("criu/criu-plugin.h").is_file()).unwrap_or_else(|| {
-        panic!("criu-plugin-sys: criu/criu-plugin.h not found (looked in {:?}); {HOWTO}", candidates())
+        let looked: Vec<String> = candidates().iter().map(|d| d.display().to_string()).collect();
+        stop(format!("CRIU's plugin header criu/criu-plugin.h was not found (looked in {})", looked.join(", ")))
     });
     let header = include.join("criu/criu-plugin.h");
     println!("cargo:rerun-if-changed={}", header.display());
-    let text = std::fs::read_to_string(&header).expect("read criu-plugin.h");
+    let text =
+        std::fs::read_to_string(&header).unwrap_or_else(|e| stop(format!("cannot read {}: {e}", header.display())));
     if !text.contains("CR_PLUGIN_HOOK__CHECKPOINT_DEVICES") {
-        panic!(
-            "criu-plugin-sys: {} has no CR_PLUGIN_HOOK__CHECKPOINT_DEVICES: it is older than CRIU 4.0; {HOWTO}",
-            header.display()
-        );
+        stop(format!("{} has no CR_PLUGIN_HOOK__CHECKPOINT_DEVICES: it is older than CRIU 4.0", header.display()));
     }
     println!("cargo:include={}", include.display());
 
@@ -55,7 +62,7 @@ fn main() {
         .layout_tests(true)
         .derive_debug(true)
         .generate()
-        .unwrap_or_else(|e| panic!("criu-plugin-sys: bindgen failed on {}: {e}; {HOWTO}", header.display()));
+        .unwrap_or_else(|e| stop(format!("bindgen failed on {}: {e}", header.display())));
     let out = PathBuf::from(env::var("OUT_DIR").unwrap()).join("bindings.rs");
     bindings.write_to_file(&out).expect("write bindings");
 }

@@ -253,10 +253,15 @@ impl DumpSession {
                 OnResumeError::Skip,
                 |&(pid, _)| {
                     std::thread::scope(|s| {
-                        // The identity is read at once (the driver closes the GPU nodes during the checkpoint);
-                        // the device memory is added when the NVML pass has it.
-                        let scan =
-                            s.spawn(move || collect_identity(pid, node, || memory.wait().get(&pid).cloned().flatten()));
+                        // What the driver's checkpoint changes is read BEFORE it starts (about a millisecond): the
+                        // GPU nodes the process holds (the driver closes them) and its mappings (the driver adds
+                        // the device memory's copy). The scan of those mappings then runs beside the checkpoint:
+                        // libcuda's PCI words stay as they are through a checkpoint (that they outlive it is the
+                        // bug this plugin fixes). The device memory is added when the NVML pass has it.
+                        let before = BeforeCheckpoint::read(pid);
+                        let scan = s.spawn(move || {
+                            collect_identity(pid, node, before?, || memory.wait().get(&pid).cloned().flatten())
+                        });
                         // The device memory is not known yet: the deadline for an unknown amount.
                         let checkpoint = timed(|| api.checkpoint(pid, config.call_deadline(None)));
                         let facts = scan.join().map_err(|_| ProcessFailure::Batch(crate::batch::BatchError::Panicked));
@@ -548,26 +553,46 @@ fn device_memory_by_pid(node: &Node, pids: &[HostPid]) -> BTreeMap<HostPid, Opti
 }
 
 /// What restore needs to map and check this process's GPUs.
+/// What a process's identity needs from before its driver checkpoint starts, which changes it: the
+/// GPU nodes it holds open (the checkpoint closes them) and its mappings (the checkpoint adds the
+/// copy of its device memory). Its environment is read here too, being as cheap.
+struct BeforeCheckpoint {
+    env: ProcessEnv,
+    minors: std::collections::BTreeSet<u32>,
+    maps: Vec<ccm_process::Mapping>,
+    elapsed: std::time::Duration,
+}
+
+impl BeforeCheckpoint {
+    fn read(pid: HostPid) -> Result<BeforeCheckpoint, ccm_process::ProcessError> {
+        let t0 = Instant::now();
+        let upid = pid.get();
+        let env = match ccm_process::environ::read_environ_block(upid) {
+            Ok(b) => ProcessEnv {
+                cuda_visible_devices: ccm_process::environ::env_var(&b, "CUDA_VISIBLE_DEVICES"),
+                cuda_device_order: ccm_process::environ::env_var(&b, "CUDA_DEVICE_ORDER"),
+                nvidia_visible_devices: ccm_process::environ::env_var(&b, "NVIDIA_VISIBLE_DEVICES"),
+            },
+            Err(e) => {
+                warn!("pid {pid}: cannot read its environment ({e}); its ordinal view is not recorded");
+                ProcessEnv::default()
+            }
+        };
+        let maps = ccm_process::read_maps(upid)?;
+        let minors = ccm_process::devices::nvidia_minors_in_use_with(upid, &maps)?;
+        Ok(BeforeCheckpoint { env, minors, maps, elapsed: t0.elapsed() })
+    }
+}
+
 fn collect_identity(
     pid: HostPid,
     node: &Node,
+    before: BeforeCheckpoint,
     device_memory: impl FnOnce() -> Option<Vec<DeviceMemoryUse>>,
 ) -> Result<IdentityImage, ccm_process::ProcessError> {
-    let t0 = Instant::now();
+    let t0 = Instant::now().checked_sub(before.elapsed).unwrap_or_else(Instant::now);
     let upid = pid.get();
-    let env_block = ccm_process::environ::read_environ_block(upid);
-    let env = match &env_block {
-        Ok(b) => ProcessEnv {
-            cuda_visible_devices: ccm_process::environ::env_var(b, "CUDA_VISIBLE_DEVICES"),
-            cuda_device_order: ccm_process::environ::env_var(b, "CUDA_DEVICE_ORDER"),
-            nvidia_visible_devices: ccm_process::environ::env_var(b, "NVIDIA_VISIBLE_DEVICES"),
-        },
-        Err(e) => {
-            warn!("pid {pid}: cannot read its environment ({e}); its ordinal view is not recorded");
-            ProcessEnv::default()
-        }
-    };
-    let minors = ccm_process::devices::nvidia_minors_in_use(upid)?;
+    let BeforeCheckpoint { env, minors, maps, .. } = before;
     let mut used: Vec<&GpuIdentity> = minors.iter().filter_map(|m| node.gpu_by_minor(*m)).collect();
     order_by_cuda_view(&mut used, &env, node.gpus());
     let wanted: Vec<(GpuUuid, PciSignature)> = node.gpus().iter().map(|g| (g.uuid, g.signature())).collect();
@@ -575,12 +600,13 @@ fn collect_identity(
     // process with gigabytes of host memory); everything only when that finds nothing.
     // The same pass finds the runtime's cudaDeviceProp copies (libcudart's and frameworks', in
     // the heap like libcuda's objects).
-    let mut scan = ccm_process::scan_identity_in(upid, &wanted, node.gpus(), ccm_process::ScanScope::LIBCUDA_OBJECTS)?;
+    let mut scan =
+        ccm_process::scan_identity_over(upid, &maps, &wanted, node.gpus(), ccm_process::ScanScope::LIBCUDA_OBJECTS)?;
     if scan.sites.is_empty() && !wanted.is_empty() {
         debug!("pid {pid}: no PCI words in the heap or small mappings; scanning all of its memory");
         let narrow = scan.elapsed;
         let (props, lookalikes) = (std::mem::take(&mut scan.prop_sites), scan.prop_lookalikes);
-        scan = ccm_process::scan_signatures_in(upid, &wanted, ccm_process::ScanScope::FULL)?;
+        scan = ccm_process::scan_identity_over(upid, &maps, &wanted, &[], ccm_process::ScanScope::FULL)?;
         scan.elapsed += narrow;
         scan.prop_sites = props;
         scan.prop_lookalikes = lookalikes;

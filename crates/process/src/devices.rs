@@ -51,11 +51,15 @@ fn gpu_minor_of_fd(fd_link: &std::path::Path) -> Option<u32> {
 /// Minors N of the `/dev/nvidiaN` GPU nodes that `pid` holds open (in any thread's fd table)
 /// or mapped.
 pub fn nvidia_minors_in_use(pid: u32) -> Result<BTreeSet<u32>, ProcessError> {
-    let mut minors = BTreeSet::new();
-
     // The maps are shared by all threads (CLONE_THREAD implies CLONE_VM); read them first so a
     // missing or unreadable process fails here with a precise error.
-    for m in read_maps(pid)? {
+    nvidia_minors_in_use_with(pid, &read_maps(pid)?)
+}
+
+/// [`nvidia_minors_in_use`] with the process's mappings already read (`maps`, of `pid`).
+pub fn nvidia_minors_in_use_with(pid: u32, maps: &[crate::Mapping]) -> Result<BTreeSet<u32>, ProcessError> {
+    let mut minors = BTreeSet::new();
+    for m in maps {
         if let Some(minor) = gpu_minor_of_path(&m.path) {
             minors.insert(minor);
         }

@@ -36,8 +36,8 @@ pub use devices::{maps_library, nvidia_minors_in_use};
 pub use environ::{env_var, read_environ_block, write_environ_edit, EnvBlock};
 pub use maps::{is_scannable, parse_maps, read_maps, Mapping, ScanScope, DEFAULT_MAX_MAPPING_BYTES};
 pub use mem::{
-    read_signature, scan_identity_in, scan_signatures, scan_signatures_in, verify_and_write, verify_and_write_bytes,
-    ProcessMemory, ScanReport,
+    read_signature, scan_identity_in, scan_identity_over, scan_signatures, scan_signatures_in, verify_and_write,
+    verify_and_write_bytes, ProcessMemory, ScanReport,
 };
 pub use ptrace::{resume_restore_thread, RunningRestoreThread};
 pub use tree::{children_recursive, is_alive, kill, ns_pid, threads};

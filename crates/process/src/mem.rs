@@ -164,6 +164,22 @@ pub fn scan_identity_in(
     props: &[GpuIdentity],
     scope: ScanScope,
 ) -> Result<ScanReport, ProcessError> {
+    if wanted.is_empty() && props.is_empty() {
+        return Ok(ScanReport::default());
+    }
+    scan_identity_over(pid, &read_maps(pid)?, wanted, props, scope)
+}
+
+/// [`scan_identity_in`] over mappings read earlier (`maps`, of `pid`): the dump reads them before
+/// the driver's checkpoint starts, so the mappings that checkpoint adds (the device memory's copy)
+/// are never scanned, whenever the scan runs. A mapping gone since reads as unreadable.
+pub fn scan_identity_over(
+    pid: u32,
+    maps: &[Mapping],
+    wanted: &[(GpuUuid, PciSignature)],
+    props: &[GpuIdentity],
+    scope: ScanScope,
+) -> Result<ScanReport, ProcessError> {
     let started = Instant::now();
     let mut report = ScanReport::default();
     if wanted.is_empty() && props.is_empty() {
@@ -171,7 +187,6 @@ pub fn scan_identity_in(
         return Ok(report);
     }
     let mem = ProcessMemory::open_read_only(pid)?;
-    let maps = read_maps(pid)?;
     let (scannable, skipped): (Vec<&Mapping>, Vec<&Mapping>) = maps.iter().partition(|m| scope.admits(m));
     report.mappings_skipped = skipped.len();
     // A PyTorch process holds gigabytes of host memory: spread the mappings over a few threads
