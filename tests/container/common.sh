@@ -37,15 +37,17 @@ beyond() {
     echo $((${n:-0} + 5))
 }
 
-# make_image OUT NAME CMD-JSON: a minimal OCI image archive of busybox-static named NAME, running CMD-JSON, for
-# `ctr images import` (no registry here).
-make_image() { # make_image OUT NAME CMD-JSON
-    local out=$1 name=$2 cmd=$3 w diffid layer layer_size config config_size manifest manifest_size
+# make_image OUT NAME CMD-JSON [EXTRA]: a minimal OCI image archive of busybox-static named NAME, running CMD-JSON,
+# for `ctr images import` (no registry here). EXTRA: a directory whose contents are added to the image's root (a CUDA
+# workload and its libraries: cuda_rootfs below).
+make_image() { # make_image OUT NAME CMD-JSON [EXTRA]
+    local out=$1 name=$2 cmd=$3 extra=${4:-} w diffid layer layer_size config config_size manifest manifest_size
     w=$(mktemp -d)
     mkdir -p "$w/rootfs/bin" "$w/rootfs/tmp" "$w/rootfs/proc" "$w/rootfs/sys" "$w/rootfs/dev" "$w/rootfs/etc" \
         "$w/rootfs/out" "$w/oci/blobs/sha256"
     cp /bin/busybox "$w/rootfs/bin/busybox"
     for applet in sh sleep cat echo; do ln -s busybox "$w/rootfs/bin/$applet"; done
+    [ -n "$extra" ] && cp -a "$extra/." "$w/rootfs/"
     tar -C "$w/rootfs" --owner=0 --group=0 --numeric-owner -cf "$w/layer.tar" .
     diffid=$(sha256sum "$w/layer.tar" | cut -d' ' -f1)
     gzip -n -c "$w/layer.tar" >"$w/layer.tar.gz"
@@ -67,4 +69,90 @@ make_image() { # make_image OUT NAME CMD-JSON
     echo '{"imageLayoutVersion":"1.0.0"}' >"$w/oci/oci-layout"
     tar -C "$w/oci" -cf "$out" oci-layout index.json blobs
     rm -rf "$w"
+}
+
+# cuda_rootfs DIR WORKLOAD LIB...: the files a container image needs to run WORKLOAD (at /usr/local/bin) and to load
+# LIB... (the libcuda / NVML doubles, which come into the container through CDI mounts, need the same C libraries):
+# every shared library ldd names for them, at its own path. No busybox: make_image and the podman flows add it.
+cuda_rootfs() {
+    local dir=$1 workload=$2 f lib
+    shift 2
+    mkdir -p "$dir/usr/local/bin" "$dir/ctl" "$dir/tmp"
+    cp "$workload" "$dir/usr/local/bin/"
+    for f in "$workload" "$@"; do
+        ldd "$f" | awk '/=> \// { print $3 } /^\t\// { print $1 }'
+    done | sort -u | while read -r lib; do
+        [ -f "$lib" ] && cp --parents -L "$lib" "$dir/"
+    done
+}
+
+# write_sim_cdi_spec FILE SIM MINOR0 MINOR1: a CDI spec (JSON, cdiVersion 0.6.0) of the test doubles' two GPUs,
+# kind nvidia.com/gpu, as `nvidia-ctk cdi generate` writes one for a node: device `0` is the node
+# /dev/nvidia<MINOR0> (195:MINOR0), device `1` /dev/nvidia<MINOR1>, `all` both; every device also gets
+# /dev/nvidiactl (195:255), the environment that points a container at the doubles (LD_LIBRARY_PATH, CCM_SIM_CONFIG,
+# CCM_SIM_STATE_DIR) and the doubles' directory SIM (SIM/lib and SIM/gpus.json read-only, SIM/state read-write, each
+# at its own path: the plugin reaches the state directory at the same path). The doubles open no device node, so
+# nodes without a driver behind them are enough. Another node, on which the same CDI name is another GPU, is the
+# same spec with MINOR0 and MINOR1 swapped.
+write_sim_cdi_spec() {
+    local file=$1 sim=$2 m0=$3 m1=$4 n0 n1
+    n0=$(printf '{ "path": "/dev/nvidia%s", "type": "c", "major": 195, "minor": %s, "fileMode": 438, "permissions": "rw" }' "$m0" "$m0")
+    n1=$(printf '{ "path": "/dev/nvidia%s", "type": "c", "major": 195, "minor": %s, "fileMode": 438, "permissions": "rw" }' "$m1" "$m1")
+    mkdir -p "$(dirname "$file")"
+    cat >"$file.tmp" <<EOF
+{
+  "cdiVersion": "0.6.0",
+  "kind": "nvidia.com/gpu",
+  "devices": [
+    { "name": "0", "containerEdits": { "deviceNodes": [ $n0 ] } },
+    { "name": "1", "containerEdits": { "deviceNodes": [ $n1 ] } },
+    { "name": "all", "containerEdits": { "deviceNodes": [ $n0, $n1 ] } }
+  ],
+  "containerEdits": {
+    "env": [ "LD_LIBRARY_PATH=$sim/lib", "CCM_SIM_CONFIG=$sim/gpus.json", "CCM_SIM_STATE_DIR=$sim/state" ],
+    "deviceNodes": [ { "path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 438, "permissions": "rw" } ],
+    "mounts": [
+      { "hostPath": "$sim/lib", "containerPath": "$sim/lib", "type": "bind", "options": ["ro", "nosuid", "nodev", "bind"] },
+      { "hostPath": "$sim/gpus.json", "containerPath": "$sim/gpus.json", "type": "bind", "options": ["ro", "nosuid", "nodev", "bind"] },
+      { "hostPath": "$sim/state", "containerPath": "$sim/state", "type": "bind", "options": ["rw", "nosuid", "nodev", "bind"] }
+    ]
+  }
+}
+EOF
+    mv "$file.tmp" "$file"
+}
+
+# sim_stack SIM SIM-BIN G0 G1: the doubles' directory (tests/sim/stack.sh's layout): SIM/lib with libcuda.so.1 and
+# libnvidia-ml.so.1 from SIM-BIN, SIM/gpus.json with two H200s (G0 at 0000:06:00.0, minor 0; G1 at 0000:07:00.0,
+# minor 1), an empty SIM/state.
+sim_stack() {
+    local sim=$1 bin=$2 g0=$3 g1=$4
+    rm -rf "$sim"
+    mkdir -p "$sim/lib" "$sim/state"
+    cp "$bin/libcuda_test_double.so" "$sim/lib/libcuda.so.1"
+    cp "$bin/libnvml_test_double.so" "$sim/lib/libnvidia-ml.so.1"
+    cat >"$sim/gpus.json" <<EOF
+{"driver_version":"580.159.04","cuda_driver_version":13000,"gpus":[
+ {"uuid":"$g0","pci_bus_id":"0000:06:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":0,"name":"NVIDIA H200","memory_total":1073741824},
+ {"uuid":"$g1","pci_bus_id":"0000:07:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":1,"name":"NVIDIA H200","memory_total":1073741824}
+]}
+EOF
+}
+
+# report_uuid FILE: the UUID CUDA answered for ordinal 0 in a report of ccm-sample-workload (no JSON parser in the
+# trixie root: the report is pretty-printed, one field a line, ordinal 0 first).
+report_uuid() { sed -n 's/^ *"uuid": *"\(GPU-[^"]*\)",*$/\1/p' "$1" 2>/dev/null | head -n1; }
+
+# nvidia_nodes SPEC: the /dev/nvidiaN paths an OCI spec names (its linux.devices), space-separated, sorted.
+nvidia_nodes() { grep -o '"path": *"/dev/nvidia[0-9]*"' "$1" 2>/dev/null | grep -o '/dev/nvidia[0-9]*' | sort -u | tr '\n' ' '; }
+
+# procs_running PATTERN: the pids whose command line holds PATTERN (there is no pgrep in these roots).
+procs_running() {
+    local f pid
+    for f in /proc/[0-9]*/cmdline; do
+        pid=${f#/proc/}
+        pid=${pid%/cmdline}
+        [ "$pid" = "$$" ] || [ "$pid" = "$BASHPID" ] && continue
+        tr '\0' ' ' <"$f" 2>/dev/null | grep -q -- "$1" && echo "$pid"
+    done
 }

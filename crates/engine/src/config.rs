@@ -270,7 +270,12 @@ impl std::fmt::Display for Config {
 /// under runc 1.1): that one is split into words.
 fn criu_command_line(raw: &[u8]) -> Vec<String> {
     let raw = raw.strip_suffix(&[0]).unwrap_or(raw);
-    let args: Vec<String> = raw.split(|&c| c == 0).map(|s| String::from_utf8_lossy(s).into_owned()).collect();
+    let mut args: Vec<String> = raw.split(|&c| c == 0).map(|s| String::from_utf8_lossy(s).into_owned()).collect();
+    // A retitled CRIU (setproctitle) pads its old argument space with empty strings, as many as its
+    // arguments and environment filled: without them the title is the one word to split.
+    while args.len() > 1 && args.last().is_some_and(String::is_empty) {
+        args.pop();
+    }
     match args.as_slice() {
         [title] if title.contains(' ') => title.split_whitespace().map(str::to_string).collect(),
         _ => args,
@@ -395,6 +400,10 @@ mod tests {
         // What /proc/self/cmdline says while CRIU serves runc's or crun's request (measured under runc 1.1).
         let retitled = criu_command_line(b"criu: dump --rpc -t 4242 -D /ckpt\0");
         assert_eq!(retitled, args("criu: dump --rpc -t 4242 -D /ckpt"));
+        // The same title padded with empty strings (seen under Podman's runc): still CRIU over RPC.
+        let padded = criu_command_line(b"criu: dump --rpc -t 4242 -D /ckpt\0\0\0\0\0");
+        assert_eq!(padded, args("criu: dump --rpc -t 4242 -D /ckpt"));
+        assert_eq!(parse_criu_args_ok(&padded), parsed(None, false, true));
         assert_eq!(parse_criu_args_ok(&retitled), parsed(None, false, true));
         let restore = criu_command_line(b"criu: restore --rpc -D /ckpt\0");
         assert_eq!(parse_criu_args_ok(&restore), parsed(None, false, true));

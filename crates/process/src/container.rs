@@ -60,6 +60,23 @@ pub fn is_restoring_runtime(program: &str) -> bool {
         .any(|r| program == *r || program.strip_prefix(r).is_some_and(|rest| rest.starts_with('.')))
 }
 
+/// The program name of CRIU's parent, from its executable's link (`/proc/PID/exe`) and its `comm`.
+/// crun runs from a sealed in-memory copy of itself (its fix for CVE-2019-5736), whose link reads
+/// `/` or `/memfd:crun (deleted)`: only then, and only for crun, is the name taken from `comm`,
+/// which any process can set, so a program with a real file never passes as a runtime by its
+/// `comm` alone.
+pub fn runtime_program(exe: Option<&Path>, comm: &str) -> String {
+    let name = exe
+        .and_then(|p| p.file_name())
+        .map(|n| n.to_string_lossy().trim_end_matches(" (deleted)").to_string())
+        .unwrap_or_default();
+    let in_memory = exe.is_some_and(|p| p == Path::new("/")) || name.starts_with("memfd:");
+    if in_memory && comm == "crun" {
+        return "crun".to_string();
+    }
+    name
+}
+
 /// The runtime's OCI spec for a restore: where it is and its text.
 #[derive(Debug, Clone)]
 pub struct RuntimeSpec {
@@ -76,11 +93,8 @@ pub struct RuntimeSpec {
 pub fn restoring_runtime_spec() -> Result<Option<RuntimeSpec>, FileError> {
     let parent = std::os::unix::process::parent_id();
     let exe = std::fs::read_link(proc_path(parent, "exe")).ok();
-    let program = exe
-        .as_ref()
-        .and_then(|p| p.file_name())
-        .map(|n| n.to_string_lossy().trim_end_matches(" (deleted)").to_string())
-        .unwrap_or_default();
+    let comm = std::fs::read_to_string(proc_path(parent, "comm")).unwrap_or_default();
+    let program = runtime_program(exe.as_deref(), comm.trim_end());
     if !is_restoring_runtime(&program) {
         log::debug!("CRIU's parent (pid {parent}, {program:?}) is no OCI runtime: no bundle to read");
         return Ok(None);
@@ -391,6 +405,20 @@ pub fn shown(minor: u32) -> String {
 
 #[cfg(test)]
 mod tests {
+    #[test]
+    fn crun_is_known_by_comm_only_when_it_runs_from_memory() {
+        use super::runtime_program;
+        use std::path::Path;
+        assert_eq!(runtime_program(Some(Path::new("/usr/bin/runc")), "runc"), "runc");
+        assert_eq!(runtime_program(Some(Path::new("/usr/sbin/runc (deleted)")), "runc"), "runc");
+        assert_eq!(runtime_program(Some(Path::new("/")), "crun"), "crun");
+        assert_eq!(runtime_program(Some(Path::new("/memfd:crun (deleted)")), "crun"), "crun");
+        // A program with a file of its own is what its file says, whatever it calls itself.
+        assert_eq!(runtime_program(Some(Path::new("/usr/bin/bash")), "crun"), "bash");
+        assert_eq!(runtime_program(Some(Path::new("/")), "bash"), "");
+        assert_eq!(runtime_program(None, "crun"), "");
+    }
+
     use super::*;
 
     fn args(v: &[&str]) -> Vec<OsString> {

@@ -1,0 +1,264 @@
+#!/usr/bin/env bash
+# containerd 2.1's CRI with a CDI GPU (issue 25), on the TEST DOUBLES: the kubelet's calls for a CUDA container given
+# its GPU through CRI's `CDI_devices` field, the kubelet's checkpoint (CheckpointContainer) and the restore Kubernetes
+# users do (a new container created from the checkpoint archive), given ANOTHER GPU by its own CDI device. Run inside
+# a copy of the forky runtimes root (`CCM_CRIU_SUITE=forky tests/criu-root.sh prepare-runtimes`) by
+# tests/container_runtime.rs:
+#
+#   bash tests/container/cri-cdi-flow.sh SCRATCH
+#
+# SCRATCH holds package.deb and sim-bin/ (the doubles and ccm-sample-workload); every step's status goes to
+# SCRATCH/ccdi-NAME.rc, its output to .out/.err, as in cri-flow.sh, whose CRI client (cri_client.py) and setup this
+# flow shares: containerd 2.1 with the CRI plugin and its runc shim, the plugin's libdir line in /etc/criu/runc.conf
+# only, a loopback registry (containerd 2.1's restore pulls the checkpoint's base image by NAME@DIGEST).
+#
+#   1. The CDI spec of the doubles' two GPUs in /etc/cdi/ccm-sim.json (write_sim_cdi_spec, common.sh); containerd 2.1
+#      has CDI on by default with spec directories /etc/cdi and /var/run/cdi (set explicitly here).
+#   2. The image: busybox, the sample workload and its C libraries, pushed to the registry.
+#   3. A pod on the node's network; CreateContainer with CDI_devices [nvidia.com/gpu=0]: CDI puts /dev/nvidia0 into
+#      the spec's linux.devices, so the doubles show the container G0 only. Round 1 on G0.
+#   4. CheckpointContainer: the container keeps running (round 2 on G0, the plugin rolled the driver state back).
+#   5. The container is stopped and removed; CreateContainer from the archive with CDI_devices [nvidia.com/gpu=1] and
+#      StartContainer: containerd builds the restored container's spec from the NEW request (its CDI devices
+#      resolved again: /dev/nvidia1 in linux.devices), so the plugin, without any usable-GPU setting (containerd's
+#      environment has none), moves the process G0 -> G1 and gives the restored /dev nvidia1 instead of nvidia0.
+#      Round 2 of the restored process (the checkpoint was taken after round 1; its control directory is a new one)
+#      on G1; then round 3 and it exits.
+#
+# What the doubles need that the real driver does not: containerd's environment (which its shim, runc and CRIU
+# inherit) names the doubles (CRIU_CUDA_MIGRATE_LIBCUDA / LIBNVML, CCM_SIM_CONFIG, CCM_SIM_STATE_DIR).
+set -u
+
+S=$1
+D=/tmp/ccm-ccdi
+SOCK=$D/containerd.sock
+IMAGE=localhost/ccm-cuda:1
+PAUSE=localhost/ccm-pause:1
+CGROUP_PARENT=/ccm-ccdi-$$
+G0=GPU-5e110000-aabb-ccdd-0001-020304050600
+G1=GPU-5e110001-aabb-ccdd-0001-020304050601
+SIM=$S/ccdi-sim
+CTL=$S/ccdi-ctl
+CTL2=$S/ccdi-ctl-restored
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# step, make_image, cuda_rootfs, write_sim_cdi_spec, sim_stack
+# shellcheck source=tests/container/common.sh
+. "$HERE/common.sh"
+
+note() { printf 'ccdi: %s\n' "$*" >>"$S/flow.log"; }
+cstep() {
+    local n=$1
+    shift
+    step "ccdi-$n" "$@"
+}
+cri() { python3 "$HERE/cri_client.py" "$SOCK" "$@"; }
+field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2" 2>/dev/null; }
+state() { cri ContainerStatus "{\"container_id\":\"$1\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["state"])'; }
+
+wait_file() {
+    for _ in $(seq 300); do [ -e "$1" ] && return 0; sleep 0.1; done
+    return 1
+}
+
+# round DIR K NAME: go<K> in DIR, then its report copied to S/ccdi-NAME-report<K>.json; status in
+# S/ccdi-NAME-round<K>.rc.
+round() {
+    local dir=$1 k=$2 name=$3 rc=0
+    : >"$dir/go$k"
+    wait_file "$dir/done$k" || rc=1
+    [ -f "$dir/report$k.json" ] && cp "$dir/report$k.json" "$S/ccdi-$name-report$k.json"
+    echo "$rc" >"$S/ccdi-$name-round$k.rc"
+    return "$rc"
+}
+
+# The container's host pid and its spec (the runc shim's bundle) while it exists.
+task_pid() { cri ContainerStatus "{\"container_id\":\"$1\",\"verbose\":true}" | python3 -c 'import json,sys; print(json.loads(json.load(sys.stdin)["info"]["info"])["pid"])' 2>/dev/null; }
+bundle_of() { echo "$D/state/io.containerd.runtime.v2.task/k8s.io/$1"; }
+
+cleanup() {
+    local id
+    for id in $(cri ListContainers '{}' 2>/dev/null | python3 -c 'import json,sys; [print(c["id"]) for c in json.load(sys.stdin).get("containers", [])]' 2>/dev/null); do
+        cri StopContainer "{\"container_id\":\"$id\",\"timeout\":0}" >/dev/null 2>&1
+        cri RemoveContainer "{\"container_id\":\"$id\"}" >/dev/null 2>&1
+    done
+    [ -n "${POD:-}" ] && cri StopPodSandbox "{\"pod_sandbox_id\":\"$POD\"}" >/dev/null 2>&1
+    [ -n "${POD:-}" ] && cri RemovePodSandbox "{\"pod_sandbox_id\":\"$POD\"}" >/dev/null 2>&1
+    [ -n "${CONTAINERD_PID:-}" ] && kill "$CONTAINERD_PID" 2>/dev/null && wait "$CONTAINERD_PID" 2>/dev/null
+    [ -n "${REGISTRY_PID:-}" ] && kill "$REGISTRY_PID" 2>/dev/null && wait "$REGISTRY_PID" 2>/dev/null
+    local cg=/sys/fs/cgroup$CGROUP_PARENT pid cmdline
+    if [ -d "$cg" ]; then
+        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
+        sleep 0.3
+        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+    fi
+    # containerd's shims outlive containerd: end the ones of this run's socket (no pgrep here: /proc directly).
+    for cmdline in /proc/[0-9]*/cmdline; do
+        tr '\0' ' ' <"$cmdline" 2>/dev/null | grep -q "^/usr/bin/containerd-shim-runc-v2 .*-address $SOCK" || continue
+        pid=${cmdline#/proc/}
+        kill -9 "${pid%/cmdline}" 2>/dev/null
+    done
+    umount -R "$D/root" 2>/dev/null
+}
+trap cleanup EXIT
+
+touch "$S/flow.log"
+[ -f /etc/criu/criu-cuda-migrate.conf.example ] ||
+    cstep install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
+mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup
+mkdir -p /etc/criu "$D" "$S/ccdi-logs" "$CTL" "$CTL2"
+rm -f /etc/criu/default.conf /etc/criu/crun.conf
+{
+    grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
+    grep -qv '^0::' /proc/self/cgroup && echo 'manage-cgroups=ignore'
+} >/etc/criu/runc.conf
+cp /etc/criu/runc.conf "$S/ccdi-runc.conf"
+
+# The doubles and their CDI spec.
+sim_stack "$SIM" "$S/sim-bin" "$G0" "$G1"
+echo "$G0 $G1" >"$S/ccdi-gpus.txt"
+rm -f /etc/cdi/*.json /etc/cdi/*.yaml
+write_sim_cdi_spec /etc/cdi/ccm-sim.json "$SIM" 0 1
+cp /etc/cdi/ccm-sim.json "$S/ccdi-cdi.json"
+
+# The runc of the shim: on a hybrid host without the cpu controller in cgroup2, the wrapper of cri-flow.sh (it drops
+# linux.resources.cpu).
+RUNC_BINARY=/usr/sbin/runc
+: >"$S/ccdi-host-adjustments.txt"
+if ! grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then
+    RUNC_BINARY=/usr/local/sbin/ccm-runc-nocpu
+    cat >"$RUNC_BINARY" <<'WRAPPER'
+#!/bin/sh
+# tests/container/cri-cdi-flow.sh: real runc, minus the CPU resources this host's cgroup2 cannot set.
+bundle= prev=
+for a in "$@"; do
+    case $prev in --bundle | -b) bundle=$a ;; esac
+    case $a in --bundle=*) bundle=${a#--bundle=} ;; esac
+    prev=$a
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+    python3 -c 'import json, sys
+p = sys.argv[1]
+c = json.load(open(p))
+c.get("linux", {}).get("resources", {}).pop("cpu", None)
+json.dump(c, open(p, "w"))' "$bundle/config.json"
+fi
+exec /usr/sbin/runc "$@"
+WRAPPER
+    chmod 755 "$RUNC_BINARY"
+    echo "runc of the shim: $RUNC_BINARY drops linux.resources.cpu (no cpu controller in this hybrid host's cgroup2)" \
+        >>"$S/ccdi-host-adjustments.txt"
+fi
+
+REG_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+REG=127.0.0.1:$REG_PORT
+REG_IMAGE=$REG/ccm-cuda:1
+cat >"$D/registry.yml" <<EOF
+version: 0.1
+storage:
+  filesystem:
+    rootdirectory: $D/registry
+http:
+  addr: $REG
+EOF
+docker-registry serve "$D/registry.yml" >"$S/ccdi-registry.log" 2>&1 &
+REGISTRY_PID=$!
+
+cat >"$D/config.toml" <<EOF
+version = 3
+root = "$D/root"
+state = "$D/state"
+[grpc]
+  address = "$SOCK"
+[plugins."io.containerd.cri.v1.images"]
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$PAUSE"
+[plugins."io.containerd.cri.v1.runtime"]
+  restrict_oom_score_adj = true
+  # containerd 2.x's defaults, written out: CDI on, the CDI spec directories.
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "$RUNC_BINARY"
+        CriuWorkPath = "$S/ccdi-criu-work"
+EOF
+cp "$D/config.toml" "$S/ccdi-config.toml"
+# containerd's environment: the doubles, and no plugin setting (the restore's GPUs come from the spec).
+env CRIU_CUDA_MIGRATE_LIBCUDA="$SIM/lib/libcuda.so.1" CRIU_CUDA_MIGRATE_LIBNVML="$SIM/lib/libnvidia-ml.so.1" \
+    CCM_SIM_CONFIG="$SIM/gpus.json" CCM_SIM_STATE_DIR="$SIM/state" CCM_SIM_CALL_TIMEOUT_MS=20000 \
+    containerd --config "$D/config.toml" >"$S/ccdi-containerd.log" 2>&1 &
+CONTAINERD_PID=$!
+echo "containerd's environment: CRIU_CUDA_MIGRATE_LIBCUDA/LIBNVML, CCM_SIM_CONFIG, CCM_SIM_STATE_DIR (the doubles)" \
+    >"$S/ccdi-sim-adjustments.txt"
+for _ in $(seq 150); do cri Version '{}' >/dev/null 2>&1 && break; sleep 0.2; done
+cstep version cri Version '{}' || exit 0
+
+# The images: the CUDA workload's (busybox, the workload, its libraries) and the sandbox's.
+R=/tmp/ccm-ccdi-rootfs
+rm -rf "$R"
+cuda_rootfs "$R" "$S/sim-bin/ccm-sample-workload" "$SIM/lib/libcuda.so.1" "$SIM/lib/libnvidia-ml.so.1"
+make_image /tmp/ccm-cuda-oci.tar "$IMAGE" '["/usr/local/bin/ccm-sample-workload"]' "$R"
+make_image /tmp/ccm-pause-oci.tar "$PAUSE" '["/bin/sleep","2147483647"]'
+cstep image ctr --address "$SOCK" --namespace k8s.io images import /tmp/ccm-cuda-oci.tar || exit 0
+cstep pause-image ctr --address "$SOCK" --namespace k8s.io images import /tmp/ccm-pause-oci.tar || exit 0
+cstep tag ctr --address "$SOCK" --namespace k8s.io images tag "$IMAGE" "$REG_IMAGE" || exit 0
+cstep push ctr --address "$SOCK" --namespace k8s.io images push --plain-http "$REG_IMAGE" || exit 0
+cstep pull cri PullImage "{\"image\":{\"image\":\"$REG_IMAGE\"}}" || exit 0
+
+POD_CONFIG=$(printf '{"metadata":{"name":"ccm-gpu-pod","uid":"ccm-gpu-pod-uid-%s","namespace":"default","attempt":0},"log_directory":"%s","linux":{"cgroup_parent":"%s","security_context":{"namespace_options":{"network":2,"pid":1,"ipc":0}}}}' \
+    "$$" "$S/ccdi-logs" "$CGROUP_PARENT")
+cstep runp cri RunPodSandbox "{\"config\":$POD_CONFIG}" || exit 0
+POD=$(field "$S/ccdi-runp.out" pod_sandbox_id)
+
+# The container: GPU 0 through CRI's CDI field (what the kubelet passes from a device plugin's CDI answer).
+CTR_CONFIG=$(printf '{"metadata":{"name":"cuda","attempt":0},"image":{"image":"%s"},"command":["/usr/local/bin/ccm-sample-workload"],"args":["--dir","/ctl","--mib","8","--devices","0","--rounds","3"],"mounts":[{"container_path":"/ctl","host_path":"%s"}],"CDI_devices":[{"name":"nvidia.com/gpu=0"}],"log_path":"cuda.log","linux":{"security_context":{"namespace_options":{"network":2,"pid":1,"ipc":0}}}}' \
+    "$REG_IMAGE" "$CTL")
+cstep create cri CreateContainer "{\"pod_sandbox_id\":\"$POD\",\"config\":$CTR_CONFIG,\"sandbox_config\":$POD_CONFIG}" || exit 0
+CTR=$(field "$S/ccdi-create.out" container_id)
+cstep start cri StartContainer "{\"container_id\":\"$CTR\"}" || exit 0
+cp "$(bundle_of "$CTR")/config.json" "$S/ccdi-run-spec.json" 2>/dev/null
+nvidia_nodes "$S/ccdi-run-spec.json" >"$S/ccdi-run-spec-nodes.txt"
+if ! wait_file "$CTL/ready"; then
+    echo 1 >"$S/ccdi-ready.rc"
+    cat "$S/ccdi-logs/cuda.log" >"$S/ccdi-ready.err" 2>/dev/null
+    exit 0
+fi
+echo 0 >"$S/ccdi-ready.rc"
+round "$CTL" 1 run || exit 0
+
+# The kubelet's checkpoint: the container keeps running.
+cstep checkpoint cri CheckpointContainer "{\"container_id\":\"$CTR\",\"location\":\"$S/ccdi-checkpoint.tar\",\"timeout\":60}"
+state "$CTR" >"$S/ccdi-after-checkpoint.state" 2>&1
+tar -tf "$S/ccdi-checkpoint.tar" >"$S/ccdi-archive.list" 2>&1
+tar -xOf "$S/ccdi-checkpoint.tar" dump.log >"$S/ccdi-dump.log" 2>/dev/null
+[ -s "$S/ccdi-dump.log" ] || tar -xOf "$S/ccdi-checkpoint.tar" ./dump.log >"$S/ccdi-dump.log" 2>/dev/null
+[ -f "$S/ccdi-checkpoint.tar" ] || exit 0
+round "$CTL" 2 run
+note "checkpoint: done"
+
+# The restore: the old container goes; a new one from the archive, given GPU 1 through CDI, with a new control
+# directory at the same /ctl (the restored process waits for go2: it was checkpointed after round 1).
+cstep stop cri StopContainer "{\"container_id\":\"$CTR\",\"timeout\":0}"
+cstep rm cri RemoveContainer "{\"container_id\":\"$CTR\"}"
+RESTORE_CONFIG=$(printf '{"metadata":{"name":"cuda-restored","attempt":0},"image":{"image":"%s"},"mounts":[{"container_path":"/ctl","host_path":"%s"}],"CDI_devices":[{"name":"nvidia.com/gpu=1"}],"log_path":"cuda-restored.log","linux":{"security_context":{"namespace_options":{"network":2,"pid":1,"ipc":0}}}}' \
+    "$S/ccdi-checkpoint.tar" "$CTL2")
+cstep restore-create cri CreateContainer "{\"pod_sandbox_id\":\"$POD\",\"config\":$RESTORE_CONFIG,\"sandbox_config\":$POD_CONFIG}" || exit 0
+RESTORED=$(field "$S/ccdi-restore-create.out" container_id)
+cstep restore-start cri StartContainer "{\"container_id\":\"$RESTORED\"}"
+cp "$S/ccdi-criu-work/restore.log" "$S/ccdi-restore.log" 2>/dev/null
+ok_start=$(cat "$S/ccdi-restore-start.rc")
+cp "$(bundle_of "$RESTORED")/config.json" "$S/ccdi-restore-spec.json" 2>/dev/null
+nvidia_nodes "$S/ccdi-restore-spec.json" >"$S/ccdi-restore-spec-nodes.txt"
+state "$RESTORED" >"$S/ccdi-after-restore.state" 2>&1
+[ "$ok_start" = 0 ] || exit 0
+PID2=$(task_pid "$RESTORED")
+[ -n "$PID2" ] && ls "/proc/$PID2/root/dev/" >"$S/ccdi-restore-dev.txt" 2>&1
+round "$CTL2" 2 restored || exit 0
+round "$CTL2" 3 restored
+note "restore: done"
+exit 0

@@ -1,0 +1,323 @@
+#!/usr/bin/env bash
+# Podman with a CDI GPU (issue 25), on the TEST DOUBLES: a CUDA container given its GPU as `--device
+# nvidia.com/gpu=0`, checkpointed to a portable archive and restored from it. Run inside a copy of the runtimes root
+# (`tests/criu-root.sh prepare-runtimes`) by tests/container_runtime.rs:
+#
+#   bash tests/container/podman-cdi-flow.sh SCRATCH [runc|crun]
+#
+# SCRATCH holds package.deb and sim-bin/ (the libcuda and NVML doubles and ccm-sample-workload of the build under
+# test) and receives every step's status (`pcdi-RUNTIME-NAME.rc`, .out, .err), CRIU's logs, the workload's reports,
+# the restored containers' specs and /dev listings, for the Rust test to check. A failed step is recorded and what
+# depends on it skipped; the script itself exits 0. The OCI runtime is runc (default) or crun.
+#
+# The setup, as a user's node has it:
+#   - the package installed with dpkg -i, the libdir line in the file the runtime's CRIU reads (section 3 of the user
+#     guide): /etc/criu/runc.conf for runc; /etc/criu/crun.conf for crun >= 1.26 with libcriu >= 4.2 (forky), else
+#     /etc/criu/default.conf (trixie's crun 1.21). On a hybrid cgroup v1 host crun 1.21 cannot pass CRIU the
+#     `manage-cgroups=ignore` it needs there, so its restores are not attempted (`pcdi-crun-restore.skipped` says
+#     why; podman-flow.sh has the details), only its checkpoints;
+#   - a CDI spec of the doubles' two GPUs in /etc/cdi/ccm-sim.json (write_sim_cdi_spec, common.sh): device `0` is
+#     /dev/nvidia0 (195:0), `1` /dev/nvidia1 (195:1), with /dev/nvidiactl, the doubles' environment and directory;
+#   - an image made locally (no registry): busybox, the sample workload and the C libraries it and the doubles need
+#     (`podman import` of that root);
+#   - the container: `podman run --device nvidia.com/gpu=0 --network none`, the sample workload holding 8 MiB on its
+#     ordinal 0, its control directory bound at /ctl. CDI puts /dev/nvidia0 into the spec's linux.devices, and the
+#     doubles then show the container that GPU only (their container view: the /dev/nvidiaN nodes it has).
+#
+# What the doubles need that the real driver does not (`pcdi-RUNTIME-sim-adjustments.txt`): CRIU's plugin finds the libcuda
+# and NVML doubles, their GPU set and their state directory through the environment (CRIU_CUDA_MIGRATE_LIBCUDA /
+# LIBNVML, CCM_SIM_CONFIG, CCM_SIM_STATE_DIR), and podman runs `runc checkpoint` with an environment of its own
+# (PATH and XDG_RUNTIME_DIR only). So the container's runtime is /usr/local/lib/ccm-sim/RUNTIME, a script that adds
+# those variables and execs the real runtime (CRIU's parent is then runc or crun, whose spec the plugin reads). A real
+# node's libcuda is found by the dynamic linker and needs no variable.
+#
+# Cases, one container and one workload process through all of them (--rounds 6; round k writes report<k>.json):
+#   round 1 on G0;
+#   lr:       `podman container checkpoint --leave-running --export`: the container keeps running; round 2 on G0;
+#   export:   `podman container checkpoint --export A1` (the container stops), `podman rm`;
+#   refused:  `podman container restore --import A1` with CRIU_CUDA_MIGRATE_USABLE_GPUS naming a GPU this node does
+#             not have (conmon_env_vars in a CONTAINERS_CONF_OVERRIDE file, as the user guide says): the plugin's
+#             preflight refuses before CRIU restores anything; the archive is byte-identical, no workload is left;
+#   same:     `restore --import A1`: round 3 on G0; the plugin took the usable set from the restoring runtime's spec
+#             (linux.devices /dev/nvidia0, what CDI gave the container);
+#   respec:   `checkpoint --export A2`, rm; the node's CDI spec changes so that `nvidia.com/gpu=0` is /dev/nvidia1
+#             (another node, where the same CDI name is another GPU); `restore --import A2`: round 4. Podman's
+#             restore --import takes no --device and reuses the checkpoint's spec.dump (read in Podman's source:
+#             libpod's importCheckpointTar -> generateContainerSpec from the dumped spec, CDI not resolved again), so
+#             the restored spec is expected to keep /dev/nvidia0; the restored spec (`pcdi-RUNTIME-respec-spec.json`) and round
+#             4's GPU say what happened, and the test checks that the plugin followed that spec either way;
+#   usable:   `checkpoint --export A3`, rm, the original CDI spec back; `restore --import A3` with
+#             CRIU_CUDA_MIGRATE_USABLE_GPUS=G1 through conmon_env_vars: the plugin moves the process G0 -> G1 and
+#             gives the restored /dev nvidia1 instead of nvidia0 (CRIU restored the dumped /dev); round 5 on G1.
+#   round 6: the workload exits.
+#
+# Every process the flow starts is ended by the EXIT trap (podman rm, then whatever is left in this run's cgroup).
+set -u
+
+S=$1
+RT=${2:-runc}
+P=pcdi-$RT
+IMAGE=localhost/ccm-cuda:1
+NAME=ccm-cdi
+G0=GPU-5e110000-aabb-ccdd-0001-020304050600
+G1=GPU-5e110001-aabb-ccdd-0001-020304050601
+GDEAD=GPU-00000000-0000-0000-0000-00000000dead
+SIM=$S/$P-sim
+CTL=$S/$P-ctl
+CDI=/etc/cdi/ccm-sim.json
+SIMRT=/usr/local/lib/ccm-sim/$RT
+CGROUP_PARENT=/ccm-pcdi-$RT-$$
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+# step, cuda_rootfs, write_sim_cdi_spec, sim_stack, report_uuid, nvidia_nodes, procs_running
+# shellcheck source=tests/container/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+note() { printf '%s: %s\n' "$P" "$*" >>"$S/flow.log"; }
+# pstep NAME CMD...: step with this flow's prefix (pcdi-RUNTIME-).
+pstep() {
+    local n=$1
+    shift
+    step "$P-$n" "$@"
+}
+ok() { [ "$(cat "$S/$P-$1.rc" 2>/dev/null)" = 0 ]; }
+
+wait_file() {
+    for _ in $(seq 300); do [ -e "$1" ] && return 0; sleep 0.1; done
+    return 1
+}
+
+# round K: go<K>, then report<K>.json copied to S/P-report<K>.json; status in S/P-round<K>.rc.
+round() {
+    local k=$1 rc=0
+    : >"$CTL/go$k"
+    wait_file "$CTL/done$k" || rc=1
+    [ -f "$CTL/report$k.json" ] && cp "$CTL/report$k.json" "$S/$P-report$k.json"
+    echo "$rc" >"$S/$P-round$k.rc"
+    return "$rc"
+}
+
+# The container's directory (podman's bundle: config.json, and with --keep CRIU's logs).
+static_dir() { podman inspect --format '{{.StaticDir}}' "$NAME" 2>/dev/null; }
+
+# after_restore CASE: what the restored container is: its spec's GPU nodes, its /dev, CRIU's restore log.
+after_restore() {
+    local case=$1 dir pid
+    dir=$(static_dir)
+    [ -n "$dir" ] && cp "$dir/config.json" "$S/$P-$case-spec.json" 2>/dev/null
+    [ -n "$dir" ] && cp "$dir/restore.log" "$S/$P-$case-restore.log" 2>/dev/null
+    nvidia_nodes "$S/$P-$case-spec.json" >"$S/$P-$case-spec-nodes.txt"
+    pid=$(podman inspect --format '{{.State.Pid}}' "$NAME" 2>/dev/null)
+    if [ -n "$pid" ] && [ "$pid" != 0 ]; then
+        ls "/proc/$pid/root/dev/" >"$S/$P-$case-dev.txt" 2>&1
+    fi
+    podman inspect --format '{{.State.Status}}' "$NAME" >"$S/$P-$case.state" 2>>"$S/$P-inspect.err"
+}
+
+# checkpoint_export CASE ARCHIVE [FLAGS...]: the container's checkpoint into ARCHIVE (--keep: CRIU's dump.log stays
+# in the container's directory), its dump log and the archive's listing copied out.
+checkpoint_export() {
+    local case=$1 archive=$2 dir
+    shift 2
+    pstep "$case-checkpoint" podman container checkpoint --keep "$@" --export "$archive" "$NAME"
+    dir=$(static_dir)
+    [ -n "$dir" ] && cp "$dir/dump.log" "$S/$P-$case-dump.log" 2>/dev/null
+    tar -tf "$archive" >"$S/$P-$case-archive.list" 2>&1
+    podman inspect --format '{{.State.Status}}' "$NAME" >"$S/$P-$case-after-checkpoint.state" 2>>"$S/$P-inspect.err"
+    ok "$case-checkpoint"
+}
+
+# override FILE [VAR=VALUE...]: a CONTAINERS_CONF_OVERRIDE file giving conmon (and so runc and CRIU) VAR=VALUE.
+override() {
+    local file=$1 kv
+    shift
+    {
+        echo '[engine]'
+        echo 'conmon_env_vars = ['
+        echo '  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",'
+        for kv in "$@"; do echo "  \"$kv\","; done
+        echo ']'
+    } >"$file"
+}
+
+# restore_import CASE ARCHIVE [OVERRIDE-FILE]: `podman container restore --keep --import ARCHIVE`.
+restore_import() {
+    local case=$1 archive=$2 conf=${3:-}
+    if [ -n "$conf" ]; then
+        pstep "$case-restore" env CONTAINERS_CONF_OVERRIDE="$conf" podman container restore --keep --import "$archive"
+    else
+        pstep "$case-restore" podman container restore --keep --import "$archive"
+    fi
+}
+
+cleanup() {
+    podman rm --all --force --time 0 >/dev/null 2>&1
+    local cg=/sys/fs/cgroup$CGROUP_PARENT pid
+    if [ -d "$cg" ]; then
+        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
+        sleep 0.5
+        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+    fi
+    umount -l /var/lib/containers 2>/dev/null
+}
+trap cleanup EXIT
+
+touch "$S/flow.log"
+: >"$S/$P-host-adjustments.txt"
+
+# --- install, as the user guide says
+pstep install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
+unset CRIU_LIBS_DIR CRIU_CONFIG_FILE
+
+# --- cgroups: cgroup2 only (podman-flow.sh says why; on a hybrid host two settings, in P-host-adjustments.txt)
+mkdir -p /sys/fs/cgroup
+mountpoint -q /sys/fs/cgroup || pstep cgroup2-mount mount -t cgroup2 cgroup2 /sys/fs/cgroup || exit 0
+HYBRID=0
+grep -qv '^0::' /proc/self/cgroup && HYBRID=1
+echo "$HYBRID" >"$S/$P-hybrid"
+
+mkdir -p /var/lib/containers /etc/containers /etc/criu
+mount -t tmpfs tmpfs /var/lib/containers
+{
+    echo '[containers]'
+    [ "$HYBRID" = 1 ] && echo 'pids_limit = 0'
+    echo '[engine]'
+    echo 'cgroup_manager = "cgroupfs"'
+    echo 'events_logger = "file"'
+} >/etc/containers/containers.conf
+[ "$HYBRID" = 1 ] && echo "containers.conf: pids_limit = 0 (no pids controller in cgroup2 on this hybrid host)" >>"$S/$P-host-adjustments.txt"
+# The file this runtime's CRIU reads (podman-flow.sh: crun.conf needs crun 1.26 and libcriu 4.2).
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+RESTORES=1
+rm -f /etc/criu/default.conf /etc/criu/crun.conf /etc/criu/runc.conf
+case $RT in
+runc) CONF=runc.conf RT_BIN=/usr/sbin/runc ;;
+crun)
+    RT_BIN=/usr/bin/crun
+    CRUN_VERSION=$(crun --version 2>/dev/null | awk '/^crun version/ { print $3 }')
+    CRIU_VERSION=$(criu --version 2>/dev/null | awk '/^Version:/ { print $2 }')
+    if version_ge "${CRUN_VERSION:-0}" 1.26 && version_ge "${CRIU_VERSION:-0}" 4.2; then
+        CONF=crun.conf
+    else
+        CONF=default.conf
+        if [ "$HYBRID" = 1 ]; then
+            RESTORES=0
+            echo "not attempted: this is a hybrid cgroup v1 host; CRIU would restore the tasks' v1 cgroups and fail" \
+                "writing cpuset.cpus (Permission denied), and crun $CRUN_VERSION with libcriu $CRIU_VERSION cannot pass" \
+                "CRIU the configuration file that says manage-cgroups=ignore (crun.conf needs crun 1.26 and libcriu 4.2)" \
+                >"$S/$P-restore.skipped"
+        fi
+    fi
+    ;;
+*)
+    echo "unknown runtime $RT (runc or crun)" >"$S/$P-setup.err"
+    exit 0
+    ;;
+esac
+{
+    grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
+    # default.conf is read by every CRIU; the hybrid host's setting goes only where a runtime hands CRIU its file.
+    [ "$HYBRID" = 1 ] && [ "$CONF" != default.conf ] && echo 'manage-cgroups=ignore'
+} >"/etc/criu/$CONF"
+echo "$CONF" >"$S/$P-conf-name"
+cp "/etc/criu/$CONF" "$S/$P-criu.conf"
+[ "$HYBRID" = 1 ] && [ "$CONF" != default.conf ] &&
+    echo "$CONF: manage-cgroups=ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$S/$P-host-adjustments.txt"
+
+# --- the doubles, their CDI spec, and the runtime that hands their environment to CRIU
+sim_stack "$SIM" "$S/sim-bin" "$G0" "$G1"
+echo "$G0 $G1" >"$S/$P-gpus.txt"
+write_sim_cdi_spec "$CDI" "$SIM" 0 1
+cp "$CDI" "$S/$P-cdi.json"
+mkdir -p "${SIMRT%/*}"
+cat >"$SIMRT" <<EOF
+#!/bin/sh
+# tests/container/podman-cdi-flow.sh: the real $RT, with what CRIU's plugin needs to find the test doubles.
+export CRIU_CUDA_MIGRATE_LIBCUDA=$SIM/lib/libcuda.so.1 CRIU_CUDA_MIGRATE_LIBNVML=$SIM/lib/libnvidia-ml.so.1
+export CCM_SIM_CONFIG=$SIM/gpus.json CCM_SIM_STATE_DIR=$SIM/state CCM_SIM_CALL_TIMEOUT_MS=20000
+exec $RT_BIN "\$@"
+EOF
+chmod 755 "$SIMRT"
+echo "runtime $SIMRT: the real $RT plus CRIU_CUDA_MIGRATE_LIBCUDA/LIBNVML, CCM_SIM_CONFIG, CCM_SIM_STATE_DIR (podman gives a runtime's checkpoint no environment of ours)" \
+    >"$S/$P-sim-adjustments.txt"
+
+# --- the image: busybox, the workload, the C libraries (no registry)
+R=/tmp/ccm-cuda-rootfs
+rm -rf "$R"
+mkdir -p "$R/bin" "$R/proc" "$R/sys" "$R/dev" "$R/etc"
+cp /bin/busybox "$R/bin/busybox"
+for applet in sh sleep cat echo ls; do ln -sf busybox "$R/bin/$applet"; done
+cuda_rootfs "$R" "$S/sim-bin/ccm-sample-workload" "$SIM/lib/libcuda.so.1" "$SIM/lib/libnvidia-ml.so.1"
+tar -C "$R" -cf /tmp/ccm-cuda-rootfs.tar .
+pstep image podman import /tmp/ccm-cuda-rootfs.tar "$IMAGE" || exit 0
+
+# --- the container, given GPU 0 through CDI
+mkdir -p "$CTL"
+pstep run podman run --runtime "$SIMRT" -d --name "$NAME" --network none --cgroup-parent "$CGROUP_PARENT" \
+    --device nvidia.com/gpu=0 -v "$CTL:/ctl" "$IMAGE" \
+    /usr/local/bin/ccm-sample-workload --dir /ctl --mib 8 --devices 0 --rounds 6 || exit 0
+if ! wait_file "$CTL/ready"; then
+    echo 1 >"$S/$P-ready.rc"
+    podman logs "$NAME" >"$S/$P-ready.err" 2>&1
+    exit 0
+fi
+echo 0 >"$S/$P-ready.rc"
+cp "$(static_dir)/config.json" "$S/$P-run-spec.json" 2>/dev/null
+nvidia_nodes "$S/$P-run-spec.json" >"$S/$P-run-spec-nodes.txt"
+round 1 || exit 0
+
+# --- lr: a checkpoint that leaves the container running
+checkpoint_export lr "$S/$P-lr.tar.gz" --leave-running
+round 2 || exit 0
+note "lr: done"
+
+# --- export: the portable checkpoint; the container stops
+checkpoint_export export "$S/$P-a1.tar.gz" || exit 0
+pstep export-rm podman rm "$NAME" || exit 0
+sha256sum <"$S/$P-a1.tar.gz" >"$S/$P-a1.sum-before"
+note "export: done"
+[ "$RESTORES" = 1 ] || exit 0
+
+# --- refused: a usable set this node cannot serve; the preflight refuses, the archive stays as it was
+override "$S/$P-refuse.conf" "CRIU_CUDA_MIGRATE_USABLE_GPUS=$GDEAD"
+restore_import refused "$S/$P-a1.tar.gz" "$S/$P-refuse.conf"
+find /var/lib/containers -name restore.log -newer "$S/$P-refuse.conf" -exec cat {} + >"$S/$P-refused-restore.log" 2>/dev/null
+sha256sum <"$S/$P-a1.tar.gz" >"$S/$P-a1.sum-after"
+podman ps -a --format '{{.Names}} {{.Status}}' >"$S/$P-refused-ps.txt" 2>>"$S/$P-inspect.err"
+procs_running ccm-sample-workload >"$S/$P-refused-procs.txt"
+podman rm --force --time 0 "$NAME" >/dev/null 2>&1
+note "refused: done"
+
+# --- same: the same archive restored on this node; the spec's CDI device says which GPU
+restore_import same "$S/$P-a1.tar.gz"
+after_restore same
+ok same-restore || exit 0
+round 3 || exit 0
+note "same: done"
+
+# --- respec: the node's CDI spec now says nvidia.com/gpu=0 is /dev/nvidia1 (another node)
+checkpoint_export respec "$S/$P-a2.tar.gz" || exit 0
+pstep respec-rm podman rm "$NAME" || exit 0
+write_sim_cdi_spec "$CDI" "$SIM" 1 0
+cp "$CDI" "$S/$P-cdi-other-node.json"
+restore_import respec "$S/$P-a2.tar.gz"
+after_restore respec
+ok respec-restore || exit 0
+round 4 || exit 0
+note "respec: done"
+
+# --- usable: the move onto G1 through the usable set given to conmon (the original CDI spec back)
+checkpoint_export usable "$S/$P-a3.tar.gz" || exit 0
+pstep usable-rm podman rm "$NAME" || exit 0
+write_sim_cdi_spec "$CDI" "$SIM" 0 1
+override "$S/$P-usable.conf" "CRIU_CUDA_MIGRATE_USABLE_GPUS=$G1"
+restore_import usable "$S/$P-a3.tar.gz" "$S/$P-usable.conf"
+after_restore usable
+ok usable-restore || exit 0
+round 5 || exit 0
+note "usable: done"
+
+round 6
+for _ in $(seq 100); do [ "$(podman inspect --format '{{.State.Status}}' "$NAME" 2>/dev/null)" = exited ] && break; sleep 0.1; done
+podman inspect --format '{{.State.Status}} {{.State.ExitCode}}' "$NAME" >"$S/$P-final.state" 2>>"$S/$P-inspect.err"
+note "done"
