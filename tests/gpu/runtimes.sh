@@ -322,6 +322,13 @@ graphroot = "/var/lib/containers/storage"
 EOF
     echo '{ "default": [ { "type": "insecureAcceptAnything" } ] }' >/etc/containers/policy.json
     : >/etc/containers/registries.conf
+    # Podman 5 looks for its network backend (netavark) even when no container gets a network of its own; the
+    # containers here use --network none or host, which never run it. A stand-in answers Podman's version query, so
+    # no netavark (not carried) is needed.
+    mkdir -p "$RT_BIN/podman-helpers"
+    printf '%s\n' '#!/bin/sh' '# criu-cuda-migrate GPU tests: stand-in for netavark (no container here has a network of its own)' \
+        'case "$1" in --version | version) echo "netavark 1.14.0" ;; *) echo "{}" ;; esac' >"$RT_BIN/podman-helpers/netavark"
+    chmod +x "$RT_BIN/podman-helpers/netavark"
     cat >/etc/containers/containers.conf <<EOF
 [containers]
 seccomp_profile = "$RT_ROOT/usr/share/containers/seccomp.json"
@@ -330,6 +337,7 @@ ${CCM_RT_CONTAINERS_CONF:-}
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 conmon_path = ["$RT_BIN/conmon"]
+helper_binaries_dir = ["$RT_BIN/podman-helpers", "$RT_ROOT/usr/lib/podman"]
 conmon_env_vars = ["PATH=$RT_BIN:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 runtime = "$PODMAN_RUNTIME"
 [engine.runtimes]
@@ -1064,14 +1072,22 @@ t_run() {
         --device nvidia.com/gpu=0 -v /usr:/usr:ro,bind -v /opt:/opt:ro -v "$REPO:$REPO:ro" \
         -v /etc/ld.so.cache:/etc/ld.so.cache:ro -v "$ctl:/ctl" \
         -e CUBLAS_WORKSPACE_CONFIG=:4096:8 -e PYTHONDONTWRITEBYTECODE=1 -e PYTHONUNBUFFERED=1 -e HOME=/tmp \
+        -e USER=root -e LOGNAME=root -e TORCHINDUCTOR_CACHE_DIR=/tmp/torchinductor \
         -e OMP_NUM_THREADS=1 -e CUDA_MODULE_LOADING=LAZY -e GLOO_SOCKET_IFNAME=lo -e TP_SOCKET_IFNAME=lo \
         "$TORCH_IMAGE" "$TORCH_PY" -m torch.distributed.run --nnodes 1 --node-rank 0 --nproc-per-node 2 \
         --rdzv-backend static --master-addr 127.0.0.1 --master-port 29511 --max-restarts 0 \
         "$REPO/tests/gpu/torchrun_job.py" --ctl /ctl --steps1 "$TORCH_STEPS1" --steps2 "$TORCH_STEPS2" >"$WORK/$name.run" 2>&1
 }
 
-t_wait() { # CTL WHAT SECONDS: both ranks' WHAT files
-    wait_file "$1/${2}-rank0" "$3" && wait_file "$1/${2}-rank1" "$3"
+t_wait() { # CTL WHAT SECONDS [CONTAINER]: both ranks' WHAT files; fails at once when CONTAINER has exited
+    local deadline=$((SECONDS + $3))
+    until [[ -e $1/${2}-rank0 && -e $1/${2}-rank1 ]]; do
+        ((SECONDS >= deadline)) && return 1
+        if [[ -n ${4:-} ]] && [[ $(podman container inspect -f '{{.State.Running}}' "$4" 2>/dev/null) != true ]]; then
+            return 1
+        fi
+        sleep 0.2
+    done
 }
 
 t_losses() { cat "$1/losses-rank0.txt" 2>/dev/null | sha256sum | cut -c1-16; } # CTL: rank 0's losses (both agree)
@@ -1081,7 +1097,7 @@ t_reference() {
     local ctl=$1
     rm -rf "$ctl"; mkdir -p "$ctl"
     : >"$ctl/go2"
-    t_run ccm-rt-tref "$ctl" && t_wait "$ctl" "done" "$TORCH_TIMEOUT"
+    t_run ccm-rt-tref "$ctl" && t_wait "$ctl" "done" "$TORCH_TIMEOUT" ccm-rt-tref
     local rc=$?
     podman logs ccm-rt-tref >"$ctl/container.log" 2>&1
     podman rm -f --time 0 ccm-rt-tref >/dev/null 2>&1
@@ -1122,7 +1138,7 @@ t_setup() {
 # --tcp-established into X/ckpt.tar. Records TROW.
 t_dump() {
     local x=$1 t0 td
-    t_run ccm-rt-torch "$x/ctl" && t_wait "$x/ctl" ready1 "$TORCH_TIMEOUT" ||
+    t_run ccm-rt-torch "$x/ctl" && t_wait "$x/ctl" ready1 "$TORCH_TIMEOUT" ccm-rt-torch ||
         { record "$TROW-dump" "the job reaches step $TORCH_STEPS1" "$(tail -n3 "$WORK/ccm-rt-torch.run" | one_line) $(podman logs ccm-rt-torch 2>&1 | tail -n5 | one_line 400)" FAIL -; return 1; }
     podman exec ccm-rt-torch cat /proc/net/tcp >"$x/tcp-before.txt" 2>/dev/null
     t0=$(now)

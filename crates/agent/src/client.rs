@@ -312,7 +312,12 @@ impl Agent {
 
     /// `cuCheckpointProcessGetRestoreThreadId`: fails for a process that is not a CUDA process.
     pub fn restore_thread_id(&self, pid: HostPid) -> Result<HostTid, AgentError> {
-        match self.call(Call::RestoreThreadId { pid: pid.driver() }, QUERY_DEADLINE)? {
+        self.restore_thread_id_within(pid, QUERY_DEADLINE)
+    }
+
+    /// [`Agent::restore_thread_id`] with a shorter deadline (inside CRIU's alarm at PAUSE_DEVICES).
+    pub fn restore_thread_id_within(&self, pid: HostPid, deadline: Duration) -> Result<HostTid, AgentError> {
+        match self.call(Call::RestoreThreadId { pid: pid.driver() }, deadline.min(QUERY_DEADLINE))? {
             Answer::Tid(t) => HostTid::new(t.into()).ok_or_else(|| {
                 AgentError::Agent(format!("the driver named restore thread {t} for pid {pid}, which is no thread id"))
             }),
@@ -321,7 +326,12 @@ impl Agent {
     }
 
     pub fn state(&self, pid: HostPid) -> Result<ProcessState, AgentError> {
-        match self.call(Call::State { pid: pid.driver() }, QUERY_DEADLINE)? {
+        self.state_within(pid, QUERY_DEADLINE)
+    }
+
+    /// [`Agent::state`] with a shorter deadline (inside CRIU's alarm at PAUSE_DEVICES).
+    pub fn state_within(&self, pid: HostPid, deadline: Duration) -> Result<ProcessState, AgentError> {
+        match self.call(Call::State { pid: pid.driver() }, deadline.min(QUERY_DEADLINE))? {
             Answer::State(s) => Ok(ProcessState::from_raw(s)),
             a => Err(Self::unexpected(a)),
         }

@@ -49,7 +49,12 @@ pub struct DumpSession {
     batch_done: bool,
     /// When CRIU's alarm for the collection of the tree (its `--timeout`, set right after init) fires.
     alarm_end: Instant,
+    /// Frozen cgroups the dump thawed for the driver, frozen again at exit(DUMP).
+    thawed: Vec<ccm_process::cgroup::Thawed>,
 }
+
+/// How long a thawed cgroup may take to say it is thawed.
+const THAW_DEADLINE: Duration = Duration::from_secs(1);
 
 /// What is kept free before CRIU's alarm: the agent's answer and the hook's return.
 const ALARM_GUARD: Duration = Duration::from_millis(500);
@@ -70,6 +75,7 @@ impl DumpSession {
             inventory_added: false,
             batch_done: false,
             alarm_end: Instant::now() + config_lock_timeout,
+            thawed: Vec::new(),
         }
     }
 
@@ -115,14 +121,35 @@ impl DumpSession {
         if let Err(e) = node.cuinit() {
             return HookOutcome::Failed(EngineError::Driver { pid, source: e });
         }
-        let restore_tid = match api.restore_thread_id(pid) {
+        // A process of a frozen cgroup (containerd pauses a task before its checkpoint) cannot answer
+        // the driver: thaw it for the dump, and freeze it again at exit(DUMP).
+        if let Some(path) = ccm_process::cgroup::frozen_cgroup_of(pid.get()) {
+            if !self.thawed.iter().any(|t| t.path == path) {
+                match ccm_process::cgroup::thaw(&path, THAW_DEADLINE) {
+                    Ok(t) => {
+                        info!(
+                            "pid {pid}: its cgroup {path} was frozen (containerd pauses a task before its checkpoint);                              thawed it for the driver, which needs the process's threads, until the dump ends"
+                        );
+                        self.thawed.push(t);
+                    }
+                    Err(e) => {
+                        return HookOutcome::Failed(EngineError::FrozenCgroup { pid, path, why: e });
+                    }
+                }
+            }
+        }
+        // The queries run under CRIU's alarm too: they must answer before it fires.
+        let query_deadline = self.alarm_end.saturating_duration_since(Instant::now()).saturating_sub(ALARM_GUARD);
+        let restore_tid = match api.restore_thread_id_within(pid, query_deadline) {
             Ok(t) => t,
+            Err(e) if e.is_lost() => return HookOutcome::Failed(EngineError::Driver { pid, source: e }),
             Err(e) => {
                 debug!("pid {pid} maps libcuda but has no CUDA restore thread ({e}); leaving it to CRIU (-ENOTSUP)");
                 return HookOutcome::NotMine;
             }
         };
-        let initial = match api.state(pid) {
+        let query_deadline = self.alarm_end.saturating_duration_since(Instant::now()).saturating_sub(ALARM_GUARD);
+        let initial = match api.state_within(pid, query_deadline) {
             Ok(s) => s,
             Err(e) => return HookOutcome::Failed(EngineError::Driver { pid, source: e }),
         };
@@ -306,6 +333,19 @@ impl DumpSession {
     /// When the driver agent was lost (killed, stopped past a deadline), a fresh agent does it:
     /// CRIU's process is single-threaded here, so it can fork one.
     pub fn finish(&mut self, ret: i32, host: &dyn CriuHost) {
+        self.put_back(ret, host);
+        // Frozen again only now: the put-back above needs the processes' threads to run.
+        for t in self.thawed.drain(..) {
+            match t.refreeze() {
+                Ok(()) => info!("cgroup {} frozen again, as the dump found it", t.path),
+                Err(e) => error!(
+                    "{e}; the container runs on although its runtime had paused it: pause it again (ctr task pause)"
+                ),
+            }
+        }
+    }
+
+    fn put_back(&mut self, ret: i32, host: &dyn CriuHost) {
         if self.tracked.is_empty() {
             return;
         }

@@ -127,6 +127,11 @@ pub enum EngineError {
         "pid {pid}: only {left:.1} s of CRIU's --timeout ({timeout_s} s) are left to lock it; raise criu's --timeout"
     )]
     NoTimeToLock { pid: ccm_identity::HostPid, left: f64, timeout_s: u64 },
+    #[error(
+        "pid {pid}: its cgroup {path} is frozen (a paused container) and could not be thawed for the driver ({why}); \
+         resume the container (`ctr task resume`, `podman unpause`) and checkpoint again"
+    )]
+    FrozenCgroup { pid: ccm_identity::HostPid, path: String, why: String },
 }
 
 /// Why one CUDA process's checkpoint or restore failed.

@@ -5,9 +5,16 @@
 //! container's cgroup must hold only the container's processes once CRIU is done: the agent moves
 //! into the cgroup of the runtime that started CRIU at its start, so that the end of the restore
 //! need not wait for it to exit.
+//!
+//! And a frozen cgroup: containerd pauses a task (freezes its cgroup) before it asks runc for the
+//! checkpoint, to take the container's file system changes in one state. The driver cannot lock or
+//! checkpoint a process whose threads are frozen (its calls wait for the process's restore thread),
+//! and CRIU thaws only a freezer it was told of. So the dump thaws the CUDA process's cgroup for the
+//! driver and freezes it again when the dump ends ([`Thawed`]).
 
 use std::path::PathBuf;
 
+use crate::dir::Dir;
 use crate::procfs::proc_path;
 
 /// Where the unified (v2) hierarchy is mounted.
@@ -42,6 +49,64 @@ pub fn follow(pid: u32) -> Result<Option<(String, String)>, String> {
     }
     move_self_to(&theirs).map_err(|e| format!("cannot move from cgroup {ours} to {theirs}: {e}"))?;
     Ok(Some((ours, theirs)))
+}
+
+/// The cgroup v2 of `pid` when it is frozen (`frozen 1` in its `cgroup.events`, or `1` in its
+/// `cgroup.freeze`, which a freeze in progress shows first).
+pub fn frozen_cgroup_of(pid: u32) -> Option<String> {
+    let path = cgroup_v2_of(pid)?;
+    let dir = open_cgroup(&path).ok()?;
+    let events = dir.read_file("cgroup.events", 4096).ok().map(|b| String::from_utf8_lossy(&b).into_owned());
+    let freeze = dir.read_file("cgroup.freeze", 64).ok().map(|b| String::from_utf8_lossy(&b).trim().to_string());
+    let frozen =
+        events.as_deref().is_some_and(|e| e.lines().any(|l| l.trim() == "frozen 1")) || freeze.as_deref() == Some("1");
+    frozen.then_some(path)
+}
+
+/// The directory of the cgroup `path`, reached from the hierarchy's root without following a link.
+fn open_cgroup(path: &str) -> Result<Dir, String> {
+    let mut dir = Dir::open(std::path::Path::new(CGROUP2_ROOT)).map_err(|e| e.to_string())?;
+    for part in path.split('/').filter(|c| !c.is_empty()) {
+        if part == ".." || part == "." {
+            return Err(format!("the cgroup path {path} has `{part}`"));
+        }
+        dir = dir.open_dir(part).map_err(|e| e.to_string())?;
+    }
+    Ok(dir)
+}
+
+/// A cgroup this process thawed, to be frozen again.
+#[derive(Debug)]
+pub struct Thawed {
+    pub path: String,
+    dir: Dir,
+}
+
+/// Thaws the frozen cgroup `path` and waits until the kernel says it is thawed (`frozen 0`), at most
+/// `deadline`.
+pub fn thaw(path: &str, deadline: std::time::Duration) -> Result<Thawed, String> {
+    let dir = open_cgroup(path)?;
+    dir.write_existing("cgroup.freeze", b"0").map_err(|e| format!("cannot thaw cgroup {path}: {e}"))?;
+    let end = std::time::Instant::now() + deadline;
+    loop {
+        let events = dir.read_file("cgroup.events", 4096).map_err(|e| e.to_string())?;
+        if String::from_utf8_lossy(&events).lines().any(|l| l.trim() == "frozen 0") {
+            return Ok(Thawed { path: path.to_string(), dir });
+        }
+        if std::time::Instant::now() >= end {
+            return Err(format!("cgroup {path} is still frozen {deadline:?} after it was thawed"));
+        }
+        std::thread::sleep(std::time::Duration::from_millis(1));
+    }
+}
+
+impl Thawed {
+    /// Freezes the cgroup again, as it was found (the kernel freezes it in the background).
+    pub fn refreeze(&self) -> Result<(), String> {
+        self.dir
+            .write_existing("cgroup.freeze", b"1")
+            .map_err(|e| format!("cannot freeze cgroup {} again: {e}", self.path))
+    }
 }
 
 #[cfg(test)]

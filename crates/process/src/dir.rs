@@ -272,6 +272,29 @@ impl Dir {
         Ok(bytes)
     }
 
+    /// Writes `bytes` into the existing regular file `name` (a kernel interface file: a cgroup's
+    /// `cgroup.freeze`), never through a link and never creating it.
+    pub fn write_existing(&self, name: &str, bytes: &[u8]) -> Result<(), FileError> {
+        check_name(&self.shown, name)?;
+        let path = self.shown_file(name);
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => FileError::Symlink { path: path.clone() },
+            e => io_err("open", path.clone())(e),
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(io_err("stat", path.clone()))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => {}
+            t => return Err(FileError::NotRegular { path, kind: kind_name(t) }),
+        }
+        std::fs::File::from(fd).write_all(bytes).map_err(|source| FileError::Io { action: "write", path, source })
+    }
+
     /// Writes `bytes` as the file `name` with `mode`: a new file under a temporary name, synced,
     /// then renamed over `name`. Whatever stood at `name` (a link planted there included) is
     /// replaced, never written through.
