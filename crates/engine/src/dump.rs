@@ -128,7 +128,7 @@ impl DumpSession {
                 match ccm_process::cgroup::thaw(&path, THAW_DEADLINE) {
                     Ok(t) => {
                         info!(
-                            "pid {pid}: its cgroup {path} was frozen (containerd pauses a task before its checkpoint);                              thawed it for the driver, which needs the process's threads, until the dump ends"
+                            "pid {pid}: its cgroup {path} was frozen (containerd pauses a task before its checkpoint); thawed it for the driver, which needs the process's threads, until the dump ends"
                         );
                         self.thawed.push(t);
                     }
