@@ -84,7 +84,7 @@ prepare_runtimes() {
     }
     pkgs=$(lib_packages "$trixie" /usr/bin/podman /usr/bin/crun /usr/bin/conmon /usr/sbin/xtables-nft-multi /usr/sbin/xtables-legacy-multi)
     # shellcheck disable=SC2086 # one word per package
-    download "$trixie" "$podman_dir" podman crun conmon golang-github-containers-common iptables libcriu2 \
+    download "$trixie" "$podman_dir" podman crun conmon golang-github-containers-common iptables libcriu2 netavark \
         libnetfilter-conntrack3 libnfnetlink0 $pkgs
     pkgs=$(lib_packages "$forky" /usr/bin/containerd /usr/bin/containerd-shim-runc-v2 /usr/bin/ctr /usr/bin/docker-registry)
     # shellcheck disable=SC2086

@@ -326,9 +326,10 @@ EOF
     # containers here use --network none or host, which never run it. A stand-in answers Podman's version query, so
     # no netavark (not carried) is needed.
     mkdir -p "$RT_BIN/podman-helpers"
-    printf '%s\n' '#!/bin/sh' '# criu-cuda-migrate GPU tests: stand-in for netavark (no container here has a network of its own)' \
+    # The carried netavark when there is one (it also brings a restored container's loopback up), else the stand-in.
+    [[ -x $RT_ROOT/usr/lib/podman/netavark ]] || printf '%s\n' '#!/bin/sh' '# criu-cuda-migrate GPU tests: stand-in for netavark (no container here has a network of its own)' \
         'case "$1" in --version | version) echo "netavark 1.14.0" ;; *) echo "{}" ;; esac' >"$RT_BIN/podman-helpers/netavark"
-    chmod +x "$RT_BIN/podman-helpers/netavark"
+    [[ -e $RT_BIN/podman-helpers/netavark ]] && chmod +x "$RT_BIN/podman-helpers/netavark"
     cat >/etc/containers/containers.conf <<EOF
 [containers]
 seccomp_profile = "$RT_ROOT/usr/share/containers/seccomp.json"
@@ -337,7 +338,7 @@ ${CCM_RT_CONTAINERS_CONF:-}
 cgroup_manager = "cgroupfs"
 events_logger = "file"
 conmon_path = ["$RT_BIN/conmon"]
-helper_binaries_dir = ["$RT_BIN/podman-helpers", "$RT_ROOT/usr/lib/podman"]
+helper_binaries_dir = ["$RT_ROOT/usr/lib/podman", "$RT_BIN/podman-helpers"]
 conmon_env_vars = ["PATH=$RT_BIN:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"]
 runtime = "$PODMAN_RUNTIME"
 [engine.runtimes]
