@@ -801,14 +801,6 @@ fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_cuda_container_on_the_test_d
                     "{rt} {case}: the usable set's source: {}",
                     plugin_lines(&log)
                 );
-            } else if rt == "crun" && log.contains("is no OCI runtime: no bundle to read") {
-                // crun points its /proc/PID/exe at "/" (measured: crun 1.28), and the plugin recognises the
-                // restoring runtime by that link's name, so it does not read crun's spec and keeps every GPU usable.
-                loud(&format!(
-                    "KNOWN GAP {test}: podman/crun {case}: the plugin did not read crun's spec (CRIU's parent's \
-                     /proc/PID/exe is \"/\" under crun), so the container-aware usable set was not used; the automatic \
-                     map kept the dumped GPU"
-                ));
             } else {
                 panic!(
                     "{rt} {case}: the usable set did not come from the restoring runtime's spec:\n{}",

@@ -7,15 +7,15 @@
 use std::fmt;
 
 /// A pid as CRIU's pid namespace names it.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct HostPid(u32);
 
 /// A pid as the process's own (innermost) pid namespace names it.
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug, serde::Serialize, serde::Deserialize)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, serde::Serialize, serde::Deserialize)]
 pub struct NsPid(pub u32);
 
 /// A thread id as CRIU's pid namespace names it (the driver's restore thread, which ptrace takes).
-#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash, Debug)]
+#[derive(Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct HostTid(u32);
 
 /// The largest pid Linux hands out (`PID_MAX_LIMIT`, 2^22): every pid fits the driver's `int`.
@@ -53,6 +53,26 @@ impl HostTid {
     }
 }
 
+// Debug is the bare number too: lists of pids (`{:?}` of a Vec) are read in CRIU's log by people and
+// by the tests, which expect `[12, 34]`, as before the types.
+impl fmt::Debug for HostPid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for NsPid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl fmt::Debug for HostTid {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
 impl fmt::Display for HostPid {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         self.0.fmt(f)
@@ -74,6 +94,13 @@ impl fmt::Display for HostTid {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_list_of_pids_reads_as_numbers() {
+        let pids = [HostPid::new(12).unwrap(), HostPid::new(34).unwrap()];
+        assert_eq!(format!("{pids:?}"), "[12, 34]");
+        assert_eq!(format!("{:?}", [NsPid(1)]), "[1]");
+    }
 
     #[test]
     fn only_real_pids_are_pids() {

@@ -62,16 +62,17 @@ pub fn is_restoring_runtime(program: &str) -> bool {
 
 /// The program name of CRIU's parent, from its executable's link (`/proc/PID/exe`) and its `comm`.
 /// crun runs from a sealed in-memory copy of itself (its fix for CVE-2019-5736), whose link reads
-/// `/` or `/memfd:crun (deleted)`: only then, and only for crun, is the name taken from `comm`,
-/// which any process can set, so a program with a real file never passes as a runtime by its
-/// `comm` alone.
-pub fn runtime_program(exe: Option<&Path>, comm: &str) -> String {
+/// `/` or `/memfd:crun (deleted)`: only then, and only for crun, is the name taken from `comm` or
+/// from `argv[0]`, which any process can set, so a program with a real file never passes as a
+/// runtime by them.
+pub fn runtime_program(exe: Option<&Path>, comm: &str, argv0: &str) -> String {
     let name = exe
         .and_then(|p| p.file_name())
         .map(|n| n.to_string_lossy().trim_end_matches(" (deleted)").to_string())
         .unwrap_or_default();
     let in_memory = exe.is_some_and(|p| p == Path::new("/")) || name.starts_with("memfd:");
-    if in_memory && comm == "crun" {
+    let argv0_name = Path::new(argv0).file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    if in_memory && (comm == "crun" || argv0_name == "crun") {
         return "crun".to_string();
     }
     name
@@ -94,14 +95,15 @@ pub fn restoring_runtime_spec() -> Result<Option<RuntimeSpec>, FileError> {
     let parent = std::os::unix::process::parent_id();
     let exe = std::fs::read_link(proc_path(parent, "exe")).ok();
     let comm = std::fs::read_to_string(proc_path(parent, "comm")).unwrap_or_default();
-    let program = runtime_program(exe.as_deref(), comm.trim_end());
+    let cmdline = Dir::open(&proc_path(parent, ""))?.read_file("cmdline", 1 << 20)?;
+    let args: Vec<OsString> =
+        cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| OsString::from_vec(a.to_vec())).collect();
+    let argv0 = args.first().map(|a| a.to_string_lossy().into_owned()).unwrap_or_default();
+    let program = runtime_program(exe.as_deref(), comm.trim_end(), &argv0);
     if !is_restoring_runtime(&program) {
         log::debug!("CRIU's parent (pid {parent}, {program:?}) is no OCI runtime: no bundle to read");
         return Ok(None);
     }
-    let cmdline = Dir::open(&proc_path(parent, ""))?.read_file("cmdline", 1 << 20)?;
-    let args: Vec<OsString> =
-        cmdline.split(|b| *b == 0).filter(|a| !a.is_empty()).map(|a| OsString::from_vec(a.to_vec())).collect();
     let cwd = proc_path(parent, "cwd");
     // The runtime's own bundle argument, resolved as the runtime resolves it (links in it are the
     // runtime's choice); config.json in it is reached without following a link.
@@ -409,14 +411,14 @@ mod tests {
     fn crun_is_known_by_comm_only_when_it_runs_from_memory() {
         use super::runtime_program;
         use std::path::Path;
-        assert_eq!(runtime_program(Some(Path::new("/usr/bin/runc")), "runc"), "runc");
-        assert_eq!(runtime_program(Some(Path::new("/usr/sbin/runc (deleted)")), "runc"), "runc");
-        assert_eq!(runtime_program(Some(Path::new("/")), "crun"), "crun");
-        assert_eq!(runtime_program(Some(Path::new("/memfd:crun (deleted)")), "crun"), "crun");
+        assert_eq!(runtime_program(Some(Path::new("/usr/bin/runc")), "runc", "runc"), "runc");
+        assert_eq!(runtime_program(Some(Path::new("/usr/sbin/runc (deleted)")), "runc", "runc"), "runc");
+        assert_eq!(runtime_program(Some(Path::new("/")), "crun", "crun"), "crun");
+        assert_eq!(runtime_program(Some(Path::new("/memfd:crun (deleted)")), "3", "/usr/bin/crun"), "crun");
         // A program with a file of its own is what its file says, whatever it calls itself.
-        assert_eq!(runtime_program(Some(Path::new("/usr/bin/bash")), "crun"), "bash");
-        assert_eq!(runtime_program(Some(Path::new("/")), "bash"), "");
-        assert_eq!(runtime_program(None, "crun"), "");
+        assert_eq!(runtime_program(Some(Path::new("/usr/bin/bash")), "crun", "crun"), "bash");
+        assert_eq!(runtime_program(Some(Path::new("/")), "bash", "bash"), "");
+        assert_eq!(runtime_program(None, "crun", "crun"), "");
     }
 
     use super::*;
