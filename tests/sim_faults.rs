@@ -173,6 +173,24 @@ fn a_killed_agent_at_restore_kills_the_tree_and_a_retry_restores() {
     run_case("agent-kill-restore");
 }
 
+/// A panic in the driver agent (the test build's failpoint) at lock, checkpoint and restore: an
+/// error reply instead of a silent hang, the process put back (dump) or the tree killed and the
+/// images intact (restore).
+#[test]
+fn a_panic_in_the_agent_at_lock_fails_the_dump_and_leaves_the_process_running() {
+    run_case("agent-panic-lock");
+}
+
+#[test]
+fn a_panic_in_the_agent_at_checkpoint_fails_the_dump_and_puts_the_process_back() {
+    run_case("agent-panic-checkpoint");
+}
+
+#[test]
+fn a_panic_in_the_agent_at_restore_kills_the_tree_and_a_retry_restores() {
+    run_case("agent-panic-restore");
+}
+
 /// Hostile identity images: refused in the plugin's init within seconds, nothing read through a
 /// link or from a FIFO, no foreign byte printed, the directory unchanged.
 #[test]

@@ -15,7 +15,8 @@
 #            image-truncated | image-newer-version | map-unknown-gpu | sites-moved-strict |
 #            sites-moved-permissive | criu-killed-mid-dump | newer-driver | leave-running |
 #            agent-stop-lock | agent-kill-lock | agent-stop-checkpoint | agent-kill-checkpoint |
-#            agent-stop-restore | agent-kill-restore | image-symlink-zero | image-fifo | image-symlink-secret |
+#            agent-stop-restore | agent-kill-restore | agent-panic-lock | agent-panic-checkpoint |
+#            agent-panic-restore | image-symlink-zero | image-fifo | image-symlink-secret |
 #            image-oversized | image-control | image-pid-renamed | setting-disable-unknown
 # Prints `SEEN <line>` (the error line the user sees), `STATE pid=N <state>` (every process after) and
 # `FAULT <case> OK`, exit 0, when the case behaves as documented in docs/RELIABILITY.md; exits 1 with
@@ -603,6 +604,42 @@ agent-stop-restore | agent-kill-restore)
     [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "identity images changed"
     no_agent_left
     unset CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT
+    restore_works "$WORK/img" "$pid" "$WORK/w0" 1
+    ;;
+agent-panic-lock | agent-panic-checkpoint)
+    # The driver agent panics while it answers the lock or the checkpoint (the test build's failpoint, before the
+    # driver is called): the panic becomes an error reply, the hook fails at once, the same agent puts the process
+    # back at exit(DUMP), and it exits as usual.
+    call=${CASE#agent-panic-}
+    [ "$call" = lock ] && name=cuCheckpointProcessLock || name=cuCheckpointProcessCheckpoint
+    pid=$(start "$WORK/w0" 0,1)
+    t0=$SECONDS
+    if CCM_AGENT_FAILPOINT="panic:$name" dump "$WORK/img" "$pid"; then fail "the dump succeeded although its driver agent panicked"; fi
+    echo "DUMP failed after $((SECONDS - t0)) s"
+    [ $((SECONDS - t0)) -le 20 ] || fail "the dump took $((SECONDS - t0)) s to fail"
+    seen "$WORK/img/dump.log" "Error: .*internal error while answering $name for pid $pid: failpoint panic:$name; this is a bug in criu-cuda-migrate, please report it with this log"
+    expect_state "$pid" RUNNING
+    not_stuck_silently "$WORK/img/dump.log" "$pid"
+    no_agent_left
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+agent-panic-restore)
+    # The same while it answers the driver's restore: the restore fails as a failed driver restore does (strict mode
+    # kills the restored tree), the images are intact, and the same images restore.
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    sum=$(images_sum "$WORK/img")
+    t0=$SECONDS
+    CCM_AGENT_FAILPOINT=panic:cuCheckpointProcessRestore restore "$WORK/img" && rc=0 || rc=$?
+    echo "CRIU restore rc=$rc after $((SECONDS - t0)) s"
+    [ $((SECONDS - t0)) -le 20 ] || fail "the restore took $((SECONDS - t0)) s"
+    seen "$WORK/img/restore.log" "internal error while answering cuCheckpointProcessRestore for pid $pid: failpoint panic:cuCheckpointProcessRestore"
+    seen "$WORK/img/restore.log" "killed the restored tree \(1 process\(es\)\)"
+    wait_gone "$pid" || fail "pid $pid survived a failed driver restore in strict mode"
+    expect_state "$pid" GONE
+    [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "identity images changed"
+    no_agent_left
     restore_works "$WORK/img" "$pid" "$WORK/w0" 1
     ;;
 image-symlink-zero | image-fifo | image-symlink-secret | image-oversized | image-control | image-pid-renamed)

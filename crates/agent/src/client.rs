@@ -69,6 +69,11 @@ pub enum AgentError {
     Lost { agent_pid: u32, lost: Lost },
 }
 
+/// Whether a socket error means the agent's end is gone (it exited or was killed).
+fn is_peer_gone(e: &std::io::Error) -> bool {
+    matches!(e.kind(), std::io::ErrorKind::ConnectionReset | std::io::ErrorKind::BrokenPipe)
+}
+
 fn lost_text(agent_pid: u32, lost: &Lost) -> String {
     match lost {
         Lost::Gone => format!(
@@ -208,7 +213,8 @@ impl Agent {
         };
         let mut inbox = self.inbox.lock().unwrap_or_else(|p| p.into_inner());
         if let Err(e) = sent {
-            return Err(self.lose(&mut inbox, Lost::Broken(format!("cannot send it {name}: {e}"))));
+            let lost = if is_peer_gone(&e) { Lost::Gone } else { Lost::Broken(format!("cannot send it {name}: {e}")) };
+            return Err(self.lose(&mut inbox, lost));
         }
         loop {
             if let Some(r) = inbox.replies.remove(&id) {
@@ -247,6 +253,11 @@ impl Agent {
                     }
                 }
                 Ok(None) => {}
+                // A peer killed with our request still unread resets the connection instead of closing it:
+                // it is gone all the same.
+                Err(Some(e)) if is_peer_gone(&e) => {
+                    self.lose(&mut inbox, Lost::Gone);
+                }
                 Err(Some(e)) => {
                     self.lose(&mut inbox, Lost::Broken(e.to_string()));
                 }

@@ -151,7 +151,10 @@ pub fn serve(stream: UnixStream, libs: &DriverLibs, order: WarmUp, criu_parent: 
                         Call::Restore { pid, .. } => u32::try_from(*pid).ok().and_then(|p| ProcessHandle::open(p).ok()),
                         _ => None,
                     };
-                    let result = answer_guarded(&req.call, || answer(&shared, &req.call));
+                    let result = answer_guarded(&req.call, || {
+                        failpoint(&req.call);
+                        answer(&shared, &req.call)
+                    });
                     track(&shared, &req.call, &result, handle);
                     if let Some(p) = pid {
                         let mut v = shared.inflight_pids.lock().unwrap_or_else(|e| e.into_inner());
@@ -173,6 +176,22 @@ pub fn serve(stream: UnixStream, libs: &DriverLibs, order: WarmUp, criu_parent: 
         }
     }
 }
+
+/// Test builds only (`debug_assertions`): `CCM_AGENT_FAILPOINT=panic:<call name>` in CRIU's
+/// environment makes the agent panic while it answers that call (`panic:cuCheckpointProcessLock`),
+/// so the suite under real CRIU proves the panic boundary below, as the doubles' `agent-stop` knob
+/// proves the deadlines. Release builds (the package) have no such hook.
+#[cfg(debug_assertions)]
+fn failpoint(call: &Call) {
+    if let Ok(v) = std::env::var("CCM_AGENT_FAILPOINT") {
+        if v.strip_prefix("panic:") == Some(call.name()) {
+            panic!("failpoint {v}");
+        }
+    }
+}
+
+#[cfg(not(debug_assertions))]
+fn failpoint(_: &Call) {}
 
 /// Answers one call, a panic included: a panic becomes an error reply naming the call, so the
 /// plugin is never left waiting for an answer that will not come.
