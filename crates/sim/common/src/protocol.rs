@@ -223,7 +223,24 @@ pub fn is_registered(state: &StateDir, pid: i32) -> bool {
 /// The registered restore thread of a live `pid`, as the caller's `/proc` names it (a host tid for a
 /// process in a container).
 pub fn registered_restore_tid(state: &StateDir, pid: i32) -> Option<i32> {
-    registry::resolve(state, pid).map(|r| r.host_tid)
+    let resolved = registry::resolve(state, pid)?;
+    // Asked while CRIU still holds the restored process stopped: the moment to drop a request a dead
+    // controller left (a driver agent killed mid-call), before the restore thread runs and acts on it.
+    drop_abandoned_request(&resolved.registration);
+    Some(resolved.host_tid)
+}
+
+/// Removes the pending request of `reg` when the controller that posted it is gone. The real driver keeps
+/// no such state across processes: a process CRIU restores again from the same images starts clean. The
+/// controller's pid leads the request id and is a pid of the controllers' own `/proc` (they all run in
+/// CRIU's pid namespace).
+pub fn drop_abandoned_request(reg: &Registration) {
+    let Ok(text) = std::fs::read_to_string(reg.request()) else { return };
+    let Ok(request) = Request::decode(&text) else { return };
+    let Some(controller) = request.id.split('.').next().and_then(|p| p.parse::<u32>().ok()) else { return };
+    if !Path::new(&format!("/proc/{controller}")).exists() {
+        let _ = std::fs::remove_file(reg.request());
+    }
 }
 
 #[cfg(test)]
