@@ -42,7 +42,7 @@ use std::path::{Path, PathBuf};
 use std::sync::Mutex;
 
 use support::package::{deb, describe_output, RootCopy, RootKind};
-use support::{criu_root_or_skip, init_line, loud, repo_root, LOG_PREFIX};
+use support::{criu_root_or_skip, init_line, loud, repo_root, CriuRoot, LOG_PREFIX};
 
 /// One flow at a time: each copies the runtimes root and runs CRIU on this machine's two cores.
 static ONE_FLOW: Mutex<()> = Mutex::new(());
@@ -111,6 +111,21 @@ impl Scratch {
             "{runtime}: the restored counter {count_after} did not go on from {count_before}"
         );
     }
+}
+
+/// The forky root for a CRI test, or `None` after a loud skip: trixie's containerd 1.7 has no CRI
+/// CheckpointContainer (containerd 2.0+), and tests/run-all.sh's forky pass runs the test on containerd 2.1.
+fn cri_root_or_skip(test: &str) -> Option<CriuRoot> {
+    let root = criu_root_or_skip(test)?;
+    if root.suite != "forky" {
+        loud(&format!(
+            "SKIPPED {test} on the {} root: its containerd 1.7 has no CRI CheckpointContainer (containerd 2.0+); \
+             the forky pass of tests/run-all.sh runs it on containerd 2.1",
+            root.suite
+        ));
+        return None;
+    }
+    Some(root)
 }
 
 #[test]
@@ -248,17 +263,9 @@ fn podman_and_containerd_checkpoint_and_restore_containers_with_the_packaged_plu
 fn containerd_cri_checkpoint_container_and_restore_through_cri_with_the_packaged_plugin() {
     let test = "containerd_cri_checkpoint_container_and_restore_through_cri_with_the_packaged_plugin";
     let _one = ONE_FLOW.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(root) = criu_root_or_skip(test) else {
+    let Some(root) = cri_root_or_skip(test) else {
         return;
     };
-    if root.suite != "forky" {
-        loud(&format!(
-            "SKIPPED {test} on the {} root: its containerd 1.7 has no CRI CheckpointContainer (containerd 2.0+); \
-             the forky pass of tests/run-all.sh runs it on containerd 2.1",
-            root.suite
-        ));
-        return;
-    }
     let deb = deb();
     let copy = RootCopy::of(&root, RootKind::Runtimes);
     let scratch =
@@ -843,17 +850,9 @@ fn containerd_cri_with_a_cdi_gpu_restores_a_cuda_container_onto_the_gpu_its_new_
     let test =
         "containerd_cri_with_a_cdi_gpu_restores_a_cuda_container_onto_the_gpu_its_new_spec_gives_on_the_test_doubles";
     let _one = ONE_FLOW.lock().unwrap_or_else(|p| p.into_inner());
-    let Some(root) = criu_root_or_skip(test) else {
+    let Some(root) = cri_root_or_skip(test) else {
         return;
     };
-    if root.suite != "forky" {
-        loud(&format!(
-            "SKIPPED {test} on the {} root: its containerd 1.7 has no CRI CheckpointContainer (containerd 2.0+); \
-             the forky pass of tests/run-all.sh runs it on containerd 2.1",
-            root.suite
-        ));
-        return;
-    }
     let copy = RootCopy::of(&root, RootKind::Runtimes);
     let scratch = scratch_with_sim("ccm-cri-cdi-test-");
     let s = scratch.path().to_str().expect("UTF-8 scratch path");

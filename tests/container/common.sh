@@ -156,3 +156,68 @@ procs_running() {
         tr '\0' ' ' <"$f" 2>/dev/null | grep -q -- "$1" && echo "$pid"
     done
 }
+
+# write_runc_nocpu OUT REAL: OUT becomes a runc that drops linux.resources.cpu from the bundle's config.json, then runs
+# REAL. On a hybrid cgroup v1 host cgroup2 has no cpu controller (only hugetlb), and runc would fail there ("can't
+# get final child's PID from pipe") on the CPU shares every CRI sandbox gets.
+write_runc_nocpu() {
+    cat >"$1" <<'WRAPPER'
+#!/bin/sh
+# criu-cuda-migrate tests: real runc, minus the CPU resources this host's cgroup2 cannot set.
+bundle= prev=
+for a in "$@"; do
+    case $prev in --bundle | -b) bundle=$a ;; esac
+    case $a in --bundle=*) bundle=${a#--bundle=} ;; esac
+    prev=$a
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+    python3 -c 'import json, sys
+p = sys.argv[1]
+c = json.load(open(p))
+c.get("linux", {}).get("resources", {}).pop("cpu", None)
+json.dump(c, open(p, "w"))' "$bundle/config.json"
+fi
+WRAPPER
+    printf 'exec %q "$@"\n' "$2" >>"$1"
+    chmod 755 "$1"
+}
+
+# runc_for_cri_shim NOTES: sets RUNC_BINARY to the runc containerd's shim runs: /usr/sbin/runc, or where cgroup2 has
+# no cpu controller write_runc_nocpu's wrapper of it, said in the host-adjustments file NOTES.
+runc_for_cri_shim() {
+    RUNC_BINARY=/usr/sbin/runc
+    : >"$1"
+    if ! grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then
+        RUNC_BINARY=/usr/local/sbin/ccm-runc-nocpu
+        write_runc_nocpu "$RUNC_BINARY" /usr/sbin/runc
+        echo "runc of the shim: $RUNC_BINARY drops linux.resources.cpu (no cpu controller in this hybrid host's cgroup2)" >>"$1"
+    fi
+}
+
+# start_registry DIR LOG: a docker-registry on a free port of the loopback (the roots share the host's network), its
+# storage in DIR/registry, its log in LOG; sets REG (host:port) and REGISTRY_PID.
+start_registry() {
+    local port
+    port=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
+    REG=127.0.0.1:$port
+    printf 'version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n' "$1/registry" "$REG" >"$1/registry.yml"
+    docker-registry serve "$1/registry.yml" >"$2" 2>&1 &
+    # shellcheck disable=SC2034 # read by the flow that sourced this file (its cleanup)
+    REGISTRY_PID=$!
+}
+
+# podman_storage_and_conf HYBRID NOTES: Podman's storage on a tmpfs (the root copy may sit on overlayfs) and a
+# containers.conf for cgroupfs without journald; on a hybrid cgroup v1 host (HYBRID=1) no pids limit, said in NOTES.
+podman_storage_and_conf() {
+    mkdir -p /var/lib/containers /etc/containers
+    mount -t tmpfs tmpfs /var/lib/containers
+    {
+        echo '[containers]'
+        [ "$1" = 1 ] && echo 'pids_limit = 0'
+        echo '[engine]'
+        echo 'cgroup_manager = "cgroupfs"'
+        echo 'events_logger = "file"'
+    } >/etc/containers/containers.conf
+    [ "$1" = 1 ] && echo "containers.conf: pids_limit = 0 (no pids controller in cgroup2 on this hybrid host)" >>"$2"
+    return 0
+}

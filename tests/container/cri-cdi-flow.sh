@@ -124,46 +124,10 @@ cp /etc/cdi/ccm-sim.json "$S/ccdi-cdi.json"
 
 # The runc of the shim: on a hybrid host without the cpu controller in cgroup2, the wrapper of cri-flow.sh (it drops
 # linux.resources.cpu).
-RUNC_BINARY=/usr/sbin/runc
-: >"$S/ccdi-host-adjustments.txt"
-if ! grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then
-    RUNC_BINARY=/usr/local/sbin/ccm-runc-nocpu
-    cat >"$RUNC_BINARY" <<'WRAPPER'
-#!/bin/sh
-# tests/container/cri-cdi-flow.sh: real runc, minus the CPU resources this host's cgroup2 cannot set.
-bundle= prev=
-for a in "$@"; do
-    case $prev in --bundle | -b) bundle=$a ;; esac
-    case $a in --bundle=*) bundle=${a#--bundle=} ;; esac
-    prev=$a
-done
-if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
-    python3 -c 'import json, sys
-p = sys.argv[1]
-c = json.load(open(p))
-c.get("linux", {}).get("resources", {}).pop("cpu", None)
-json.dump(c, open(p, "w"))' "$bundle/config.json"
-fi
-exec /usr/sbin/runc "$@"
-WRAPPER
-    chmod 755 "$RUNC_BINARY"
-    echo "runc of the shim: $RUNC_BINARY drops linux.resources.cpu (no cpu controller in this hybrid host's cgroup2)" \
-        >>"$S/ccdi-host-adjustments.txt"
-fi
+runc_for_cri_shim "$S/ccdi-host-adjustments.txt"
 
-REG_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-REG=127.0.0.1:$REG_PORT
+start_registry "$D" "$S/ccdi-registry.log"
 REG_IMAGE=$REG/ccm-cuda:1
-cat >"$D/registry.yml" <<EOF
-version: 0.1
-storage:
-  filesystem:
-    rootdirectory: $D/registry
-http:
-  addr: $REG
-EOF
-docker-registry serve "$D/registry.yml" >"$S/ccdi-registry.log" 2>&1 &
-REGISTRY_PID=$!
 
 cat >"$D/config.toml" <<EOF
 version = 3

@@ -85,47 +85,10 @@ cp /etc/criu/runc.conf "$S/cri-runc.conf"
 # hybrid cgroup v1 host has no cpu controller in cgroup2 (here only hugetlb), so runc would fail ("can't get final
 # child's PID from pipe"). There the runc the shim runs is a wrapper that drops linux.resources.cpu from the
 # bundle's config.json, then runs the real runc (host-adjustments, as in podman-flow.sh).
-RUNC_BINARY=/usr/sbin/runc
-: >"$S/cri-host-adjustments.txt"
-if ! grep -qw cpu /sys/fs/cgroup/cgroup.controllers; then
-    RUNC_BINARY=/usr/local/sbin/ccm-runc-nocpu
-    cat >"$RUNC_BINARY" <<'WRAPPER'
-#!/bin/sh
-# tests/container/cri-flow.sh: real runc, minus the CPU resources this host's cgroup2 cannot set.
-bundle= prev=
-for a in "$@"; do
-    case $prev in --bundle | -b) bundle=$a ;; esac
-    case $a in --bundle=*) bundle=${a#--bundle=} ;; esac
-    prev=$a
-done
-if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
-    python3 -c 'import json, sys
-p = sys.argv[1]
-c = json.load(open(p))
-c.get("linux", {}).get("resources", {}).pop("cpu", None)
-json.dump(c, open(p, "w"))' "$bundle/config.json"
-fi
-exec /usr/sbin/runc "$@"
-WRAPPER
-    chmod 755 "$RUNC_BINARY"
-    echo "runc of the shim: $RUNC_BINARY drops linux.resources.cpu (no cpu controller in this hybrid host's cgroup2)" \
-        >>"$S/cri-host-adjustments.txt"
-fi
+runc_for_cri_shim "$S/cri-host-adjustments.txt"
 
-# The registry: a free port of the loopback (this root shares the host's network).
-REG_PORT=$(python3 -c 'import socket; s = socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')
-REG=127.0.0.1:$REG_PORT
+start_registry "$D" "$S/cri-registry.log"
 REG_IMAGE=$REG/ccm-busybox:1
-cat >"$D/registry.yml" <<EOF
-version: 0.1
-storage:
-  filesystem:
-    rootdirectory: $D/registry
-http:
-  addr: $REG
-EOF
-docker-registry serve "$D/registry.yml" >"$S/cri-registry.log" 2>&1 &
-REGISTRY_PID=$!
 
 cat >"$D/config.toml" <<EOF
 version = 3

@@ -176,16 +176,8 @@ HYBRID=0
 grep -qv '^0::' /proc/self/cgroup && HYBRID=1
 echo "$HYBRID" >"$S/$P-hybrid"
 
-mkdir -p /var/lib/containers /etc/containers /etc/criu
-mount -t tmpfs tmpfs /var/lib/containers
-{
-    echo '[containers]'
-    [ "$HYBRID" = 1 ] && echo 'pids_limit = 0'
-    echo '[engine]'
-    echo 'cgroup_manager = "cgroupfs"'
-    echo 'events_logger = "file"'
-} >/etc/containers/containers.conf
-[ "$HYBRID" = 1 ] && echo "containers.conf: pids_limit = 0 (no pids controller in cgroup2 on this hybrid host)" >>"$S/$P-host-adjustments.txt"
+mkdir -p /etc/criu
+podman_storage_and_conf "$HYBRID" "$S/$P-host-adjustments.txt"
 # The file this runtime's CRIU reads (podman-flow.sh: crun.conf needs crun 1.26 and libcriu 4.2).
 version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
 RESTORES=1

@@ -101,17 +101,8 @@ HYBRID=0
 grep -qv '^0::' /proc/self/cgroup && HYBRID=1
 echo "$HYBRID" >"$S/hybrid"
 
-# --- podman: storage on a tmpfs (the root copy may sit on overlayfs), no network (nothing to reach)
-mkdir -p /var/lib/containers /etc/containers
-mount -t tmpfs tmpfs /var/lib/containers
-{
-    echo '[containers]'
-    [ "$HYBRID" = 1 ] && echo 'pids_limit = 0'
-    echo '[engine]'
-    echo 'cgroup_manager = "cgroupfs"'
-    echo 'events_logger = "file"'
-} >/etc/containers/containers.conf
-[ "$HYBRID" = 1 ] && echo "containers.conf: pids_limit = 0 (no pids controller in cgroup2 on this hybrid host)" >>"$S/host-adjustments.txt"
+# --- podman: storage on a tmpfs, no network (nothing to reach)
+podman_storage_and_conf "$HYBRID" "$S/host-adjustments.txt"
 
 # A local image of busybox-static (no registry here): /bin/busybox and the few names the loop uses.
 mkdir -p /tmp/ccm-image/bin /tmp/ccm-image/tmp /tmp/ccm-image/proc /tmp/ccm-image/sys /tmp/ccm-image/dev /tmp/ccm-image/etc

@@ -30,6 +30,8 @@ if [[ ${1:-} == __inside ]]; then
     shift
     S=$1
     shift
+    # shellcheck source=tests/container/common.sh
+    . "$REPO/tests/container/common.sh"
     export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
     mkdir -p /sys/fs/cgroup
     mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup
@@ -64,10 +66,7 @@ EOF
     sim_env="CCM_SIM_CONFIG=$SIM/gpus.json CCM_SIM_STATE_DIR=$SIM/state"
     export CCM_CDI_EXTRA_ENV=$sim_env
     export CCM_CDI_EXTRA_MOUNTS="$SIM/gpus.json:$SIM/gpus.json:ro $SIM/state:$SIM/state:rw"
-    # CRIU_CUDA_MIGRATE_LEAVE_RUNNING=1: the plugin misreads this CRIU's retitled command line (`criu: dump --rpc -t N`
-    # followed by empty strings) as a plain command line without --leave-running, and would leave a --leave-running
-    # checkpoint's process CHECKPOINTED; 1 is what the plugin does over RPC when it reads the title (roll back).
-    export CCM_RT_CRIU_ENV="$sim_env CCM_SIM_CALL_TIMEOUT_MS=20000 CRIU_CUDA_MIGRATE_LEAVE_RUNNING=1"
+    export CCM_RT_CRIU_ENV="$sim_env CCM_SIM_CALL_TIMEOUT_MS=20000"
     export CCM_TORCH_PY=/nonexistent
     # This machine's root may lack CAP_SYS_RESOURCE (tests/container/cri-flow.sh).
     export CCM_RT_CRI_EXTRA='  restrict_oom_score_adj = true'
@@ -78,24 +77,7 @@ EOF
             export CCM_RT_CTR_RUN_ARGS='--cpu-shares 0'
             # The CRI sandbox always gets CPU shares: tests/container/cri-flow.sh's wrapper drops them.
             export CCM_RT_RUNC_BINARY=/usr/local/sbin/ccm-runc-nocpu
-            cat >"$CCM_RT_RUNC_BINARY" <<'WRAPPER'
-#!/bin/sh
-bundle= prev=
-for a in "$@"; do
-    case $prev in --bundle | -b) bundle=$a ;; esac
-    case $a in --bundle=*) bundle=${a#--bundle=} ;; esac
-    prev=$a
-done
-if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
-    python3 -c 'import json, sys
-p = sys.argv[1]
-c = json.load(open(p))
-c.get("linux", {}).get("resources", {}).pop("cpu", None)
-json.dump(c, open(p, "w"))' "$bundle/config.json"
-fi
-exec /var/tmp/ccm-rt/bin/runc "$@"
-WRAPPER
-            chmod 755 "$CCM_RT_RUNC_BINARY"
+            write_runc_nocpu "$CCM_RT_RUNC_BINARY" /var/tmp/ccm-rt/bin/runc
         fi
     fi
     export OUT=$S/out
