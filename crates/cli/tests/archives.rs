@@ -255,3 +255,16 @@ fn a_zstd_bomb_ends_at_the_scan_limit_in_bounded_memory() {
     let rss = children_max_rss_kib();
     assert!(rss < 256 << 10, "a CLI run grew to {rss} KiB: the read was not bounded");
 }
+
+#[test]
+fn a_fifo_or_a_device_as_the_checkpoint_is_refused_without_blocking() {
+    let dir = tempfile::tempdir().unwrap();
+    let fifo = dir.path().join("ckpt.tar");
+    assert!(Command::new("mkfifo").arg(&fifo).status().unwrap().success());
+    for path in [fifo.to_str().unwrap(), "/dev/zero"] {
+        for cmd in ["inspect", "preflight"] {
+            let out = run(&[cmd, path], QUICK);
+            assert_clean_failure(&out, 2, &["not a regular file: a checkpoint archive must be a regular file"]);
+        }
+    }
+}
