@@ -64,16 +64,46 @@ impl Scratch {
         self.read(&format!("{step}.rc")).trim().parse().ok()
     }
 
-    /// A step's status, and its output when it failed.
+    /// A step's status, and its output when it failed, with the error lines of every CRIU log the flow left
+    /// (a runtime's "criu failed" says nothing of why).
     fn assert_step(&self, step: &str, what: &str) {
-        assert_eq!(
+        if self.rc(step) == Some(0) {
+            return;
+        }
+        panic!(
+            "{what} ({step}) failed ({:?}):\n--- stdout ---\n{}\n--- stderr ---\n{}\n--- flow ---\n{}\n--- CRIU's errors ---\n{}",
             self.rc(step),
-            Some(0),
-            "{what} ({step}) failed:\n--- stdout ---\n{}\n--- stderr ---\n{}\n--- flow ---\n{}",
             self.read(&format!("{step}.out")),
             self.read(&format!("{step}.err")),
-            self.read("flow.log")
+            self.read("flow.log"),
+            self.criu_errors()
         );
+    }
+
+    /// `Error` and plugin lines of the CRIU logs (`*.log` named dump or restore) under the scratch directory.
+    fn criu_errors(&self) -> String {
+        let mut out = String::new();
+        let mut dirs = vec![self.path().to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            let Ok(entries) = fs::read_dir(&d) else { continue };
+            for e in entries.flatten() {
+                let (p, Ok(t)) = (e.path(), e.file_type()) else { continue };
+                if t.is_dir() {
+                    dirs.push(p);
+                } else if t.is_file()
+                    && p.file_name().is_some_and(|n| {
+                        n.to_string_lossy().ends_with("restore.log") || n.to_string_lossy().ends_with("dump.log")
+                    })
+                {
+                    let text = fs::read_to_string(&p).unwrap_or_default();
+                    let lines: Vec<&str> =
+                        text.lines().filter(|l| l.contains("Error") || l.contains(LOG_PREFIX)).collect();
+                    let tail = &lines[lines.len().saturating_sub(15)..];
+                    out.push_str(&format!("{}:\n{}\n", p.display(), tail.join("\n")));
+                }
+            }
+        }
+        out
     }
 
     /// The plugin's `settings:` line of a CRIU log the runtime left.

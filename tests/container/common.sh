@@ -221,3 +221,35 @@ podman_storage_and_conf() {
     [ "$1" = 1 ] && echo "containers.conf: pids_limit = 0 (no pids controller in cgroup2 on this hybrid host)" >>"$2"
     return 0
 }
+
+# write_cri_config OUT CRIU_WORK CDI: containerd 2.x's configuration for the CRI flows: its root and state under D,
+# its socket SOCK, the sandbox image PAUSE, runc of the shim RUNC_BINARY with CRIU's work directory (its logs) at
+# CRIU_WORK, outside the task's bundle, which goes with a failed task; CDI=1 writes containerd 2.x's CDI defaults out.
+write_cri_config() {
+    local cdi=""
+    [ "$3" = 1 ] && cdi='  # containerd 2.x'"'"'s defaults, written out: CDI on, the CDI spec directories.
+  enable_cdi = true
+  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]'
+    cat >"$1" <<EOF
+version = 3
+root = "$D/root"
+state = "$D/state"
+[grpc]
+  address = "$SOCK"
+[plugins."io.containerd.cri.v1.images"]
+  [plugins."io.containerd.cri.v1.images".pinned_images]
+    sandbox = "$PAUSE"
+[plugins."io.containerd.cri.v1.runtime"]
+  # The sandbox asks for oom_score_adj -998, below this process tree's own; without CAP_SYS_RESOURCE (a test
+  # machine's root may lack it) the kernel refuses, so containerd keeps it no lower than its own (as rootless does).
+  restrict_oom_score_adj = true
+$cdi
+  [plugins."io.containerd.cri.v1.runtime".containerd]
+    default_runtime_name = "runc"
+    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
+      runtime_type = "io.containerd.runc.v2"
+      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
+        BinaryName = "$RUNC_BINARY"
+        CriuWorkPath = "$2"
+EOF
+}

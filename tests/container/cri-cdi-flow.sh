@@ -129,28 +129,7 @@ runc_for_cri_shim "$S/ccdi-host-adjustments.txt"
 start_registry "$D" "$S/ccdi-registry.log"
 REG_IMAGE=$REG/ccm-cuda:1
 
-cat >"$D/config.toml" <<EOF
-version = 3
-root = "$D/root"
-state = "$D/state"
-[grpc]
-  address = "$SOCK"
-[plugins."io.containerd.cri.v1.images"]
-  [plugins."io.containerd.cri.v1.images".pinned_images]
-    sandbox = "$PAUSE"
-[plugins."io.containerd.cri.v1.runtime"]
-  restrict_oom_score_adj = true
-  # containerd 2.x's defaults, written out: CDI on, the CDI spec directories.
-  enable_cdi = true
-  cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
-  [plugins."io.containerd.cri.v1.runtime".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        BinaryName = "$RUNC_BINARY"
-        CriuWorkPath = "$S/ccdi-criu-work"
-EOF
+write_cri_config "$D/config.toml" "$S/ccdi-criu-work" 1
 cp "$D/config.toml" "$S/ccdi-config.toml"
 # containerd's environment: the doubles, and no plugin setting (the restore's GPUs come from the spec).
 env CRIU_CUDA_MIGRATE_LIBCUDA="$SIM/lib/libcuda.so.1" CRIU_CUDA_MIGRATE_LIBNVML="$SIM/lib/libnvidia-ml.so.1" \

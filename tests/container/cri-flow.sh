@@ -90,28 +90,7 @@ runc_for_cri_shim "$S/cri-host-adjustments.txt"
 start_registry "$D" "$S/cri-registry.log"
 REG_IMAGE=$REG/ccm-busybox:1
 
-cat >"$D/config.toml" <<EOF
-version = 3
-root = "$D/root"
-state = "$D/state"
-[grpc]
-  address = "$SOCK"
-[plugins."io.containerd.cri.v1.images"]
-  [plugins."io.containerd.cri.v1.images".pinned_images]
-    sandbox = "$PAUSE"
-[plugins."io.containerd.cri.v1.runtime"]
-  # The sandbox asks for oom_score_adj -998, below this process tree's own; without CAP_SYS_RESOURCE (this test
-  # machine's root lacks it) the kernel refuses, so containerd keeps it no lower than its own (as rootless does).
-  restrict_oom_score_adj = true
-  [plugins."io.containerd.cri.v1.runtime".containerd]
-    default_runtime_name = "runc"
-    [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc]
-      runtime_type = "io.containerd.runc.v2"
-      [plugins."io.containerd.cri.v1.runtime".containerd.runtimes.runc.options]
-        BinaryName = "$RUNC_BINARY"
-        # CRIU's work directory (its logs) outside the task's bundle, which goes with a failed task.
-        CriuWorkPath = "$S/cri-criu-work"
-EOF
+write_cri_config "$D/config.toml" "$S/cri-criu-work" 0
 cp "$D/config.toml" "$S/cri-config.toml"
 # The service environment of the user guide's drop-in.
 env CRIU_CUDA_MIGRATE_USABLE_GPUS=0 CRIU_CUDA_MIGRATE_MODE=permissive \
