@@ -252,11 +252,12 @@ impl DumpSession {
         // under the checkpoint (hundreds of ms).
         let api = &node.agent;
         // What each process holds on each GPU, for the restore's free-memory check: one NVML pass for
-        // all, beside the checkpoints, which do not wait for it. The driver keeps a process's device
-        // memory until its checkpoint ends (hundreds of ms at the least: 0.34 s for 64 MiB on an H200),
-        // so NVML still sees it then (measured: 1.5 GiB read 1.7 ms after the checkpoint began); a
-        // process it no longer lists is recorded as unknown, which the restore does not check. Waiting
-        // 5 ms for it first cost every dump 5 ms while NVML was still starting (about 20 ms).
+        // all. The checkpoints wait for it a little ([`MEMORY_GRACE`]: when NVML has started, the pass
+        // takes a millisecond); if NVML's own start (about 20 ms) is not over by then, they begin beside
+        // it. The driver keeps a process's device memory until its checkpoint ends (hundreds of ms at
+        // the least), so NVML still sees it then; a process it no longer lists is recorded as unknown,
+        // which the restore does not check. Without the wait a short checkpoint can end first (the test
+        // double's 40 ms ones did, and recorded no memory): 5 ms is what a started NVML needs.
         let pids: Vec<HostPid> = todo.iter().map(|t| t.0).collect();
         let memory: Waitable<BTreeMap<HostPid, Option<Vec<DeviceMemoryUse>>>> = Waitable::default();
         let memory = &memory;
@@ -268,6 +269,12 @@ impl DumpSession {
                     .unwrap_or_else(|_| pids.iter().map(|p| (*p, None)).collect());
                 memory.set(m)
             });
+            if !memory.wait_for(MEMORY_GRACE) {
+                debug!(
+                    "NVML has not answered within {} ms; the checkpoints start beside its pass",
+                    MEMORY_GRACE.as_millis()
+                );
+            }
             with_restore_threads_running(
                 &todo,
                 |&(_, tid)| tid.get(),
@@ -425,7 +432,17 @@ impl<T> Default for Waitable<T> {
     }
 }
 
+/// How long the dump's checkpoints wait for NVML's device-memory pass before they start beside it.
+const MEMORY_GRACE: Duration = Duration::from_millis(5);
+
 impl<T> Waitable<T> {
+    /// Whether the value is set within `d`.
+    fn wait_for(&self, d: Duration) -> bool {
+        let g = self.value.lock().unwrap_or_else(|p| p.into_inner());
+        let (g, _) = self.set.wait_timeout_while(g, d, |v| v.is_none()).unwrap_or_else(|p| p.into_inner());
+        g.is_some()
+    }
+
     fn set(&self, v: T) {
         *self.value.lock().unwrap_or_else(|p| p.into_inner()) = Some(v);
         self.set.notify_all();
