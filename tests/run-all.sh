@@ -30,6 +30,20 @@ step() {
     echo "==> [$((SECONDS - started)) s] $*"
 }
 
+# A hung test must fail the run with its name on screen, not run into CI's limit with nothing said (libtest
+# prints "<test> has been running for over 60 seconds" for it). The limits are several times a normal run.
+bounded() {
+    local limit=$1
+    shift
+    local rc=0
+    timeout --kill-after=30 "$limit" "$@" || rc=$?
+    if [ "$rc" -eq 124 ] || [ "$rc" -eq 137 ]; then
+        echo "ERROR: '$*' did not end within $limit s: a test hangs; the last 'has been running for over 60 seconds'" \
+            "line above names it" >&2
+    fi
+    return "$rc"
+}
+
 as_root() {
     if [ "$(id -u)" -eq 0 ]; then "$@"; else sudo -n "$@"; fi
 }
@@ -58,11 +72,11 @@ step "cargo test --workspace --no-fail-fast"
 # Kept to list the skipped steps and notes again at the end (tests print them as `######## ... ########`).
 test_log=$(mktemp /tmp/ccm-run-all.XXXXXX)
 trap 'rm -f "$test_log"' EXIT
-cargo test --workspace --no-fail-fast -- "${cargo_test_args[@]}" 2>&1 | tee "$test_log"
+bounded 2400 cargo test --workspace --no-fail-fast -- "${cargo_test_args[@]}" 2>&1 | tee "$test_log"
 
 step "the real-CRIU suites again on CRIU 4.2.1 and the forky runtimes (CCM_CRIU_SUITE=forky, the same plugin file)"
 # Nothing is rebuilt: the plugin keeps the header it was built against (trixie's), which is what this pass proves.
-"${forky[@]}" cargo test --no-fail-fast --test criu_plain --test package_install --test sim_flow --test sim_faults \
+bounded 1200 "${forky[@]}" cargo test --no-fail-fast --test criu_plain --test package_install --test sim_flow --test sim_faults \
     --test container_runtime -- "${cargo_test_args[@]}" 2>&1 | sed -u 's/^######## /######## [forky] /' | tee -a "$test_log"
 
 # Further suites (e.g. the simulated NVIDIA stack's end-to-end runs) drop an executable tests/suite-*.sh here;
@@ -70,7 +84,7 @@ step "the real-CRIU suites again on CRIU 4.2.1 and the forky runtimes (CCM_CRIU_
 shopt -s nullglob
 for suite in tests/suite-*.sh; do
     step "$suite"
-    bash "$suite" 2>&1 | tee -a "$test_log"
+    bounded 1800 bash "$suite" 2>&1 | tee -a "$test_log"
 done
 
 step "no test process left behind"

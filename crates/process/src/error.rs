@@ -120,4 +120,12 @@ pub enum PtraceError {
          its restore or dump must be failed"
     )]
     Exited { tid: u32, how: String },
+
+    #[error(
+        "thread {tid} did not stop within {:?} of PTRACE_INTERRUPT (stuck in a driver call?); it is \
+         left running with every signal but SIGTRAP blocked, so CRIU cannot finish this task: let \
+         the restore or dump fail, and if the process is still there afterwards, kill it",
+        waited
+    )]
+    StopTimeout { tid: u32, waited: std::time::Duration },
 }

@@ -21,6 +21,7 @@ use nix::sys::ptrace::{self, Options};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 use std::marker::PhantomData;
+use std::time::{Duration, Instant};
 
 /// `PTRACE_GETSIGMASK` / `PTRACE_SETSIGMASK` (Linux 3.11), which nix does not wrap.
 const PTRACE_GETSIGMASK: libc::c_uint = 0x420a;
@@ -156,10 +157,18 @@ impl RunningRestoreThread {
     /// ptrace options and the signal mask it had before [`resume_restore_thread`].
     ///
     /// Signals that the thread stops for before the interrupt takes effect are delivered to it
-    /// and the wait goes on, as CRIU's `compel_wait_task` does. Fails if the thread exited.
-    pub fn stop(mut self) -> Result<(), PtraceError> {
+    /// and the wait goes on, as CRIU's `compel_wait_task` does. Fails if the thread exited or does
+    /// not stop within [`STOP_DEADLINE`].
+    pub fn stop(self) -> Result<(), PtraceError> {
+        self.stop_within(STOP_DEADLINE)
+    }
+
+    /// [`RunningRestoreThread::stop`] with another deadline than [`STOP_DEADLINE`]. On
+    /// [`PtraceError::StopTimeout`] the thread is left running, interrupted: it stops at its next
+    /// return to user space, and its tracer sees that stop when it next waits for it.
+    pub fn stop_within(mut self, deadline: Duration) -> Result<(), PtraceError> {
         self.stopped = true;
-        stop_thread(self.tid, self.saved_sigmask)
+        stop_thread(self.tid, self.saved_sigmask, deadline)
     }
 }
 
@@ -169,25 +178,41 @@ impl Drop for RunningRestoreThread {
             return;
         }
         self.stopped = true;
-        if let Err(e) = stop_thread(self.tid, self.saved_sigmask) {
+        if let Err(e) = stop_thread(self.tid, self.saved_sigmask, STOP_DEADLINE) {
             log::error!("restore thread {} was left running and could not be stopped again: {e}", self.tid);
         }
     }
 }
 
-fn stop_thread(tid: u32, saved_sigmask: KernelSigset) -> Result<(), PtraceError> {
+fn stop_thread(tid: u32, saved_sigmask: KernelSigset, deadline: Duration) -> Result<(), PtraceError> {
     let pid = pid_of(tid);
     ptrace::interrupt(pid).map_err(request_error(tid, "PTRACE_INTERRUPT"))?;
-    wait_for_stop(tid)?;
+    wait_for_stop(tid, deadline)?;
     restore_criu_options(tid)?;
     set_sigmask(tid, saved_sigmask)
 }
 
-/// Waits until `tid` reports a ptrace-stop after PTRACE_INTERRUPT.
-fn wait_for_stop(tid: u32) -> Result<(), PtraceError> {
+/// How long a resumed restore thread may take to stop after PTRACE_INTERRUPT. A thread stops at
+/// its next return to user space, which takes microseconds; only a thread stuck inside the kernel
+/// (an uninterruptible driver call) takes longer, and then waiting on would hang CRIU's restore.
+pub const STOP_DEADLINE: Duration = Duration::from_secs(10);
+
+/// Waits until `tid` reports a ptrace-stop after PTRACE_INTERRUPT, for at most `deadline`.
+fn wait_for_stop(tid: u32, deadline: Duration) -> Result<(), PtraceError> {
     let pid = pid_of(tid);
+    let started = Instant::now();
+    // Polled (WNOHANG) so that the wait has a deadline; the pause grows from 20 µs to 2 ms, so
+    // the usual stop is seen within microseconds and a slow one costs little CPU.
+    let mut pause = Duration::from_micros(20);
     loop {
-        match waitpid(pid, Some(WaitPidFlag::__WALL)) {
+        match waitpid(pid, Some(WaitPidFlag::__WALL | WaitPidFlag::WNOHANG)) {
+            Ok(WaitStatus::StillAlive) => {
+                if started.elapsed() >= deadline {
+                    return Err(PtraceError::StopTimeout { tid, waited: deadline });
+                }
+                std::thread::sleep(pause);
+                pause = (pause * 2).min(Duration::from_millis(2));
+            }
             Err(Errno::EINTR) => continue,
             Err(errno) => return Err(PtraceError::Wait { tid, errno }),
             // The interrupt's stop (or a group-stop, which is as stopped).
@@ -208,7 +233,7 @@ fn wait_for_stop(tid: u32) -> Result<(), PtraceError> {
             Ok(WaitStatus::Signaled(_, signal, _)) => {
                 return Err(PtraceError::Exited { tid, how: format!("killed by {signal}") })
             }
-            Ok(WaitStatus::Continued(_) | WaitStatus::StillAlive) => continue,
+            Ok(WaitStatus::Continued(_)) => continue,
         }
     }
 }

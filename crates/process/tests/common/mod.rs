@@ -23,6 +23,7 @@ pub fn run_child_if_requested() {
     match std::env::var(CHILD_ENV).as_deref() {
         Ok("holder") => holder(),
         Ok("ticker") => ticker(),
+        Ok("vforker") => vforker(),
         _ => {}
     }
 }
@@ -133,6 +134,32 @@ fn ticker() -> ! {
     }
 }
 
+/// Says its thread id, then for each `vfork` line on stdin starts a vfork-style child (the
+/// caller waits until the child exits) that sleeps 2 s: meanwhile this thread waits in the
+/// kernel where no ptrace interrupt can stop it.
+fn vforker() -> ! {
+    say(&format!("TID {}", nix::unistd::gettid()));
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+        if line.trim_end() == "vfork" {
+            let two_seconds = libc::timespec { tv_sec: 2, tv_nsec: 0 };
+            // SAFETY: CLONE_VFORK without CLONE_VM: the child gets its own copy of the memory
+            // (as after fork), so nothing it does can touch this process; it makes only the raw
+            // nanosleep and exit_group system calls, which need no lock of the copied threads.
+            unsafe {
+                let flags = (libc::CLONE_VFORK | libc::SIGCHLD) as libc::c_long;
+                if libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) == 0 {
+                    libc::syscall(libc::SYS_nanosleep, &two_seconds, std::ptr::null_mut::<libc::timespec>());
+                    libc::syscall(libc::SYS_exit_group, 0);
+                }
+            }
+            say("VFORKED");
+        }
+        line.clear();
+    }
+    std::process::exit(0)
+}
+
 /// A child running this test binary in a child mode; killed and reaped on drop.
 pub struct TestChild {
     child: Child,
@@ -191,8 +218,19 @@ impl TestChild {
         self.stdout.take().expect("stdout taken")
     }
 
+    /// Kills the child and reaps it, its threads that this test traces first: a traced thread
+    /// stays a zombie until its tracer waits for it, and the child cannot be reaped before that,
+    /// so a test that panicked while tracing would otherwise hang here instead of failing.
     pub fn kill_and_reap(&mut self) {
+        let pid = self.child.id();
+        let threads: Vec<i32> = std::fs::read_dir(format!("/proc/{pid}/task"))
+            .map(|dir| dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
+            .unwrap_or_default();
         let _ = self.child.kill();
+        for tid in threads.into_iter().filter(|&t| t != pid as i32) {
+            // ECHILD for a thread nobody here traces; a traced one returns once it has died.
+            let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(tid), Some(nix::sys::wait::WaitPidFlag::__WALL));
+        }
         let _ = self.child.wait();
     }
 
