@@ -11,6 +11,7 @@
 # Contents (and nothing else; the test doubles of crates/sim are never packaged):
 #   /usr/lib/criu-cuda-migrate/plugins/criu_cuda_migrate.so   the CRIU plugin, alone in its own libdir
 #   /usr/bin/criu-cuda-migrate                                the command-line tool
+#   /usr/lib/criu-cuda-migrate/action-script                  CRIU's action script for runc (loopback up at restore)
 #   /usr/share/man/man1/criu-cuda-migrate.1.gz                its man page (packaging/criu-cuda-migrate.1)
 #   /etc/criu/criu-cuda-migrate.conf.example                  the libdir line to copy into /etc/criu/*.conf
 #   /usr/share/doc/criu-cuda-migrate/                         README.md, USER-GUIDE.md, copyright, changelog
@@ -98,6 +99,7 @@ install -m 0644 "$PLUGIN_SO" "$root$PLUGIN_DIR/criu_cuda_migrate.so"
 strip --strip-unneeded "$root$PLUGIN_DIR/criu_cuda_migrate.so"
 install -m 0755 "$CLI_BIN" "$root/usr/bin/criu-cuda-migrate"
 strip --strip-unneeded "$root/usr/bin/criu-cuda-migrate"
+install -m 0755 "$PACKAGING/action-script" "$root/usr/lib/criu-cuda-migrate/action-script"
 
 install -m 0644 "$PACKAGING/criu-cuda-migrate.conf" "$root/etc/criu/criu-cuda-migrate.conf.example"
 gzip -9n <"$PACKAGING/criu-cuda-migrate.1" >"$root/usr/share/man/man1/criu-cuda-migrate.1.gz"

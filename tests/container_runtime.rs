@@ -22,6 +22,10 @@
 //! Every flow runs on the root `CCM_CRIU_SUITE` names (trixie: Podman 5.4, runc 1.1, crun 1.21, containerd 1.7;
 //! forky: Podman 5.8, runc 1.3, crun 1.28, containerd 2.1); tests/run-all.sh runs both.
 //!
+//! Podman with runc and a network namespace of the container's own (`--network none`) holding an established TCP
+//! connection on 127.0.0.1 (tests/container/podman-tcp-flow.sh): `--tcp-established` checkpoint and restore, which
+//! needs the package's CRIU action script (runc restores that namespace with its loopback down).
+//!
 //! A CUDA container, on the test doubles (tests/container/runc-cuda-flow.sh): plain runc with the packaged plugin
 //! (libdir in `runc.conf`), the sample workload in its own pid namespace; `runc checkpoint` and `runc restore` bring
 //! it back with its device data and an agreeing identity, on the same simulated GPU and, with
@@ -989,4 +993,90 @@ fn containerd_cri_with_a_cdi_gpu_restores_a_cuda_container_onto_the_gpu_its_new_
     if !adjustments.is_empty() {
         loud(&format!("NOTE: CRI CDI flow host adjustment: {}", adjustments.trim()));
     }
+}
+
+/// Podman with runc, a container with its own network namespace (`--network none`) holding an established TCP
+/// connection on 127.0.0.1 (tests/container/podman-tcp-flow.sh): `checkpoint --tcp-established --export`, then
+/// `restore --import --tcp-established` twice. With only the libdir line in runc.conf, CRIU's TCP repair finds the
+/// restored namespace's loopback down (runc dumps the namespace empty); with the package's action script added, the
+/// restore succeeds and the connection carries on.
+#[test]
+fn podman_runc_restores_established_loopback_tcp_with_the_packaged_action_script() {
+    let test = "podman_runc_restores_established_loopback_tcp_with_the_packaged_action_script";
+    let _one = ONE_FLOW.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(root) = criu_root_or_skip(test) else {
+        return;
+    };
+    let copy = RootCopy::of(&root, RootKind::Runtimes);
+    let scratch = Scratch { dir: tempfile::Builder::new().prefix("ccm-podman-tcp-test-").tempdir().expect("scratch") };
+    fs::copy(deb(), scratch.path().join("package.deb")).expect("copy of the package");
+    let exe = std::env::current_exe().expect("path of the test binary");
+    let bin = exe.parent().and_then(Path::parent).expect("target/<profile>/deps/").join("ccm-tcp-pair");
+    assert!(bin.is_file(), "{} is missing: run `cargo build --workspace` first", bin.display());
+    fs::create_dir(scratch.path().join("tcp-bin")).expect("tcp-bin");
+    fs::copy(&bin, scratch.path().join("tcp-bin/ccm-tcp-pair")).expect("copy of ccm-tcp-pair");
+    let s = scratch.path().to_str().expect("UTF-8 scratch path");
+    let flow = repo_root().join("tests/container/podman-tcp-flow.sh");
+    let script = format!("bash {} {s}", flow.to_str().expect("UTF-8 path"));
+    let runner = root.run(
+        &[scratch.path()],
+        &["bash", "-c", &script],
+        &[("CCM_TRIXIE_ROOT", copy.path().to_str().expect("UTF-8 root path"))],
+    );
+    assert!(runner.status.success(), "the Podman TCP flow failed to run: {}", describe_output(&runner));
+
+    scratch.assert_step("ptcp-install", "dpkg -i of the package");
+    scratch.assert_step("ptcp-image", "podman import of the TCP image");
+    scratch.assert_step("ptcp-run", "podman run --network none of ccm-tcp-pair");
+    assert_eq!(scratch.rc("ptcp-ready"), Some(0), "the TCP pair never counted: {}", scratch.read("ptcp-run-logs.txt"));
+    let dump = scratch.read("ptcp-dump.log");
+    if scratch.rc("ptcp-checkpoint") != Some(0) && dump.contains("Can't get 1:16 opt") {
+        // Kernels since 6.16 refuse SO_PASSCRED's getsockopt on TCP sockets; CRIU fixed its dump after 4.1.1
+        // (checkpoint-restore/criu #2705, #2718). The same dump on CRIU 4.2.1 passes (the forky pass).
+        loud(&format!(
+            "SKIPPED {test} on the {} root: its CRIU cannot dump a TCP socket on this kernel ({}): Error \
+             (criu/sockets.c): Can't get 1:16 opt (SO_PASSCRED), fixed in CRIU 4.2; the forky pass runs it",
+            root.suite,
+            std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap_or_default().trim()
+        ));
+        return;
+    }
+    scratch.assert_step("ptcp-checkpoint", "podman container checkpoint --tcp-established --export");
+    assert!(dump.contains("TCP_ESTABLISHED"), "CRIU dumped no established TCP connection:\n{}", plugin_lines(&dump));
+
+    // Without the action script: runc's restored namespace has lo down.
+    let plain = scratch.read("ptcp-plain-restore.log");
+    if scratch.rc("ptcp-plain") == Some(0) {
+        loud(&format!(
+            "NOTE: podman/runc ({} root) restored loopback TCP without the action script: this runc restores the \
+             loopback of the namespace it made",
+            root.suite
+        ));
+    } else {
+        assert!(
+            plain.contains("Network is unreachable"),
+            "the restore without the action script failed, but not in CRIU's TCP repair as known:\n{}\n{}",
+            plugin_lines(&plain),
+            scratch.read("ptcp-plain.err")
+        );
+    }
+
+    // With it: restored, and the numbers go on over the restored connection.
+    assert!(scratch.read("ptcp-script-runc.conf").contains("action-script /usr/lib/criu-cuda-migrate/action-script"));
+    assert_eq!(
+        scratch.rc("ptcp-script"),
+        Some(0),
+        "restore --import --tcp-established with the action script failed:\n{}\n{}",
+        scratch.criu_errors(),
+        scratch.read("ptcp-script.err")
+    );
+    assert_eq!(
+        scratch.rc("ptcp-script-continues"),
+        Some(0),
+        "the restored TCP pair did not go on past {} (now {}): {}",
+        scratch.read("ptcp-at-checkpoint.txt").trim(),
+        scratch.read("ptcp-script-after.txt").trim(),
+        scratch.read("ptcp-script.state")
+    );
+    assert_eq!(scratch.read("ptcp-script.state").trim(), "running");
 }

@@ -27,6 +27,7 @@ const PLUGIN_PATH: &str = "/usr/lib/criu-cuda-migrate/plugins/criu_cuda_migrate.
 const CLI_PATH: &str = "/usr/bin/criu-cuda-migrate";
 const MAN_PAGE_PATH: &str = "/usr/share/man/man1/criu-cuda-migrate.1.gz";
 const CONFIG_EXAMPLE_PATH: &str = "/etc/criu/criu-cuda-migrate.conf.example";
+const ACTION_SCRIPT_PATH: &str = "/usr/lib/criu-cuda-migrate/action-script";
 
 /// Every file the package may hold; anything else (a test double above all) is a packaging bug.
 const EXPECTED_FILES: &[&str] = &[
@@ -34,6 +35,7 @@ const EXPECTED_FILES: &[&str] = &[
     CLI_PATH,
     MAN_PAGE_PATH,
     CONFIG_EXAMPLE_PATH,
+    ACTION_SCRIPT_PATH,
     "/usr/share/doc/criu-cuda-migrate/README.md",
     "/usr/share/doc/criu-cuda-migrate/USER-GUIDE.md",
     "/usr/share/doc/criu-cuda-migrate/IMAGE-FORMAT.md",

@@ -227,6 +227,9 @@ EOF
     mkdir -p /etc/criu
     {
         grep '^libdir' /etc/criu/criu-cuda-migrate.conf.example
+        # runc restores a network namespace it made with lo down: the package's action script sets it up (the
+        # torchrun ranks' TCP connections on 127.0.0.1 need it; tests/container/podman-tcp-flow.sh).
+        sed -n 's/^#\(action-script .*\)$/\1/p' /etc/criu/criu-cuda-migrate.conf.example
         [[ $NETLOCK == nftables ]] && echo 'network-lock nftables'
         [[ -n ${CCM_RT_CRIU_CONF:-} ]] && printf '%s\n' "$CCM_RT_CRIU_CONF"
     } >/etc/criu/runc.conf
@@ -302,6 +305,9 @@ setup_podman() {
     probe_network_lock
     {
         grep '^libdir' /etc/criu/criu-cuda-migrate.conf.example
+        # runc restores a network namespace it made with lo down: the package's action script sets it up (the
+        # torchrun ranks' TCP connections on 127.0.0.1 need it; tests/container/podman-tcp-flow.sh).
+        sed -n 's/^#\(action-script .*\)$/\1/p' /etc/criu/criu-cuda-migrate.conf.example
         [[ $NETLOCK == nftables ]] && echo 'network-lock nftables'
         [[ -n ${CCM_RT_CRIU_CONF:-} ]] && printf '%s\n' "$CCM_RT_CRIU_CONF"
     } >/etc/criu/runc.conf

@@ -1,5 +1,6 @@
 //! `criu-cuda-migrate`: inspect a checkpoint's GPU identity, preflight this node for a restore,
-//! list this node's GPUs, and recover a process a failed run left LOCKED or CHECKPOINTED.
+//! list this node's GPUs, recover a process a failed run left LOCKED or CHECKPOINTED, and serve
+//! as CRIU's action script (the restored network namespace's loopback, which runc leaves down).
 //!
 //! One rule for exit codes: 0 success; 1 a refusal (preflight refused, recover could not bring the
 //! process back); 2 bad usage or unreadable input (an unknown option, a malformed value, a missing
@@ -70,6 +71,11 @@ enum Command {
         #[arg(long)]
         pid: i32,
     },
+    /// Run as CRIU's action script (`action-script /usr/lib/criu-cuda-migrate/action-script` in the CRIU
+    /// configuration file): at a restore's setup-namespaces, bring the loopback interface of the restored network
+    /// namespace up, which runc leaves down, so that TCP connections on 127.0.0.1 restored with --tcp-established
+    /// can come back. Every other action: nothing. Reads CRTOOLS_SCRIPT_ACTION and CRTOOLS_INIT_PID from CRIU.
+    ActionScript,
 }
 
 /// Bounds of an archive read (the archive is untrusted: a compressed bomb must end).
@@ -138,6 +144,7 @@ fn main() -> ExitCode {
         ),
         Command::Node => ("node", node(cli.json)),
         Command::Recover { pid } => ("recover", recover(*pid, cli.json)),
+        Command::ActionScript => ("action-script", action_script()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
@@ -533,6 +540,41 @@ fn node(json: bool) -> CliResult {
         for (i, g) in gpus.iter().enumerate() {
             println!("{i}  {}  {}  {}  minor {}  {} MiB", g.uuid, g.pci, g.name, g.minor, g.memory_total >> 20);
         }
+    }
+    Ok(())
+}
+
+/// CRIU's action script. CRIU runs it for every action of a dump and a restore, and a script that
+/// exits non-zero fails the whole operation; so only a call that is not from CRIU at all is an
+/// error. A loopback that cannot be brought up is a warning: only a restore with established TCP
+/// connections on it needs it, and CRIU's own error says so when it does.
+///
+/// Nothing is printed on success: under runc, CRIU's output is the restored container's own (its
+/// log), which is not ours to write in.
+fn action_script() -> CliResult {
+    let action = std::env::var("CRTOOLS_SCRIPT_ACTION").map_err(|_| {
+        Failure::Input(
+            "CRTOOLS_SCRIPT_ACTION is not set: this command is CRIU's action script, run by CRIU; put \
+             `action-script /usr/lib/criu-cuda-migrate/action-script` in the CRIU configuration file (criu-cuda-migrate(1))"
+                .to_string(),
+        )
+    })?;
+    if action != "setup-namespaces" {
+        return Ok(());
+    }
+    let raw = std::env::var("CRTOOLS_INIT_PID").unwrap_or_default();
+    let Some(pid) = raw.trim().parse::<i64>().ok().and_then(ccm_identity::HostPid::new) else {
+        eprintln!(
+            "criu-cuda-migrate action-script: WARNING: CRIU gave no valid CRTOOLS_INIT_PID ({raw:?}) at \
+             setup-namespaces; the restored network namespace's loopback is left as it is"
+        );
+        return Ok(());
+    };
+    if let Err(e) = ccm_process::netns::bring_loopback_up(pid) {
+        eprintln!(
+            "criu-cuda-migrate action-script: WARNING: {e}; established TCP connections on the restored \
+             loopback cannot be restored"
+        );
     }
     Ok(())
 }

@@ -249,3 +249,39 @@ fn bad_flags_and_values() {
 
 /// What a case plants in its directory before the CLI runs.
 type Plant<'a> = Box<dyn Fn(&std::path::Path) + 'a>;
+
+/// `action-script` is CRIU's: outside CRIU it says how to configure it (exit 2); under CRIU every
+/// step but setup-namespaces is left alone, and a bad or stale pid there is only a warning, since a
+/// script that fails would fail the whole dump or restore (exit 0).
+#[test]
+fn the_action_script_outside_criu_and_with_bad_pids() {
+    let action = |env: &[(&str, &str)]| {
+        let mut c = Command::new(cli());
+        c.arg("action-script").env_remove("CRTOOLS_SCRIPT_ACTION").env_remove("CRTOOLS_INIT_PID");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        c.output().expect("run the CLI")
+    };
+    let out = action(&[]);
+    assert_clean_failure(&out, 2, "action-script /usr/lib/criu-cuda-migrate/action-script");
+
+    for step in ["pre-dump", "post-dump", "pre-restore", "post-restore", "network-lock", "network-unlock"] {
+        let out = action(&[("CRTOOLS_SCRIPT_ACTION", step), ("CRTOOLS_INIT_PID", "1")]);
+        assert_eq!(out.status.code(), Some(0), "{step}");
+        assert!(out.stdout.is_empty() && out.stderr.is_empty(), "{step}: {out:?}");
+    }
+    for pid in ["", "0", "-1", "x", "99999999999"] {
+        let out = action(&[("CRTOOLS_SCRIPT_ACTION", "setup-namespaces"), ("CRTOOLS_INIT_PID", pid)]);
+        assert_eq!(out.status.code(), Some(0), "pid {pid:?}");
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(stderr.contains("WARNING") && stderr.contains("CRTOOLS_INIT_PID"), "pid {pid:?}: {stderr}");
+    }
+    // A process that is gone.
+    let mut child = Command::new("true").spawn().expect("true");
+    let gone = child.id().to_string();
+    child.wait().expect("reap");
+    let out = action(&[("CRTOOLS_SCRIPT_ACTION", "setup-namespaces"), ("CRTOOLS_INIT_PID", &gone)]);
+    assert_eq!(out.status.code(), Some(0));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is gone"), "{out:?}");
+}

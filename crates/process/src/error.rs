@@ -129,3 +129,25 @@ pub enum PtraceError {
     )]
     StopTimeout { tid: u32, waited: std::time::Duration },
 }
+
+/// Failures bringing up the loopback interface of a restored task's network namespace.
+#[derive(Debug, thiserror::Error)]
+pub enum LoopbackError {
+    #[error(
+        "process {pid} is gone: CRIU's setup-namespaces action names the root task of the tree it \
+         restores (CRTOOLS_INIT_PID), which lives until the restore ends; run this only as CRIU's \
+         action script"
+    )]
+    Gone { pid: u32 },
+
+    #[error(
+        "cannot {action} process {pid}: {source}; this needs root (CAP_SYS_ADMIN and CAP_NET_ADMIN), \
+         as CRIU runs its action scripts"
+    )]
+    Failed {
+        pid: u32,
+        action: &'static str,
+        #[source]
+        source: std::io::Error,
+    },
+}

@@ -9,6 +9,8 @@
 //! - [`dir`]: files read and written as root in directories others may control: relative to a
 //!   directory fd, never through a link, reads capped, writes by a fresh file renamed into place;
 //! - [`mountinfo`]: the mount table of a process (`/proc/PID/mountinfo`), parsed;
+//! - [`netns`]: the loopback interface of a restored task's network namespace (CRIU's
+//!   `setup-namespaces` action);
 //! - [`cgroup`]: which cgroup a process is in, and moving the driver agent into CRIU's;
 //! - [`devices`]: which `/dev/nvidiaN` a process holds open or mapped, and which libraries it maps;
 //! - [`tree`]: namespace pids, process tree, threads;
@@ -28,6 +30,7 @@ pub mod helper;
 pub mod maps;
 pub mod mem;
 pub mod mountinfo;
+pub mod netns;
 mod procfs;
 pub mod ptrace;
 pub mod tree;
@@ -43,4 +46,4 @@ pub use ptrace::{resume_restore_thread, RunningRestoreThread};
 pub use tree::{children_recursive, is_alive, kill, ns_pid, threads};
 
 mod error;
-pub use error::{ProcessError, PtraceError, SiteError};
+pub use error::{LoopbackError, ProcessError, PtraceError, SiteError};

@@ -1,0 +1,45 @@
+//! `ccm-tcp-pair OUT`: one process holding an established TCP connection with itself on
+//! 127.0.0.1, for the tests of `--tcp-established` restores (tests/container/podman-tcp-flow.sh).
+//! Every 100 ms it sends the next number on one end, reads it on the other, and writes
+//! `TCP <number>` to OUT (a fresh file renamed into place). A restore that brought the connection
+//! back keeps the numbers going; any socket error ends it with status 1 and the error. A test tool,
+//! never packaged.
+
+use std::io::{BufRead, BufReader, Write};
+use std::net::{TcpListener, TcpStream};
+use std::process::ExitCode;
+use std::time::Duration;
+
+fn main() -> ExitCode {
+    let Some(out) = std::env::args_os().nth(1).map(std::path::PathBuf::from) else {
+        eprintln!("usage: ccm-tcp-pair OUT");
+        return ExitCode::from(2);
+    };
+    match run(&out) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("ccm-tcp-pair: {e}");
+            ExitCode::from(1)
+        }
+    }
+}
+
+fn run(out: &std::path::Path) -> std::io::Result<()> {
+    let listener = TcpListener::bind("127.0.0.1:0")?;
+    let mut client = TcpStream::connect(listener.local_addr()?)?;
+    let (server, _) = listener.accept()?;
+    let mut server = BufReader::new(server);
+    let tmp = out.with_extension("tmp");
+    let mut line = String::new();
+    for n in 1u64.. {
+        writeln!(client, "{n}")?;
+        line.clear();
+        if server.read_line(&mut line)? == 0 {
+            return Err(std::io::Error::other("the connection was closed"));
+        }
+        std::fs::write(&tmp, format!("TCP {}\n", line.trim()))?;
+        std::fs::rename(&tmp, out)?;
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    Ok(())
+}
