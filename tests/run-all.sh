@@ -89,7 +89,7 @@ done
 
 step "no test process left behind"
 # Every test must end what it started, restored processes included.
-left=$(pgrep -a -f 'ccm-sample-workload|ccm-sim-target|ccm-fault-loop|torch_workload' | grep -v pgrep || true)
+left=$(pgrep -a -f 'ccm-sample-workload|ccm-sim-target|ccm-fault-loop|ccm-tcp-pair|torch_workload' | grep -v pgrep || true)
 if [ -n "$left" ]; then
     echo "tests left these processes running:"
     echo "$left"
