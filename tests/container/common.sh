@@ -206,6 +206,20 @@ start_registry() {
     REGISTRY_PID=$!
 }
 
+# podman_cleanup CGROUP_PARENT: a Podman flow's EXIT trap: every container removed, whatever podman could not stop
+# killed by its cgroup under CGROUP_PARENT (this run's own), those cgroups removed deepest first, Podman's storage
+# tmpfs (podman_storage_and_conf) unmounted.
+podman_cleanup() {
+    podman rm --all --force --time 0 >/dev/null 2>&1
+    local cg=/sys/fs/cgroup$1 pid
+    if [ -d "$cg" ]; then
+        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
+        sleep 0.5
+        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+    fi
+    umount -l /var/lib/containers 2>/dev/null
+}
+
 # podman_storage_and_conf HYBRID NOTES: Podman's storage on a tmpfs (the root copy may sit on overlayfs) and a
 # containers.conf for cgroupfs without journald; on a hybrid cgroup v1 host (HYBRID=1) no pids limit, said in NOTES.
 podman_storage_and_conf() {

@@ -150,17 +150,7 @@ restore_import() {
     fi
 }
 
-cleanup() {
-    podman rm --all --force --time 0 >/dev/null 2>&1
-    local cg=/sys/fs/cgroup$CGROUP_PARENT pid
-    if [ -d "$cg" ]; then
-        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
-        sleep 0.5
-        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
-    fi
-    umount -l /var/lib/containers 2>/dev/null
-}
-trap cleanup EXIT
+trap 'podman_cleanup "$CGROUP_PARENT"' EXIT
 
 touch "$S/flow.log"
 : >"$S/$P-host-adjustments.txt"

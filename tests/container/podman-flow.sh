@@ -73,18 +73,7 @@ copy_criu_log() {
     [ -n "$dir" ] && [ -f "$dir/$log" ] && cp "$dir/$log" "$dest"
 }
 
-cleanup() {
-    podman rm --all --force --time 0 >/dev/null 2>&1
-    # Whatever podman could not stop: kill it by cgroup, then remove the cgroups, deepest first.
-    local cg=/sys/fs/cgroup$CGROUP_PARENT
-    if [ -d "$cg" ]; then
-        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
-        sleep 0.5
-        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
-    fi
-    umount -l /var/lib/containers 2>/dev/null
-}
-trap cleanup EXIT
+trap 'podman_cleanup "$CGROUP_PARENT"' EXIT
 
 : >"$S/flow.log"
 : >"$S/host-adjustments.txt"

@@ -43,17 +43,7 @@ ok() { [ "$(cat "$S/$P-$1.rc" 2>/dev/null)" = 0 ]; }
 static_dir() { podman inspect --format '{{.StaticDir}}' "$NAME" 2>/dev/null; }
 counter() { cat "$CTL/counter" 2>/dev/null; }
 
-cleanup() {
-    podman rm --all --force --time 0 >/dev/null 2>&1
-    local cg=/sys/fs/cgroup$CGROUP_PARENT pid
-    if [ -d "$cg" ]; then
-        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
-        sleep 0.5
-        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
-    fi
-    umount -l /var/lib/containers 2>/dev/null
-}
-trap cleanup EXIT
+trap 'podman_cleanup "$CGROUP_PARENT"' EXIT
 
 pstep install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
 unset CRIU_LIBS_DIR CRIU_CONFIG_FILE

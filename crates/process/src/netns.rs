@@ -3,9 +3,9 @@
 //! runc dumps a container's network namespace EMPTY (its checkpoint always passes CRIU
 //! `--empty-ns network`: "runc doesn't manage network devices") and, on restore, recreates only
 //! veth interfaces in the new namespace CRIU makes. A namespace runc itself created (Podman
-//! `--network none`: the spec asks for a new one without a path) so comes back with its loopback interface DOWN, and
-//! CRIU's repair of an established TCP connection on 127.0.0.1 fails with "Can't connect inet socket
-//! back: Network is unreachable". crun dumps and restores the namespace; Podman networks and
+//! `--network none`: the spec asks for a new one without a path) so comes back with its loopback
+//! interface DOWN, and CRIU's repair of an established TCP connection on 127.0.0.1 fails with
+//! "Can't connect inet socket back: Network is unreachable". crun dumps and restores the namespace; Podman networks and
 //! Kubernetes pods hand runc a namespace by path, which CRIU joins as it is.
 //!
 //! [`bring_loopback_up`] is what CRIU's `setup-namespaces` action script needs: after CRIU has made

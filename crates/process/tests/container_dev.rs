@@ -5,28 +5,13 @@
 
 use std::os::unix::fs::{FileTypeExt, MetadataExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use ccm_process::container::{container_dev, create_gpu_node, remove_gpu_node, DevView, ForeignDev};
 
-struct Container(Child);
-
-impl Drop for Container {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1).map(|e| e == "0"))
-        .unwrap_or(false)
-}
+mod common;
+use common::{is_root, KillOnDrop as Container};
 
 /// Runs `script` in a new mount namespace (private propagation) and returns it with the pid of the
 /// process the script finally `exec`s, once `ready` (a path in the host's view) exists.

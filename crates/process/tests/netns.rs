@@ -4,26 +4,11 @@
 use ccm_identity::HostPid;
 use ccm_process::netns::{bring_loopback_up, Loopback};
 use ccm_process::LoopbackError;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+
+mod common;
+use common::{is_root, KillOnDrop as Sleeper};
 use std::time::{Duration, Instant};
-
-struct Sleeper(Child);
-
-impl Drop for Sleeper {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-fn is_root() -> bool {
-    std::fs::read_to_string("/proc/self/status")
-        .unwrap_or_default()
-        .lines()
-        .find_map(|l| l.strip_prefix("Uid:"))
-        .and_then(|l| l.split_whitespace().nth(1).map(|e| e == "0"))
-        .unwrap_or(false)
-}
 
 /// A `sleep` in a network namespace of its own (`unshare --net`, no fork: the sleep is the child).
 fn sleeper_in_new_netns() -> Option<Sleeper> {

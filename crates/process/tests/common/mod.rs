@@ -1,7 +1,8 @@
-//! Child processes for the integration tests: this test binary re-executed in a "child mode".
+//! Child processes for the integration tests: this test binary re-executed in a "child mode"; and
+//! the small helpers the tests share (`is_root`, `KillOnDrop`).
 //!
-//! Each test binary declares `#[test] fn zz_child_entry() { common::run_child_if_requested() }`;
-//! the parent re-runs the binary with only that test and `CCM_PROCESS_TEST_CHILD=<mode>`.
+//! Each test binary that starts such children declares
+//! `#[test] fn zz_child_entry() { common::run_child_if_requested() }`; the parent re-runs the binary with only that test and `CCM_PROCESS_TEST_CHILD=<mode>`.
 //! Children talk on stdout in lines that start with an upper-case tag (libtest's own lines are
 //! skipped) and take commands on stdin.
 
@@ -158,6 +159,27 @@ fn vforker() -> ! {
         line.clear();
     }
     std::process::exit(0)
+}
+
+/// Whether the test runs as root (the namespace tests need it, and skip loudly without).
+pub fn is_root() -> bool {
+    std::fs::read_to_string("/proc/self/status")
+        .unwrap_or_default()
+        .lines()
+        .find_map(|l| l.strip_prefix("Uid:"))
+        .and_then(|l| l.split_whitespace().nth(1).map(|e| e == "0"))
+        .unwrap_or(false)
+}
+
+/// A child process (not this test binary) that is killed and reaped when dropped, so that a failed
+/// assertion leaves nothing running.
+pub struct KillOnDrop(pub Child);
+
+impl Drop for KillOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
 }
 
 /// A child running this test binary in a child mode; killed and reaped on drop.
