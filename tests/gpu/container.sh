@@ -10,7 +10,8 @@
 #                                                $OUT/xfer-*.tar.xz (split into 15 MiB parts) and meta.txt
 #   bash tests/gpu/container.sh restore XFER     phase 2, on machine B: XFER is a folder holding phase 1's
 #                                                files; restores both there, NCCL after the restore
-#   bash tests/gpu/container.sh same dump        several phases in one call (c1 ... c6: one same-machine case)
+#   bash tests/gpu/container.sh same dump        several phases in one call (c1 ... c7: one same-machine case;
+#                                                c7 is the legacy NVIDIA hook instead of CDI)
 #
 # Anyone with two single-GPU nodes reruns the move the same way: `dump` on node A, copy $OUT's xfer-* and
 # meta.txt to node B, `restore DIR` there. Both nodes need the same driver, the checkout at the same path,
@@ -41,6 +42,8 @@ READY_TIMEOUT=${CCM_READY_TIMEOUT:-90}
 ROUND_TIMEOUT=${CCM_ROUND_TIMEOUT:-180}
 WORKLOAD=$DEVICE_DIR/bin/ccm-sample-workload
 LATE=$REPO/tests/gpu/late_nccl.py
+# What the legacy NVIDIA hook does at a container's start (tests/gpu/legacy_hook.py; the toolkit is not packaged).
+LEGACY_HOOK=$REPO/tests/gpu/legacy_hook.py
 CHECK=(python3 "$REPO/tests/gpu/gpu_check.py")
 PLUGIN_LIBDIR=/usr/lib/criu-cuda-migrate/plugins
 export NCCL_NVLS_ENABLE=0
@@ -128,9 +131,9 @@ make_bundle() {
     rm -rf "$dir"
     mkdir -p "$dir/rootfs" "$ctl"
     (cd "$dir" && runc_ spec)
-    python3 - "$dir" "$ctl" "$args" "$REPO" "${BUNDLE_GPU_MINOR:-$GPU_MINOR}" "$TORCH_DIR" "${EXTRA_DEVICE:-}" <<'PY'
+    python3 - "$dir" "$ctl" "$args" "$REPO" "${BUNDLE_GPU_MINOR:-$GPU_MINOR}" "$TORCH_DIR" "${EXTRA_DEVICE:-}" "${LEGACY_NVD:-}" "$LEGACY_HOOK" <<'PY'
 import json, os, sys
-d, ctl, args, repo, minor, torch_dir, extra = sys.argv[1:8]
+d, ctl, args, repo, minor, torch_dir, extra, legacy_nvd, legacy_hook = sys.argv[1:10]
 root = os.path.join(d, "rootfs")
 for link, target in (("bin", "usr/bin"), ("lib", "usr/lib"), ("lib64", "usr/lib64"), ("sbin", "usr/sbin")):
     os.symlink(target, os.path.join(root, link))
@@ -170,8 +173,15 @@ for path in ("/dev/nvidiactl", "/dev/nvidia-uvm", "/dev/nvidia-uvm-tools", f"/de
         maj, mi = os.major(st.st_rdev), os.minor(st.st_rdev)
     else:  # a GPU this node does not have (the refusal case): the NVIDIA major, that minor
         maj, mi = os.major(os.stat("/dev/nvidiactl").st_rdev), int(minor)
-    devs.append({"path": path, "type": "c", "major": maj, "minor": mi, "fileMode": 0o666, "uid": 0, "gid": 0})
+    # The legacy NVIDIA hook: no GPU node in linux.devices (the hook makes them in the container's /dev);
+    # the devices cgroup still lets them through (the hook's other job).
+    if not legacy_nvd:
+        devs.append({"path": path, "type": "c", "major": maj, "minor": mi, "fileMode": 0o666, "uid": 0, "gid": 0})
     allow.append({"allow": True, "type": "c", "major": maj, "minor": mi, "access": "rwm"})
+if legacy_nvd:
+    c["process"]["env"].append("NVIDIA_VISIBLE_DEVICES=" + legacy_nvd)
+    py = sys.executable
+    c["hooks"] = {"createRuntime": [{"path": py, "args": [py, legacy_hook, os.path.join(ctl, "legacy-hook.log")]}]}
 # A probe device only one of two bundles has: shows whether a restore takes /dev from the new
 # bundle or from the dumped container.
 if extra:
@@ -368,13 +378,18 @@ case_pytorch() {
 # Records one row NAME; USABLE_LINE (the plugin's `usable GPUs:` line of the good restore) is added when asked
 # (SHOW_USABLE=1).
 refused_then_restored() {
-    local name=$1 id=$2 why=$3 c=$WORK/cases/$1 sum1 sum2 err procs seen usable=""
+    local name=$1 id=$2 why=$3 c=$WORK/cases/$1 sum1 sum2 err procs seen usable="" extra=""
     rm -rf "$c"; mkdir -p "$c"
     make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
     start_container "$id" "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT" || { record "$name" "refused, then restored" "not started" FAIL -; return; }
     checkpoint "$id" "$c/img" || { record "$name" "checkpoint passes" "$(grep -E 'Error' "$c/img.work/dump.log" | head -n2 | tr '\n' ' ')" FAIL -; save "$c"; return; }
     sum1=$(images_sum "$c/img")
+    if [[ -n ${LEGACY_NVD:-} ]]; then
+        # What the container saw: the spec gave no GPU node, the hook made them.
+        extra="; started with NVIDIA_VISIBLE_DEVICES=$LEGACY_NVD, spec linux.devices: [$(python3 -c 'import json,sys; print(" ".join(d["path"] for d in json.load(open(sys.argv[1]))["linux"].get("devices", [])))' "$c/bundle/config.json")], $(head -n1 "$c/ctl/legacy-hook.log" 2>/dev/null)"
+    fi
     [[ -n ${REFUSE_MINOR:-} ]] && BUNDLE_GPU_MINOR=$REFUSE_MINOR make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
+    [[ -n ${REFUSE_NVD:-} ]] && LEGACY_NVD=$REFUSE_NVD make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
     if restore_container "$id" "$c/bundle" "$c/img" ${REFUSE_ENV:+"$REFUSE_ENV"}; then
         record "$name" "refused by the preflight" "the restore passed" FAIL -
         runc_ delete -f "$id" >/dev/null 2>&1; save "$c"; return
@@ -387,11 +402,11 @@ refused_then_restored() {
     runc_ delete -f "$id" >/dev/null 2>&1
     rm -rf "$c/img.rwork"
     # Nothing was lost: the same images restore with the normal bundle and environment.
-    make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
+    LEGACY_NVD=${RETRY_NVD:-${LEGACY_NVD:-}} make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
     if restore_container "$id" "$c/bundle" "$c/img" && go_round "$c/ctl" 1 && seen=$(check_sample_report "$c/ctl/report1.json") &&
         [[ $sum1 == "$sum2" && -n $err && $procs == 0 ]]; then
         [[ ${SHOW_USABLE:-0} == 1 ]] && usable="; then usable GPUs: $(grep -m1 'usable GPUs: ' "$c/img.rwork/restore.log" | sed 's/.*usable GPUs: //' | cut -c1-200)"
-        record "$name" "refused before CRIU restores anything; images byte-identical; no container left; a retry restores" "refused: $err; images $sum1 = $sum2; $procs processes left$usable; retry: $seen" PASS -
+        record "$name" "refused before CRIU restores anything; images byte-identical; no container left; a retry restores" "refused: $err; images $sum1 = $sum2; $procs processes left$usable; retry: $seen$extra" PASS -
     else
         record "$name" "refused cleanly, then restored" "err=${err:-none}; images $sum1 vs $sum2; $procs processes left; retry: ${seen:-failed}" FAIL -
     fi
@@ -411,6 +426,15 @@ case_refusal() {
 # and the log says the usable set came from the bundle's spec.
 case_container_given_gpus() {
     REFUSE_MINOR=7 SHOW_USABLE=1 refused_then_restored c5-runc-container-aware-map ccm-c5 'given no GPU of this node'
+}
+
+# The legacy NVIDIA hook instead of CDI (issue 25, item 3): no GPU node in the spec's linux.devices, only
+# NVIDIA_VISIBLE_DEVICES in process.env, the nodes made by a createRuntime hook (tests/gpu/legacy_hook.py, what
+# nvidia-container-runtime-hook does). Dumped with the GPU's UUID; a restore whose spec names a GPU this node does not
+# have is refused by the preflight; the retry's spec names the GPU by its NVML index (0).
+case_legacy_hook() {
+    LEGACY_NVD=$GPU_UUID REFUSE_NVD=GPU-00000000-0000-0000-0000-00000000dead RETRY_NVD=0 SHOW_USABLE=1 \
+        refused_then_restored c7-runc-legacy-hook ccm-c7 'NVIDIA_VISIBLE_DEVICES=.*no GPU of this node'
 }
 
 # ------------------------------------------------------------------------------------------------
@@ -514,6 +538,7 @@ main() {
             case_refusal
             case_container_given_gpus
             case_pytorch
+            case_legacy_hook
             ;;
         c1) case_checkpoint_restore ;;
         c2) case_leave_running ;;
@@ -521,6 +546,7 @@ main() {
         c4) case_refusal ;;
         c5) case_container_given_gpus ;;
         c6) case_pytorch ;;
+        c7) case_legacy_hook ;;
         dump) phase_dump ;;
         restore)
             shift
