@@ -49,7 +49,7 @@ find_debs() {
     return 1
 }
 
-# prepare_runtimes: the .debs of Podman, crun, conmon, iptables (trixie) and containerd 2.1 (forky) with the libraries
+# prepare_runtimes: the .debs of Podman, crun, conmon, iptables, iproute2 (trixie) and containerd 2.1 (forky) with the libraries
 # they link, in .device/runtime-debs-podman and .device/runtime-debs-containerd (tests/gpu/runtimes.sh).
 RUNTIME_LIMIT_MIB=55
 prepare_runtimes() {
@@ -82,10 +82,12 @@ prepare_runtimes() {
         mv "$root"/tmp/ccm-rt-debs/*.deb "$dir/"
         rm -rf "$root/tmp/ccm-rt-debs"
     }
-    pkgs=$(lib_packages "$trixie" /usr/bin/podman /usr/bin/crun /usr/bin/conmon /usr/sbin/xtables-nft-multi /usr/sbin/xtables-legacy-multi)
+    # iproute2: CRIU runs `ip` to dump and restore a network namespace's addresses and routes when the runtime has it
+    # dumped (crun; runc asks for it empty), and the GPU host has no ip.
+    pkgs=$(lib_packages "$trixie" /usr/bin/podman /usr/bin/crun /usr/bin/conmon /usr/sbin/xtables-nft-multi /usr/sbin/xtables-legacy-multi /usr/bin/ip)
     # shellcheck disable=SC2086 # one word per package
     download "$trixie" "$podman_dir" podman crun conmon golang-github-containers-common iptables libcriu2 netavark \
-        libnetfilter-conntrack3 libnfnetlink0 $pkgs
+        libnetfilter-conntrack3 libnfnetlink0 iproute2 $pkgs
     pkgs=$(lib_packages "$forky" /usr/bin/containerd /usr/bin/containerd-shim-runc-v2 /usr/bin/ctr /usr/bin/docker-registry)
     # shellcheck disable=SC2086
     download "$forky" "$ctrd_dir" containerd docker-registry $pkgs

@@ -95,8 +95,8 @@ CHECK=(python3 "$REPO/tests/gpu/gpu_check.py")
 TORCH_PY=${CCM_TORCH_PY:-/opt/torch/.venv/bin/python3}
 XZ_LEVEL=${CCM_XZ_LEVEL:-3}
 PART_BYTES=15M
-# $OUT takes 8 files: the table, the logs, meta-NAME.txt and this many parts.
-PARTS_PER_CALL=5
+# $OUT takes 8 files and 64 MiB: the table, the logs, meta-NAME.txt and this many parts of 15 MiB.
+PARTS_PER_CALL=4
 READY_TIMEOUT=${CCM_READY_TIMEOUT:-120}
 # A round of the sample workload takes well under a second; a restored torch job's second phase some seconds.
 ROUND_TIMEOUT=${CCM_ROUND_TIMEOUT:-60}
@@ -230,7 +230,7 @@ EOF
         # runc restores a network namespace it made with lo down: the package's action script sets it up (the
         # torchrun ranks' TCP connections on 127.0.0.1 need it; tests/container/podman-tcp-flow.sh).
         sed -n 's/^#\(action-script .*\)$/\1/p' /etc/criu/criu-cuda-migrate.conf.example
-        [[ $NETLOCK == nftables ]] && echo 'network-lock nftables'
+        [[ $NETLOCK == nftables || $NETLOCK == skip ]] && echo "network-lock $NETLOCK"
         [[ -n ${CCM_RT_CRIU_CONF:-} ]] && printf '%s\n' "$CCM_RT_CRIU_CONF"
     } >/etc/criu/runc.conf
     rm -f /etc/criu/default.conf
@@ -261,7 +261,11 @@ probe_network_lock() {
         NETLOCK=iptables NETLOCK_WHY="the host's $(command -v iptables-restore)"
         return
     fi
-    # The carried iptables (runtime-debs-podman): legacy, then nft.
+    # The carried iptables (runtime-debs-podman): legacy, then nft. Unpacked here too when only containerd runs:
+    # CRIU restores a network namespace's iptables rules with iptables-restore when the dump saved some.
+    if [[ ! -x $RT_ROOT/usr/sbin/xtables-legacy-multi && ! -x $RT_ROOT/usr/sbin/xtables-nft-multi ]]; then
+        unpack_debs runtime-debs-podman >/dev/null 2>&1
+    fi
     if [[ -x $RT_ROOT/usr/sbin/xtables-legacy-multi || -x $RT_ROOT/usr/sbin/xtables-nft-multi ]]; then
         for v in legacy nft; do
             [[ -x $RT_ROOT/usr/sbin/xtables-$v-multi ]] || continue
@@ -279,6 +283,12 @@ probe_network_lock() {
         return
     fi
     NETLOCK_WHY="no iptables-restore works in a new network namespace and criu check --feature network-lock-nftables fails"
+    # Then CRIU's default (iptables) fails every dump and restore of a container with its own network namespace
+    # (`execvp("iptables-restore") failed`). A sample-workload container has no connection to keep: CRIU's `skip`
+    # (no lock) is enough for it, and said in the machine file; the torchrun case (TCP) still needs a real lock.
+    if ! criu dump --network-lock skip -t 0 -D /nonexistent 2>&1 | grep -q 'Invalid value for --network-lock'; then
+        NETLOCK=skip NETLOCK_WHY="$NETLOCK_WHY: CRIU's network-lock skip (no lock; no case but torchrun keeps a connection)"
+    fi
 }
 
 # unpack_debs NAME: NAME's .debs into RT_ROOT (dpkg -x, nothing installed).
@@ -302,13 +312,15 @@ setup_podman() {
     wrapper conmon "$RT_ROOT/usr/bin/conmon"
     # crun dlopens libcriu (libcriu2 is in runtime-debs-podman), which runs `criu swrk` from PATH.
     wrapper crun "$RT_ROOT/usr/bin/crun" "$RT_LIBS:$CRIU_LIBS"
+    # CRIU runs `ip` for a network namespace it dumps itself (crun's containers; runc has it dumped empty).
+    [[ -x $RT_ROOT/usr/bin/ip ]] && ! command -v ip >/dev/null && wrapper ip "$RT_ROOT/usr/bin/ip"
     probe_network_lock
     {
         grep '^libdir' /etc/criu/criu-cuda-migrate.conf.example
         # runc restores a network namespace it made with lo down: the package's action script sets it up (the
         # torchrun ranks' TCP connections on 127.0.0.1 need it; tests/container/podman-tcp-flow.sh).
         sed -n 's/^#\(action-script .*\)$/\1/p' /etc/criu/criu-cuda-migrate.conf.example
-        [[ $NETLOCK == nftables ]] && echo 'network-lock nftables'
+        [[ $NETLOCK == nftables || $NETLOCK == skip ]] && echo "network-lock $NETLOCK"
         [[ -n ${CCM_RT_CRIU_CONF:-} ]] && printf '%s\n' "$CCM_RT_CRIU_CONF"
     } >/etc/criu/runc.conf
     echo "network lock (with the carried iptables): $NETLOCK ($NETLOCK_WHY)" >>"$MACHINE"
@@ -404,6 +416,26 @@ cdi() {
 # Podman cases
 
 static_dir() { podman inspect --format '{{.StaticDir}}' "$1" 2>/dev/null; }
+# archive_preflight ROW ARCHIVE WHAT: the package's `criu-cuda-migrate inspect` and `preflight` read the checkpoint
+# archive itself (issue 25, item 4) on this node: the GPU it was dumped on, the map a restore would use, a usable set
+# naming no GPU of this node refused (exit 1, "ok":false); the archive byte-identical afterwards.
+archive_preflight() {
+    local row=$1 a=$2 what=$3 d=$WORK/$1 sum1 sum2 t0 ti tp rc_i rc_p rc_r
+    mkdir -p "$d"
+    sum1=$(sha256sum <"$a")
+    t0=$(now); criu-cuda-migrate inspect "$a" >"$d/inspect.txt" 2>&1; rc_i=$?; ti=$(elapsed "$t0")
+    t0=$(now); criu-cuda-migrate preflight "$a" >"$d/preflight.txt" 2>&1; rc_p=$?; tp=$(elapsed "$t0")
+    criu-cuda-migrate preflight --json --usable-gpus GPU-00000000-0000-0000-0000-00000000dead "$a" >"$d/refused.json" 2>&1; rc_r=$?
+    sum2=$(sha256sum <"$a")
+    local seen="inspect rc $rc_i ($(grep -c "${DUMPED_ON:-$GPU_UUID}" "$d/inspect.txt") line(s) name the GPU it was dumped on); preflight rc $rc_p: $(grep -m1 -E '^(preflight|restore refused)' "$d/preflight.txt" | one_line 120), $(grep -m1 -A1 'dump GPU' "$d/preflight.txt" | tail -n1 | one_line 160); absent usable GPU: rc $rc_r, $(grep -o '"ok": *[a-z]*' "$d/refused.json" | head -n1); archive $([[ $sum1 == "$sum2" ]] && echo unchanged || echo CHANGED)"
+    if [[ $rc_i == 0 && $rc_p == 0 && $rc_r == 1 && $sum1 == "$sum2" ]] && grep -q "${DUMPED_ON:-$GPU_UUID}" "$d/inspect.txt" && grep -q '"ok": *false' "$d/refused.json"; then
+        record "$row" "inspect and preflight of $what, read in place: the dumped GPU, the map here, an absent GPU refused, archive intact" "$seen" PASS "inspect ${ti}s, preflight ${tp}s, $(du -m "$a" | cut -f1) MiB"
+    else
+        record "$row" "inspect and preflight of $what" "$seen; $(tail -n2 "$d/inspect.txt" "$d/preflight.txt" | one_line 300)" FAIL -
+    fi
+    cp "$d"/* "$LOGS/" 2>/dev/null
+}
+
 pstate() { podman inspect --format '{{.State.Status}}' "$1" 2>/dev/null; }
 
 # podman_override FILE VAR=VALUE...: a CONTAINERS_CONF_OVERRIDE file giving conmon (so the runtime and CRIU) these.
@@ -524,6 +556,7 @@ phase_podman_same() {
         fi
     fi
     podman rm -f --time 0 "$name" >/dev/null 2>&1
+    archive_preflight p6-archive-preflight-podman "$a1" "Podman's export (tar.zst)"
     t0=$(now)
     if p_restore "$a1" "$c/restore.log"; then
         tr=$(elapsed "$t0")
@@ -748,6 +781,14 @@ setup_containerd() {
     rm -rf "$d"
     SNAP=$snap
     mkdir -p "$RTD/containerd" /run/ccm-containerd
+    # CRI gives the pod sandbox oomScoreAdj -998. Lowering a score needs CAP_SYS_RESOURCE, which root on the GPU
+    # machine lacks (runc init: `failed to update /proc/self/oom_score_adj: Permission denied`, RunPodSandbox fails):
+    # then containerd's own knob for that case keeps every score at or above its own.
+    OOM_RESTRICT=
+    if ! (echo -999 >/proc/self/oom_score_adj) 2>/dev/null; then
+        OOM_RESTRICT="  restrict_oom_score_adj = true"
+        log "this root cannot lower an OOM score (no CAP_SYS_RESOURCE): containerd's CRI gets restrict_oom_score_adj = true"
+    fi
     cat >"$RTD/containerd/config.toml" <<EOF
 version = 3
 root = "$RTD/containerd/root"
@@ -761,6 +802,7 @@ $([[ -z $CRI_PY ]] && echo 'disabled_plugins = ["io.containerd.grpc.v1.cri"]')
     sandbox = "localhost/ccm-pause:1"
 [plugins."io.containerd.cri.v1.runtime"]
 ${CCM_RT_CRI_EXTRA:-}
+$OOM_RESTRICT
   enable_cdi = true
   cdi_spec_dirs = ["/etc/cdi", "/var/run/cdi"]
   [plugins."io.containerd.cri.v1.runtime".containerd]
@@ -781,7 +823,7 @@ EOF
     fi
     {
         echo "containerd: $(containerd --version) (Debian forky, dpkg -x; links glibc only); snapshotter $snap"
-        echo "CRI: ${CRI_PY:-not run: $CRI_WHY}"
+        echo "CRI: ${CRI_PY:-not run: $CRI_WHY}${OOM_RESTRICT:+ (restrict_oom_score_adj: this root cannot lower an OOM score)}"
     } >>"$MACHINE"
     CTRD_DONE=1
 }
@@ -951,6 +993,7 @@ cri_same() {
         { record c4-cri-cdi "CheckpointContainer passes" "$(tail -n2 "$c/checkpoint.out" | one_line)" FAIL -; cri_gone "$id"; return; }
     td=$(elapsed "$t0")
     cri_gone "$id"
+    archive_preflight c5-archive-preflight-kubelet "$c/ckpt.tar" "CRI CheckpointContainer's archive (the kubelet's form)"
     seen=
     t0=$(now)
     id2=$(cri_create cuda-restored "$c/ckpt.tar" "$c/ctl2" nvidia.com/gpu=0) && cri StartContainer "{\"container_id\":\"$id2\"}" >"$c/restore.out" 2>&1
@@ -1131,7 +1174,7 @@ t_check() {
 
 t_setup() {
     setup_podman || return 1
-    if [[ $NETLOCK == none ]]; then
+    if [[ $NETLOCK == none || $NETLOCK == skip ]]; then
         record t0-torchrun "a torchrun job with its own network namespace" "not run: CRIU cannot lock a network namespace on this machine: $NETLOCK_WHY" SKIP -
         return 1
     fi
