@@ -427,7 +427,8 @@ archive_preflight() {
     t0=$(now); criu-cuda-migrate preflight "$a" >"$d/preflight.txt" 2>&1; rc_p=$?; tp=$(elapsed "$t0")
     criu-cuda-migrate preflight --json --usable-gpus GPU-00000000-0000-0000-0000-00000000dead "$a" >"$d/refused.json" 2>&1; rc_r=$?
     sum2=$(sha256sum <"$a")
-    local seen="inspect rc $rc_i ($(grep -c "${DUMPED_ON:-$GPU_UUID}" "$d/inspect.txt") line(s) name the GPU it was dumped on); preflight rc $rc_p: $(grep -m1 -E '^(preflight|restore refused)' "$d/preflight.txt" | one_line 120), $(grep -m1 -A1 'dump GPU' "$d/preflight.txt" | tail -n1 | one_line 160); absent usable GPU: rc $rc_r, $(grep -o '"ok": *[a-z]*' "$d/refused.json" | head -n1); archive $([[ $sum1 == "$sum2" ]] && echo unchanged || echo CHANGED)"
+    local seen
+    seen="inspect rc $rc_i ($(grep -c "${DUMPED_ON:-$GPU_UUID}" "$d/inspect.txt") line(s) name the GPU it was dumped on); preflight rc $rc_p: $(grep -m1 -E '^(preflight|restore refused)' "$d/preflight.txt" | one_line 120), $(grep -m1 -A1 'dump GPU' "$d/preflight.txt" | tail -n1 | one_line 160); absent usable GPU: rc $rc_r, $(grep -o '"ok": *[a-z]*' "$d/refused.json" | head -n1); archive $([[ $sum1 == "$sum2" ]] && echo unchanged || echo CHANGED)"
     if [[ $rc_i == 0 && $rc_p == 0 && $rc_r == 1 && $sum1 == "$sum2" ]] && grep -q "${DUMPED_ON:-$GPU_UUID}" "$d/inspect.txt" && grep -q '"ok": *false' "$d/refused.json"; then
         record "$row" "inspect and preflight of $what, read in place: the dumped GPU, the map here, an absent GPU refused, archive intact" "$seen" PASS "inspect ${ti}s, preflight ${tp}s, $(du -m "$a" | cut -f1) MiB"
     else
@@ -1088,6 +1089,8 @@ phase_containerd_restore() {
     else
         record cx3-ctr-restore "ctr restore on B" "no ctr checkpoint in the dump (its dump failed)" SKIP -
     fi
+    # What a user asks on the target node before the restore: the kubelet's archive of A, read in place here.
+    [[ -f $x/cri-ckpt.tar ]] && DUMPED_ON=$gpu_a archive_preflight cx5-archive-preflight-cross "$x/cri-ckpt.tar" "machine A's CRI archive on machine B, before its restore"
     if [[ -f $x/cri-ckpt.tar && -n $CRI_PY ]] && cri_setup "$x/image-oci.tar"; then
         mkdir -p "$x/cri-ctl2"
         seen=
