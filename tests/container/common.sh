@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by the container flows (podman-flow.sh, containerd-flow.sh). Needs S (the scratch directory).
+# Sourced by the container flows (tests/container/*-flow.sh but podman-flow.sh). Needs S (the scratch directory).
 
 # step NAME CMD...: runs CMD, its output in S/NAME.out and S/NAME.err, its status in S/NAME.rc; returns the
 # status. A flow never stops on a failed step by itself: the Rust test reads the statuses and says which broke.
@@ -10,6 +10,20 @@ step() {
     rc=$?
     echo "$rc" >"$S/$name.rc"
     return "$rc"
+}
+
+# install_with_cgroup2 STEP: the package installed as the user guide says (`dpkg -i`, no plugin path in the
+# environment) and cgroup2 mounted where the root has none, each through the flow's STEP function (step, or its
+# prefixed form); sets HYBRID=1 on a hybrid cgroup v1 host (podman-flow.sh says what that changes), else 0.
+# Returns 1 when a step failed: the flow then ends (exit 0) and the Rust test names the step.
+install_with_cgroup2() {
+    local run=$1
+    "$run" install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || return 1
+    unset CRIU_LIBS_DIR CRIU_CONFIG_FILE
+    mkdir -p /sys/fs/cgroup
+    mountpoint -q /sys/fs/cgroup || "$run" cgroup2-mount mount -t cgroup2 cgroup2 /sys/fs/cgroup || return 1
+    HYBRID=0
+    if grep -qv '^0::' /proc/self/cgroup; then HYBRID=1; fi
 }
 
 # wait_counter MIN CMD...: until CMD prints the container loop's `TOKEN COUNTER` line with COUNTER >= MIN

@@ -155,15 +155,8 @@ trap 'podman_cleanup "$CGROUP_PARENT"' EXIT
 touch "$S/flow.log"
 : >"$S/$P-host-adjustments.txt"
 
-# --- install, as the user guide says
-pstep install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
-unset CRIU_LIBS_DIR CRIU_CONFIG_FILE
-
-# --- cgroups: cgroup2 only (podman-flow.sh says why; on a hybrid host two settings, in P-host-adjustments.txt)
-mkdir -p /sys/fs/cgroup
-mountpoint -q /sys/fs/cgroup || pstep cgroup2-mount mount -t cgroup2 cgroup2 /sys/fs/cgroup || exit 0
-HYBRID=0
-grep -qv '^0::' /proc/self/cgroup && HYBRID=1
+# --- install, as the user guide says; cgroups: cgroup2 only (podman-flow.sh says why; install_with_cgroup2, common.sh)
+install_with_cgroup2 pstep || exit 0
 echo "$HYBRID" >"$S/$P-hybrid"
 
 mkdir -p /etc/criu

@@ -45,13 +45,8 @@ counter() { cat "$CTL/counter" 2>/dev/null; }
 
 trap 'podman_cleanup "$CGROUP_PARENT"' EXIT
 
-pstep install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
-unset CRIU_LIBS_DIR CRIU_CONFIG_FILE
-
-mkdir -p /sys/fs/cgroup
-mountpoint -q /sys/fs/cgroup || pstep cgroup2-mount mount -t cgroup2 cgroup2 /sys/fs/cgroup || exit 0
-HYBRID=0
-grep -qv '^0::' /proc/self/cgroup && HYBRID=1
+# --- install, as the user guide says; cgroups: cgroup2 only (podman-flow.sh says why; install_with_cgroup2, common.sh)
+install_with_cgroup2 pstep || exit 0
 : >"$S/$P-host-adjustments.txt"
 podman_storage_and_conf "$HYBRID" "$S/$P-host-adjustments.txt"
 

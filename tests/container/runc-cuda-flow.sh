@@ -283,15 +283,8 @@ make_sentinel() {
 : >"$S/host-adjustments.txt"
 : >"$HELPERS"
 
-# --- install, as the user guide says
-step install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
-unset CRIU_LIBS_DIR CRIU_CONFIG_FILE
-
-# --- cgroups: cgroup2 only, as on a current distribution (see podman-flow.sh)
-mkdir -p /sys/fs/cgroup
-mountpoint -q /sys/fs/cgroup || step cgroup2-mount mount -t cgroup2 cgroup2 /sys/fs/cgroup || exit 0
-HYBRID=0
-grep -qv '^0::' /proc/self/cgroup && HYBRID=1
+# --- install, as the user guide says; cgroups: cgroup2 only (podman-flow.sh says why; install_with_cgroup2, common.sh)
+install_with_cgroup2 step || exit 0
 echo "$HYBRID" >"$S/hybrid"
 
 # --- CRIU: the plugin's libdir line in /etc/criu/runc.conf only

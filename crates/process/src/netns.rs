@@ -54,23 +54,36 @@ pub fn bring_loopback_up(pid: HostPid) -> Result<Loopback, LoopbackError> {
     })
 }
 
-/// The network namespace the calling thread is in, as (device, inode) of its nsfs file.
-fn thread_network_namespace(pid: HostPid) -> Result<(u64, u64), LoopbackError> {
-    use std::os::unix::fs::MetadataExt;
-    let m = std::fs::metadata("/proc/thread-self/ns/net").map_err(failed(pid, "read a network namespace, for"))?;
-    Ok((m.dev(), m.ino()))
+/// A datagram socket in the calling thread's network namespace.
+fn inet_socket(pid: HostPid, action: &'static str) -> Result<OwnedFd, LoopbackError> {
+    rustix::net::socket(rustix::net::AddressFamily::INET, rustix::net::SocketType::DGRAM, None)
+        .map_err(|e| failed(pid, action)(e.into()))
+}
+
+/// The network namespace `sock` lives in, as (device, inode) of its nsfs file. Asked of the socket
+/// (SIOCGSKNS), not of a path: nothing in a file system is looked up.
+fn socket_network_namespace(pid: HostPid, sock: &OwnedFd) -> Result<(u64, u64), LoopbackError> {
+    // SAFETY: SIOCGSKNS takes no argument and returns a new descriptor of the socket's network
+    // namespace (or -1); `sock` is an open socket.
+    let fd = unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCGSKNS as _) };
+    if fd == -1 {
+        return Err(failed(pid, "read the network namespace of a socket, for")(std::io::Error::last_os_error()));
+    }
+    // SAFETY: `fd` was just returned by the kernel as a new descriptor that nothing else owns.
+    let ns = unsafe { <OwnedFd as std::os::fd::FromRawFd>::from_raw_fd(fd) };
+    let st = rustix::fs::fstat(&ns).map_err(|e| failed(pid, "stat a network namespace, for")(e.into()))?;
+    Ok((st.st_dev, st.st_ino))
 }
 
 fn in_namespace_of(pid: HostPid, pidfd: &OwnedFd) -> Result<Loopback, LoopbackError> {
-    let ours = thread_network_namespace(pid)?;
+    let ours = socket_network_namespace(pid, &inet_socket(pid, "open a socket in our network namespace, for")?)?;
     rustix::thread::move_into_thread_name_spaces(pidfd.as_fd(), rustix::thread::ThreadNameSpaceType::NETWORK)
         .map_err(|e| failed(pid, "enter the network namespace of")(e.into()))?;
     // Compared after the move, through the pidfd: no pid reuse can make this look at another process.
-    if thread_network_namespace(pid)? == ours {
+    let sock = inet_socket(pid, "open a socket in the network namespace of")?;
+    if socket_network_namespace(pid, &sock)? == ours {
         return Ok(Loopback::SharedWithUs);
     }
-    let sock = rustix::net::socket(rustix::net::AddressFamily::INET, rustix::net::SocketType::DGRAM, None)
-        .map_err(|e| failed(pid, "open a socket in the network namespace of")(e.into()))?;
     let mut req = ifreq_lo();
     // SAFETY: SIOCGIFFLAGS reads the flags of the interface named in `req` into `req`, a live,
     // fully initialised `ifreq` of this frame that outlives the call; `sock` is an open socket.
