@@ -1,5 +1,8 @@
 # shellcheck shell=bash
 # Sourced by the container flows (tests/container/*-flow.sh but podman-flow.sh). Needs S (the scratch directory).
+# Brings the shared helpers of tests/lib/common.sh (wait_file FILE [SECONDS], ...).
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"
 
 # step NAME CMD...: runs CMD, its output in S/NAME.out and S/NAME.err, its status in S/NAME.rc; returns the
 # status. A flow never stops on a failed step by itself: the Rust test reads the statuses and says which broke.
@@ -22,8 +25,8 @@ install_with_cgroup2() {
     unset CRIU_LIBS_DIR CRIU_CONFIG_FILE
     mkdir -p /sys/fs/cgroup
     mountpoint -q /sys/fs/cgroup || "$run" cgroup2-mount mount -t cgroup2 cgroup2 /sys/fs/cgroup || return 1
-    HYBRID=0
-    if grep -qv '^0::' /proc/self/cgroup; then HYBRID=1; fi
+    # shellcheck disable=SC2034 # HYBRID is read by the flows that source this file
+    if grep -qv '^0::' /proc/self/cgroup; then HYBRID=1; else HYBRID=0; fi
 }
 
 # wait_counter MIN CMD...: until CMD prints the container loop's `TOKEN COUNTER` line with COUNTER >= MIN
@@ -280,4 +283,34 @@ $cdi
         BinaryName = "$RUNC_BINARY"
         CriuWorkPath = "$2"
 EOF
+}
+
+# cri_cleanup STOP: what a CRI flow (cri-flow.sh, cri-cdi-flow.sh) leaves behind, for its EXIT trap: its
+# containers (with STOP=1, stopped before they are removed), the pod sandbox, containerd and the registry, every
+# process and cgroup under CGROUP_PARENT, containerd's shims of SOCK (they outlive containerd), the mounts under
+# D/root. Needs the flow's `cri` function, SOCK, D and CGROUP_PARENT; uses POD, CONTAINERD_PID and REGISTRY_PID
+# where they are set. Every step is best effort.
+cri_cleanup() {
+    local stop=$1 id
+    for id in $(cri ListContainers '{}' 2>/dev/null | python3 -c 'import json,sys; [print(c["id"]) for c in json.load(sys.stdin).get("containers", [])]' 2>/dev/null); do
+        [ "$stop" = 1 ] && cri StopContainer "{\"container_id\":\"$id\",\"timeout\":0}" >/dev/null 2>&1
+        cri RemoveContainer "{\"container_id\":\"$id\"}" >/dev/null 2>&1
+    done
+    [ -n "${POD:-}" ] && cri StopPodSandbox "{\"pod_sandbox_id\":\"$POD\"}" >/dev/null 2>&1
+    [ -n "${POD:-}" ] && cri RemovePodSandbox "{\"pod_sandbox_id\":\"$POD\"}" >/dev/null 2>&1
+    [ -n "${CONTAINERD_PID:-}" ] && kill "$CONTAINERD_PID" 2>/dev/null && wait "$CONTAINERD_PID" 2>/dev/null
+    [ -n "${REGISTRY_PID:-}" ] && kill "$REGISTRY_PID" 2>/dev/null && wait "$REGISTRY_PID" 2>/dev/null
+    local cg=/sys/fs/cgroup$CGROUP_PARENT pid cmdline
+    if [ -d "$cg" ]; then
+        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
+        sleep 0.3
+        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
+    fi
+    # (no pgrep in this root: /proc is read directly)
+    for cmdline in /proc/[0-9]*/cmdline; do
+        tr '\0' ' ' <"$cmdline" 2>/dev/null | grep -q "^/usr/bin/containerd-shim-runc-v2 .*-address $SOCK" || continue
+        pid=${cmdline#/proc/}
+        kill -9 "${pid%/cmdline}" 2>/dev/null
+    done
+    umount -R "$D/root" 2>/dev/null
 }

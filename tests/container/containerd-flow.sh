@@ -23,6 +23,7 @@ S=$1
 D=/tmp/ccm-containerd
 IMAGE=localhost/ccm-busybox:1
 CHECKPOINT=localhost/ccm-checkpoint:1
+# shellcheck disable=SC2016 # the container's shell expands it
 LOOP='tok=$$-$RANDOM-$RANDOM; i=0; while :; do i=$((i+1)); echo "$tok $i" >/out/count; sleep 0.1; done'
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 

@@ -57,11 +57,6 @@ cri() { python3 "$HERE/cri_client.py" "$SOCK" "$@"; }
 field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2" 2>/dev/null; }
 state() { cri ContainerStatus "{\"container_id\":\"$1\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["state"])'; }
 
-wait_file() {
-    for _ in $(seq 300); do [ -e "$1" ] && return 0; sleep 0.1; done
-    return 1
-}
-
 # round DIR K NAME: go<K> in DIR, then its report copied to S/ccdi-NAME-report<K>.json; status in
 # S/ccdi-NAME-round<K>.rc.
 round() {
@@ -77,30 +72,7 @@ round() {
 task_pid() { cri ContainerStatus "{\"container_id\":\"$1\",\"verbose\":true}" | python3 -c 'import json,sys; print(json.loads(json.load(sys.stdin)["info"]["info"])["pid"])' 2>/dev/null; }
 bundle_of() { echo "$D/state/io.containerd.runtime.v2.task/k8s.io/$1"; }
 
-cleanup() {
-    local id
-    for id in $(cri ListContainers '{}' 2>/dev/null | python3 -c 'import json,sys; [print(c["id"]) for c in json.load(sys.stdin).get("containers", [])]' 2>/dev/null); do
-        cri StopContainer "{\"container_id\":\"$id\",\"timeout\":0}" >/dev/null 2>&1
-        cri RemoveContainer "{\"container_id\":\"$id\"}" >/dev/null 2>&1
-    done
-    [ -n "${POD:-}" ] && cri StopPodSandbox "{\"pod_sandbox_id\":\"$POD\"}" >/dev/null 2>&1
-    [ -n "${POD:-}" ] && cri RemovePodSandbox "{\"pod_sandbox_id\":\"$POD\"}" >/dev/null 2>&1
-    [ -n "${CONTAINERD_PID:-}" ] && kill "$CONTAINERD_PID" 2>/dev/null && wait "$CONTAINERD_PID" 2>/dev/null
-    [ -n "${REGISTRY_PID:-}" ] && kill "$REGISTRY_PID" 2>/dev/null && wait "$REGISTRY_PID" 2>/dev/null
-    local cg=/sys/fs/cgroup$CGROUP_PARENT pid cmdline
-    if [ -d "$cg" ]; then
-        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
-        sleep 0.3
-        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
-    fi
-    # containerd's shims outlive containerd: end the ones of this run's socket (no pgrep here: /proc directly).
-    for cmdline in /proc/[0-9]*/cmdline; do
-        tr '\0' ' ' <"$cmdline" 2>/dev/null | grep -q "^/usr/bin/containerd-shim-runc-v2 .*-address $SOCK" || continue
-        pid=${cmdline#/proc/}
-        kill -9 "${pid%/cmdline}" 2>/dev/null
-    done
-    umount -R "$D/root" 2>/dev/null
-}
+cleanup() { cri_cleanup 1; }
 trap cleanup EXIT
 
 touch "$S/flow.log"

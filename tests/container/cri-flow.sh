@@ -27,6 +27,7 @@ SOCK=$D/containerd.sock
 IMAGE=localhost/ccm-busybox:1
 PAUSE=localhost/ccm-pause:1
 CGROUP_PARENT=/ccm-cri-$$
+# shellcheck disable=SC2016 # the container's shell expands it
 LOOP='tok=$$-$RANDOM-$RANDOM; i=0; while :; do i=$((i+1)); echo "$tok $i" >/out/count; sleep 0.1; done'
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
@@ -40,30 +41,7 @@ cri() { python3 "$HERE/cri_client.py" "$SOCK" "$@"; }
 field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2" 2>/dev/null; }
 state() { cri ContainerStatus "{\"container_id\":\"$1\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["state"])'; }
 
-cleanup() {
-    local id
-    for id in $(cri ListContainers '{}' 2>/dev/null | python3 -c 'import json,sys; [print(c["id"]) for c in json.load(sys.stdin).get("containers", [])]' 2>/dev/null); do
-        cri RemoveContainer "{\"container_id\":\"$id\"}" >/dev/null 2>&1
-    done
-    [ -n "${POD:-}" ] && cri StopPodSandbox "{\"pod_sandbox_id\":\"$POD\"}" >/dev/null 2>&1
-    [ -n "${POD:-}" ] && cri RemovePodSandbox "{\"pod_sandbox_id\":\"$POD\"}" >/dev/null 2>&1
-    [ -n "${CONTAINERD_PID:-}" ] && kill "$CONTAINERD_PID" 2>/dev/null && wait "$CONTAINERD_PID" 2>/dev/null
-    [ -n "${REGISTRY_PID:-}" ] && kill "$REGISTRY_PID" 2>/dev/null && wait "$REGISTRY_PID" 2>/dev/null
-    local cg=/sys/fs/cgroup$CGROUP_PARENT pid
-    if [ -d "$cg" ]; then
-        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
-        sleep 0.3
-        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
-    fi
-    # containerd's shim outlives containerd: end the ones of this run's state directory.
-    # (no pgrep in this root: /proc is read directly)
-    for cmdline in /proc/[0-9]*/cmdline; do
-        tr '\0' ' ' <"$cmdline" 2>/dev/null | grep -q "^/usr/bin/containerd-shim-runc-v2 .*-address $SOCK" || continue
-        pid=${cmdline#/proc/}
-        kill -9 "${pid%/cmdline}" 2>/dev/null
-    done
-    umount -R "$D/root" 2>/dev/null
-}
+cleanup() { cri_cleanup 0; }
 trap cleanup EXIT
 
 [ -f /etc/criu/criu-cuda-migrate.conf.example ] ||

@@ -82,11 +82,6 @@ pstep() {
 }
 ok() { [ "$(cat "$S/$P-$1.rc" 2>/dev/null)" = 0 ]; }
 
-wait_file() {
-    for _ in $(seq 300); do [ -e "$1" ] && return 0; sleep 0.1; done
-    return 1
-}
-
 # round K: go<K>, then report<K>.json copied to S/P-report<K>.json; status in S/P-round<K>.rc.
 round() {
     local k=$1 rc=0

@@ -43,6 +43,7 @@ CGROUP_PARENT=/ccm-podman-$$
 # The container's loop: a token fixed at start (in the shell's memory only) and a counter, written to a file
 # every 0.1 s. After a restore the same token must come back with a larger counter; a restarted container
 # would start a new token at 1.
+# shellcheck disable=SC2016 # the container's shell expands it
 LOOP='tok=$$-$RANDOM-$RANDOM; i=0; while :; do i=$((i+1)); echo "$tok $i" >/tmp/count; sleep 0.1; done'
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 

@@ -93,12 +93,6 @@ piped_runc() {
     return "$rc"
 }
 
-# wait_file FILE: up to 30 s.
-wait_file() {
-    for _ in $(seq 300); do [ -e "$1" ] && return 0; sleep 0.1; done
-    return 1
-}
-
 # round CTL K NAME: go<K>, then the report (copied to S/NAME-report<K>.json); status in S/NAME-round<K>.rc.
 round() {
     local ctl=$1 k=$2 name=$3 rc=0
@@ -230,6 +224,7 @@ run_case() {
     [ -n "${RESTORE_MINOR:-}" ] && make_bundle "$c/bundle" "$c/ctl" "$id" "$RESTORE_MINOR"
 
     (
+        # shellcheck disable=SC2163 # the arguments are NAME=VALUE pairs to export
         [ $# -gt 0 ] && export "$@"
         piped_runc "$name-restore" restore -d --bundle "$c/bundle" --image-path "$c/img" --work-path "$c/img.rwork" "$id"
     )

@@ -16,6 +16,8 @@ BIN=${1:?usage: criu-repro.sh BIN_DIR}
 WORK=${CCM_REPRO_WORK:-/tmp/ccm-repro}
 G0=GPU-5e110000-aabb-ccdd-0001-020304050600
 G1=GPU-5e110001-aabb-ccdd-0001-020304050601
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"
 
 fail() {
     echo "criu-repro: FAIL: $*" >&2
@@ -44,10 +46,7 @@ unset CUDA_VISIBLE_DEVICES CCM_SIM_VISIBLE CCM_SIM_FAULTS
 # The target must not inherit descriptors (CRIU would have to restore them) and must lead its own
 # session (so CRIU needs no --shell-job).
 (
-    for fd in /proc/self/fd/*; do
-        fd=${fd##*/}
-        [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null || true
-    done
+    close_inherited_fds
     exec setsid "$BIN/ccm-sim-target" --go "$WORK/go" --bytes $((8 << 20)) </dev/null >"$WORK/target.out" 2>&1
 ) &
 PID=$!
@@ -62,9 +61,11 @@ grep -q "^READY pid=$PID\$" "$WORK/target.out" || fail "the target did not start
 ctl() { "$BIN/ccm-sim-ctl" "$PID" "$@" >>"$WORK/ctl.log" 2>&1; }
 ctl lockckpt || fail "lock + checkpoint failed"
 grep -q '^CTL state=2$' "$WORK/ctl.log" || fail "the target is not CHECKPOINTED"
-if ls -l "/proc/$PID/fd" | grep -q "$WORK/state"; then
-    fail "the checkpointed target still holds a descriptor in the state directory"
-fi
+for fd in "/proc/$PID/fd/"*; do
+    case $(readlink "$fd" 2>/dev/null) in
+    *"$WORK/state"*) fail "the checkpointed target still holds a descriptor in the state directory" ;;
+    esac
+done
 
 criu dump -t "$PID" -D "$WORK/img" --libdir "$WORK/no-plugins" -v4 -o dump.log ||
     fail "criu dump failed"

@@ -62,7 +62,7 @@ trap cleanup EXIT
 start() {
     local dir=$1 devices=$2
     (
-        close_fds
+        close_inherited_fds
         exec setsid "$BIN/ccm-sample-workload" --dir "$dir" --mib 8 --devices "$devices" --rounds 4 </dev/null >"$dir.out" 2>&1
     ) &
     disown $!
@@ -77,7 +77,8 @@ start() {
 # own knobs). w1 starts after w0, so w0 has the lower pid and CRIU asks about it first.
 start_tree() {
     (
-        close_fds
+        close_inherited_fds
+        # shellcheck disable=SC2016 # the inner bash expands $0-$3 and $$
         exec setsid bash -c 'CCM_SIM_FAULTS="$2" "$0" --dir "$1/w0" --mib 8 --devices 0 --rounds 2 >"$1/w0.out" 2>&1 &
             sleep 0.2
             CCM_SIM_FAULTS="$3" "$0" --dir "$1/w1" --mib 8 --devices 1 --rounds 2 >"$1/w1.out" 2>&1 &
@@ -86,7 +87,7 @@ start_tree() {
     local root=$!
     disown $root
     for _ in $(seq 200); do [ -s "$WORK/w0/ready" ] && [ -s "$WORK/w1/ready" ] && break; sleep 0.05; done
-    [ -s "$WORK/w0/ready" ] && [ -s "$WORK/w1/ready" ] || fail "tree did not get ready"
+    { [ -s "$WORK/w0/ready" ] && [ -s "$WORK/w1/ready" ]; } || fail "tree did not get ready"
     cat "$WORK/w0/ready" "$WORK/w1/ready" >>"$WORK/started"
     echo "$root"
 }
@@ -94,7 +95,8 @@ start_tree() {
 # start_plain: a process without CUDA (a shell loop); prints its pid.
 start_plain() {
     (
-        close_fds
+        close_inherited_fds
+        # shellcheck disable=SC2016 # the inner bash expands $0-$3 and $$
         exec setsid bash -c 'echo $$ >"$1.tmp" && mv "$1.tmp" "$1"; while :; do sleep 0.1; done' ccm-fault-loop "$WORK/plain.pid" \
             </dev/null >/dev/null 2>&1
     ) &
@@ -203,20 +205,9 @@ dir_sum() {
         [ -f "$f" ] && [ ! -L "$f" ] && sha256sum <"$f"
     done | sha256sum
 }
-# agent_alive: whether a driver agent of this run (its environment names this run's state directory) is still
-# there and no zombie.
-agent_alive() {
-    local c d
-    for c in $(grep -lx ccm-agent /proc/[0-9]*/comm 2>/dev/null); do
-        d=${c%/comm}
-        grep -q '^State:[[:space:]]*Z' "$d/status" 2>/dev/null && continue
-        tr '\0' '\n' 2>/dev/null <"$d/environ" | grep -qx "CCM_SIM_STATE_DIR=$WORK/state" && return 0
-    done
-    return 1
-}
 # no_agent_left: within 10 s, no driver agent of this run is left.
 no_agent_left() {
-    for _ in $(seq 200); do agent_alive || { echo "AGENTS none left"; return 0; }; sleep 0.05; done
+    for _ in $(seq 200); do agent_alive_of "$WORK/state" || { echo "AGENTS none left"; return 0; }; sleep 0.05; done
     fail "a driver agent of this run is still there 10 s after CRIU ended"
 }
 # recover PID: the CLI brings a process left LOCKED or CHECKPOINTED back to RUNNING.
@@ -224,7 +215,7 @@ no_agent_left() {
 recover() {
     "$BIN/criu-cuda-migrate" --json recover --pid "$1" >"$WORK/recover-$1.json" 2>"$WORK/recover-$1.err" ||
         fail "criu-cuda-migrate recover --pid $1 failed: $(cat "$WORK/recover-$1.json" "$WORK/recover-$1.err")"
-    grep -q '"after":"RUNNING"' "$WORK/recover-$1.json" && grep -q '"ok":true' "$WORK/recover-$1.json" ||
+    { grep -q '"after":"RUNNING"' "$WORK/recover-$1.json" && grep -q '"ok":true' "$WORK/recover-$1.json"; } ||
         fail "recover --json of pid $1 does not say RUNNING and ok: $(cat "$WORK/recover-$1.json")"
     echo "RECOVER $(cat "$WORK/recover-$1.json") $(tr '\n' ';' <"$WORK/recover-$1.err")"
 }
@@ -490,15 +481,8 @@ criu-killed-mid-dump)
     # (The root has no pgrep.) The agent waits for w1's stalled lock to end (the double's call timeout) and
     # undoes it too; then it exits.
     # Only this run's agent: it inherited CRIU's environment, which names this run's state directory.
-    agent_alive() {
-        local c
-        for c in $(grep -lx ccm-agent /proc/[0-9]*/comm 2>/dev/null); do
-            tr '\0' '\n' 2>/dev/null <"${c%/comm}/environ" | grep -qx "CCM_SIM_STATE_DIR=$WORK/state" && return 0
-        done
-        return 1
-    }
-    for _ in $(seq 1200); do agent_alive || break; sleep 0.05; done
-    agent_alive && fail "the driver agent outlived CRIU by more than 60 s"
+    for _ in $(seq 1200); do agent_alive_of "$WORK/state" || break; sleep 0.05; done
+    agent_alive_of "$WORK/state" && fail "the driver agent outlived CRIU by more than 60 s"
     expect_state "$p1" RUNNING
     recover "$p0"
     expect_state "$p0" RUNNING

@@ -34,7 +34,7 @@ trap sim_stack_cleanup EXIT
 start() {
     local dir=$1 devices=$2
     (
-        close_fds
+        close_inherited_fds
         # shellcheck disable=SC2086
         exec setsid "$BIN/ccm-sample-workload" --dir "$dir" --mib "${WL_MIB:-8}" --devices "$devices" --rounds 4 ${WL_ARGS:-} </dev/null >"$dir.out" 2>&1
     ) &
@@ -121,11 +121,11 @@ swap | swap-noreconcile)
         grep -q "sites recorded at dump" "$WORK/img/restore.log" || fail "restore did not use the recorded sites"
         # The tool reads the same images: the GPUs, and the report the plugin left next to them.
         "$BIN/criu-cuda-migrate" inspect "$WORK/img" >"$WORK/inspect.txt" || fail "criu-cuda-migrate inspect failed"
-        grep -q "cuda:0" "$WORK/inspect.txt" && grep -q "sites rewritten" "$WORK/inspect.txt" ||
+        { grep -q "cuda:0" "$WORK/inspect.txt" && grep -q "sites rewritten" "$WORK/inspect.txt"; } ||
             fail "inspect lacks the GPUs or the restore report: $(cat "$WORK/inspect.txt")"
         "$BIN/criu-cuda-migrate" --json inspect "$WORK/img" >"$WORK/inspect.json" || fail "inspect --json failed"
         # JSON for scripts: GPUs as nvidia-smi writes them, not as byte arrays.
-        grep -q '"processes"' "$WORK/inspect.json" && grep -q "\"uuid\": \"$G0\"" "$WORK/inspect.json" ||
+        { grep -q '"processes"' "$WORK/inspect.json" && grep -q "\"uuid\": \"$G0\"" "$WORK/inspect.json"; } ||
             fail "inspect --json lacks the processes or GPU $G0 as text: $(head -c 600 "$WORK/inspect.json")"
         "$BIN/criu-cuda-migrate" --json node | grep -q "\"uuid\":\"$G1\"" || fail "node --json lacks GPU $G1 as text"
         "$BIN/criu-cuda-migrate" preflight "$WORK/img" --device-map "$G0=$G1,$G1=$G0" >"$WORK/preflight.txt" ||
@@ -142,7 +142,7 @@ swap | swap-noreconcile)
         if env -u CRIU_CUDA_MIGRATE_DEVICE_MAP "$BIN/criu-cuda-migrate" preflight "$WORK/img" --bundle "$WORK/bundle1" >"$WORK/preflight3.txt"; then
             fail "preflight accepted a bundle giving 1 GPU for a process that uses 2: $(cat "$WORK/preflight3.txt")"
         fi
-        grep -q "usable GPUs from the bundle's spec (linux.devices /dev/nvidia1 (minor 1)): $G1" "$WORK/preflight3.txt" && grep -q "preflight refused" "$WORK/preflight3.txt" ||
+        { grep -q "usable GPUs from the bundle's spec (linux.devices /dev/nvidia1 (minor 1)): $G1" "$WORK/preflight3.txt" && grep -q "preflight refused" "$WORK/preflight3.txt"; } ||
             fail "preflight --bundle output: $(cat "$WORK/preflight3.txt")"
         env -u CRIU_CUDA_MIGRATE_DEVICE_MAP "$BIN/criu-cuda-migrate" preflight "$WORK/img" --bundle "$WORK/bundle2" >"$WORK/preflight4.txt" ||
             fail "preflight refused a bundle giving both GPUs: $(cat "$WORK/preflight4.txt")"
@@ -218,7 +218,7 @@ parity)
         local arch arch_why
         if "$BIN/criu-cuda-migrate" preflight "$WORK/export.tar.gz" >"$WORK/a-$name.txt" 2>&1; then arch=passed; else arch=refused; fi
         arch_why=$(sed -n 's/^preflight refused: //p' "$WORK/a-$name.txt" | head -n1 || true)
-        [ "$arch" = "$cli" ] && [ "$arch_why" = "$cli_why" ] ||
+        { [ "$arch" = "$cli" ] && [ "$arch_why" = "$cli_why" ]; } ||
             fail "$name: the archive form says $arch ($arch_why), the directory form $cli ($cli_why): $(cat "$WORK/a-$name.txt")"
         # The plugin's verdict without restoring anything: CRIU's init fails on a refusal; a pass restores, so
         # it is undone by killing the restored tree at once (the images stay).
@@ -228,7 +228,7 @@ parity)
         echo "VERDICT $name cli=$cli archive=$arch plugin=$plugin"
         [ "$cli" = "$plugin" ] || fail "$name: the CLI says $cli, the plugin $plugin: CLI: $(cat "$WORK/p-$name.txt"); plugin: $plugin_why"
         if [ "$cli" = refused ]; then
-            [ -n "$cli_why" ] && [ "$cli_why" = "$plugin_why" ] || fail "$name: different reasons: CLI: $cli_why; plugin: $plugin_why"
+            { [ -n "$cli_why" ] && [ "$cli_why" = "$plugin_why" ]; } || fail "$name: different reasons: CLI: $cli_why; plugin: $plugin_why"
         fi
         [ "$sum" = "$(sha256sum "$WORK"/img/*.img | sha256sum)" ] || fail "$name: the images changed"
     }
@@ -297,7 +297,8 @@ no-plugin)
 two-procs)
     # One tree: a shell with two workloads, one per GPU. Dump and restore it whole, swapped.
     (
-        close_fds
+        close_inherited_fds
+        # shellcheck disable=SC2016 # the inner bash expands $0-$3 and $$
         exec setsid bash -c '"$0" --dir "$1/w0" --mib 8 --devices 0 --rounds 2 >"$1/w0.out" 2>&1 &
             "$0" --dir "$1/w1" --mib 8 --devices 1 --rounds 2 >"$1/w1.out" 2>&1 &
             wait' "$BIN/ccm-sample-workload" "$WORK" </dev/null >"$WORK/tree.out" 2>&1
@@ -307,7 +308,7 @@ two-procs)
     for _ in $(seq 200); do [ -s "$WORK/w0/ready" ] && [ -s "$WORK/w1/ready" ] && break; sleep 0.05; done
     [ -s "$WORK/w1/ready" ] || fail "tree did not get ready"
     dump "$WORK/img" "$root"
-    [ "$(ls "$WORK"/img/cuda-migrate-*.img | wc -l)" = 2 ] || fail "expected 2 identity images"
+    [ "$(count_files "$WORK"/img/cuda-migrate-*.img)" = 2 ] || fail "expected 2 identity images"
     grep -q "checkpoint of 2 CUDA process(es)" "$WORK/img/dump.log" || fail "the two processes were not checkpointed together"
     export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
     restore "$WORK/img" || fail "criu restore of the tree failed"

@@ -33,14 +33,10 @@ sim_stack_setup() {
         CRIU_CUDA_MIGRATE_LEAVE_RUNNING
 }
 
-# close_fds: the processes CRIU dumps must not inherit descriptors of files outside the root.
-close_fds() {
-    local fd
-    for fd in /proc/self/fd/*; do
-        fd=${fd##*/}
-        [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null || true
-    done
-}
+# The shared helpers (tests/lib/common.sh): close_inherited_fds (the processes CRIU dumps must not inherit
+# descriptors of files outside the root), agent_alive_of, wait_file, ...
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"
 
 # sim_stack_cleanup: kills every workload of this stack, the ones CRIU restored included (they are
 # nobody's children here): found by the CCM_SIM_STATE_DIR of their environment, so other runs'
