@@ -7,7 +7,7 @@
 # Results: $OUT/on/ and $OUT/off/ (bench-table.txt, bench-results.json), $OUT/timing-lines.txt.
 set -uo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
-cd "$REPO"
+cd "$REPO" || exit 1
 OUT=${OUT:-/tmp/ccm-bench-overhead}
 mkdir -p "$OUT/on" "$OUT/off"
 export CCM_BENCH_REPEATS=${CCM_BENCH_REPEATS:-3} CCM_BENCH_SIZES=${CCM_BENCH_SIZES:-64,1024}

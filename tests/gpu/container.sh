@@ -52,11 +52,9 @@ BARE_PID_BASE=${CCM_BARE_PID_BASE:-30000}
 
 # shellcheck source=tests/gpu/processes.sh
 source "$REPO/tests/gpu/processes.sh"
-
-log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
-record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$RESULTS"; log "$1: $4 ($3) [$5]"; }
+# log, now, elapsed, record CASE EXPECTED SEEN RESULT TIMES, print_table, ...
+# shellcheck source=tests/lib/common.sh
+source "$REPO/tests/lib/common.sh"
 
 # runc with its Debian libseccomp and a state directory of our own (a script, so that `exec` reaches it).
 RUNC=$WORK/bin/ccm-runc
@@ -74,7 +72,7 @@ setup() {
     ls "$DEVICE_DIR"/runc-debs/*.deb >/dev/null 2>&1 || { echo "no $DEVICE_DIR/runc-debs: run tests/gpu/prepare.sh" >&2; exit 2; }
     for f in "$DEVICE_DIR"/runc-debs/*.deb; do dpkg -x "$f" "$RUNC_ROOT_DIR"; done
     local pkg
-    pkg=$(ls "$DEVICE_DIR"/pkg/criu-cuda-migrate_*.deb 2>/dev/null | head -n1)
+    pkg=$(first_file "$DEVICE_DIR"/pkg/criu-cuda-migrate_*.deb)
     [[ -n $pkg ]] || { echo "no $DEVICE_DIR/pkg/criu-cuda-migrate_*.deb: run tests/gpu/prepare.sh" >&2; exit 2; }
     # The package's files, as `dpkg -i` puts them (its dependency on Debian's criu does not resolve on
     # Ubuntu, whose CRIU is too old; CRIU comes from the carried debs), then the user guide's one step:
@@ -225,6 +223,7 @@ restore_container() { # ID BUNDLE IMG [env assignments for the runtime...]
     shift 3
     mkdir -p "$img.rwork"
     (
+        # shellcheck disable=SC2163 # the arguments are NAME=VALUE pairs to export
         [[ $# -gt 0 ]] && export "$@"
         with_pipes "$WORK/$id.stdio.log" "$RUNC" restore -d --bundle "$bundle" --image-path "$img" --work-path "$img.rwork" "$id"
     )
@@ -288,6 +287,7 @@ case_checkpoint_restore() {
     pid2=$(container_pid $id)
     # Which /dev the restored container holds: the dumped one, or the restore bundle's (which alone
     # has /dev/ccm-probe)?
+    # shellcheck disable=SC2012 # a listing for people to read
     record c1-info-restored-dev "-" "restored /dev: $(ls /proc/"$pid2"/root/dev | tr '\n' ' '); probe device of the restore bundle $([[ -e /proc/$pid2/root/dev/ccm-probe ]] && echo present || echo absent)" info -
     go_round "$c/ctl" 2
     if seen=$(check_sample_report "$c/ctl/report2.json") && no_thread_warning "$c/img.work/dump.log"; then
@@ -303,7 +303,7 @@ case_leave_running() {
     local c=$WORK/cases/c2 id=ccm-c2 t0 td seen
     rm -rf "$c"; mkdir -p "$c"
     make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl)"
-    start_container $id "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT" || { record c2-runc-leave-running "keeps running" "not started: $(tail -n2 "$WORK/$id.stdio.log")" FAIL -; return; }
+    { start_container $id "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT"; } || { record c2-runc-leave-running "keeps running" "not started: $(tail -n2 "$WORK/$id.stdio.log")" FAIL -; return; }
     go_round "$c/ctl" 1
     t0=$(now)
     if ! checkpoint $id "$c/img" --leave-running; then
@@ -327,7 +327,7 @@ case_two_processes() {
     args=$(printf '["/bin/sh","-c","%s --dir /ctl/a --mib 128 --rounds 3 & %s --dir /ctl/b --mib 128 --rounds 3 & wait"]' "$WORKLOAD" "$WORKLOAD")
     make_bundle "$c/bundle" "$c/ctl" "$args"
     mkdir -p "$c/ctl/a" "$c/ctl/b"
-    start_container $id "$c/bundle" && wait_file "$c/ctl/a/ready" "$READY_TIMEOUT" && wait_file "$c/ctl/b/ready" "$READY_TIMEOUT" ||
+    { start_container $id "$c/bundle" && wait_file "$c/ctl/a/ready" "$READY_TIMEOUT" && wait_file "$c/ctl/b/ready" "$READY_TIMEOUT"; } ||
         { record c3-runc-two-processes "both restored" "not started: $(tail -n2 "$WORK/$id.stdio.log")" FAIL -; return; }
     go_round "$c/ctl/a" 1; go_round "$c/ctl/b" 1
     t0=$(now)
@@ -338,7 +338,7 @@ case_two_processes() {
     tr=$(elapsed "$t0")
     go_round "$c/ctl/a" 2; go_round "$c/ctl/b" 2
     if sa=$(check_sample_report "$c/ctl/a/report2.json") && sb=$(check_sample_report "$c/ctl/b/report2.json"); then
-        record c3-runc-two-processes "both CUDA processes restored, identity agrees, data intact" "a: $sa; b: $sb; images: $(ls "$c"/img/cuda-migrate-*.img | wc -l)" PASS "checkpoint ${td}s, restore ${tr}s; $(grep -o 'checkpoint of [0-9]* CUDA process(es) took [0-9.]* s' "$c/img.work/dump.log")"
+        record c3-runc-two-processes "both CUDA processes restored, identity agrees, data intact" "a: $sa; b: $sb; images: $(count_files "$c"/img/cuda-migrate-*.img)" PASS "checkpoint ${td}s, restore ${tr}s; $(grep -o 'checkpoint of [0-9]* CUDA process(es) took [0-9.]* s' "$c/img.work/dump.log")"
     else
         record c3-runc-two-processes "both restored, identity agrees" "a: ${sa:-?}; b: ${sb:-?}" FAIL "checkpoint ${td}s, restore ${tr}s"
     fi
@@ -353,7 +353,7 @@ case_pytorch() {
     rm -rf "$c"; mkdir -p "$c"
     args=$(printf '["%s","%s","--dir","/ctl","--mib","512","--device","cuda:0","--rounds","2"]' "$(command -v python3)" "$REPO/tests/gpu/torch_workload.py")
     make_bundle "$c/bundle" "$c/ctl" "$args"
-    start_container $id "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT" || { record c6-runc-pytorch "restored, tensor intact" "not started: $(tail -n3 "$WORK/$id.stdio.log" | tr '\n' ' ')" FAIL -; return; }
+    { start_container $id "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT"; } || { record c6-runc-pytorch "restored, tensor intact" "not started: $(tail -n3 "$WORK/$id.stdio.log" | tr '\n' ' ')" FAIL -; return; }
     t0=$(now)
     checkpoint $id "$c/img" || { record c6-runc-pytorch "checkpoint passes" "$(grep -E 'Error' "$c/img.work/dump.log" | head -n2 | tr '\n' ' ' | cut -c1-200)" FAIL -; save "$c"; return; }
     td=$(elapsed "$t0")
@@ -381,7 +381,7 @@ refused_then_restored() {
     local name=$1 id=$2 why=$3 c=$WORK/cases/$1 sum1 sum2 err procs seen usable="" extra=""
     rm -rf "$c"; mkdir -p "$c"
     make_bundle "$c/bundle" "$c/ctl" "$(sample_args /ctl 64)"
-    start_container "$id" "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT" || { record "$name" "refused, then restored" "not started" FAIL -; return; }
+    { start_container "$id" "$c/bundle" && wait_file "$c/ctl/ready" "$READY_TIMEOUT"; } || { record "$name" "refused, then restored" "not started" FAIL -; return; }
     checkpoint "$id" "$c/img" || { record "$name" "checkpoint passes" "$(grep -E 'Error' "$c/img.work/dump.log" | head -n2 | tr '\n' ' ')" FAIL -; save "$c"; return; }
     sum1=$(images_sum "$c/img")
     if [[ -n ${LEGACY_NVD:-} ]]; then
@@ -450,7 +450,7 @@ phase_dump() {
     local id=ccm-x1 t0 td tb pid bare_pid
     rm -rf /var/tmp/ccm-xfer; mkdir -p "$XFER_CTR" "$XFER_BARE/ctl"
     make_bundle "$XFER_CTR/bundle" "$XFER_CTR/ctl" "$(late_args)"
-    start_container $id "$XFER_CTR/bundle" && wait_file "$XFER_CTR/ctl/ready" "$READY_TIMEOUT" || { record x1-dump-container "dumped" "not started: $(tail -n3 "$WORK/$id.stdio.log" | tr '\n' ' ')" FAIL -; return; }
+    { start_container $id "$XFER_CTR/bundle" && wait_file "$XFER_CTR/ctl/ready" "$READY_TIMEOUT"; } || { record x1-dump-container "dumped" "not started: $(tail -n3 "$WORK/$id.stdio.log" | tr '\n' ' ')" FAIL -; return; }
     go_round "$XFER_CTR/ctl" 1
     t0=$(now)
     checkpoint $id "$XFER_CTR/img" || { record x1-dump-container "dumped" "$(grep -E 'Error' "$XFER_CTR/img.work/dump.log" | head -n2 | tr '\n' ' ')" FAIL -; return; }
@@ -480,7 +480,7 @@ phase_dump() {
 }
 
 phase_restore() {
-    local xfer=$1 id=ccm-x1 a t0 tr seen gpu_a nccl bare_pid
+    local xfer=$1 id=ccm-x1 a t0 tr seen gpu_a bare_pid
     [[ -n $(ls "$xfer"/xfer.tar.xz.* 2>/dev/null) ]] || { echo "no $xfer/xfer.tar.xz.*: run the dump phase first and carry its files" >&2; exit 2; }
     rm -rf /var/tmp/ccm-xfer
     cat "$xfer"/xfer.tar.xz.* | xz -d | tar -C /var/tmp -xf -
@@ -518,13 +518,6 @@ phase_restore() {
 }
 
 # ------------------------------------------------------------------------------------------------
-
-print_table() {
-    echo
-    echo "| case | expected | seen | result | times |"
-    echo "|---|---|---|---|---|"
-    awk -F'\t' '{ printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5 }' "$RESULTS"
-}
 
 main() {
     [[ $# -gt 0 ]] || set -- same

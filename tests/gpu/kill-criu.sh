@@ -18,9 +18,11 @@ CRIU_TIMEOUT=120
 MIB=${CCM_KILL_MIB:-4096}
 # shellcheck source=tests/gpu/processes.sh
 source "$REPO/tests/gpu/processes.sh"
+# agent_alive: a driver agent is there (and no zombie), ...
+# shellcheck source=tests/lib/common.sh
+source "$REPO/tests/lib/common.sh"
 
 row() { printf '| %s | %s | %s | %s | %s |\n' "$@"; }
-agent_alive() { grep -lx ccm-agent /proc/[0-9]*/comm >/dev/null 2>&1; }
 
 rm -rf "$WORK"
 mkdir -p "$WORK/plugins" "$WORK/img" "$WORK/w"

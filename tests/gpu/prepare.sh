@@ -64,6 +64,7 @@ prepare_runtimes() {
     lib_packages() {
         local root=$1
         shift
+        # shellcheck disable=SC2016 # the chroot's sh expands the scripts' $1, $@ and $(...)
         chroot "$root" sh -c 'for b in "$@"; do ldd "$b"; done' sh "$@" |
             awk '/=> \// { print $3 } /^\t\// { print $1 }' | sort -u |
             while read -r lib; do

@@ -9,8 +9,10 @@ OUT=${OUT:-/tmp/probe}; mkdir -p "$OUT"
 exec > >(tee "$OUT/probe.txt") 2>&1
 PY=$(command -v python3)
 echo "== GPU"; nvidia-smi --query-gpu=name,uuid,pci.bus_id,pci.device_id,pci.sub_device_id,memory.total,memory.free,persistence_mode --format=csv
-echo "== /proc/driver/nvidia"; for f in /proc/driver/nvidia/gpus/*/information; do echo "$f"; cat "$f"; b=$(basename "$(dirname "$f")"); for k in vendor device subsystem_vendor subsystem_device; do echo "sysfs $k $(cat /sys/bus/pci/devices/$b/$k 2>/dev/null)"; done; done
-echo "== CUDA headers"; ls -d /usr/local/cuda*/include 2>/dev/null; INC=$(ls -d /usr/local/cuda/include /usr/local/cuda-*/include 2>/dev/null | head -1); echo "INC=$INC"
+echo "== /proc/driver/nvidia"; for f in /proc/driver/nvidia/gpus/*/information; do echo "$f"; cat "$f"; b=$(basename "$(dirname "$f")"); for k in vendor device subsystem_vendor subsystem_device; do echo "sysfs $k $(cat "/sys/bus/pci/devices/$b/$k" 2>/dev/null)"; done; done
+echo "== CUDA headers"; ls -d /usr/local/cuda*/include 2>/dev/null
+# shellcheck disable=SC2012 # CUDA's install directories, no odd names; ls's sorted order is the one wanted
+INC=$(ls -d /usr/local/cuda/include /usr/local/cuda-*/include 2>/dev/null | head -1); echo "INC=$INC"
 echo "== libcudart"; find / -xdev -name 'libcudart.so*' 2>/dev/null | head -20
 "$PY" -c 'import torch; print("torch", torch.__version__, "cuda", torch.version.cuda)' 2>&1 | tail -1
 "$PY" -c 'import cupy; print("cupy", cupy.__version__, cupy.cuda.runtime.runtimeGetVersion())' 2>&1 | tail -1
@@ -79,5 +81,6 @@ for pid in sys.argv[4:]:
 PYEOF
 UUID=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -1); NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 BUS=$(nvidia-smi --query-gpu=pci.bus_id --format=csv,noheader | head -1)
+# shellcheck disable=SC2086,SC2046 # PROPS and the pid file are lists of words, split on purpose
 "$PY" /tmp/scan.py "$NAME" "$UUID" "$BUS" ${PROPS:-} $(cat /tmp/torch.pid)
 wait

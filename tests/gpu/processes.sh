@@ -3,6 +3,10 @@
 # cleaning up the processes a case runs, and running CRIU. Needs WORK (the scratch dir holding the list of pids);
 # criu_cmd needs CRIU_BIN, CRIU_LIBS and CRIU_TIMEOUT.
 
+# close_inherited_fds, wait_file FILE SECONDS [PID], alive PID and agent_alive come from tests/lib/proc.sh.
+# shellcheck source=tests/lib/proc.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/proc.sh"
+
 # Every process a case started or restored, by pid: cleanup kills exactly these (and, as each is
 # a session and group leader, its process group).
 track() { printf '%s\n' "$1" >>"$WORK/pids"; }
@@ -21,17 +25,6 @@ cleanup_processes() {
     : >"$WORK/pids"
 }
 
-# close_inherited_fds: closes fds above stdio of the calling (sub)shell. CRIU cannot dump a
-# process holding fds of the launcher's files on other mounts.
-close_inherited_fds() {
-    local path fd
-    for path in /proc/"$BASHPID"/fd/*; do
-        fd=${path##*/}
-        if [[ $fd =~ ^[0-9]+$ ]] && ((fd > 2)) && [[ -e $path ]]; then
-            eval "exec $fd>&-"
-        fi
-    done
-}
 
 # start_detached DIR LOG CMD...: CMD in its own session (CRIU dumps a session whole without
 # --shell-job), cwd DIR, stdin /dev/null, stdout+stderr to LOG. Sets STARTED_PID.
@@ -50,21 +43,6 @@ start_detached() {
     track "$STARTED_PID"
 }
 
-# wait_file FILE SECONDS [PID]: 0 once FILE exists; 1 on timeout; 2 as soon as PID (the process
-# that should write FILE, or its tree's root) is gone, so a dead workload does not cost the timeout.
-wait_file() {
-    local deadline=$((SECONDS + $2)) pid=${3:-}
-    while [[ ! -e $1 ]]; do
-        ((SECONDS >= deadline)) && return 1
-        if [[ -n $pid ]] && ! alive "$pid"; then
-            sleep 0.2
-            [[ -e $1 ]] && return 0
-            return 2
-        fi
-        sleep 0.05
-    done
-}
-
 # wait_gone PID SECONDS: until PID no longer exists (reaping it if it is our zombie child).
 wait_gone() {
     local pid=$1 deadline=$((SECONDS + ${2:-30})) state
@@ -76,7 +54,6 @@ wait_gone() {
     done
 }
 
-alive() { [[ -e /proc/$1 ]] && [[ $(sed 's/^.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) != Z ]]; }
 
 # criu_cmd ENV-ASSIGNMENT... -- CRIU-ARGS...: CRIU with its own libraries. LD_LIBRARY_PATH is set
 # for CRIU only: the Debian libraries must not shadow Ubuntu's in the workloads (python, torch).

@@ -32,6 +32,9 @@ PY=$(command -v python3)
 export NCCL_NVLS_ENABLE=0
 # shellcheck source=tests/gpu/processes.sh
 source "$REPO/tests/gpu/processes.sh"
+# now, elapsed, agent_alive (a driver agent that is no zombie: a killed agent waits for init to reap it), ...
+# shellcheck source=tests/lib/common.sh
+source "$REPO/tests/lib/common.sh"
 
 PHASE=${1:?usage: props-faults.sh a | b XFER | c XFER}
 mkdir -p "$WORK" "$OUTD/logs"
@@ -41,22 +44,12 @@ for f in "$DEVICE_DIR"/criu-debs/*.deb; do dpkg -x "$f" "$CRIU_ROOT"; done
 mkdir -p "$WORK/plugins" && cp "$DEVICE_DIR"/plugin/*.so "$WORK/plugins/"
 GPU=$(nvidia-smi --query-gpu=uuid --format=csv,noheader | head -n1)
 FAILS=0
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 row() {
     printf '| %s | %s | %s | %s | %s |\n' "$1" "$2" "${3//$'\n'/ }" "$4" "$5" | tee -a "$OUTD/rows.md"
     [[ $4 == PASS ]] || FAILS=$((FAILS + 1))
 }
 sums() { sha256sum "$1"/*.img | sha256sum | cut -c1-16; }
 state() { "$PY" "$REPO/tests/gpu/ckpt_ctl.py" state "$1" 2>&1 | tail -n1; }
-# A driver agent that is no zombie (a killed agent waits for init to reap it).
-agent_alive() {
-    local c
-    for c in $(grep -lx ccm-agent /proc/[0-9]*/comm 2>/dev/null); do
-        grep -q '^State:[[:space:]]*Z' "${c%/comm}/status" 2>/dev/null || return 0
-    done
-    return 1
-}
 # agent_pid LOG: the driver agent's pid, as the plugin's log names it.
 agent_pid() { grep -ao 'driver agent, pid [0-9]*\|driver agent pid [0-9]*' "$1" | head -n1 | grep -o '[0-9]*$'; }
 plines() { grep -a "criu-cuda-migrate" "$1" | grep -E "$2" | sed 's/^.*criu-cuda-migrate: //' | head -n "${3:-1}" | tr '\n' ';' | cut -c1-260; }
@@ -144,7 +137,7 @@ case_m1() { # A GPU without room: refused in preflight (plugin and CLI), images 
 }
 
 case_m2() { # The GPU is taken after the preflight: the driver's restore fails, strict mode kills, retry works.
-    local d=$WORK/m2 s0 seen rc t0 tgrab
+    local d=$WORK/m2 s0 seen rc t0
     rm -rf "$d"; workload "$d/w" 8192 || { row m2-oom-race "-" "workload not ready" FAIL -; return; }
     dump "$W" "$d/img" || { row m2-oom-race "-" "dump failed" FAIL -; return; }
     wait_gone "$W" 30; s0=$(sums "$d/img")
@@ -377,7 +370,7 @@ agent_fault_restore() {
 case_a3() { agent_fault_restore a3-agent-killed-mid-restore KILL 8192; }
 case_a4() { agent_fault_restore a4-agent-stopped-mid-restore STOP 8192; }
 
-echo "GPU $GPU, driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1), $(cat "$DEVICE_DIR/MANIFEST" | head -n1)" | tee -a "$OUTD/rows.md"
+echo "GPU $GPU, driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1), $(head -n1 "$DEVICE_DIR/MANIFEST")" | tee -a "$OUTD/rows.md"
 case $PHASE in
 a)
     for c in ${CASES:-t1 m1 m2 f2 f3 p0}; do "case_$c"; done

@@ -37,20 +37,12 @@ export NCCL_NVLS_ENABLE=0
 # nvidia-smi's table for CUDA ordinals.
 export CUDA_DEVICE_ORDER=PCI_BUS_ID
 
-log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
+# log, now, elapsed, record CASE EXPECTED SEEN RESULT TIMES (a row of $RESULTS), wait_file, ...
+# shellcheck source=tests/lib/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"
 
 # ---------------------------------------------------------------------------------------------
 # Results
-
-# record CASE EXPECTED SEEN RESULT TIMES: one row of the final table.
-record() {
-    local row
-    row=$(printf '%s\t%s\t%s\t%s\t%s' "$1" "$2" "${3//$'\n'/ }" "$4" "$5")
-    printf '%s\n' "$row" >>"$RESULTS"
-    log "$4 $1: $3 ($5)"
-}
 
 # fail CASE EXPECTED SEEN [TIMES]: record a failure and leave the case (its subshell).
 fail() {
@@ -58,6 +50,7 @@ fail() {
     exit 1
 }
 
+# print_table: the rows of $RESULTS as a fixed-width text table (this script's own form, not tests/lib's Markdown).
 print_table() {
     python3 - "$RESULTS" <<'EOF'
 import sys
@@ -567,8 +560,8 @@ case_cli() {
     exp="node lists both GPUs (table and --json)"
     "$CLI" node >"$d/node.txt" 2>&1 || fail "$CASE-node" "$exp" "node exited $?: $(head -c 200 "$d/node.txt")"
     "$CLI" node --json >"$d/node.json" 2>&1 || fail "$CASE-node" "$exp" "node --json exited $?"
-    grep -q "$G0" "$d/node.txt" && grep -q "$G1" "$d/node.txt" && grep -q "$G0" "$d/node.json" &&
-        grep -q "$G1" "$d/node.json" || fail "$CASE-node" "$exp" "missing a GPU: $(tr '\n' ' ' <"$d/node.txt" | head -c 200)"
+    { grep -q "$G0" "$d/node.txt" && grep -q "$G1" "$d/node.txt" && grep -q "$G0" "$d/node.json" &&
+        grep -q "$G1" "$d/node.json"; } || fail "$CASE-node" "$exp" "missing a GPU: $(tr '\n' ' ' <"$d/node.txt" | head -c 200)"
     record "$CASE-node" "$exp" "$(grep -c GPU- "$d/node.txt") GPUs, driver $(head -n 1 "$d/node.txt")" PASS -
 
     exp="inspect shows the dump GPU; preflight: swap passes, unknown GPU refused (exit 1)"
@@ -585,7 +578,7 @@ case_cli() {
     grep -q "preflight passed" "$d/preflight-swap.txt" || fail "$CASE-inspect-preflight" "$exp" "no 'preflight passed'"
     rc=0
     "$CLI" --json preflight "$d/img" --usable-gpus "$bogus" >"$d/preflight-bogus.json" 2>&1 || rc=$?
-    [[ $rc -eq 1 ]] && grep -q '"ok":false' "$d/preflight-bogus.json" ||
+    { [[ $rc -eq 1 ]] && grep -q '"ok":false' "$d/preflight-bogus.json"; } ||
         fail "$CASE-inspect-preflight" "$exp" "unknown usable GPU: exit $rc, $(head -c 200 "$d/preflight-bogus.json")"
     restore "$d/img" "$d/restore.log" CRIU_CUDA_MIGRATE_DEVICE_MAP="$SWAP" ||
         fail "$CASE-inspect-preflight" "$exp" "restore failed: $(criu_tail "$d/restore.log")"

@@ -111,20 +111,10 @@ IMAGE=localhost/ccm-sample:1
 TORCH_IMAGE=localhost/ccm-hostusr:1
 export NCCL_NVLS_ENABLE=0
 
-log() { printf '[%s] %s\n' "$(date +%T)" "$*" >&2; }
-now() { date +%s.%N; }
-elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
-record() { printf '%s\t%s\t%s\t%s\t%s\n' "$1" "$2" "$3" "$4" "$5" >>"$RESULTS"; log "$1: $4 ($3) [$5]"; }
-one_line() { tr '\n' ' ' | tr -s ' ' | cut -c1-"${1:-240}"; }
+# log, now, elapsed, record CASE EXPECTED SEEN RESULT TIMES, one_line, print_table, wait_file FILE SECONDS, ...
+# shellcheck source=tests/lib/common.sh
+source "$REPO/tests/lib/common.sh"
 first_error() { grep -m3 -E 'Error|criu-cuda-migrate: .*(refused|failed)' "$1" 2>/dev/null | sed 's/.*criu-cuda-migrate: //' | one_line 300; }
-
-wait_file() { # FILE SECONDS
-    local deadline=$((SECONDS + $2))
-    while [[ ! -e $1 ]]; do
-        ((SECONDS >= deadline)) && return 1
-        sleep 0.1
-    done
-}
 
 plugin_times() { # LOG: the plugin's driver-call times, short (as container.sh)
     grep -o 'cuCheckpointProcess[A-Za-z]* [^;]*[0-9.]* s\|cuInit [0-9.]* s in the driver agent[^)]*)' "$1" 2>/dev/null |
@@ -178,7 +168,7 @@ phase_stage() {
         if compgen -G "$d/*.deb" >/dev/null; then
             rm -rf "${STAGE:?}/$base"
             cp -r "$d" "$STAGE/$base"
-            record "stage-$base" "staged" "$(ls "$STAGE/$base"/*.deb | wc -l) debs, $(du -sm "$STAGE/$base" | cut -f1) MiB in $STAGE/$base" PASS -
+            record "stage-$base" "staged" "$(count_files "$STAGE/$base"/*.deb) debs, $(du -sm "$STAGE/$base" | cut -f1) MiB in $STAGE/$base" PASS -
         fi
         n=0
         for f in "$d"/meta-*.txt "$d"/*.tar.xz.[0-9]*; do
@@ -186,6 +176,7 @@ phase_stage() {
             cp "$f" "$INPARTS/"
             n=$((n + 1))
         done
+        # shellcheck disable=SC2012 # a listing for people to read
         ((n > 0)) && record "stage-parts-$base" "staged" "$n file(s) into $INPARTS: $(ls "$INPARTS" | one_line 200)" PASS -
     done
 }
@@ -202,7 +193,7 @@ setup_base() {
     compgen -G "$DEVICE_DIR/criu-debs/*.deb" >/dev/null || { echo "no $DEVICE_DIR/criu-debs: carry .device (prepare.sh)" >&2; exit 2; }
     for f in "$DEVICE_DIR"/criu-debs/*.deb; do dpkg -x "$f" "$CRIU_ROOT"; done
     for f in "$DEVICE_DIR"/runc-debs/*.deb; do dpkg -x "$f" "$RUNC_ROOT_DIR"; done
-    pkg=$(ls "$DEVICE_DIR"/pkg/criu-cuda-migrate_*.deb 2>/dev/null | head -n1)
+    pkg=$(first_file "$DEVICE_DIR"/pkg/criu-cuda-migrate_*.deb)
     [[ -n $pkg && -x $WORKLOAD ]] || { echo "no $DEVICE_DIR/pkg/*.deb or bin/ccm-sample-workload: run tests/gpu/prepare.sh" >&2; exit 2; }
     dpkg -x "$pkg" /
     # runc, crun and containerd's shim run `criu` from PATH: CRIU with its own libraries, and the driver's directory
@@ -257,6 +248,7 @@ EOF
 probe_network_lock() {
     local rules=$'*filter\n:CCM-PROBE - [0:0]\nCOMMIT\n' v
     NETLOCK=none NETLOCK_WHY=
+    # shellcheck disable=SC2016 # the inner sh expands $1
     if command -v iptables-restore >/dev/null && unshare -n sh -c 'printf "%s" "$1" | iptables-restore -w' sh "$rules" 2>/dev/null; then
         NETLOCK=iptables NETLOCK_WHY="the host's $(command -v iptables-restore)"
         return
@@ -271,6 +263,7 @@ probe_network_lock() {
             [[ -x $RT_ROOT/usr/sbin/xtables-$v-multi ]] || continue
             wrapper iptables-restore "env XTABLES_LIBDIR=$RT_ROOT/usr/lib/x86_64-linux-gnu/xtables $RT_ROOT/usr/sbin/xtables-$v-multi iptables-restore"
             wrapper ip6tables-restore "env XTABLES_LIBDIR=$RT_ROOT/usr/lib/x86_64-linux-gnu/xtables $RT_ROOT/usr/sbin/xtables-$v-multi ip6tables-restore"
+            # shellcheck disable=SC2016 # the inner sh expands $1 and $2
             if unshare -n sh -c 'printf "%s" "$1" | "$2" -w' sh "$rules" "$RT_BIN/iptables-restore" 2>/dev/null; then
                 NETLOCK=iptables NETLOCK_WHY="Debian's iptables ($v) from runtime-debs-podman"
                 return
@@ -345,6 +338,7 @@ EOF
     # no netavark (not carried) is needed.
     mkdir -p "$RT_BIN/podman-helpers"
     # The carried netavark when there is one (it also brings a restored container's loopback up), else the stand-in.
+    # shellcheck disable=SC2016 # a script written out: its sh expands $1
     [[ -x $RT_ROOT/usr/lib/podman/netavark ]] || printf '%s\n' '#!/bin/sh' '# criu-cuda-migrate GPU tests: stand-in for netavark (no container here has a network of its own)' \
         'case "$1" in --version | version) echo "netavark 1.14.0" ;; *) echo "{}" ;; esac' >"$RT_BIN/podman-helpers/netavark"
     [[ -e $RT_BIN/podman-helpers/netavark ]] && chmod +x "$RT_BIN/podman-helpers/netavark"
@@ -617,7 +611,7 @@ pack() {
     fi
     {
         cat "$XFER/$name/meta.txt"
-        echo "xz: -$XZ_LEVEL, $(du -cb "$o"/"$name".tar.xz.* | tail -n1 | cut -f1) bytes in $(ls "$o"/"$name".tar.xz.* | wc -l) part(s), $(elapsed "$t0") s"
+        echo "xz: -$XZ_LEVEL, $(du -cb "$o"/"$name".tar.xz.* | tail -n1 | cut -f1) bytes in $(count_files "$o"/"$name".tar.xz.*) part(s), $(elapsed "$t0") s"
         (cd "$o" && sha256sum "$name".tar.xz.* | sed 's/^/part: /')
     } >"$o/meta-$name.txt"
     : >"$o/handed"
@@ -638,7 +632,7 @@ hand_out() {
         cp "$p" "$RESULTS_DIR/" && echo "${p##*/}" >>"$o/handed"
         n=$((n + 1))
     done
-    left=$(($(ls "$o/$name".tar.xz.* | wc -l) - $(wc -l <"$o/handed")))
+    left=$(($(count_files "$o/$name".tar.xz.*) - $(wc -l <"$o/handed")))
     record "fetch-$name" "parts of $name.tar.xz in \$OUT" "$n part(s) now; $left left$( ((left > 0)) && echo ": run \`bash tests/gpu/runtimes.sh fetch $name\` on this machine")" PASS -
 }
 
@@ -986,8 +980,8 @@ cri_same() {
     local c=$WORK/cri-same id id2 seen t0 td tr
     rm -rf "$c"; mkdir -p "$c/ctl" "$c/ctl2"
     cri_setup || { record c4-cri-cdi "CRI setup (registry, images, pod)" "$(tail -n2 "$WORK/cri-push.log" "$WORK/cri-pull.err" "$WORK/cri-runp.out" 2>/dev/null | one_line)" FAIL -; return; }
-    id=$(cri_create cuda "$REG/ccm-sample:1" "$c/ctl" nvidia.com/gpu=0 3) && cri StartContainer "{\"container_id\":\"$id\"}" >/dev/null 2>"$c/start.err" &&
-        wait_file "$c/ctl/ready" "$READY_TIMEOUT" || { record c4-cri-cdi "CreateContainer with CDI_devices nvidia.com/gpu=0" "$(tail -n2 "$WORK/cri-create-cuda.out" "$c/start.err" | one_line)" FAIL -; return; }
+    { id=$(cri_create cuda "$REG/ccm-sample:1" "$c/ctl" nvidia.com/gpu=0 3) && cri StartContainer "{\"container_id\":\"$id\"}" >/dev/null 2>"$c/start.err" &&
+        wait_file "$c/ctl/ready" "$READY_TIMEOUT"; } || { record c4-cri-cdi "CreateContainer with CDI_devices nvidia.com/gpu=0" "$(tail -n2 "$WORK/cri-create-cuda.out" "$c/start.err" | one_line)" FAIL -; return; }
     go_round "$c/ctl" 1
     t0=$(now)
     cri CheckpointContainer "{\"container_id\":\"$id\",\"location\":\"$c/ckpt.tar\",\"timeout\":120}" >"$c/checkpoint.out" 2>&1 ||
@@ -1143,6 +1137,7 @@ t_wait() { # CTL WHAT SECONDS [CONTAINER]: both ranks' WHAT files; fails at once
     done
 }
 
+# shellcheck disable=SC2002 # through cat, a missing file still hashes (as empty)
 t_losses() { cat "$1/losses-rank0.txt" 2>/dev/null | sha256sum | cut -c1-16; } # CTL: rank 0's losses (both agree)
 
 # t_reference CTL: the uninterrupted run (go2 there from the start).
@@ -1191,7 +1186,7 @@ t_setup() {
 # --tcp-established into X/ckpt.tar. Records TROW.
 t_dump() {
     local x=$1 t0 td
-    t_run ccm-rt-torch "$x/ctl" && t_wait "$x/ctl" ready1 "$TORCH_TIMEOUT" ccm-rt-torch ||
+    { t_run ccm-rt-torch "$x/ctl" && t_wait "$x/ctl" ready1 "$TORCH_TIMEOUT" ccm-rt-torch; } ||
         { record "$TROW-dump" "the job reaches step $TORCH_STEPS1" "$(tail -n3 "$WORK/ccm-rt-torch.run" | one_line) $(podman logs ccm-rt-torch 2>&1 | tail -n5 | one_line 400)" FAIL -; return 1; }
     podman exec ccm-rt-torch cat /proc/net/tcp >"$x/tcp-before.txt" 2>/dev/null
     t0=$(now)
@@ -1202,7 +1197,7 @@ t_dump() {
     podman rm ccm-rt-torch >/dev/null 2>&1
     echo "established TCP connections at the dump: $(awk 'NR > 1 && $4 == "01"' "$x/tcp-before.txt" | wc -l)" >"$x/dump-info.txt"
     echo "checkpoint: ${td}s, archive $(du -m "$x/ckpt.tar" | cut -f1) MiB; $(plugin_times "$x/ckpt.tar.dump.log")" >>"$x/dump-info.txt"
-    record "$TROW-dump" "checkpoint --tcp-established --export at step $TORCH_STEPS1 (GPU $GPU_UUID)" "$(cat "$x/dump-info.txt" | one_line 300)" PASS "checkpoint ${td}s"
+    record "$TROW-dump" "checkpoint --tcp-established --export at step $TORCH_STEPS1 (GPU $GPU_UUID)" "$(one_line 300 <"$x/dump-info.txt")" PASS "checkpoint ${td}s"
 }
 
 # t_restore X REF UUID-BEFORE: restore --import --tcp-established, go2, the checks. Records TROW.
@@ -1307,13 +1302,6 @@ cleanup() {
     fi
 }
 trap cleanup EXIT
-
-print_table() {
-    echo
-    echo "| case | expected | seen | result | times |"
-    echo "|---|---|---|---|---|"
-    awk -F'\t' '{ printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5 }' "$RESULTS"
-}
 
 main() {
     [[ $# -gt 0 ]] || { sed -n '2,/^set -uo/p' "${BASH_SOURCE[0]}" | sed 's/^# \{0,1\}//'; exit 2; }
