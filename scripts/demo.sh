@@ -13,6 +13,9 @@
 #   plain  otherwise: a plain shell process under CRIU in the trixie root; the plugin loads, answers -ENOTSUP
 #          ("not a CUDA process") and writes nothing.
 # CCM_DEMO_MODE=gpu|sim|plain forces one. CCM_DEMO_DIR (default /tmp/ccm-demo) keeps the images and CRIU's logs.
+# At the end it runs the command-line tool it built (target/release/criu-cuda-migrate) on them: `inspect` of the
+# images and the node readiness check (`node --check`; in sim mode against the simulated stack), and prints those
+# commands, with the variables they need, ready to paste.
 # Needs root (CRIU). Works without a terminal.
 set -euo pipefail
 
@@ -38,13 +41,14 @@ scenario() {
     local kind=$1 work=$2 criu=$3 workload_bin=${4:-}
     local images=$work/images plugins=$work/plugins ctl=$work/control pid
     # Inherited fds (the caller's pipes, files outside this namespace) would make the process undumpable.
-    for fd in /proc/$$/fd/*; do
+    for fd in "/proc/$$/fd/"*; do
         n=${fd##*/}
         [ "$n" -gt 2 ] && eval "exec $n>&-"
     done 2>/dev/null
 
     case "$kind" in
     plain)
+        # shellcheck disable=SC2016 # $$, $1-$3 and $i are the inner shells', not this one's
         setsid -f sh -c 'echo $$ >"$1.tmp" && mv "$1.tmp" "$1" && exec sh -c "$2" "$3"' sh "$ctl/ready" \
             'i=0; while :; do i=$((i+1)); echo $i; sleep 0.2; done' "$WORKLOAD_MARK" </dev/null >/tmp/ccm-demo.out 2>&1
         ;;
@@ -85,7 +89,7 @@ scenario() {
         sed 's/^([0-9. ]*) */    /' || say "    (no line of the plugin!)"
 
     local written
-    written=$(cd "$images" && ls cuda-migrate-* 2>/dev/null | tr '\n' ' ' || true)
+    written=$(cd "$images" && for f in cuda-migrate-*; do [ -e "$f" ] && printf '%s ' "$f"; done)
     say "images the plugin wrote: ${written:-none}"
 
     case "$kind" in
@@ -222,8 +226,9 @@ main() {
     say "preparing the Debian trixie root with CRIU 4.x"
     bash tests/criu-root.sh prepare
 
-    # ccm-workload holds ccm-reaper too, which every mode runs the scenario under.
-    local packages=(-p criu-cuda-migrate -p ccm-workload)
+    # ccm-workload holds ccm-reaper too, which every mode runs the scenario under; ccm-cli is the command-line tool
+    # the demo ends with.
+    local packages=(-p criu-cuda-migrate -p ccm-workload -p ccm-cli)
     case "$mode" in
     gpu) ;;
     sim) packages+=(-p cuda-test-double -p nvml-test-double) ;;
@@ -265,6 +270,40 @@ main() {
         ;;
     esac
     say "done ($mode). Images and CRIU's logs: $work/images"
+    look_at_it "$mode" "$work"
+}
+
+# look_at_it MODE WORK: the command-line tool on what the demo left: `inspect` of the images, then the node check,
+# each printed first as a command to paste (in sim mode with the two variables that point the tool at the
+# simulated stack: CCM_SIM_CONFIG, the doubles' GPU set, and CRIU_CUDA_MIGRATE_LIBNVML / _LIBCUDA, the doubles
+# themselves, which are on no library path).
+look_at_it() {
+    local mode=$1 work=$2 cli=$REPO/target/release/criu-cuda-migrate envs=() d
+    if [ "$mode" = sim ]; then
+        d=$(sim_dir)
+        envs=("CCM_SIM_CONFIG=$d/gpus.json" "CCM_SIM_STATE_DIR=$d/state"
+            "CRIU_CUDA_MIGRATE_LIBNVML=$d/lib/libnvidia-ml.so.1" "CRIU_CUDA_MIGRATE_LIBCUDA=$d/lib/libcuda.so.1")
+    fi
+    local prefix=""
+    [ ${#envs[@]} -gt 0 ] && prefix="env ${envs[*]} "
+    echo
+    say "what the plugin recorded (paste to run again):"
+    echo "    $cli inspect $work/images"
+    "$cli" inspect "$work/images" | sed 's/^/    /' || say "    inspect failed (exit $?)"
+    if [ "$mode" = plain ]; then
+        say "no GPU and no simulated stack: the node check needs a driver; on a GPU node run: sudo $cli node --check"
+        return 0
+    fi
+    echo
+    say "is this node ready for GPU checkpoint/restore? (paste to run again$([ "$mode" = sim ] && echo '; the variables point the tool at the simulated GPUs'))"
+    echo "    ${prefix}$cli node --check"
+    local rc=0
+    env "${envs[@]}" "$cli" node --check | sed 's/^/    /' || rc=${PIPESTATUS[0]}
+    if [ "$rc" -ne 0 ]; then
+        say "the node check says NOT ready (exit $rc): expected on a machine where the package is not installed and"
+        say "CRIU runs from the test root; each FAIL line names its fix (docs/USER-GUIDE.md, section 7)"
+    fi
+    return 0
 }
 
 if [ "${1:-}" = "__scenario" ]; then

@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # Installs what building and testing criu-cuda-migrate needs on Debian, only what is missing, quietly:
 # clang and libclang-dev (bindgen reads CRIU's plugin header), debootstrap (the Debian trixie root with CRIU 4.x,
-# see tests/criu-root.sh), valgrind (the FFI test, tests/ffi_valgrind.rs). Rust itself comes from rustup; this script checks for it and says how to get it.
-# Used by tests/run-all.sh and scripts/demo.sh. Safe to run any number of times, with or without a terminal.
+# see tests/criu-root.sh), valgrind (the FFI test, tests/ffi_valgrind.rs), shellcheck (scripts/check-shell.sh, the
+# check of every shell script that .ci/run runs). Rust itself comes from rustup; this script checks for it and says
+# how to get it.
+# Used by .ci/run, tests/run-all.sh and scripts/demo.sh. Safe to run any number of times, with or without a terminal.
 set -euo pipefail
 
-PACKAGES=(clang libclang-dev debootstrap valgrind)
+PACKAGES=(clang libclang-dev debootstrap valgrind shellcheck)
 
 die() {
     echo "install-deps.sh: $*" >&2

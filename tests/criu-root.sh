@@ -228,11 +228,14 @@ cmd_prepare_patched() {
     rm -rf "$build" "$tmp"
     cp -a "$ROOT" "$build"
     cp /etc/resolv.conf "$build/etc/resolv.conf" 2>/dev/null || true
-    sed -n 's/^deb \(.*\)$/deb-src \1/p' "$build/etc/apt/sources.list" >>"$build/etc/apt/sources.list"
+    local deb_src
+    deb_src=$(sed -n 's/^deb \(.*\)$/deb-src \1/p' "$build/etc/apt/sources.list")
+    if [ -n "$deb_src" ]; then echo "$deb_src" >>"$build/etc/apt/sources.list"; fi
     cp "$CRIU_PATCH" "$build/tmp/plugin-options.patch"
     echo "criu-root.sh: building CRIU 4.2.1 with plugin options into $PATCHED_ROOT (about 1 minute)" >&2
     # apt-get source may miss the Debian packaging tarball on a stale mirror snapshot; the upstream one is all
     # `make criu` needs.
+    # shellcheck disable=SC2016 # the chroot's shell expands the script; only $APT_OPTS is put in from here
     if ! unshare --mount --propagation private -- chroot "$build" /bin/sh -c '
             mount -t proc proc /proc &&
             export DEBIAN_FRONTEND=noninteractive &&
