@@ -18,6 +18,8 @@
 # a containerd task existing (containerd leaves its tasks in the v1 root cgroups here), and the one missing
 # cgroup2 controller is avoided with `--cpu-shares 0` (ctr asks for cpu.weight by default).
 set -u
+# No -e (nor pipefail): a status-recording flow. Each step's status goes to S/NAME.rc and the flow goes on;
+# the Rust test reads the statuses and names the step that broke.
 
 S=$1
 D=/tmp/ccm-containerd

@@ -28,6 +28,8 @@
 # What the doubles need that the real driver does not: containerd's environment (which its shim, runc and CRIU
 # inherit) names the doubles (CRIU_CUDA_MIGRATE_LIBCUDA / LIBNVML, CCM_SIM_CONFIG, CCM_SIM_STATE_DIR).
 set -u
+# No -e (nor pipefail): a status-recording flow. Each step's status goes to S/NAME.rc and the flow goes on;
+# the Rust test reads the statuses and names the step that broke.
 
 S=$1
 D=/tmp/ccm-ccdi

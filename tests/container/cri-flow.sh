@@ -20,6 +20,8 @@
 #      it back in the same pod: the same token, the counter going on (containerd restores when the image is a
 #      checkpoint archive); CRIU's restore.log is copied from the container's state directory.
 set -u
+# No -e (nor pipefail): a status-recording flow. Each step's status goes to S/NAME.rc and the flow goes on;
+# the Rust test reads the statuses and names the step that broke.
 
 S=$1
 D=/tmp/ccm-cri

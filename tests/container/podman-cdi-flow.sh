@@ -53,6 +53,8 @@
 #
 # Every process the flow starts is ended by the EXIT trap (podman rm, then whatever is left in this run's cgroup).
 set -u
+# No -e (nor pipefail): a status-recording flow. Each step's status goes to S/NAME.rc and the flow goes on;
+# the Rust test reads the statuses and names the step that broke.
 
 S=$1
 RT=${2:-runc}

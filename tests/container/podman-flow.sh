@@ -33,6 +33,8 @@
 #     mode; crun 1.21 cannot pass a configuration file with libcriu 4.1 (criu_set_config_file is 4.2), so on
 #     a hybrid host crun's restore is not attempted there (`crun-restore.skipped` says why); with crun.conf it is.
 set -u
+# No -e (nor pipefail): a status-recording flow. Each step's status goes to S/NAME.rc and the flow goes on;
+# the Rust test reads the statuses and names the step that broke.
 
 S=$1
 LIBDIR_LINE=

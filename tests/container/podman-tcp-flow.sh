@@ -22,6 +22,8 @@
 #   script:    rm, the action-script line added to runc.conf, restore --import A again: the container runs and the
 #              counter goes on over the restored connection.
 set -u
+# No -e (nor pipefail): a status-recording flow. Each step's status goes to S/NAME.rc and the flow goes on;
+# the Rust test reads the statuses and names the step that broke.
 
 S=$1
 P=ptcp

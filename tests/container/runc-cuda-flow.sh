@@ -32,6 +32,8 @@
 #
 # Every process the flow starts (containers, the stdio pipes' far ends) is killed by the EXIT trap, also on failure.
 set -u
+# No -e (nor pipefail): a status-recording flow. Each step's status goes to S/NAME.rc and the flow goes on;
+# the Rust test reads the statuses and names the step that broke.
 
 S=$1
 W=$S/rcuda

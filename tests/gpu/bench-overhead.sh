@@ -6,6 +6,7 @@
 # Run THERE after tests/gpu/prepare.sh ran HERE and .device/ was carried:  bash tests/gpu/bench-overhead.sh
 # Results: $OUT/on/ and $OUT/off/ (bench-table.txt, bench-results.json), $OUT/timing-lines.txt.
 set -uo pipefail
+# No -e: both runs go ahead whatever the first one's status (each is printed).
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO" || exit 1
 OUT=${OUT:-/tmp/ccm-bench-overhead}

@@ -27,6 +27,7 @@
 # Results: $OUT/container-results.tsv and the table on stdout (`case | expected | seen | result | times`).
 
 set -uo pipefail
+# No -e: a status-recording flow. A failed case is recorded as a FAIL row and the next case runs.
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DEVICE_DIR=${CCM_DEVICE_DIR:-$REPO/.device}

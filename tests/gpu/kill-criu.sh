@@ -7,6 +7,7 @@
 # Prints one table row (`case | expected | seen | result | times`) and exits 1 when it fails.
 
 set -uo pipefail
+# No -e: a status-recording flow. A failed case is recorded as a FAIL row and the next case runs.
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DEVICE_DIR=${CCM_DEVICE_DIR:-$REPO/.device}

@@ -5,6 +5,7 @@
 # PyTorch keep cudaDeviceProp copies in their memory.
 #   bash tests/gpu/probe-props.sh        (writes to $OUT or /tmp/probe)
 set -uo pipefail
+# No -e: a probe. Each section prints what it finds, or the error, and the next one runs.
 OUT=${OUT:-/tmp/probe}; mkdir -p "$OUT"
 exec > >(tee "$OUT/probe.txt") 2>&1
 PY=$(command -v python3)

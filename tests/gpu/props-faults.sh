@@ -17,6 +17,7 @@
 # Prints `| case | expected | seen | result | times |` rows ($OUT/rows.md) and exits 1 on any FAIL.
 
 set -uo pipefail
+# No -e: a status-recording flow. A failed case is recorded as a FAIL row and the next case runs.
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DEVICE_DIR=${CCM_DEVICE_DIR:-$REPO/.device}
 WORK=$(realpath -m "${CCM_WORK:-/var/tmp/ccm-p17}")

@@ -13,6 +13,7 @@
 # See docs/GPU-TESTING.md for what each case proves.
 
 set -uo pipefail
+# No -e: a status-recording flow. A failed case is recorded as a FAIL row and the next case runs.
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DEVICE_DIR=${CCM_DEVICE_DIR:-$REPO/.device}

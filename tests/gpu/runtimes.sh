@@ -69,6 +69,7 @@
 # Results: $OUT/runtimes-table.md (`| case | expected | seen | result | times |`), $OUT/runtimes-logs.tar.gz (every
 # case's CRIU logs, reports, the machine file), and for dump phases meta-NAME.txt and parts; at most 8 files.
 set -uo pipefail
+# No -e: a status-recording flow. A failed case is recorded as a FAIL row and the next case runs.
 
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 DEVICE_DIR=${CCM_DEVICE_DIR:-$REPO/.device}
