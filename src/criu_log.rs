@@ -55,16 +55,23 @@ fn criu_level(level: Level) -> c_uint {
 /// multi-line message (a table) is split and every line carries the plugin's prefix. Error lines
 /// also carry `Error: `, the word CRIU's own error lines start with, so `grep Error restore.log`
 /// finds ours too (CRIU ignores RESUME_DEVICES_LATE failures and still exits 0).
+///
+/// Every other control character (CR, ESC, BEL, C1) and every Unicode format character (a bidi
+/// override, a zero-width space, U+2028) is escaped here, whatever the message: a value from a
+/// spec, an image or a process that a message forgot to escape still cannot forge a line of the
+/// log or redraw a terminal that shows it.
 fn format_lines(msg: &str, level: Level) -> Vec<CString> {
     let marker = if level == Level::Error { "Error: " } else { "" };
     msg.lines()
         .map(|l| {
+            let l = ccm_identity::text::escaped(l);
             let mut s = String::with_capacity(PREFIX.len() + marker.len() + l.len() + 1);
             s.push_str(PREFIX);
             s.push_str(marker);
-            s.push_str(l);
+            s.push_str(&l);
             s.push('\n');
-            CString::new(s.replace('\0', "\\0")).unwrap_or_default()
+            // NUL is a control character: escaped above, so the line is a valid C string.
+            CString::new(s).unwrap_or_default()
         })
         .collect()
 }
@@ -104,5 +111,27 @@ mod tests {
         assert_eq!(l[1].to_str().unwrap(), "criu-cuda-migrate: b 100%\n");
         assert_eq!(format_lines("nul\0x", Level::Warn)[0].to_str().unwrap(), "criu-cuda-migrate: nul\\0x\n");
         assert_eq!(format_lines("bad", Level::Error)[0].to_str().unwrap(), "criu-cuda-migrate: Error: bad\n");
+    }
+
+    #[test]
+    fn control_and_bidi_characters_never_reach_the_log_raw() {
+        // A value that tries to draw "restore passed" over the error line in a terminal, and one
+        // that reverses the rest of its line.
+        let msg = "pid 7: NVIDIA_VISIBLE_DEVICES=x\r\u{1b}[2K\u{1b}[1Arestore passed\u{7}\u{9b}2J is no GPU\n\
+                   spec says \u{202e}dessap\u{2066}\u{200b}\u{2028}\u{feff}";
+        let lines = format_lines(msg, Level::Error);
+        assert_eq!(lines.len(), 2);
+        for l in &lines {
+            let t = l.to_str().unwrap();
+            let body = t.strip_suffix('\n').unwrap();
+            assert!(!ccm_identity::text::has_unsafe(body), "{t:?}");
+            assert!(body.starts_with("criu-cuda-migrate: Error: "), "{t:?}");
+        }
+        assert_eq!(
+            lines[0].to_str().unwrap(),
+            "criu-cuda-migrate: Error: pid 7: NVIDIA_VISIBLE_DEVICES=x\\r\\u{1b}[2K\\u{1b}[1Arestore passed\\u{7}\\u{9b}2J \
+             is no GPU\n"
+        );
+        assert!(lines[1].to_str().unwrap().contains("\\u{202e}dessap\\u{2066}\\u{200b}\\u{2028}\\u{feff}"));
     }
 }

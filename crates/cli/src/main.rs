@@ -9,6 +9,10 @@
 
 #![forbid(unsafe_code)]
 
+// First: its println!/eprintln! (escaping every foreign character) are the ones every module after it uses.
+#[macro_use]
+mod out;
+
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
@@ -126,9 +130,10 @@ fn input(e: impl std::fmt::Display) -> Failure {
 }
 
 fn main() -> ExitCode {
-    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    out::init_logger();
     // Clap's own usage errors exit 2, as ours do.
     let cli = Cli::parse();
+    out::set_json(cli.json);
     let (name, r) = match &cli.command {
         Command::Inspect { checkpoint, archive } => ("inspect", inspect(checkpoint, archive, cli.json)),
         Command::Preflight { checkpoint, archive, device_map, usable_gpus, bundle } => (
@@ -408,8 +413,10 @@ fn check_usable_syntax(text: &str, from: &str) -> Result<(), Failure> {
         let ok = item.parse::<GpuUuid>().is_ok() || item.bytes().all(|b| b.is_ascii_digit());
         if !ok {
             return Err(Failure::Input(format!(
-                "{from} {text:?}: `{item}` is neither a GPU UUID (GPU-xxxxxxxx-...) nor an NVML index; list UUIDs or \
-                 indices from `nvidia-smi -L`, comma-separated"
+                "{from} \"{}\": `{}` is neither a GPU UUID (GPU-xxxxxxxx-...) nor an NVML index; list UUIDs or \
+                 indices from `nvidia-smi -L`, comma-separated",
+                ccm_identity::text::shown(text),
+                ccm_identity::text::shown(item)
             )));
         }
     }

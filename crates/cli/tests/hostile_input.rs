@@ -285,3 +285,76 @@ fn the_action_script_outside_criu_and_with_bad_pids() {
     assert_eq!(out.status.code(), Some(0));
     assert!(String::from_utf8_lossy(&out.stderr).contains("is gone"), "{out:?}");
 }
+
+/// Whether `bytes` hold anything a terminal acts on: a control character but the line feed, or a
+/// Unicode format character (bidi overrides, zero-width characters, U+2028).
+fn has_raw_unsafe(bytes: &[u8]) -> bool {
+    String::from_utf8_lossy(bytes).chars().any(|c| c != '\n' && ccm_identity::text::needs_escape(c))
+}
+
+/// A value of a bundle's spec or an image drew "preflight passed" over the error in a terminal
+/// (CR, ESC, BEL), reversed a line (U+202E), or filled the terminal (a megabyte on one line): every
+/// byte the command prints goes through one escaping choke point, and echoed values are shortened.
+#[test]
+fn foreign_values_reach_the_terminal_escaped_and_shortened() {
+    let images = tempfile::tempdir().unwrap();
+    std::fs::write(images.path().join("inventory.img"), b"inventory").unwrap();
+    let forged = "x\r\u{1b}[2K\u{1b}[1Apreflight passed\u{7}\u{9b}\u{202e}\u{2028}\u{200b}";
+    let huge = format!("{}garbage", "0,".repeat(1 << 20));
+    for (what, value) in [("control and bidi characters", forged.to_string()), ("2 MiB of ids", huge.clone())] {
+        let bundle = tempfile::tempdir().unwrap();
+        let spec =
+            serde_json::json!({"ociVersion": "1.0.2", "process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={value}")]}});
+        std::fs::write(bundle.path().join("config.json"), spec.to_string()).unwrap();
+        for json in [false, true] {
+            let mut args: Vec<&std::ffi::OsStr> =
+                vec!["preflight".as_ref(), images.path().as_os_str(), "--bundle".as_ref(), bundle.path().as_os_str()];
+            if json {
+                args.insert(0, "--json".as_ref());
+            }
+            let out = run(&args);
+            assert_eq!(out.status.code(), Some(1), "{what}: {out:?}");
+            let all = [&out.stdout[..], &out.stderr[..]].concat();
+            assert!(!has_raw_unsafe(&all), "{what}: printed raw: {:?}", String::from_utf8_lossy(&all));
+            let text = String::from_utf8_lossy(&all);
+            assert!(text.contains("NVIDIA_VISIBLE_DEVICES"), "{what}: {text:.400}");
+            assert!(text.lines().all(|l| l.len() < 2000), "{what}: a line of {} bytes", text.len());
+            if value == huge {
+                assert!(text.contains(&format!("({} bytes in all)", value.len())), "{text:.600}");
+            }
+            if json {
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("still one JSON document");
+                assert_eq!(v["ok"], false);
+            }
+        }
+    }
+    // An image's strings: control characters are refused at decode; format characters are not
+    // (a hostname may be any text), so they are escaped on output, and JSON still decodes to them.
+    use ccm_identity::image::{IdentityImage, ProcessEnv};
+    let host = "node-\u{202e}1-\u{2066}\u{200b}\u{2028}";
+    let img = IdentityImage {
+        pid: 5,
+        host_pid: 5,
+        dumped_at_unix: 0,
+        hostname: host.into(),
+        driver_version: "580.159.04".into(),
+        cuda_driver_version: 13000,
+        node_gpus: Vec::new(),
+        enumerated: Vec::new(),
+        used: Vec::new(),
+        env: ProcessEnv::default(),
+        sites: Vec::new(),
+        prop_sites: Vec::new(),
+        device_memory: None,
+    };
+    std::fs::write(images.path().join("cuda-migrate-5.img"), img.try_encode().expect("format characters encode"))
+        .unwrap();
+    let out = run(&["inspect".as_ref(), images.path().as_os_str()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(!has_raw_unsafe(&out.stdout) && !has_raw_unsafe(&out.stderr), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("node-\\u{202e}1-\\u{2066}\\u{200b}\\u{2028}"), "{out:?}");
+    let out = run(&["--json".as_ref(), "inspect".as_ref(), images.path().as_os_str()]);
+    assert!(!has_raw_unsafe(&out.stdout), "{out:?}");
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(v["processes"][0]["hostname"], host);
+}

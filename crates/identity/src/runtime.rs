@@ -25,6 +25,9 @@ pub struct GivenGpus {
 
 /// Why a runtime's spec cannot say which GPUs the container is given. The restore is refused: a
 /// guess ("all GPUs") could put the container on GPUs another tenant was given.
+///
+/// Every value from the spec a message echoes is escaped and shortened ([`crate::text::shown`]):
+/// the spec is another tenant's, and it reaches a terminal and CRIU's log.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
     #[error(
@@ -33,12 +36,12 @@ pub enum SpecError {
     )]
     Malformed(String),
     #[error(
-        "gives NVIDIA_VISIBLE_DEVICES twice with different values ({first:?}, then {second:?}): keep one, or name the \
-         container's GPUs with CRIU_CUDA_MIGRATE_USABLE_GPUS"
+        "gives NVIDIA_VISIBLE_DEVICES twice with different values (\"{first}\", then \"{second}\"): keep one, or name \
+         the container's GPUs with CRIU_CUDA_MIGRATE_USABLE_GPUS"
     )]
     Twice { first: String, second: String },
     #[error(
-        "says NVIDIA_VISIBLE_DEVICES={value:?}, and `{item}` is {why}: write GPU UUIDs, NVML indices (0 to {last}), PCI \
+        "says NVIDIA_VISIBLE_DEVICES=\"{value}\", and `{item}` is {why}: write GPU UUIDs, NVML indices (0 to {last}), PCI \
          bus ids, `all`, `none` or `void`, or name the container's GPUs with CRIU_CUDA_MIGRATE_USABLE_GPUS"
     )]
     VisibleDevices { value: String, item: String, why: String, last: String },
@@ -113,7 +116,8 @@ pub fn nvidia_minor_of_path(path: &str) -> Option<u32> {
 /// `Ok(None)`: the spec says nothing about GPUs (the caller keeps its default). `Err`: the spec
 /// cannot be read, or names GPUs the plugin cannot map; the restore is refused.
 pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<Option<GivenGpus>, SpecError> {
-    let spec: Spec = serde_json::from_str(spec_json).map_err(|e| SpecError::Malformed(e.to_string()))?;
+    let spec: Spec =
+        serde_json::from_str(spec_json).map_err(|e| SpecError::Malformed(crate::text::shown(&e.to_string())))?;
     if spec.oci_version.trim().is_empty() {
         return Err(SpecError::Malformed("its ociVersion is empty".into()));
     }
@@ -127,7 +131,7 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<
             let minor = match d.minor {
                 None => m,
                 Some(v) => u32::try_from(v).map_err(|_| {
-                    SpecError::Malformed(format!("linux.devices {} has minor {v}", crate::text::escaped(&d.path)))
+                    SpecError::Malformed(format!("linux.devices {} has minor {v}", crate::text::shown(&d.path)))
                 })?,
             };
             nodes.push((d.path.clone(), minor));
@@ -138,11 +142,7 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<
             node_gpus.iter().filter(|g| nodes.iter().any(|(_, m)| *m == g.minor)).map(|g| g.uuid).collect();
         let source = format!(
             "linux.devices {}",
-            nodes
-                .iter()
-                .map(|(p, m)| format!("{} (minor {m})", crate::text::escaped(p)))
-                .collect::<Vec<_>>()
-                .join(", ")
+            nodes.iter().map(|(p, m)| format!("{} (minor {m})", crate::text::shown(p))).collect::<Vec<_>>().join(", ")
         );
         return Ok(Some(GivenGpus { uuids, source }));
     }
@@ -151,7 +151,7 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<
         if let Some(v) = e.strip_prefix("NVIDIA_VISIBLE_DEVICES=") {
             match value {
                 Some(first) if first != v => {
-                    return Err(SpecError::Twice { first: first.to_string(), second: v.to_string() })
+                    return Err(SpecError::Twice { first: crate::text::shown(first), second: crate::text::shown(v) })
                 }
                 _ => value = Some(v),
             }
@@ -164,7 +164,7 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<
     } else {
         value.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
     };
-    let source = format!("process.env NVIDIA_VISIBLE_DEVICES={}", crate::text::escaped(value));
+    let source = format!("process.env NVIDIA_VISIBLE_DEVICES={}", crate::text::shown(value));
     let uuids = visible_devices(value, &ids, node_gpus)?;
     Ok(Some(GivenGpus { uuids, source }))
 }
@@ -172,8 +172,8 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<
 /// The GPUs a list of `NVIDIA_VISIBLE_DEVICES` ids names.
 fn visible_devices(value: &str, ids: &[String], node_gpus: &[GpuIdentity]) -> Result<Vec<GpuUuid>, SpecError> {
     let refuse = |item: &str, why: String| SpecError::VisibleDevices {
-        value: value.to_string(),
-        item: item.to_string(),
+        value: crate::text::shown(value),
+        item: crate::text::shown(item),
         why,
         last: node_gpus.len().checked_sub(1).map(|n| n.to_string()).unwrap_or_else(|| "none".into()),
     };
@@ -366,6 +366,36 @@ mod tests {
         let same_twice =
             r#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=1","NVIDIA_VISIBLE_DEVICES=1"]}}"#;
         assert_eq!(gpus_given_by_spec(same_twice, &node).unwrap().unwrap().uuids, vec![node[1].uuid]);
+    }
+
+    #[test]
+    fn refused_values_are_escaped_and_shortened() {
+        let node = node();
+        let env = |v: &str| {
+            serde_json::json!({"ociVersion": "1.0.2", "process": {"env": [format!("NVIDIA_VISIBLE_DEVICES={v}")]}})
+                .to_string()
+        };
+        // A terminal's cursor moved over the error, a bidi override, a line separator.
+        let forged = "x\u{1b}[1A\r\u{1b}[2Kpreflight passed\u{7}\u{202e}\u{2028}";
+        let e = gpus_given_by_spec(&env(forged), &node).unwrap_err().to_string();
+        assert!(!crate::text::has_unsafe(&e), "{e:?}");
+        assert!(e.contains("\\u{1b}[1A\\r") && e.contains("\\u{202e}\\u{2028}"), "{e}");
+        // A megabyte of ids: the message echoes the start and the length, not the megabyte.
+        let huge = format!("{}garbage", "0,".repeat(1 << 19));
+        let e = gpus_given_by_spec(&env(&huge), &node).unwrap_err().to_string();
+        assert!(e.len() < 2000 && e.contains(&format!("({} bytes in all)", huge.len())), "{}", e.len());
+        let twice = serde_json::json!({"ociVersion": "1.0.2", "process": {"env": [
+            "NVIDIA_VISIBLE_DEVICES=0", format!("NVIDIA_VISIBLE_DEVICES={huge}\u{1b}")]}})
+        .to_string();
+        let e = gpus_given_by_spec(&twice, &node).unwrap_err().to_string();
+        assert!(e.len() < 2000 && !crate::text::has_unsafe(&e), "{}", e.len());
+        // serde's own message quotes the spec's text: escaped and shortened too.
+        let bad = format!(
+            r#"{{"ociVersion":"1.0.2","linux":{{"devices":[{{"path":"/dev/nvidia1","minor":"{}\u001b"}}]}}}}"#,
+            "9".repeat(1 << 20)
+        );
+        let e = gpus_given_by_spec(&bad, &node).unwrap_err().to_string();
+        assert!(e.len() < 2000 && !crate::text::has_unsafe(&e), "{}: {e:.300}", e.len());
     }
 
     #[test]
