@@ -1,0 +1,74 @@
+# shellcheck shell=bash
+# Part of tests/gpu/runtimes.sh, which sources it (with its settings: REPO, RTD, WORK, RESULTS, ...); not run by
+# itself. containerd's CRI (the kubelet's calls) with CDI_devices, where a python3 here has grpc: used by the
+# containerd phases (runtimes/containerd.sh).
+
+cri() { CCM_CRI_GEN=$CRI_GEN "$CRI_PY" "$REPO/tests/container/cri_client.py" "$CTRD_SOCK" "$@"; }
+cri_field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2" 2>/dev/null; }
+CRI_POD_CONFIG=$(printf '{"metadata":{"name":"ccm-rt-pod","uid":"ccm-rt-pod-uid","namespace":"default","attempt":0},"log_directory":"%s","linux":{"cgroup_parent":"%s","security_context":{"namespace_options":{"network":2,"pid":1,"ipc":0}}}}' "/var/tmp/ccm-rt/work/cri-logs" "$CGROUP_PARENT")
+
+# cri_setup: the registry, the sample image in it (NAME@DIGEST for the restore's pull), the pause image, a pod.
+# shellcheck disable=SC2120 # the containerd phases (runtimes/containerd.sh) pass the OCI archive
+cri_setup() {
+    mkdir -p "$WORK/cri-logs" "$RTD/registry"
+    if [[ -z ${REGISTRY_PID:-} ]]; then
+        printf 'version: 0.1\nstorage:\n  filesystem:\n    rootdirectory: %s\nhttp:\n  addr: %s\n' "$RTD/registry" "$REG" >"$RTD/registry.yml"
+        docker-registry serve "$RTD/registry.yml" >"$WORK/registry.log" 2>&1 &
+        REGISTRY_PID=$!
+        for _ in $(seq 100); do (echo >"/dev/tcp/${REG%:*}/${REG#*:}") 2>/dev/null && break; sleep 0.1; done
+    fi
+    k() { ctr --address "$CTRD_SOCK" --namespace k8s.io "$@"; }
+    [[ -f $WORK/ccm-pause-oci.tar ]] || oci_image "$WORK/ccm-pause-oci.tar" localhost/ccm-pause:1 '["/usr/bin/sleep","2147483647"]' pause_rootfs
+    [[ -f $WORK/ccm-sample-oci.tar ]] || oci_image "$WORK/ccm-sample-oci.tar" "$IMAGE" '["/usr/local/bin/ccm-sample-workload"]' sample_rootfs
+    k images import --snapshotter "$SNAP" "$WORK/ccm-pause-oci.tar" >/dev/null 2>&1 &&
+        k images import --snapshotter "$SNAP" "${1:-$WORK/ccm-sample-oci.tar}" >/dev/null 2>&1 &&
+        k images tag --force "$IMAGE" "$REG/ccm-sample:1" >/dev/null 2>&1 &&
+        k images push --plain-http "$REG/ccm-sample:1" >"$WORK/cri-push.log" 2>&1 &&
+        cri PullImage "{\"image\":{\"image\":\"$REG/ccm-sample:1\"}}" >/dev/null 2>"$WORK/cri-pull.err" || return 1
+    [[ -n ${POD:-} ]] && return 0
+    cri RunPodSandbox "{\"config\":$CRI_POD_CONFIG}" >"$WORK/cri-runp.out" 2>&1 || return 1
+    POD=$(cri_field "$WORK/cri-runp.out" pod_sandbox_id)
+}
+
+# cri_create NAME IMAGE CTL CDI [COMMAND]: CreateContainer in the pod; prints the container id.
+cri_create() {
+    local cmd=""
+    [[ -n ${5:-} ]] && cmd=',"command":["/usr/local/bin/ccm-sample-workload"],"args":["--dir","/ctl","--mib","64","--devices","0","--rounds","'$5'"]'
+    cri CreateContainer "$(printf '{"pod_sandbox_id":"%s","config":{"metadata":{"name":"%s","attempt":0},"image":{"image":"%s"}%s,"mounts":[{"container_path":"/ctl","host_path":"%s"}],"CDI_devices":[{"name":"%s"}],"log_path":"%s.log","linux":{"security_context":{"namespace_options":{"network":2,"pid":1,"ipc":0}}}},"sandbox_config":%s}' \
+        "$POD" "$1" "$2" "$cmd" "$3" "$4" "$1" "$CRI_POD_CONFIG")" >"$WORK/cri-create-$1.out" 2>&1 &&
+        cri_field "$WORK/cri-create-$1.out" container_id
+}
+
+cri_gone() { # ID
+    cri StopContainer "{\"container_id\":\"$1\",\"timeout\":0}" >/dev/null 2>&1
+    cri RemoveContainer "{\"container_id\":\"$1\"}" >/dev/null 2>&1
+}
+
+cri_same() {
+    local c=$WORK/cri-same id id2 seen t0 td tr
+    rm -rf "$c"; mkdir -p "$c/ctl" "$c/ctl2"
+    # shellcheck disable=SC2119 # the default image archive
+    cri_setup || { record c4-cri-cdi "CRI setup (registry, images, pod)" "$(tail -n2 "$WORK/cri-push.log" "$WORK/cri-pull.err" "$WORK/cri-runp.out" 2>/dev/null | one_line)" FAIL -; return; }
+    { id=$(cri_create cuda "$REG/ccm-sample:1" "$c/ctl" nvidia.com/gpu=0 3) && cri StartContainer "{\"container_id\":\"$id\"}" >/dev/null 2>"$c/start.err" &&
+        wait_file "$c/ctl/ready" "$READY_TIMEOUT"; } || { record c4-cri-cdi "CreateContainer with CDI_devices nvidia.com/gpu=0" "$(tail -n2 "$WORK/cri-create-cuda.out" "$c/start.err" | one_line)" FAIL -; return; }
+    go_round "$c/ctl" 1
+    t0=$(now)
+    cri CheckpointContainer "{\"container_id\":\"$id\",\"location\":\"$c/ckpt.tar\",\"timeout\":120}" >"$c/checkpoint.out" 2>&1 ||
+        { record c4-cri-cdi "CheckpointContainer passes" "$(tail -n2 "$c/checkpoint.out" | one_line)" FAIL -; cri_gone "$id"; return; }
+    td=$(elapsed "$t0")
+    cri_gone "$id"
+    archive_preflight c5-archive-preflight-kubelet "$c/ckpt.tar" "CRI CheckpointContainer's archive (the kubelet's form)"
+    seen=
+    t0=$(now)
+    id2=$(cri_create cuda-restored "$c/ckpt.tar" "$c/ctl2" nvidia.com/gpu=0) && cri StartContainer "{\"container_id\":\"$id2\"}" >"$c/restore.out" 2>&1
+    cp "$WORK/cri-criu-work/restore.log" "$c/restore.log" 2>/dev/null
+    tr=$(elapsed "$t0")
+    if go_round "$c/ctl2" 2 && seen=$(check_sample_report "$c/ctl2/report2.json"); then
+        record c4-cri-cdi "CRI: CDI_devices nvidia.com/gpu=0, CheckpointContainer, CreateContainer from the archive (CDI again), StartContainer: identity agrees" "$seen; usable GPUs: $(usable_line "$c/restore.log")" PASS "checkpoint ${td}s, restore ${tr}s; $(plugin_times "$c/restore.log")"
+    else
+        record c4-cri-cdi "the CRI restore runs on this GPU" "${seen:-$(tail -n2 "$WORK/cri-create-cuda-restored.out" "$c/restore.out" | one_line) $(first_error "$c/restore.log")}" FAIL "checkpoint ${td}s"
+    fi
+    [[ -n ${id2:-} ]] && cri_gone "$id2"
+    rm -f "$c/ckpt.tar"
+    save cri-same "$c"
+}
