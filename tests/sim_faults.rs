@@ -30,6 +30,27 @@ fn checkpoint_failure_of_one_of_two_rolls_both_back() {
     run_case("checkpoint-fail-one-of-two");
 }
 
+/// The driver answers NOT_SUPPORTED to the checkpoint (managed memory on driver 580): the dump fails with a
+/// line naming managed memory, MPS and MIG, and the process is RUNNING again with its data.
+#[test]
+fn checkpoint_not_supported_names_its_causes_and_the_process_runs_on() {
+    run_case("checkpoint-unsupported");
+}
+
+/// `CRIU_CUDA_MIGRATE_MULTI_PROCESS=refuse` and two CUDA processes: refused before any checkpoint, both
+/// RUNNING with their data, no identity image.
+#[test]
+fn several_cuda_processes_are_refused_before_any_checkpoint_when_told() {
+    run_case("multi-process-refuse");
+}
+
+/// Two CUDA processes dumped (the default warns about CUDA IPC); their driver restore fails as an IPC
+/// importer's does on driver 580: the line names CUDA IPC and the way out, not free memory.
+#[test]
+fn a_restore_failing_like_an_ipc_importer_names_ipc() {
+    run_case("multi-process-ipc-restore");
+}
+
 /// The driver's restore fails in strict mode (the default): the restored tree is killed, the log
 /// says so and what to do, the images are intact, and a retry restores the process.
 #[test]

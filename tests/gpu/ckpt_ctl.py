@@ -6,6 +6,7 @@ recover. Standard library only (ctypes on libcuda.so.1).
 
   ckpt_ctl.py state PID                 prints the process's state (running, locked, checkpointed, failed)
   ckpt_ctl.py lock-checkpoint PID       cuCheckpointProcessLock (10 s timeout), then cuCheckpointProcessCheckpoint
+  ckpt_ctl.py unlock PID                cuCheckpointProcessUnlock (a process a failed checkpoint left LOCKED)
   ckpt_ctl.py restore-unlock PID [--no-cuinit]
                                         cuCheckpointProcessRestore onto the same GPUs, then Unlock; prints each
                                         call's time (with --no-cuinit this process never calls cuInit: the driver
@@ -59,7 +60,7 @@ def main(argv):
     flags = argv[3:]
     if (
         len(argv) < 3
-        or argv[1] not in ("state", "lock-checkpoint", "restore-unlock")
+        or argv[1] not in ("state", "lock-checkpoint", "unlock", "restore-unlock")
         or not argv[2].isdigit()
         or any(f != "--no-cuinit" for f in flags)
     ):
@@ -76,6 +77,8 @@ def main(argv):
             t0 = time.monotonic()
             check(cuda, name, call(pid, args))
             print(f"{name} {time.monotonic() - t0:.3f} s")
+    if argv[1] == "unlock":
+        check(cuda, "cuCheckpointProcessUnlock", cuda.cuCheckpointProcessUnlock(pid, ctypes.byref(ReservedArgs())))
     if argv[1] == "lock-checkpoint":
         lock = LockArgs(timeoutMs=10000)
         check(cuda, "cuCheckpointProcessLock", cuda.cuCheckpointProcessLock(pid, ctypes.byref(lock)))

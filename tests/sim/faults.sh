@@ -9,7 +9,8 @@
 # Runs inside the trixie root: tests/criu-root.sh run tests/sim/faults.sh BIN_DIR CASE
 #   BIN_DIR  cargo's target dir: libcriu_cuda_migrate.so, ccm-sample-workload, ccm-sim-ctl,
 #            criu-cuda-migrate (the CLI), libcuda_test_double.so, libnvml_test_double.so
-#   CASE     lock-timeout | checkpoint-fail-one-of-two | restore-fail | restore-fail-permissive | unlock-fail |
+#   CASE     lock-timeout | checkpoint-fail-one-of-two | checkpoint-unsupported | multi-process-refuse |
+#            multi-process-ipc-restore | restore-fail | restore-fail-permissive | unlock-fail |
 #            criu-killed-mid-restore | nvml-missing-dump |
 #            nvml-missing-restore | libcuda-missing-dump | libcuda-missing-restore | image-missing |
 #            image-truncated | image-newer-version | map-unknown-gpu | sites-moved-strict |
@@ -264,6 +265,60 @@ checkpoint-fail-one-of-two)
     go "$WORK/w1" 1
     check_agree "$WORK/w0" 1
     check_agree "$WORK/w1" 1
+    ;;
+checkpoint-unsupported)
+    # The driver answers NOT_SUPPORTED to the checkpoint, as driver 580 does for managed (UVM) memory (measured on
+    # the GPU, tests/gpu/ipc-probe.sh): the dump fails, its line names managed memory, MPS and MIG and says the
+    # process runs on, and the rollback unlocks it: RUNNING, data intact.
+    pid=$(CCM_SIM_FAULTS=checkpoint-fail=801 start "$WORK/w0" 0,1)
+    if dump "$WORK/img" "$pid"; then fail "the dump succeeded although the driver could not checkpoint"; fi
+    seen "$WORK/img/dump.log" "CHECKPOINT_DEVICES\(pid $pid\) failed: .*CUDA_ERROR_NOT_SUPPORTED.*managed \(UVM\) memory.*MPS.*MIG.*put back to RUNNING"
+    seen "$WORK/img/dump.log" "pid $pid: rolled back: unlocked, RUNNING again"
+    expect_state "$pid" RUNNING
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+multi-process-refuse)
+    # CRIU_CUDA_MIGRATE_MULTI_PROCESS=refuse and a tree of two CUDA processes: refused before any checkpoint (CUDA
+    # IPC between them could not be restored, and nothing shows it from outside); no identity image; both
+    # unlocked, RUNNING, data intact.
+    root=$(start_tree)
+    p0=$(cat "$WORK/w0/ready")
+    p1=$(cat "$WORK/w1/ready")
+    if CRIU_CUDA_MIGRATE_MULTI_PROCESS=refuse dump "$WORK/img" "$root"; then fail "the dump of two CUDA processes was not refused"; fi
+    seen "$WORK/img/dump.log" "refused before any checkpoint \(CRIU_CUDA_MIGRATE_MULTI_PROCESS=refuse\): this dump holds 2 CUDA processes \(pids $p0, $p1\).*runs on"
+    seen "$WORK/img/dump.log" "pid $p0: rolled back: unlocked, RUNNING again"
+    seen "$WORK/img/dump.log" "pid $p1: rolled back: unlocked, RUNNING again"
+    if compgen -G "$WORK/img/cuda-migrate-*.img" >/dev/null; then fail "a refused dump wrote an identity image"; fi
+    expect_state "$p0" RUNNING
+    expect_state "$p1" RUNNING
+    [ -d "/proc/$root" ] || fail "the tree's root $root did not survive the refused dump"
+    go "$WORK/w0" 1
+    go "$WORK/w1" 1
+    check_agree "$WORK/w0" 1
+    check_agree "$WORK/w1" 1
+    ;;
+multi-process-ipc-restore)
+    # Two CUDA processes dumped with the default (warn): the dump says what CUDA IPC would do. The driver's restore
+    # then fails as an IPC importer's does on driver 580 (CUDA_ERROR_INVALID_VALUE, knob restore-fail=1): the line
+    # names CUDA IPC as the likely cause and says what can and cannot be done; strict mode kills the tree; the
+    # images are unchanged.
+    root=$(start_tree)
+    p0=$(cat "$WORK/w0/ready")
+    p1=$(cat "$WORK/w1/ready")
+    dump_ok "$WORK/img" "$root"
+    seen "$WORK/img/dump.log" "this dump holds 2 CUDA processes \(pids $p0, $p1\)\. If one of them has another's device memory open through CUDA IPC.*CRIU_CUDA_MIGRATE_MULTI_PROCESS=refuse"
+    sum=$(images_sum "$WORK/img")
+    echo restore-fail=1 >"$WORK/state/faults"
+    restore "$WORK/img" && rc=0 || rc=$?
+    rm -f "$WORK/state/faults"
+    [ "$rc" -ne 0 ] || fail "a restore whose driver restore failed succeeded"
+    seen "$WORK/img/restore.log" "the driver's restore failed .*CUDA_ERROR_INVALID_VALUE.*likely cause: this is one of several CUDA processes .*CUDA IPC.*The images are intact: these images cannot be restored on driver 580"
+    [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "identity images changed"
+    wait_gone "$p0" || fail "pid $p0 survived a failed driver restore in strict mode"
+    wait_gone "$p1" || fail "pid $p1 survived a failed driver restore in strict mode"
+    expect_state "$p0" GONE
+    expect_state "$p1" GONE
     ;;
 restore-fail)
     # The driver's restore fails (as when a GPU ran out of memory after the preflight). Strict mode:

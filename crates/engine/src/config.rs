@@ -40,10 +40,24 @@ pub struct Config {
     pub driver_timeout: Option<Duration>,
     /// Whether the dump leaves the tree running (`-R`/`--leave-running`).
     pub leave_running: LeaveRunning,
+    /// `CRIU_CUDA_MIGRATE_MULTI_PROCESS`: what a dump of several CUDA processes does.
+    pub multi_process: MultiProcess,
     /// `CRIU_CUDA_MIGRATE_LIBCUDA` / `_LIBNVML` (the driver agent reads them from the same
     /// environment); shown in the `settings:` line.
     pub libcuda: Option<String>,
     pub libnvml: Option<String>,
+}
+
+/// What a dump of more than one CUDA process does. Driver 580 checkpoints a process that has another
+/// process's device memory open through CUDA IPC (`cudaIpcOpenMemHandle`, `cuMemImportFromShareableHandle`),
+/// but cannot restore it, in place or anywhere else; and nothing outside the process tells such a process from
+/// one that shares nothing (measured: docs/GPU-TESTING.md, issue 29). So the plugin cannot know; the user can.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum MultiProcess {
+    /// Dump them, with a warning that names the risk (the default: most multi-process trees share nothing).
+    Warn,
+    /// Refuse before any checkpoint: every process is unlocked and runs on.
+    Refuse,
 }
 
 /// What the plugin knows about CRIU's `--leave-running`, which the plugin ABI does not expose.
@@ -191,6 +205,20 @@ impl Config {
             None if args.over_rpc => LeaveRunning::Unknown,
             None => LeaveRunning::No,
         };
+        let multi_process = match get(&settings::MULTI_PROCESS).filter(|(v, _)| !v.trim().is_empty()) {
+            None => MultiProcess::Warn,
+            Some((v, from)) => match v.trim() {
+                "warn" => MultiProcess::Warn,
+                "refuse" => MultiProcess::Refuse,
+                _ => {
+                    return Err(ConfigError::invalid(
+                        from,
+                        v,
+                        "`warn` (dump several CUDA processes, saying what IPC would do) or `refuse` (fail such a dump before any checkpoint)",
+                    ))
+                }
+            },
+        };
         let driver_timeout = match get(&settings::DRIVER_TIMEOUT).filter(|(v, _)| !v.trim().is_empty()) {
             None => None,
             Some((v, from)) => match v.trim().parse::<u64>() {
@@ -208,6 +236,7 @@ impl Config {
             lock_timeout: Duration::from_secs(args.timeout_s.unwrap_or(10).max(1)),
             driver_timeout,
             leave_running,
+            multi_process,
             libcuda,
             libnvml,
         })
@@ -242,7 +271,7 @@ impl std::fmt::Display for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, lock timeout {} s, libcuda {}, NVML {}",
+            "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, multi-process {}, lock timeout {} s, libcuda {}, NVML {}",
             self.device_map
                 .as_ref()
                 .map(|m| m.value.iter().map(|(o, n)| format!("{o}={n}")).collect::<Vec<_>>().join(","))
@@ -257,6 +286,10 @@ impl std::fmt::Display for Config {
                 LeaveRunning::Yes => "yes",
                 LeaveRunning::No => "no",
                 LeaveRunning::Unknown => "unknown (CRIU over RPC; devices restored after the dump)",
+            },
+            match self.multi_process {
+                MultiProcess::Warn => "warn",
+                MultiProcess::Refuse => "refuse",
             },
             self.lock_timeout.as_secs(),
             self.libcuda.as_deref().unwrap_or("default"),
@@ -456,7 +489,7 @@ mod tests {
         assert_eq!(c.lock_timeout, Duration::from_secs(10));
         assert_eq!(
             c.to_string(),
-            format!("device map {C}={D}, usable GPUs all, mode permissive, reconcile on, leave-running no, lock timeout 10 s, libcuda default, NVML default")
+            format!("device map {C}={D}, usable GPUs all, mode permissive, reconcile on, leave-running no, multi-process warn, lock timeout 10 s, libcuda default, NVML default")
         );
         let bad = Config::from_sources(|k| (k == ENV_MODE).then(|| "loose".to_string()), &[], &[]);
         assert!(bad.unwrap_err().to_string().contains("strict"));
@@ -482,6 +515,16 @@ mod tests {
         );
         assert_eq!(c.libcuda.as_deref(), Some("/x"));
         assert!(Config::from_sources(|_| None, &[], &[opt("disable", "1")]).unwrap().disabled);
+        assert_eq!(Config::from_sources(|_| None, &[], &[]).unwrap().multi_process, MultiProcess::Warn);
+        assert_eq!(
+            Config::from_sources(|_| None, &[], &[opt("multi-process", "refuse")]).unwrap().multi_process,
+            MultiProcess::Refuse
+        );
+        let refuse = |k: &str| (k == settings::MULTI_PROCESS.env).then(|| "refuse".to_string());
+        assert_eq!(Config::from_sources(refuse, &[], &[]).unwrap().multi_process, MultiProcess::Refuse);
+        let bad = |k: &str| (k == settings::MULTI_PROCESS.env).then(|| "sometimes".to_string());
+        let e = Config::from_sources(bad, &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("CRIU_CUDA_MIGRATE_MULTI_PROCESS") && e.contains("`refuse`"), "{e}");
         assert!(
             !Config::from_sources(|k| (k == ENV_DISABLE).then(|| "1".into()), &[], &[opt("disable", "0")])
                 .unwrap()

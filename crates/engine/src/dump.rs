@@ -17,7 +17,8 @@ use log::{debug, error, info, warn};
 use crate::batch::{with_restore_threads_running, OnResumeError};
 use crate::host::CriuHost;
 use crate::node::Node;
-use crate::{Config, EngineError, HookOutcome, LeaveRunning, ProcessFailure, LIBCUDA_FILE, PLUGIN_NAME};
+use crate::{Config, EngineError, HookOutcome, LeaveRunning, MultiProcess, ProcessFailure, LIBCUDA_FILE, PLUGIN_NAME};
+use ccm_driver::abi::CudaCode;
 use ccm_driver::checkpoint::{put_back, Step};
 
 /// One CUDA process this dump touched.
@@ -245,6 +246,21 @@ impl DumpSession {
             .filter(|t| t.initial != ProcessState::Checkpointed && t.checkpoint_result.is_none())
             .map(|t| (t.pid, t.restore_tid))
             .collect();
+        // Several CUDA processes may share device memory through CUDA IPC, which driver 580 checkpoints but
+        // cannot restore, and which nothing outside them shows (crate::sharing): said, or refused, here, while
+        // every process is only locked (an unlock undoes that; a checkpoint of an importer cannot be undone).
+        let cuda_pids: Vec<HostPid> = self.tracked.keys().copied().collect();
+        if cuda_pids.len() > 1 {
+            match self.config.multi_process {
+                MultiProcess::Warn => warn!("{}", crate::sharing::several_processes_warning(&cuda_pids)),
+                MultiProcess::Refuse => {
+                    for t in self.tracked.values_mut() {
+                        t.checkpoint_result = Some(Err(ProcessFailure::SeveralProcessesRefused(cuda_pids.clone())));
+                    }
+                    return;
+                }
+            }
+        }
         // The identity scan of each process runs while its checkpoint does: the words it looks for
         // sit in libcuda's objects (heap and small mappings), which exist before the checkpoint and
         // keep their place through it, and the scan's list of mappings is read before the driver
@@ -318,7 +334,11 @@ impl DumpSession {
                             ProcessState::Checkpointed,
                         ));
                     }
-                    Err(ProcessFailure::Driver(e))
+                    if e.cuda_code() == Some(CudaCode::NotSupported) {
+                        Err(ProcessFailure::Unsupported(e))
+                    } else {
+                        Err(ProcessFailure::Driver(e))
+                    }
                 }
                 Ok((Timed { value: Ok(()), elapsed }, facts)) => {
                     t.checkpointed_by_us = true;
@@ -404,13 +424,14 @@ impl DumpSession {
             }
         }
         let config = &self.config;
+        let cuda_processes = self.tracked.len();
         // The tasks may still be ptrace-stopped by CRIU; the driver needs their restore threads
         // to run for a restore and for an unlock alike.
         let results = with_restore_threads_running(
             &todo,
             |t| t.restore_tid.get(),
             OnResumeError::WorkAnyway,
-            |t| rollback_one(api, t, config),
+            |t| rollback_one(api, t, config, cuda_processes),
         );
         for (t, r) in todo.iter().zip(results) {
             if let Err(e) = r {
@@ -486,7 +507,7 @@ fn settled_state(api: &Agent, t: &Tracked) -> Result<ProcessState, ccm_agent::Ag
 
 /// Puts one process back as the dump found it, from the state the driver reports, with an ERROR
 /// line naming the fix for anything left LOCKED or CHECKPOINTED.
-fn rollback_one(api: &Agent, t: &Tracked, config: &Config) {
+fn rollback_one(api: &Agent, t: &Tracked, config: &Config, cuda_processes: usize) {
     let pid = t.pid;
     let state = match settled_state(api, t) {
         Ok(s) => s,
@@ -531,10 +552,20 @@ fn rollback_one(api: &Agent, t: &Tracked, config: &Config) {
             (Step::Unlock, None) => info!("pid {pid}: rolled back: unlocked, RUNNING again"),
             (s, Some(e)) => {
                 let now = api.state(pid).map(|x| x.to_string()).unwrap_or_else(|_| s.left_in().to_string());
-                error!(
-                    "pid {pid} is left {now}: {} failed ({e}); run `criu-cuda-migrate recover --pid {pid}`",
-                    s.name()
-                )
+                let advice = crate::sharing::restore_advice(crate::sharing::code_named_in(e), false, cuda_processes);
+                if s == Step::Restore && !advice.recoverable {
+                    // An IPC importer: `recover` would only get CUDA_ERROR_OPERATING_SYSTEM (measured).
+                    error!(
+                        "pid {pid} is left {now}: {} failed ({e}){}; `criu-cuda-migrate recover` cannot bring it back either: end it and restart its job",
+                        s.name(),
+                        advice.cause
+                    )
+                } else {
+                    error!(
+                        "pid {pid} is left {now}: {} failed ({e}); run `criu-cuda-migrate recover --pid {pid}`",
+                        s.name()
+                    )
+                }
             }
         }
     }

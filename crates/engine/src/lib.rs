@@ -24,10 +24,11 @@ pub mod node;
 pub mod preflight;
 pub mod reconcile;
 pub mod restore;
+pub mod sharing;
 
 use ccm_agent::AgentError;
 
-pub use config::{Config, LeaveRunning, Strictness};
+pub use config::{Config, LeaveRunning, MultiProcess, Strictness};
 pub use host::{CriuHost, NoCriu};
 
 /// The name CRIU knows the plugin by (descriptor and image inventory).
@@ -154,4 +155,10 @@ pub enum ProcessFailure {
     Inconsistent(Vec<reconcile::ReconcileFailure>),
     #[error("its CUDA state cannot be read: {0}")]
     State(AgentError),
+    /// The driver answered NOT_SUPPORTED to its checkpoint (managed memory, MPS, MIG).
+    #[error("{0}; {cause}", cause = sharing::checkpoint_failure_cause(Some(ccm_driver::abi::CudaCode::NotSupported)).unwrap_or_default())]
+    Unsupported(AgentError),
+    /// `CRIU_CUDA_MIGRATE_MULTI_PROCESS=refuse` and the dump holds several CUDA processes.
+    #[error("{}", sharing::several_processes_refusal(.0))]
+    SeveralProcessesRefused(Vec<ccm_identity::HostPid>),
 }

@@ -7,7 +7,6 @@ use std::os::fd::AsRawFd;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use ccm_driver::abi::CudaCode;
 use ccm_driver::checkpoint::{timed, ProcessState};
 use ccm_identity::runtime::GivenGpus;
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, NsPid};
@@ -35,6 +34,8 @@ pub struct RestoreSession {
 struct Job<'a> {
     pid: HostPid,
     plan: Option<&'a ProcessPlan>,
+    /// How many CUDA processes the restore holds (a failed restore's advice depends on it).
+    cuda_processes: usize,
 }
 
 impl RestoreSession {
@@ -173,6 +174,7 @@ impl RestoreSession {
         // answers it from outside, while a state query needs the (still stopped) restore thread
         // and would hang. The state is read by the worker once that thread runs.
         let mut jobs: Vec<(Job<'_>, HostTid)> = Vec::new();
+        let cuda_processes = self.plans.len().max(pids.iter().filter(|&&p| self.plan_for(p).is_some()).count());
         for &pid in pids {
             let plan = self.plan_for(pid);
             if plan.is_none() && !ccm_process::devices::maps_library(pid.get(), crate::LIBCUDA_FILE).unwrap_or(false) {
@@ -188,7 +190,7 @@ impl RestoreSession {
                     continue;
                 }
             };
-            jobs.push((Job { pid, plan }, tid));
+            jobs.push((Job { pid, plan, cuda_processes }, tid));
         }
         if jobs.is_empty() {
             return false;
@@ -477,22 +479,21 @@ fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, report: &mut S
             error!("pid {pid}: {e}, during the driver's restore; its CUDA state is unknown, so the restored tree is killed. The images are intact: restore again");
             return Ended::Doomed(ProcessFailure::Driver(e));
         }
-        let hint = if e.cuda_code() == Some(CudaCode::InvalidValue) && !pairs.is_empty() {
-            " (the driver refused the device map: it must pair every GPU the process enumerated with a distinct GPU of the same chip and enough memory)"
-        } else if e.cuda_code() == Some(CudaCode::OutOfMemory) {
-            " (a target GPU ran out of memory: something took it after the preflight's check)"
-        } else {
-            ""
-        };
+        let advice = crate::sharing::restore_advice(e.cuda_code(), !pairs.is_empty(), job.cuda_processes);
+        let cause = advice.cause;
         return match config.strictness {
             // A process whose device state could not come back must not run half-restored:
             // the whole restored tree goes, and the images stay for the retry.
             Strictness::Strict => {
-                error!("pid {pid}: the driver's restore failed after {:.3} s: {e}{hint}; strict mode kills the restored tree. The images are intact: fix the cause (free the GPU's memory) and restore again", r.elapsed.as_secs_f64());
+                error!("pid {pid}: the driver's restore failed after {:.3} s: {e}{cause}; strict mode kills the restored tree. The images are intact: {}", r.elapsed.as_secs_f64(), advice.fix);
                 Ended::Doomed(ProcessFailure::Driver(e))
             }
+            Strictness::Permissive if !advice.recoverable => {
+                error!("pid {pid} is left CHECKPOINTED: {e}{cause}; `criu-cuda-migrate recover` cannot bring it back either: kill it; {}", advice.fix);
+                Ended::Failed(ProcessFailure::Driver(e))
+            }
             Strictness::Permissive => {
-                error!("pid {pid} is left CHECKPOINTED: {e}{hint}; fix the cause and run `criu-cuda-migrate recover --pid {pid}`, or kill it and restore again from the same images");
+                error!("pid {pid} is left CHECKPOINTED: {e}{cause}; fix the cause and run `criu-cuda-migrate recover --pid {pid}`, or kill it and restore again from the same images");
                 Ended::Failed(ProcessFailure::Driver(e))
             }
         };

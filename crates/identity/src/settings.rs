@@ -68,6 +68,14 @@ pub const LEAVE_RUNNING: Setting = Setting {
     help: "1: the dump leaves the tree running; 0: the dump ends it",
 };
 
+pub const MULTI_PROCESS: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_MULTI_PROCESS",
+    option: "multi-process",
+    at: "dump",
+    default: "warn",
+    help: "refuse: a dump of more than one CUDA process fails before any checkpoint, every process running on (driver 580 cannot restore a process that opened another's device memory through CUDA IPC, and nothing outside it shows that); warn: dump them and say so",
+};
+
 pub const DRIVER_TIMEOUT: Setting = Setting {
     env: "CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT",
     option: "driver-timeout",
@@ -101,8 +109,19 @@ pub const LIBNVML: Setting = Setting {
 };
 
 /// All of them, in the order of the documentation tables.
-pub const ALL: [Setting; 10] =
-    [DEVICE_MAP, USABLE_GPUS, MODE, RECONCILE, MEMORY_CHECK, LEAVE_RUNNING, DRIVER_TIMEOUT, DISABLE, LIBCUDA, LIBNVML];
+pub const ALL: [Setting; 11] = [
+    DEVICE_MAP,
+    USABLE_GPUS,
+    MODE,
+    RECONCILE,
+    MEMORY_CHECK,
+    LEAVE_RUNNING,
+    MULTI_PROCESS,
+    DRIVER_TIMEOUT,
+    DISABLE,
+    LIBCUDA,
+    LIBNVML,
+];
 
 impl Setting {
     /// `criu-cuda-migrate.KEY`.
