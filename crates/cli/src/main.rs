@@ -3,7 +3,7 @@
 //! as CRIU's action script (the restored network namespace's loopback, which runc leaves down).
 //!
 //! One rule for exit codes: 0 success; 1 a refusal (preflight refused, recover could not bring the
-//! process back); 2 bad usage or unreadable input (an unknown option, a malformed value, a missing
+//! process back, `node --check` found the node not ready); 2 bad usage or unreadable input (an unknown option, a malformed value, a missing
 //! or damaged checkpoint, no NVIDIA driver for `node` or `recover`). Under `--json` every outcome,
 //! a failure included, is one JSON document on stdout.
 
@@ -12,6 +12,7 @@
 // First: its println!/eprintln! (escaping every foreign character) are the ones every module after it uses.
 #[macro_use]
 mod out;
+mod readiness;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -67,8 +68,9 @@ enum Command {
         #[arg(long)]
         bundle: Option<PathBuf>,
     },
-    /// List the GPUs NVML sees on this node.
-    Node,
+    /// List the GPUs NVML sees on this node; with --check, check whether this node is ready for GPU
+    /// checkpoint/restore.
+    Node(readiness::NodeArgs),
     /// Bring a process left LOCKED or CHECKPOINTED back to RUNNING (restore onto the same GPUs, then unlock).
     Recover {
         /// The process's pid (as `ps` shows it on this host).
@@ -147,7 +149,8 @@ fn main() -> ExitCode {
                 cli.json,
             ),
         ),
-        Command::Node => ("node", node(cli.json)),
+        Command::Node(a) if a.check => ("node", readiness::run(a, cli.json)),
+        Command::Node(_) => ("node", node(cli.json)),
         Command::Recover { pid } => ("recover", recover(*pid, cli.json)),
         Command::ActionScript => ("action-script", action_script()),
     };

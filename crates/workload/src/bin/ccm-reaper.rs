@@ -16,12 +16,18 @@ use nix::sys::signal::{kill, Signal};
 use nix::sys::wait::{waitpid, WaitPidFlag, WaitStatus};
 use nix::unistd::Pid;
 
+const USAGE: &str = "usage: ccm-reaper CMD [ARG...]\n\nRuns CMD as a child subreaper and reaps what it leaves behind; after CMD exits, waits up to\nCCM_REAPER_GRACE seconds (default 30) for the rest, kills what is left and exits with CMD's status.";
+
 fn main() -> ExitCode {
     let mut args = std::env::args_os().skip(1);
     let Some(cmd) = args.next() else {
-        eprintln!("usage: ccm-reaper CMD [ARG...]");
+        eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
+    if cmd == "--help" || cmd == "-h" {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
     if let Err(e) = nix::sys::prctl::set_child_subreaper(true) {
         eprintln!("ccm-reaper: cannot become a child subreaper ({e}); running the command without");
     }

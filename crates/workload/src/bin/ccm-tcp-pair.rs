@@ -10,9 +10,17 @@ use std::net::{TcpListener, TcpStream};
 use std::process::ExitCode;
 use std::time::Duration;
 
+const USAGE: &str = "usage: ccm-tcp-pair OUT\n\nHolds an established TCP connection with itself on 127.0.0.1 and writes `TCP <n>` to OUT\nevery 100 ms, until a socket error or a signal ends it (a test tool).";
+
 fn main() -> ExitCode {
-    let Some(out) = std::env::args_os().nth(1).map(std::path::PathBuf::from) else {
-        eprintln!("usage: ccm-tcp-pair OUT");
+    let arg = std::env::args_os().nth(1);
+    if matches!(arg.as_deref().and_then(|a| a.to_str()), Some("--help" | "-h")) {
+        println!("{USAGE}");
+        return ExitCode::SUCCESS;
+    }
+    // An option is no file name: `ccm-tcp-pair --verbose` must not write a file of that name.
+    let Some(out) = arg.filter(|a| !a.to_string_lossy().starts_with('-')).map(std::path::PathBuf::from) else {
+        eprintln!("{USAGE}");
         return ExitCode::from(2);
     };
     match run(&out) {

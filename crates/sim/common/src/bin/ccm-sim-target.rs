@@ -184,6 +184,10 @@ fn main() -> ExitCode {
     let mut bytes = 1 << 20;
     let mut args = std::env::args().skip(1);
     while let Some(a) = args.next() {
+        if a == "--help" || a == "-h" {
+            println!("usage: ccm-sim-target --go FILE [--bytes N]");
+            return ExitCode::SUCCESS;
+        }
         match (a.as_str(), args.next()) {
             ("--go", Some(v)) => go = Some(PathBuf::from(v)),
             ("--bytes", Some(v)) => match v.parse::<usize>() {

@@ -1,0 +1,285 @@
+//! `criu-cuda-migrate node --check` on a fake node: a root directory (the hidden `--root`) with
+//! CRIU's, containerd's and CRI-O's files and stand-in commands, and the driver from the test
+//! doubles of libcuda and NVML (crates/sim). A node right in everything reports ready (exit 0);
+//! each wrong setting is found (a FAIL line naming it, exit 1).
+//!
+//! The doubles are cdylibs of other packages, which `cargo test -p ccm-cli` does not build: the
+//! first test builds them (`cargo build -p cuda-test-double -p nvml-test-double`). If that fails,
+//! the tests say so and pass, unless `CCM_REQUIRE_TEST_DOUBLES=1` (CI).
+
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output};
+
+const G0: &str = "GPU-5e110000-aabb-ccdd-0001-020304050600";
+const G1: &str = "GPU-5e110001-aabb-ccdd-0001-020304050601";
+const PLUGIN_DIR: &str = "usr/lib/criu-cuda-migrate/plugins";
+
+fn cli() -> PathBuf {
+    PathBuf::from(env!("CARGO_BIN_EXE_criu-cuda-migrate"))
+}
+
+/// The doubles' folder (where cargo puts this package's binary), built when missing.
+fn doubles() -> Option<PathBuf> {
+    let dir = cli().parent().map(Path::to_path_buf).unwrap_or_default();
+    let needed = ["libcuda_test_double.so", "libnvml_test_double.so"];
+    if needed.iter().any(|n| !dir.join(n).exists()) {
+        let status = Command::new(env!("CARGO"))
+            .args(["build", "-p", "cuda-test-double", "-p", "nvml-test-double"])
+            .args(dir.file_name().filter(|n| *n == "release").map(|_| "--release"))
+            .current_dir(env!("CARGO_MANIFEST_DIR"))
+            .status();
+        if !status.is_ok_and(|s| s.success()) {
+            eprintln!("building the test doubles failed");
+        }
+    }
+    let missing: Vec<_> = needed.iter().filter(|n| !dir.join(n).exists()).collect();
+    if !missing.is_empty() {
+        let msg = format!("test doubles {missing:?} not built in {}", dir.display());
+        assert!(std::env::var("CCM_REQUIRE_TEST_DOUBLES").as_deref() != Ok("1"), "{msg}");
+        eprintln!("SKIPPED: {msg}");
+        return None;
+    }
+    Some(dir)
+}
+
+/// A fake node: its root, the simulated GPUs' files, the doubles.
+struct Node {
+    _tmp: tempfile::TempDir,
+    root: PathBuf,
+    sim: PathBuf,
+    doubles: PathBuf,
+    libcuda: PathBuf,
+    libnvml: PathBuf,
+}
+
+const CDI: &str = "cdiVersion: 0.5.0\nkind: nvidia.com/gpu\ndevices:\n- name: \"0\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia0\n- name: \"1\"\n  containerEdits:\n    deviceNodes:\n    - path: /dev/nvidia1\ncontainerEdits:\n  deviceNodes:\n  - path: /dev/nvidiactl\n";
+
+impl Node {
+    /// A node right in everything: the package's plugin and its libdir line in default.conf, runc,
+    /// CRIU 4.1.1 whose check passes, iptables, nvidia-smi with persistence on, containerd 2.2
+    /// with restore through CRI on, a CDI spec of both simulated GPUs.
+    fn good() -> Option<Node> {
+        let doubles = doubles()?;
+        let tmp = tempfile::tempdir().expect("temporary directory");
+        let root = tmp.path().join("root");
+        let sim = tmp.path().join("sim");
+        std::fs::create_dir_all(sim.join("state")).unwrap();
+        let gpu = |uuid: &str, bus: u32, minor: u32| {
+            format!(
+                r#"{{"uuid":"{uuid}","pci_bus_id":"0000:{bus:02x}:00.0","pci_device_id":"0x233510de","pci_subsystem_id":"0x18bf10de","minor":{minor}}}"#
+            )
+        };
+        std::fs::write(
+            sim.join("gpus.json"),
+            format!(
+                r#"{{"driver_version":"580.159.04","cuda_driver_version":13000,"gpus":[{},{}]}}"#,
+                gpu(G0, 6, 0),
+                gpu(G1, 7, 1)
+            ),
+        )
+        .unwrap();
+        let n = Node {
+            libcuda: doubles.join("libcuda_test_double.so"),
+            libnvml: doubles.join("libnvml_test_double.so"),
+            _tmp: tmp,
+            root,
+            sim,
+            doubles,
+        };
+        n.write("etc/criu/default.conf", "# criu-cuda-migrate\nlibdir /usr/lib/criu-cuda-migrate/plugins\n");
+        n.write(&format!("{PLUGIN_DIR}/criu_cuda_migrate.so"), "not really ELF");
+        std::fs::create_dir_all(n.root.join("usr/lib/criu")).unwrap();
+        n.command(
+            "usr/sbin/criu",
+            "case \"$1\" in --version) echo 'Version: 4.1.1';; check) echo 'Looks good.';; esac",
+        );
+        n.command("usr/sbin/runc", "echo 'runc version 1.1.15'");
+        n.command("usr/sbin/iptables-restore", "exit 0");
+        n.command("usr/sbin/ip6tables-restore", "exit 0");
+        n.command("usr/bin/nvidia-smi", &format!("echo '{G0}, Enabled'; echo '{G1}, Enabled'"));
+        n.command("usr/bin/containerd", "echo 'containerd github.com/containerd/containerd/v2 v2.2.0 1c4457e'");
+        n.write(
+            "etc/containerd/config.toml",
+            "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n  enable_experimental_restore_via_create = true\n",
+        );
+        n.write("etc/cdi/nvidia.yaml", CDI);
+        Some(n)
+    }
+
+    fn write(&self, rel: &str, text: &str) {
+        let p = self.root.join(rel);
+        std::fs::create_dir_all(p.parent().unwrap()).unwrap();
+        let _ = std::fs::remove_file(&p);
+        std::fs::write(&p, text).unwrap();
+    }
+
+    fn remove(&self, rel: &str) {
+        std::fs::remove_file(self.root.join(rel)).unwrap();
+    }
+
+    /// A stand-in command: a shell script.
+    fn command(&self, rel: &str, body: &str) {
+        self.write(rel, &format!("#!/bin/sh\n{body}\n"));
+        std::fs::set_permissions(self.root.join(rel), std::fs::Permissions::from_mode(0o755)).unwrap();
+    }
+
+    fn check(&self, json: bool) -> Output {
+        let mut c = Command::new(cli());
+        c.args(["node", "--check", "--root"]).arg(&self.root);
+        if json {
+            c.arg("--json");
+        }
+        c.env("CCM_SIM_CONFIG", self.sim.join("gpus.json"))
+            .env("CCM_SIM_STATE_DIR", self.sim.join("state"))
+            .env("CRIU_CUDA_MIGRATE_LIBCUDA", &self.libcuda)
+            .env("CRIU_CUDA_MIGRATE_LIBNVML", &self.libnvml)
+            .env_remove("CCM_SIM_VISIBLE")
+            .env_remove("LD_LIBRARY_PATH")
+            .output()
+            .expect("run criu-cuda-migrate")
+    }
+
+    /// The check's text output; asserts its exit code.
+    fn text(&self, code: i32) -> String {
+        let out = self.check(false);
+        let text = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(code), "node --check:\n{text}");
+        text
+    }
+
+    /// Asserts the node is not ready, with a FAIL line of `check` that holds `needle`.
+    fn assert_fails(&self, check: &str, needle: &str) {
+        let text = self.text(1);
+        let hit = text.lines().any(|l| l.starts_with("FAIL") && l.split_whitespace().nth(1) == Some(check));
+        assert!(hit, "no FAIL line of {check}:\n{text}");
+        assert!(text.contains(needle), "lacks {needle:?}:\n{text}");
+        assert!(text.contains("node NOT ready"), "{text}");
+    }
+}
+
+#[test]
+fn a_good_fake_node_is_ready() {
+    let Some(n) = Node::good() else { return };
+    let text = n.text(0);
+    assert!(text.contains("node ready for GPU checkpoint/restore"), "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
+    for needle in [
+        "libdir /usr/lib/criu-cuda-migrate/plugins (/etc/criu/default.conf) holds the plugin",
+        "CRIU 4.1.1",
+        "Looks good.",
+        "NVIDIA driver 580.159.04",
+        G0,
+        "cuCheckpointProcess",
+        "persistence mode on for all 2 GPU(s)",
+        "enable_experimental_restore_via_create = true",
+        "iptables-restore and ip6tables-restore are installed",
+        "/etc/cdi/nvidia.yaml name every GPU",
+    ] {
+        assert!(text.contains(needle), "lacks {needle:?}:\n{text}");
+    }
+    // JSON: one document, every line with its verdict.
+    let out = n.check(true);
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+    assert_eq!(v["ready"], true, "{v}");
+    let checks = v["checks"].as_array().expect("checks");
+    assert!(checks.iter().all(|c| c["verdict"] == "ok"), "{v:#}");
+    assert!(checks.iter().any(|c| c["check"] == "libdir:runc"), "runc is installed: its libdir is checked: {v:#}");
+}
+
+#[test]
+fn each_wrong_criu_setting_is_found() {
+    let Some(n) = Node::good() else { return };
+    // No libdir line: CRIU looks in its default directory, which lacks the plugin.
+    n.write("etc/criu/default.conf", "# nothing\n");
+    n.assert_fails("libdir:criu", "no libdir line");
+    // runc's own file sends its CRIU elsewhere.
+    n.write("etc/criu/default.conf", "libdir /usr/lib/criu-cuda-migrate/plugins\n");
+    n.write("etc/criu/runc.conf", "libdir /opt/missing\n");
+    n.assert_fails("libdir:runc", "/opt/missing (/etc/criu/runc.conf) does not exist");
+    n.remove("etc/criu/runc.conf");
+    // The plugin copied next to CRIU's own cuda_plugin.so.
+    n.write("etc/criu/default.conf", "libdir=/usr/lib/criu\n");
+    n.write("usr/lib/criu/cuda_plugin.so", "");
+    n.write("usr/lib/criu/criu_cuda_migrate.so", "");
+    n.assert_fails("libdir:criu", "cuda_plugin.so");
+    n.write("etc/criu/default.conf", "libdir /usr/lib/criu-cuda-migrate/plugins\n");
+    // CRIU too old, its check failing, CRIU missing.
+    n.command("usr/sbin/criu", "case \"$1\" in --version) echo 'Version: 3.17.1';; check) echo 'Looks good.';; esac");
+    n.assert_fails("criu-version", "3.17.1, older than 4.0");
+    n.command("usr/sbin/criu", "case \"$1\" in --version) echo 'Version: 4.2.1';; check) echo 'Error (cr-check.c:1): no ptrace' >&2; exit 1;; esac");
+    n.assert_fails("criu-check", "no ptrace");
+    n.remove("usr/sbin/criu");
+    n.assert_fails("criu-version", "criu is not installed");
+}
+
+#[test]
+fn each_wrong_runtime_setting_is_found() {
+    let Some(n) = Node::good() else { return };
+    // containerd 2.2 without restore through CRI.
+    n.write("etc/containerd/config.toml", "version = 3\n[plugins.'io.containerd.cri.v1.runtime']\n");
+    n.assert_fails("containerd", "enable_experimental_restore_via_create");
+    n.remove("etc/containerd/config.toml");
+    n.assert_fails("containerd", "no /etc/containerd/config.toml");
+    n.remove("usr/bin/containerd");
+    // CRI-O that only checkpoints.
+    n.command("usr/bin/crio", "echo 'crio version 1.34.1'");
+    n.write("etc/crio/crio.conf", "[crio.checkpoint_restore]\ncontainer_level_enabled = \"checkpoint_restore\"\n");
+    n.write(
+        "etc/crio/crio.conf.d/10-off.conf",
+        "[crio.checkpoint_restore]\ncontainer_level_enabled = \"checkpoint_only\"\n",
+    );
+    n.assert_fails("cri-o", "10-off.conf");
+    n.remove("etc/crio/crio.conf.d/10-off.conf");
+    assert!(n.text(0).contains("container_level_enabled = \"checkpoint_restore\""));
+    // No iptables for CRIU's network lock.
+    n.remove("usr/sbin/iptables-restore");
+    n.assert_fails("network-lock", "read unixpacket @->@: EOF");
+}
+
+#[test]
+fn each_wrong_driver_fact_is_found() {
+    let Some(mut n) = Node::good() else { return };
+    // A CDI spec that misses GPU 1.
+    n.write("etc/cdi/nvidia.yaml", &CDI.replace("/dev/nvidia1", "/dev/nvidia-uvm"));
+    n.assert_fails("cdi", &format!("{G1} (/dev/nvidia1)"));
+    n.write("etc/cdi/nvidia.yaml", CDI);
+    // Persistence mode off: a warning, still ready.
+    n.command("usr/bin/nvidia-smi", &format!("echo '{G0}, Disabled'; echo '{G1}, Enabled'"));
+    let text = n.text(0);
+    assert!(text.lines().any(|l| l.starts_with("WARN") && l.contains("persistence mode off on")), "{text}");
+    // A libcuda without the checkpoint API (the NVML double stands in for an old libcuda).
+    n.libcuda = n.doubles.join("libnvml_test_double.so");
+    n.assert_fails("checkpoint-api", "cuCheckpointProcess");
+    // No NVML at all.
+    n.libnvml = n.sim.join("nonexistent/libnvidia-ml.so.1");
+    n.assert_fails("driver", "NVML");
+}
+
+#[test]
+fn hostile_files_are_refused_unread_and_output_escaped() {
+    let Some(n) = Node::good() else { return };
+    // default.conf a link to a file elsewhere: not followed, said so; CRIU's default then applies.
+    let elsewhere = n.sim.join("conf");
+    std::fs::write(&elsewhere, "libdir /usr/lib/criu-cuda-migrate/plugins\n").unwrap();
+    n.remove("etc/criu/default.conf");
+    std::os::unix::fs::symlink(&elsewhere, n.root.join("etc/criu/default.conf")).unwrap();
+    let text = n.text(1);
+    assert!(text.contains("symbolic link"), "{text}");
+    n.remove("etc/criu/default.conf");
+    n.write("etc/criu/default.conf", "libdir /usr/lib/criu-cuda-migrate/plugins\n");
+    // A FIFO among the CDI specs (a read would block), a huge config file.
+    let fifo = n.root.join("etc/cdi/fifo.yaml");
+    assert!(Command::new("mkfifo").arg(&fifo).status().is_ok_and(|s| s.success()));
+    n.write("etc/containerd/config.toml", &"#".repeat(2 << 20));
+    // Escape sequences in a command's output.
+    n.command("usr/sbin/criu", "case \"$1\" in --version) printf 'Version: 4.1.1\\033[2J\\r\\n';; check) printf '\\033]0;owned\\007Looks good.\\n';; esac");
+    let started = std::time::Instant::now();
+    let out = n.check(false);
+    assert!(started.elapsed() < std::time::Duration::from_secs(15), "took {:?}", started.elapsed());
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert!(!text.contains('\u{1b}') && !text.contains('\u{7}') && !text.contains('\r'), "{text:?}");
+    assert!(text.contains("fifo.yaml not read"), "{text}");
+    assert!(text.contains("config.toml not read"), "{text}");
+}
