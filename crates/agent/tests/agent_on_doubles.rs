@@ -188,10 +188,50 @@ fn a_library_others_can_change_is_not_loaded() {
         Err(AgentError::NoDriver(m)) => assert!(m.contains("can be changed by other users"), "{m}"),
         other => panic!("{other:?}"),
     }
-    let agent =
-        Agent::spawn(&[], &DriverLibs { libcuda: Some("relative/libcuda.so.1".into()), ..libs }, WarmUp::Restore)
-            .unwrap();
+    let agent = Agent::spawn(
+        &[],
+        &DriverLibs { libcuda: Some("relative/libcuda.so.1".into()), ..libs.clone() },
+        WarmUp::Restore,
+    )
+    .unwrap();
     assert!(matches!(agent.driver(), Err(AgentError::NoDriver(m)) if m.contains("relative path")));
+    // The swap: a link to the good library's directory, in a directory anyone may write. The old
+    // check followed it (both ends were root's); whoever can write there re-points it between the
+    // check and the load.
+    let real_dir = Path::new(libs.libcuda.as_deref().unwrap()).parent().unwrap().to_path_buf();
+    std::os::unix::fs::symlink(&real_dir, open.join("lib")).unwrap();
+    for (libcuda, libnvml) in [
+        (Some(open.join("lib/libcuda_test_double.so").display().to_string()), libs.libnvml.clone()),
+        (libs.libcuda.clone(), Some(open.join("lib/libnvml_test_double.so").display().to_string())),
+    ] {
+        let swapped = DriverLibs { libcuda, libnvml };
+        let agent = Agent::spawn(&[], &swapped, WarmUp::Restore).expect("the agent starts");
+        let why = if swapped.libnvml == libs.libnvml {
+            match agent.driver() {
+                Err(AgentError::NoDriver(m)) => m,
+                other => panic!("libcuda through an open directory: {other:?}"),
+            }
+        } else {
+            match agent.node().map(|n| n.nvml) {
+                Ok(Err(m)) => m,
+                other => panic!("NVML through an open directory: {other:?}"),
+            }
+        };
+        assert!(why.contains(&format!("the directory {}", open.display())), "{why}");
+        assert!(why.contains("can be changed by other users"), "{why}");
+    }
+    // The same libraries through a link only root or this user can change load (and are the very
+    // files checked: the loader is given the descriptor).
+    let mine = tmp.path().join("mine");
+    std::os::unix::fs::symlink(&real_dir, &mine).unwrap();
+    let linked = DriverLibs {
+        libcuda: Some(mine.join("libcuda_test_double.so").display().to_string()),
+        libnvml: Some(mine.join("libnvml_test_double.so").display().to_string()),
+    };
+    let agent = Agent::spawn(&[], &linked, WarmUp::Restore).expect("the agent starts");
+    agent.driver().expect("libcuda through a link of root's loads");
+    let nvml = agent.node().expect("NVML answers").nvml;
+    assert!(nvml.is_ok(), "NVML through a link of root's loads: {nvml:?}");
 }
 
 fn main() {

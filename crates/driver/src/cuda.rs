@@ -35,45 +35,6 @@ pub enum LoadError {
     Untrusted { path: String, why: String },
 }
 
-/// Whether a library named by a setting may be loaded into a process that runs as root: a bare
-/// file name is left to the dynamic loader's search (the system's directories); a path must be
-/// absolute, and the file and its directory owned by root or by this process's user and writable
-/// by nobody else, so that no other user can put code there.
-pub fn check_library_path(path: &str) -> Result<(), String> {
-    use std::os::unix::fs::MetadataExt;
-    if !path.contains('/') {
-        return Ok(());
-    }
-    let p = std::path::Path::new(path);
-    if !p.is_absolute() {
-        return Err("a relative path; name the library by its absolute path".into());
-    }
-    let me = rustix::process::geteuid().as_raw();
-    let check = |what: &str, q: &std::path::Path| -> Result<(), String> {
-        let m = std::fs::metadata(q).map_err(|e| format!("cannot stat {what} {}: {e}", q.display()))?;
-        if m.uid() != 0 && m.uid() != me {
-            return Err(format!(
-                "{what} {} is owned by uid {}, not by root: only root's files are loaded as root",
-                q.display(),
-                m.uid()
-            ));
-        }
-        if m.mode() & 0o022 != 0 {
-            return Err(format!(
-                "{what} {} can be changed by other users (mode {:o}): make it writable by its owner only",
-                q.display(),
-                m.mode() & 0o7777
-            ));
-        }
-        Ok(())
-    };
-    check("the file", p)?;
-    match p.parent() {
-        Some(d) => check("its directory", d),
-        None => Ok(()),
-    }
-}
-
 /// The loaded `libcuda.so.1`. Cheap to clone.
 #[derive(Clone)]
 pub struct Libcuda {
@@ -95,18 +56,25 @@ pub const LIBCUDA_NAME: &str = "libcuda.so.1";
 impl Libcuda {
     /// Loads `libcuda.so.1` (or `$CRIU_CUDA_MIGRATE_LIBCUDA`).
     pub fn load() -> Result<Libcuda, LoadError> {
-        let path = std::env::var(ccm_identity::settings::LIBCUDA.env).unwrap_or_else(|_| LIBCUDA_NAME.to_string());
+        // An empty value is no setting, as the plugin's configuration reads it.
+        let path = std::env::var(ccm_identity::settings::LIBCUDA.env)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .unwrap_or_else(|| LIBCUDA_NAME.to_string());
         Self::load_from(&path)
     }
 
     pub fn load_from(path: &str) -> Result<Libcuda, LoadError> {
-        check_library_path(path).map_err(|why| LoadError::Untrusted { path: path.to_string(), why })?;
+        // A path is opened and checked once; the loader maps that very file (`crate::libfile`).
+        let file =
+            crate::libfile::open_library(path).map_err(|why| LoadError::Untrusted { path: path.to_string(), why })?;
+        let load_path = file.map_or_else(|| path.to_string(), |f| f.into_loader_path());
         // RTLD_NODELETE: cuInit starts driver threads that run libcuda's code for the rest of
         // the process; unmapping the library when the last handle drops would crash them.
         let flags = libloading::os::unix::RTLD_NOW | libc::RTLD_NODELETE;
         // SAFETY: loading the NVIDIA driver library runs its initialisers; that is the documented
         // way to use it and it does not depend on our process state.
-        let lib: libloading::Library = unsafe { libloading::os::unix::Library::open(Some(path), flags) }
+        let lib: libloading::Library = unsafe { libloading::os::unix::Library::open(Some(&load_path), flags) }
             .map_err(|source| LoadError::Library { path: path.to_string(), source })?
             .into();
         macro_rules! sym {

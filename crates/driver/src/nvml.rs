@@ -74,16 +74,23 @@ pub const LIBNVML_NAME: &str = "libnvidia-ml.so.1";
 impl Nvml {
     /// NVML from `$CRIU_CUDA_MIGRATE_LIBNVML`, else the loader's search (the command-line tool).
     pub fn init() -> Result<Nvml, NvmlFailure> {
-        let lib = std::env::var(ccm_identity::settings::LIBNVML.env).unwrap_or_else(|_| LIBNVML_NAME.to_string());
+        // An empty value is no setting, as the plugin's configuration reads it.
+        let lib = std::env::var(ccm_identity::settings::LIBNVML.env)
+            .ok()
+            .filter(|v| !v.trim().is_empty())
+            .unwrap_or_else(|| LIBNVML_NAME.to_string());
         Self::init_from(&lib)
     }
 
     /// NVML from `lib`: a file name for the loader's search, or a path, which must be a file only
-    /// root (or this user) can change, in a directory only they can change (it is loaded as root).
+    /// root (or this user) can change, in directories only they can change (it is loaded as root);
+    /// the path is opened and checked once, and the loader maps that very file (`crate::libfile`).
     pub fn init_from(lib: &str) -> Result<Nvml, NvmlFailure> {
-        crate::cuda::check_library_path(lib).map_err(|why| NvmlFailure::Untrusted { lib: lib.to_string(), why })?;
+        let file =
+            crate::libfile::open_library(lib).map_err(|why| NvmlFailure::Untrusted { lib: lib.to_string(), why })?;
+        let load_path = file.map_or_else(|| lib.to_string(), |f| f.into_loader_path());
         let nvml = nvml_wrapper::Nvml::builder()
-            .lib_path(OsStr::new(lib))
+            .lib_path(OsStr::new(&load_path))
             .init()
             .map_err(|source| NvmlFailure::Init { lib: lib.to_string(), source })?;
         Ok(Nvml { nvml })
