@@ -25,7 +25,6 @@ cleanup_processes() {
     : >"$WORK/pids"
 }
 
-
 # start_detached DIR LOG CMD...: CMD in its own session (CRIU dumps a session whole without
 # --shell-job), cwd DIR, stdin /dev/null, stdout+stderr to LOG. Sets STARTED_PID.
 start_detached() {
@@ -53,7 +52,6 @@ wait_gone() {
         sleep 0.05
     done
 }
-
 
 # criu_cmd ENV-ASSIGNMENT... -- CRIU-ARGS...: CRIU with its own libraries. LD_LIBRARY_PATH is set
 # for CRIU only: the Debian libraries must not shadow Ubuntu's in the workloads (python, torch).
