@@ -13,6 +13,7 @@
 #[macro_use]
 mod out;
 mod readiness;
+mod recover;
 
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
@@ -151,7 +152,7 @@ fn main() -> ExitCode {
         ),
         Command::Node(a) if a.check => ("node", readiness::run(a, cli.json)),
         Command::Node(_) => ("node", node(cli.json)),
-        Command::Recover { pid } => ("recover", recover(*pid, cli.json)),
+        Command::Recover { pid } => ("recover", recover::run(*pid, cli.json)),
         Command::ActionScript => ("action-script", action_script()),
     };
     match r {
@@ -587,68 +588,4 @@ fn action_script() -> CliResult {
         );
     }
     Ok(())
-}
-
-fn recover(pid: i32, json: bool) -> CliResult {
-    let not_here = || {
-        Failure::Input(format!("pid {pid} does not exist on this host; pass the pid `ps` shows for the stuck process"))
-    };
-    let pid = ccm_identity::HostPid::new(pid.into()).ok_or_else(not_here)?;
-    if !Path::new(&format!("/proc/{pid}")).exists() {
-        return Err(not_here());
-    }
-    use ccm_driver::checkpoint::CheckpointApi;
-    let lib = ccm_driver::Libcuda::load().map_err(input)?;
-    let api = CheckpointApi::new(&lib).map_err(input)?;
-    lib.init().map_err(input)?;
-    let before = api.state(pid.driver()).map_err(|e| Failure::Input(format!("pid {pid}: {e}")))?;
-    if !json {
-        println!("pid {pid}: {before}");
-    }
-    // The put-back the dump's rollback and the agent use too; progress of the long step (the device
-    // memory back onto the GPUs, about 1 s per GiB) on stderr, so that --json output stays one
-    // document on stdout.
-    let done = ccm_driver::checkpoint::put_back(&api, pid, before, std::time::Duration::MAX, |step| {
-        if step == ccm_driver::checkpoint::Step::Restore {
-            eprintln!("criu-cuda-migrate: pid {pid}: restoring its device memory onto the same GPUs ...");
-        }
-    });
-    let steps: Vec<serde_json::Value> = done
-        .iter()
-        .map(
-            |d| serde_json::json!({"step": d.step.name(), "ok": d.error.is_none(), "seconds": d.elapsed.as_secs_f64()}),
-        )
-        .collect();
-    let mut r: Result<(), String> = Ok(());
-    for d in &done {
-        match &d.error {
-            None if !json => println!("pid {pid}: {} done ({:.3} s)", d.step.name(), d.elapsed.as_secs_f64()),
-            None => {}
-            Some(e) => r = Err(format!("pid {pid}: {} failed: {e}", d.step.name())),
-        }
-    }
-    let after = api.state(pid.driver()).map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
-    if json {
-        println!(
-            "{}",
-            serde_json::json!({
-                "pid": pid.get(), "before": before.to_string(), "steps": steps, "after": after,
-                "ok": r.is_ok(), "error": r.as_ref().err(),
-            })
-        );
-        // The one document is out: a failure only sets the exit code.
-        return match r {
-            Ok(()) => Ok(()),
-            Err(_) => {
-                std::process::exit(1);
-            }
-        };
-    }
-    match r {
-        Ok(()) => {
-            println!("pid {pid}: {after}");
-            Ok(())
-        }
-        Err(e) => Err(Failure::Refused(e)),
-    }
 }

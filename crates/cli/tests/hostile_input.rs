@@ -358,3 +358,44 @@ fn foreign_values_reach_the_terminal_escaped_and_shortened() {
     let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
     assert_eq!(v["processes"][0]["hostname"], host);
 }
+
+/// `recover --pid N` on a process another CRIU holds (it traces every task it dumps or restores):
+/// a put-back then would race that CRIU; refused, naming the CRIU and what to do. Any other
+/// tracer is refused too (the driver cannot reach a process stopped for it).
+#[test]
+fn recover_refuses_a_process_that_criu_or_another_tracer_holds() {
+    for (tracer_name, needles) in [
+        ("criu", &["is held by CRIU (pid ", "Wait for that CRIU to end", "kill "][..]),
+        ("some-debugger", &["is traced by pid ", "(some-debugger", "Detach or end the tracer"][..]),
+    ] {
+        let mut target = Command::new("sleep").arg("30").spawn().expect("sleep");
+        let pid = target.id() as i32;
+        let (seized_tx, seized_rx) = std::sync::mpsc::channel();
+        let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
+        // A thread named like the tracer (its comm), as CRIU's main thread traces what it dumps.
+        let tracer = std::thread::Builder::new()
+            .name(tracer_name.into())
+            .spawn(move || {
+                // SAFETY: PTRACE_SEIZE of this test's own child: no memory is passed.
+                let r = unsafe { libc::ptrace(libc::PTRACE_SEIZE, pid, 0, 0) };
+                // SAFETY: gettid has no arguments.
+                seized_tx.send((r, unsafe { libc::gettid() })).unwrap();
+                // Traced until the command has looked; the thread's exit detaches it.
+                let _ = done_rx.recv();
+            })
+            .unwrap();
+        let (r, tid) = seized_rx.recv().unwrap();
+        assert_eq!(r, 0, "PTRACE_SEIZE: {}", std::io::Error::last_os_error());
+        let out = run(&["recover".as_ref(), "--pid".as_ref(), pid.to_string().as_ref()]);
+        done_tx.send(()).unwrap();
+        tracer.join().unwrap();
+        let _ = target.kill();
+        let _ = target.wait();
+        let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert_eq!(out.status.code(), Some(1), "{tracer_name}: {all}");
+        assert!(all.contains(&format!("pid {tid}")), "{tracer_name}: the tracer's pid {tid}: {all}");
+        for n in needles {
+            assert!(all.contains(n), "{tracer_name}: {n:?} in {all}");
+        }
+    }
+}

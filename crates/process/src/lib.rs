@@ -43,7 +43,7 @@ pub use mem::{
     verify_and_write_bytes, ProcessMemory, ScanReport,
 };
 pub use ptrace::{resume_restore_thread, RunningRestoreThread};
-pub use tree::{children_recursive, is_alive, kill, ns_pid, threads};
+pub use tree::{children_recursive, is_alive, kill, ns_pid, threads, tracer, Tracer};
 
 mod error;
 pub use error::{LoopbackError, ProcessError, PtraceError, SiteError};

@@ -79,6 +79,42 @@ pub fn state_letter(pid: u32) -> Option<char> {
     stat_field(&stat, 3)?.chars().next()
 }
 
+/// The task that ptrace-traces a process, as `/proc/PID/status` names it (`TracerPid`), with what
+/// it runs, read when asked.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Tracer {
+    /// The tracing task (CRIU traces from its main thread, so its pid).
+    pub pid: u32,
+    /// Its command name (`/proc/T/comm`), empty when it could not be read.
+    pub comm: String,
+    /// Its executable (`/proc/T/exe`), when it could be read.
+    pub exe: Option<std::path::PathBuf>,
+}
+
+impl Tracer {
+    /// Whether the tracer is CRIU, by its command name or its executable's name: a dump or a
+    /// restore of the process is under way.
+    pub fn is_criu(&self) -> bool {
+        let exe_name = self.exe.as_ref().and_then(|e| e.file_name()).map(|n| n.to_string_lossy().into_owned());
+        self.comm == "criu" || exe_name.is_some_and(|n| n.trim_end_matches(" (deleted)") == "criu")
+    }
+}
+
+/// The `TracerPid:` of a `/proc/PID/status` text (0: not traced), or `None` when the line is
+/// missing or malformed.
+fn parse_tracer_pid(status: &str) -> Option<u32> {
+    status.lines().find_map(|l| l.strip_prefix("TracerPid:"))?.trim().parse().ok()
+}
+
+/// Who traces `pid` now, if anyone (`None`: not traced).
+pub fn tracer(pid: u32) -> Result<Option<Tracer>, ProcessError> {
+    let status = read_text(pid, "status")?;
+    let Some(t) = parse_tracer_pid(&status).filter(|t| *t != 0) else { return Ok(None) };
+    let comm = read_text(t, "comm").map(|c| c.trim_end_matches('\n').to_string()).unwrap_or_default();
+    let exe = std::fs::read_link(proc_path(t, "exe")).ok();
+    Ok(Some(Tracer { pid: t, comm, exe }))
+}
+
 /// A process held by a pidfd: a signal through it reaches that process, or nobody once it is
 /// gone, never another process that got its number since.
 #[derive(Debug)]
@@ -163,6 +199,18 @@ fn kill_by_pid(pid: u32) -> Result<(), ProcessError> {
 
 #[cfg(test)]
 mod tests {
+
+    #[test]
+    fn tracer_pid_and_criu_by_name() {
+        assert_eq!(parse_tracer_pid("Name:\tsleep\nTracerPid:\t4711\nUid:\t0\n"), Some(4711));
+        assert_eq!(parse_tracer_pid("TracerPid:\t0\n"), Some(0));
+        assert_eq!(parse_tracer_pid("Name:\tx\n"), None);
+        let t = |comm: &str, exe: &str| Tracer { pid: 1, comm: comm.into(), exe: Some(exe.into()) };
+        assert!(t("criu", "/usr/sbin/criu").is_criu());
+        assert!(t("criu-4.1", "/opt/criu/sbin/criu (deleted)").is_criu());
+        assert!(t("criu", "/x/y").is_criu());
+        assert!(!t("gdb", "/usr/bin/gdb").is_criu() && !t("strace", "/usr/bin/criu-tools").is_criu());
+    }
     use super::*;
 
     #[test]

@@ -1,0 +1,198 @@
+//! `recover --pid N`: bring a process a failed run left LOCKED or CHECKPOINTED back to RUNNING,
+//! with the same put-back the dump's rollback and the agent use.
+//!
+//! Two rules of its own: it never acts on a process another tool traces (a CRIU dumping or
+//! restoring it now holds it stopped: a put-back would race that CRIU, and the driver cannot reach
+//! a stopped process anyway), and every driver step has a deadline, so a hung driver ends the
+//! command with a message instead of holding the terminal forever.
+
+use std::sync::mpsc;
+use std::time::Duration;
+
+use ccm_driver::checkpoint::{CheckpointApi, ProcessState, Step, StepDone};
+use ccm_identity::HostPid;
+
+use crate::{input, CliResult, Failure};
+
+/// The most loading libcuda, `cuInit` and the first state query may take.
+const LOAD_DEADLINE: Duration = Duration::from_secs(30);
+/// Added to the put-back's own deadline for its unlock and the final state query.
+const UNLOCK_SLACK: Duration = Duration::from_secs(10);
+
+/// What the driver work reports to the waiting thread, as it goes.
+enum Progress {
+    /// libcuda is loaded and the process's state read.
+    Before(ProcessState),
+    /// The put-back ended: its steps and the state after.
+    Done(Vec<StepDone>, String),
+}
+
+/// Refuses a process that another task traces, naming it: CRIU (a dump or restore of it under
+/// way) or anything else (a debugger).
+fn refuse_if_traced(pid: HostPid) -> Result<(), Failure> {
+    let tracer = match ccm_process::tree::tracer(pid.get()) {
+        Ok(t) => t,
+        Err(ccm_process::ProcessError::NoSuchProcess { .. }) => return Err(not_here(pid.get())),
+        Err(e) => return Err(Failure::Input(format!("pid {pid}: cannot tell whether it is traced: {e}"))),
+    };
+    let Some(t) = tracer else { return Ok(()) };
+    let exe = t.exe.as_ref().map(|e| format!(", {}", e.display())).unwrap_or_default();
+    Err(Failure::Refused(if t.is_criu() {
+        format!(
+            "pid {pid} is held by CRIU (pid {}{exe}), which traces it: a dump or restore of it is under way, and a \
+             put-back now would race it. Wait for that CRIU to end (it puts the process back itself when its dump \
+             fails), or stop it (kill {}), then run recover again",
+            t.pid, t.pid
+        )
+    } else {
+        format!(
+            "pid {pid} is traced by pid {} ({}{exe}): the driver cannot put back a process stopped for a tracer. \
+             Detach or end the tracer, then run recover again",
+            t.pid, t.comm
+        )
+    }))
+}
+
+fn not_here(pid: impl std::fmt::Display) -> Failure {
+    Failure::Input(format!("pid {pid} does not exist on this host; pass the pid `ps` shows for the stuck process"))
+}
+
+/// The put-back's deadline: `CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT`, else 60 s + 5 s per GiB of the
+/// device memory NVML says the process holds (80 GiB when it cannot tell), as the plugin's.
+fn put_back_deadline(pid: HostPid) -> Result<Duration, Failure> {
+    let config = ccm_engine::Config::from_sources(|k| std::env::var(k).ok(), &[], &[]).map_err(input)?;
+    let held = ccm_driver::nvml::Nvml::init().ok().and_then(|n| n.device_memory().ok()).map(|gpus| {
+        gpus.iter().flat_map(|g| &g.processes).filter(|(p, _)| *p == pid.get()).filter_map(|(_, b)| *b).sum::<u64>()
+    });
+    Ok(config.call_deadline(held.filter(|b| *b > 0)))
+}
+
+/// Waits for the next report of the driver work, at most `limit`; `what` names the step for the
+/// message when the limit passes.
+fn wait<T>(rx: &mpsc::Receiver<Result<T, Failure>>, limit: Duration, pid: HostPid, what: &str) -> Result<T, Failure> {
+    match rx.recv_timeout(limit) {
+        Ok(r) => r,
+        Err(mpsc::RecvTimeoutError::Timeout) => Err(Failure::Refused(format!(
+            "pid {pid}: the driver did not finish {what} within {} s; the process is left as the driver has it (see \
+             `nvidia-smi`). Run recover again later, or give it longer with CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT=SECONDS",
+            limit.as_secs()
+        ))),
+        Err(mpsc::RecvTimeoutError::Disconnected) => {
+            Err(Failure::Input(format!("pid {pid}: the driver work ended without an answer during {what}")))
+        }
+    }
+}
+
+pub fn run(pid: i32, json: bool) -> CliResult {
+    let pid = HostPid::new(pid.into()).ok_or_else(|| not_here(pid))?;
+    if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
+        return Err(not_here(pid));
+    }
+    refuse_if_traced(pid)?;
+    let deadline = put_back_deadline(pid)?;
+    // The driver's calls on a thread of their own: a call that never returns cannot hold this one,
+    // which gives up at the deadline (the process's exit ends the call).
+    let (tx, rx) = mpsc::channel::<Result<Progress, Failure>>();
+    std::thread::spawn(move || {
+        let load = || -> Result<(CheckpointApi, ProcessState), Failure> {
+            let lib = ccm_driver::Libcuda::load().map_err(input)?;
+            let api = CheckpointApi::new(&lib).map_err(input)?;
+            lib.init().map_err(input)?;
+            let before = api.state(pid.driver()).map_err(|e| Failure::Input(format!("pid {pid}: {e}")))?;
+            Ok((api, before))
+        };
+        let (api, before) = match load() {
+            Ok(l) => l,
+            Err(f) => {
+                let _ = tx.send(Err(f));
+                return;
+            }
+        };
+        let _ = tx.send(Ok(Progress::Before(before)));
+        // A CRIU may have seized the process since the first look.
+        if let Err(f) = refuse_if_traced(pid) {
+            let _ = tx.send(Err(f));
+            return;
+        }
+        // Progress of the long step (the device memory back onto the GPUs, about 1 s per GiB) on
+        // stderr, so that --json output stays one document on stdout.
+        let done = ccm_driver::checkpoint::put_back(&api, pid, before, deadline, |step| {
+            if step == Step::Restore {
+                eprintln!("criu-cuda-migrate: pid {pid}: restoring its device memory onto the same GPUs ...");
+            }
+        });
+        let after = api.state(pid.driver()).map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
+        let _ = tx.send(Ok(Progress::Done(done, after)));
+    });
+    let before = match wait(&rx, LOAD_DEADLINE, pid, "loading libcuda and reading the process's state")? {
+        Progress::Before(s) => s,
+        Progress::Done(..) => return Err(Failure::Input(format!("pid {pid}: the driver work answered out of order"))),
+    };
+    if !json {
+        println!("pid {pid}: {before}");
+    }
+    let (done, after) = match wait(&rx, deadline + UNLOCK_SLACK, pid, "the put-back to RUNNING")? {
+        Progress::Done(d, a) => (d, a),
+        Progress::Before(_) => return Err(Failure::Input(format!("pid {pid}: the driver work answered out of order"))),
+    };
+    let steps: Vec<serde_json::Value> = done
+        .iter()
+        .map(
+            |d| serde_json::json!({"step": d.step.name(), "ok": d.error.is_none(), "seconds": d.elapsed.as_secs_f64()}),
+        )
+        .collect();
+    let mut r: Result<(), String> = Ok(());
+    for d in &done {
+        match &d.error {
+            None if !json => println!("pid {pid}: {} done ({:.3} s)", d.step.name(), d.elapsed.as_secs_f64()),
+            None => {}
+            Some(e) => r = Err(format!("pid {pid}: {} failed: {e}", d.step.name())),
+        }
+    }
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({
+                "pid": pid.get(), "before": before.to_string(), "steps": steps, "after": after,
+                "ok": r.is_ok(), "error": r.as_ref().err(),
+            })
+        );
+        // The one document is out: a failure only sets the exit code.
+        return match r {
+            Ok(()) => Ok(()),
+            Err(_) => {
+                std::process::exit(1);
+            }
+        };
+    }
+    match r {
+        Ok(()) => {
+            println!("pid {pid}: {after}");
+            Ok(())
+        }
+        Err(e) => Err(Failure::Refused(e)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_driver_step_that_never_answers_ends_at_its_deadline() {
+        let (tx, rx) = mpsc::channel::<Result<(), Failure>>();
+        let pid = HostPid::new(4242).unwrap();
+        let t0 = std::time::Instant::now();
+        let r = wait(&rx, Duration::from_millis(200), pid, "the put-back to RUNNING");
+        assert!(t0.elapsed() < Duration::from_secs(2));
+        match r {
+            Err(Failure::Refused(m)) => {
+                assert!(m.contains("did not finish the put-back to RUNNING within 0 s"), "{m}");
+                assert!(m.contains("CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT"), "{m}");
+            }
+            other => panic!("{other:?}"),
+        }
+        tx.send(Ok(())).unwrap();
+        assert!(wait(&rx, Duration::from_secs(1), pid, "x").is_ok());
+    }
+}
