@@ -1,0 +1,95 @@
+//! The engine's errors: what fails a hook ([`EngineError`]) and why one CUDA process's checkpoint or
+//! restore failed ([`ProcessFailure`]).
+
+use ccm_agent::AgentError;
+
+use crate::{batch, preflight, reconcile, sharing, PLUGIN_NAME};
+
+#[derive(Debug, thiserror::Error)]
+pub enum EngineError {
+    #[error("no usable NVIDIA driver: {0}")]
+    NoDriver(String),
+    #[error("{0}")]
+    Agent(#[source] AgentError),
+    #[error("pid {pid}: {source}")]
+    Driver {
+        pid: ccm_identity::HostPid,
+        #[source]
+        source: AgentError,
+    },
+    /// A CUDA process of the tree whose checkpoint or restore failed.
+    #[error("pid {pid}: {source}")]
+    Process {
+        pid: ccm_identity::HostPid,
+        #[source]
+        source: ProcessFailure,
+    },
+    #[error(transparent)]
+    Preflight(#[from] preflight::PreflightError),
+    #[error(transparent)]
+    Image(#[from] preflight::ImageFileError),
+    #[error(
+        "CRIU's own CUDA plugin (cuda_plugin.so) is loaded too; both would checkpoint the same processes. Remove \
+         cuda_plugin.so from CRIU's plugin directory (or point `libdir`/--libdir/CRIU_LIBS_DIR at a directory holding \
+         only {PLUGIN_NAME}'s plugin), or set CRIU_CUDA_MIGRATE_DISABLE=1 to use CRIU's plugin instead"
+    )]
+    ConflictingPlugin,
+    #[error(
+        "the image inventory says these images were dumped with {PLUGIN_NAME}, but {dir} holds no cuda-migrate-*.img: \
+         copy every cuda-migrate-*.img of the dump into it (they travel with the other images), or dump again"
+    )]
+    ImagesMissing { dir: String },
+    #[error("the checkpoint holds {processes} CUDA process(es) but this node cannot restore them: {source}")]
+    CannotRestore {
+        processes: usize,
+        #[source]
+        source: Box<EngineError>,
+    },
+    #[error("the restoring runtime's spec cannot be read: {0}; fix the bundle, or name the container's GPUs with CRIU_CUDA_MIGRATE_USABLE_GPUS")]
+    SpecFile(#[source] ccm_process::dir::FileError),
+    #[error("the restoring runtime's ({runtime}) spec {path} {source}")]
+    Spec {
+        runtime: String,
+        path: String,
+        // Boxed: the spec's error is large, and every hook's Result carries this type.
+        #[source]
+        source: Box<ccm_identity::runtime::SpecError>,
+    },
+    #[error(
+        "pid {pid}: only {left:.1} s of CRIU's --timeout ({timeout_s} s) are left to lock it; raise criu's --timeout"
+    )]
+    NoTimeToLock { pid: ccm_identity::HostPid, left: f64, timeout_s: u64 },
+    #[error(
+        "pid {pid}: its cgroup {path} is frozen (a paused container) and could not be thawed for the driver ({why}); \
+         resume the container (`ctr task resume`, `podman unpause`) and checkpoint again"
+    )]
+    FrozenCgroup { pid: ccm_identity::HostPid, path: String, why: String },
+}
+
+/// Why one CUDA process's checkpoint or restore failed.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ProcessFailure {
+    #[error(transparent)]
+    Batch(#[from] batch::BatchError),
+    #[error(transparent)]
+    Driver(#[from] AgentError),
+    #[error("cannot record its GPU identity: {0}")]
+    Identity(std::sync::Arc<ccm_process::ProcessError>),
+    #[error("its identity image cannot be written: {0}; nothing was written. Report this with the dump log")]
+    ImageEncode(ccm_identity::ImageError),
+    #[error("cannot write its identity image: {0}")]
+    ImageWrite(std::sync::Arc<ccm_process::dir::FileError>),
+    #[error("CRIU gave no image directory to write its identity image into")]
+    NoImageDir,
+    /// The GPU identity did not validate after the restore (strict mode kills the tree).
+    #[error("GPU identity is inconsistent after restore: {}", .0.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; "))]
+    Inconsistent(Vec<reconcile::ReconcileFailure>),
+    #[error("its CUDA state cannot be read: {0}")]
+    State(AgentError),
+    /// The driver answered NOT_SUPPORTED to its checkpoint (managed memory, MPS, MIG).
+    #[error("{0}; {cause}", cause = sharing::checkpoint_failure_cause(Some(ccm_driver::abi::CudaCode::NotSupported)).unwrap_or_default())]
+    Unsupported(AgentError),
+    /// `CRIU_CUDA_MIGRATE_MULTI_PROCESS=refuse` and the dump holds several CUDA processes.
+    #[error("{}", sharing::several_processes_refusal(.0))]
+    SeveralProcessesRefused(Vec<ccm_identity::HostPid>),
+}
