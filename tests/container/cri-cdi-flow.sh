@@ -74,6 +74,7 @@ round() {
 task_pid() { cri ContainerStatus "{\"container_id\":\"$1\",\"verbose\":true}" | python3 -c 'import json,sys; print(json.loads(json.load(sys.stdin)["info"]["info"])["pid"])' 2>/dev/null; }
 bundle_of() { echo "$D/state/io.containerd.runtime.v2.task/k8s.io/$1"; }
 
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() { cri_cleanup 1; }
 trap cleanup EXIT
 

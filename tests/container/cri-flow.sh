@@ -43,6 +43,7 @@ cri() { python3 "$HERE/cri_client.py" "$SOCK" "$@"; }
 field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2" 2>/dev/null; }
 state() { cri ContainerStatus "{\"container_id\":\"$1\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["state"])'; }
 
+# shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() { cri_cleanup 0; }
 trap cleanup EXIT
 

@@ -15,6 +15,8 @@
 #                                             an 8 GiB driver restore (CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT=5 for the
 #                                             stopped ones)
 # Prints `| case | expected | seen | result | times |` rows ($OUT/rows.md) and exits 1 on any FAIL.
+# shellcheck disable=SC2317 # whole file: shellcheck 0.9 takes every function here for unreachable code
+# (the cases run by name, "case_$c", and the helpers from them)
 
 set -uo pipefail
 # No -e: a status-recording flow. A failed case is recorded as a FAIL row and the next case runs.
