@@ -175,8 +175,30 @@ struct Checkpoint {
     shown: String,
     images: Vec<(PathBuf, IdentityImage)>,
     reports: Vec<(String, String)>,
+    /// Whether CRIU's `inventory.img` is there (a regular file), which CRIU writes when a dump
+    /// completes: without it this is no checkpoint, or a cut one.
+    has_inventory: bool,
     /// Where the checkpoint came from an archive: what else the archive told.
     archive: Option<ArchiveFacts>,
+}
+
+/// The refusal of what is no complete checkpoint (no `inventory.img`): `preflight` refuses it, and
+/// `inspect` too when it holds no identity image either (an empty directory, `/etc`).
+fn not_a_checkpoint(c: &Checkpoint) -> Failure {
+    Failure::Input(if c.archive.is_some() {
+        format!(
+            "{} has no checkpoint/inventory.img, which CRIU writes when a dump completes: it is a cut or partial \
+             checkpoint that no restore can use; export the checkpoint again",
+            c.shown
+        )
+    } else {
+        format!(
+            "{} has no inventory.img, which CRIU writes when a dump completes: it is no CRIU checkpoint, or a cut or \
+             partial one that no restore can use; pass the image directory of a completed `criu dump -D DIR`, or dump \
+             again",
+            c.shown
+        )
+    })
 }
 
 /// What an archive holds besides the identity images and reports.
@@ -239,11 +261,13 @@ fn load_archive(path: &Path, limits: &ccm_archive::Limits) -> Result<Checkpoint,
     }
     images.sort_by_key(|(_, i)| i.pid);
     let reports = a.reports.iter().map(|f| (f.name.clone(), shown_text(&f.bytes))).collect();
+    let has_inventory = a.has_inventory;
     let spec = a.spec.as_ref().map(|f| (f.member.clone(), String::from_utf8_lossy(&f.bytes).into_owned()));
     Ok(Checkpoint {
         shown,
         images,
         reports,
+        has_inventory,
         archive: Some(ArchiveFacts {
             compression: a.compression,
             members: a.members,
@@ -282,14 +306,20 @@ fn load_image_dir(dir: &Path) -> Result<Checkpoint, Failure> {
         reports.push((name.to_string(), text));
     }
     reports.sort();
-    Ok(Checkpoint { shown: dir.display().to_string(), images, reports, archive: None })
+    let has_inventory =
+        matches!(d.kind_of("inventory.img").map_err(input)?, Some(ccm_process::dir::EntryKind::Regular));
+    Ok(Checkpoint { shown: dir.display().to_string(), images, reports, has_inventory, archive: None })
 }
 
 fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
     let c = load_checkpoint(path, &limits.limits())?;
+    if !c.has_inventory && c.images.is_empty() {
+        return Err(not_a_checkpoint(&c));
+    }
     if json {
         let mut v = serde_json::json!({
             "dir": c.shown,
+            "has_inventory": c.has_inventory,
             "processes": c.images.iter().map(|(_, i)| i).collect::<Vec<_>>(),
             "restore_reports": c.reports,
         });
@@ -322,6 +352,9 @@ fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
                 dumped_container_gpus(text, &c.images)
             );
         }
+    }
+    if c.archive.is_none() && !c.has_inventory {
+        println!("{}: NO inventory.img: the dump did not complete, and no restore can use this directory", c.shown);
     }
     if c.images.is_empty() {
         println!("{}: no criu-cuda-migrate identity images (no CUDA process was dumped with the plugin)", c.shown);
@@ -391,6 +424,8 @@ fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
 struct DirectNode {
     nvml: Option<Nvml>,
     gpus: Vec<GpuIdentity>,
+    /// Why NVML gave no GPU list (its load or query error).
+    nvml_error: Option<String>,
 }
 
 impl NodeView for DirectNode {
@@ -403,6 +438,9 @@ impl NodeView for DirectNode {
     }
     fn cuda_driver_version(&self) -> i32 {
         self.nvml.as_ref().and_then(|n| n.cuda_driver_version().ok()).unwrap_or(0)
+    }
+    fn nvml_error(&self) -> Option<String> {
+        self.nvml_error.clone()
     }
 }
 
@@ -447,12 +485,8 @@ fn run_preflight(
         check_usable_syntax(&u.value, &u.from)?;
     }
     let checkpoint = load_checkpoint(path, &limits.limits())?;
-    if checkpoint.archive.as_ref().is_some_and(|a| !a.has_inventory) {
-        return Err(Failure::Input(format!(
-            "{} has no checkpoint/inventory.img, which CRIU writes when a dump completes: it is a cut or partial \
-             checkpoint that no restore can use; export the checkpoint again",
-            checkpoint.shown
-        )));
+    if !checkpoint.has_inventory {
+        return Err(not_a_checkpoint(&checkpoint));
     }
     let spec = match bundle {
         Some(b) => {
@@ -466,16 +500,19 @@ fn run_preflight(
     };
     // Without NVML the GPU list is empty, and the one preflight refuses as the plugin does.
     let nvml = Nvml::init();
-    let gpus = match nvml.as_ref().map_err(|e| e.to_string()).and_then(|v| v.gpus().map_err(|e| e.to_string())) {
-        Ok(g) => g,
-        Err(e) => {
-            if !checkpoint.images.is_empty() {
-                eprintln!("criu-cuda-migrate preflight: NVML: {e}");
-            }
-            Vec::new()
-        }
-    };
-    let node = DirectNode { nvml: nvml.ok(), gpus };
+    let (gpus, nvml_error) =
+        match nvml.as_ref().map_err(|e| e.to_string()).and_then(|v| v.gpus().map_err(|e| e.to_string())) {
+            Ok(g) => (g, None),
+            Err(e) => (Vec::new(), Some(e)),
+        };
+    let node = DirectNode { nvml: nvml.ok(), gpus, nvml_error };
+    // NVML's failure before the bundle's GPUs are looked for on a node without a GPU list (the
+    // one preflight says the same; the plugin reads its spec after it).
+    if let (false, true, Some(e)) = (checkpoint.images.is_empty(), node.gpus.is_empty(), &node.nvml_error) {
+        return Err(Failure::Refused(
+            preflight::PreflightError::NvmlFailed(ccm_identity::text::escaped(e)).to_string(),
+        ));
+    }
     let given = match &spec {
         Some((path, text)) if config.usable_gpus.is_none() => {
             match ccm_identity::runtime::gpus_given_by_spec(text, node.gpus()) {

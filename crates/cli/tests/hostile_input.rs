@@ -2,7 +2,7 @@
 //! the documented exit code, and no panic.
 
 use std::os::unix::ffi::OsStrExt;
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 /// Cargo builds the binary for this package's integration tests, so a plain `cargo test` finds it.
@@ -43,8 +43,9 @@ fn non_utf8_path() {
     let dir = tempfile::tempdir().unwrap();
     let bad = dir.path().join(std::ffi::OsStr::from_bytes(b"img-\xff\xfe"));
     std::fs::create_dir(&bad).unwrap();
+    std::fs::write(bad.join("inventory.img"), b"inventory").unwrap();
     let out = run(&["inspect".as_ref(), bad.as_os_str()]);
-    assert_eq!(out.status.code(), Some(0), "an empty directory with a non-UTF-8 name: {out:?}");
+    assert_eq!(out.status.code(), Some(0), "a plain checkpoint with a non-UTF-8 name: {out:?}");
     assert!(String::from_utf8_lossy(&out.stdout).contains("no criu-cuda-migrate identity images"));
 }
 
@@ -171,6 +172,7 @@ fn an_image_with_control_characters_is_refused_and_prints_none() {
 #[test]
 fn a_bundle_spec_that_cannot_be_read_is_refused_naming_it() {
     let images = tempfile::tempdir().unwrap();
+    std::fs::write(images.path().join("inventory.img"), b"inventory").unwrap();
     let write = |d: &std::path::Path, text: &[u8]| std::fs::write(d.join("config.json"), text).unwrap();
     let cases: [(&str, Plant, i32, &str); 7] = [
         (
@@ -226,6 +228,92 @@ fn a_bundle_spec_that_cannot_be_read_is_refused_naming_it() {
         let all = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
         assert!(all.contains(needle) && all.contains("config.json"), "{what}: {all}");
     }
+}
+
+/// `preflight` of a directory that is no checkpoint (empty, `/etc`, identity images without CRIU's
+/// `inventory.img`) said "preflight passed" (exit 0) where the archive form refused the same
+/// content (exit 2): both forms refuse it now, naming what is missing and the fix, and `inspect`
+/// agrees (it still shows the identity images of a cut dump, saying it is one).
+#[test]
+fn a_directory_that_is_no_checkpoint_is_refused_like_an_archive() {
+    let empty = tempfile::tempdir().unwrap();
+    let cut = tempfile::tempdir().unwrap();
+    std::fs::write(cut.path().join("cuda-migrate-5.img"), identity_image(5)).unwrap();
+    let needles = ["has no inventory.img, which CRIU writes when a dump completes", "criu dump -D DIR"];
+    for (what, dir) in [("an empty directory", empty.path()), ("/etc", Path::new("/etc")), ("images only", cut.path())]
+    {
+        let out = run(&["preflight".as_ref(), dir.as_os_str()]);
+        for n in needles {
+            assert_clean_failure(&out, 2, n);
+        }
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("preflight passed"), "{what}: {out:?}");
+        let out = run(&["--json".as_ref(), "preflight".as_ref(), dir.as_os_str()]);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+        assert_eq!((v["ok"].as_bool(), v["exit_code"].as_i64()), (Some(false), Some(2)), "{what}: {v}");
+        let out = run(&["inspect".as_ref(), dir.as_os_str()]);
+        if what == "images only" {
+            assert_eq!(out.status.code(), Some(0), "{out:?}");
+            let text = String::from_utf8_lossy(&out.stdout);
+            assert!(text.contains("NO inventory.img: the dump did not complete") && text.contains("pid 5"), "{text}");
+        } else {
+            assert_clean_failure(&out, 2, needles[0]);
+        }
+    }
+    // With CRIU's inventory, a checkpoint of no CUDA process passes, as before.
+    std::fs::write(empty.path().join("inventory.img"), b"inventory").unwrap();
+    let out = run(&["preflight".as_ref(), empty.path().as_os_str()]);
+    assert_eq!(out.status.code(), Some(0), "{out:?}");
+    assert!(String::from_utf8_lossy(&out.stdout).contains("nothing to restore onto a GPU"), "{out:?}");
+}
+
+/// When NVML cannot be loaded, the refusal of a checkpoint with CUDA processes says so, with the
+/// loader's error (it said "NVML lists no GPU on this node", sending the user to the wrong fix).
+#[test]
+fn preflight_without_nvml_names_its_load_error() {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("inventory.img"), b"inventory").unwrap();
+    std::fs::write(dir.path().join("cuda-migrate-5.img"), identity_image(5)).unwrap();
+    let out = Command::new(cli())
+        .args(["preflight".as_ref(), dir.path().as_os_str()])
+        .env("CRIU_CUDA_MIGRATE_LIBNVML", "/nonexistent/libnvidia-ml.so.1")
+        .env_remove("CRIU_CUDA_MIGRATE_USABLE_GPUS")
+        .env_remove("CRIU_CUDA_MIGRATE_DEVICE_MAP")
+        .output()
+        .expect("run the CLI");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(1), "{out:?}");
+    assert!(
+        stdout.contains(
+            "preflight refused: the checkpoint holds CUDA processes, but NVML, which names this node's GPUs, failed: "
+        ),
+        "{stdout}"
+    );
+    assert!(
+        stdout.contains("/nonexistent/libnvidia-ml.so.1") && stdout.contains("check the NVIDIA driver"),
+        "{stdout}"
+    );
+    assert!(!stdout.contains("NVML lists no GPU"), "{stdout}");
+}
+
+/// A valid identity image of `pid` (no GPU, no site).
+fn identity_image(pid: u32) -> Vec<u8> {
+    ccm_identity::image::IdentityImage {
+        pid,
+        host_pid: pid,
+        dumped_at_unix: 0,
+        hostname: "node".into(),
+        driver_version: "580.159.04".into(),
+        cuda_driver_version: 13000,
+        node_gpus: Vec::new(),
+        enumerated: Vec::new(),
+        used: Vec::new(),
+        env: ccm_identity::image::ProcessEnv::default(),
+        sites: Vec::new(),
+        prop_sites: Vec::new(),
+        device_memory: None,
+    }
+    .try_encode()
+    .expect("a clean image encodes")
 }
 
 #[test]

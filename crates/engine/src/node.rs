@@ -35,6 +35,17 @@ struct NvmlView {
     driver_version: String,
     /// Every GPU NVML sees, NVML index order. Empty when NVML is unavailable.
     gpus: Vec<GpuIdentity>,
+    /// Why NVML gave no list: its load error, a failed query, or the lost agent.
+    error: Option<String>,
+}
+
+/// NVML's own message in an agent error (without the `NVML: ` the agent's error adds), so the
+/// plugin's refusal reads as the command-line tool's.
+fn nvml_error_text(e: &AgentError) -> String {
+    match e {
+        AgentError::Nvml(m) => m.clone(),
+        other => other.to_string(),
+    }
 }
 
 /// Starts the driver agent for this CRIU run, keeping CRIU's log open in it, with the driver
@@ -91,7 +102,7 @@ impl Node {
             for (i, g) in listed.iter().enumerate() {
                 info!("  GPU {i}: {} {} {} minor {}", g.uuid, g.pci, g.name, g.minor);
             }
-            let _ = node.nvml.set(NvmlView { ok: true, driver_version: String::new(), gpus: listed });
+            let _ = node.nvml.set(NvmlView { ok: true, driver_version: String::new(), gpus: listed, error: None });
             return Ok(node);
         }
         let memory = node.agent.device_memory();
@@ -104,12 +115,12 @@ impl Node {
                         g
                     })
                     .collect();
-                NvmlView { ok: true, driver_version: String::new(), gpus }
+                NvmlView { ok: true, driver_version: String::new(), gpus, error: None }
             }
             Err(e) => {
-                // Without NVML the restore cannot be validated: the preflight refuses as for no GPU.
+                // Without NVML the restore cannot be validated: the preflight refuses, saying why.
                 warn!("NVML through the driver agent: {e}");
-                NvmlView { ok: false, driver_version: String::new(), gpus: Vec::new() }
+                NvmlView { ok: false, driver_version: String::new(), gpus: Vec::new(), error: Some(nvml_error_text(e)) }
             }
         };
         info!("GPUs from {} with NVML's memory ({:.3} s)", ccm_driver::procfs::GPUS_DIR, t0.elapsed().as_secs_f64());
@@ -137,15 +148,20 @@ impl Node {
                         warn!("NVML lists no GPUs: {e}");
                     }
                     info!("NVML: driver {}, {} GPU(s) ({:.3} s)", v.driver_version, v.gpus.len(), v.seconds);
-                    NvmlView { ok: true, driver_version: v.driver_version, gpus: v.gpus }
+                    NvmlView { ok: true, driver_version: v.driver_version, gpus: v.gpus, error: v.gpus_error }
                 }
                 Ok(Err(e)) => {
                     warn!("{e}");
-                    NvmlView { ok: false, driver_version: String::new(), gpus: Vec::new() }
+                    NvmlView { ok: false, driver_version: String::new(), gpus: Vec::new(), error: Some(e) }
                 }
                 Err(e) => {
                     warn!("NVML through the driver agent: {e}");
-                    NvmlView { ok: false, driver_version: String::new(), gpus: Vec::new() }
+                    NvmlView {
+                        ok: false,
+                        driver_version: String::new(),
+                        gpus: Vec::new(),
+                        error: Some(nvml_error_text(&e)),
+                    }
                 }
             };
             for (i, g) in view.gpus.iter().enumerate() {
@@ -210,5 +226,8 @@ impl crate::preflight::NodeView for Node {
     }
     fn cuda_driver_version(&self) -> i32 {
         self.cuda_driver_version
+    }
+    fn nvml_error(&self) -> Option<String> {
+        self.nvml().error.clone()
     }
 }

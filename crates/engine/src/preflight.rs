@@ -88,6 +88,11 @@ pub trait NodeView {
     /// The CUDA driver API version (`cuDriverGetVersion`, e.g. 13000), which decides whether a
     /// device map may be passed to the driver.
     fn cuda_driver_version(&self) -> i32;
+    /// Why NVML gave no GPU list (its load or query error), when it failed: the refusal of a
+    /// checkpoint with CUDA processes then says so, not "no GPU on this node".
+    fn nvml_error(&self) -> Option<String> {
+        None
+    }
 }
 
 /// Why the node cannot restore the checkpoint; each names what to do.
@@ -113,6 +118,11 @@ pub enum PreflightError {
          cgroup, whose device rules then apply)"
     )]
     NoGpu,
+    #[error(
+        "the checkpoint holds CUDA processes, but NVML, which names this node's GPUs, failed: {0}; check the NVIDIA \
+         driver (`nvidia-smi`) and that CRIU runs where it sees the GPUs"
+    )]
+    NvmlFailed(String),
     /// The driver is newer than this build knows, and the map moves a GPU.
     #[error("{0}")]
     DriverTooNew(String),
@@ -148,6 +158,13 @@ pub fn run(
     config: &Config,
     given: Option<&GivenGpus>,
 ) -> Result<Verdict, PreflightError> {
+    // NVML's failure first: without its list every other verdict (no GPU, a spec's GPUs absent)
+    // would name the wrong cause.
+    if !images.is_empty() && node.gpus().is_empty() {
+        if let Some(e) = node.nvml_error() {
+            return Err(PreflightError::NvmlFailed(ccm_identity::text::escaped(&e)));
+        }
+    }
     let plans = plan(images, node.gpus(), config, given)?;
     if plans.iter().any(|p| !p.map.is_identity()) {
         if let RestoreArgsLayout::Unknown(why) = restore_args_layout(node.cuda_driver_version()) {

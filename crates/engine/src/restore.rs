@@ -268,8 +268,7 @@ impl RestoreSession {
             plan.map.render_table(&plan.image, node.gpus()),
             reconcile
         );
-        // A fresh file renamed into place: a link planted under that name is replaced, never followed.
-        if let Err(e) = dir.write_file(&name, text.as_bytes(), 0o644) {
+        if let Err(e) = write_report_file(dir, &name, &text) {
             warn!("cannot write {name} next to the images ({e}); the same report is in this log");
         }
     }
@@ -537,4 +536,33 @@ fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, report: &mut S
     }
     info!("pid {pid}: cuCheckpointProcessUnlock {:.3} s; RUNNING", u.elapsed.as_secs_f64());
     Ended::Resumed
+}
+
+/// The restore report's mode: its owner's only, as the identity image's (0600). The report names
+/// the node's GPUs, the map and what was rewritten in the process; the image directory may be
+/// readable by others (before: 0644 whatever the umask).
+pub const REPORT_MODE: u32 = 0o600;
+
+/// Writes a restore report: a fresh file renamed into place (a link planted under that name is
+/// replaced, never followed), mode [`REPORT_MODE`].
+fn write_report_file(dir: &Dir, name: &str, text: &str) -> Result<(), ccm_process::dir::FileError> {
+    dir.write_file(name, text.as_bytes(), REPORT_MODE)
+}
+
+#[cfg(test)]
+mod report_tests {
+    use super::*;
+    use std::os::unix::fs::PermissionsExt;
+
+    #[test]
+    fn the_restore_report_is_its_owners_only() {
+        let path = std::env::temp_dir().join(format!("ccm-report-mode-{}", std::process::id()));
+        std::fs::create_dir_all(&path).unwrap();
+        let dir = Dir::open(&path).unwrap();
+        let name = ccm_identity::image::report_file_name(7);
+        write_report_file(&dir, &name, "restored pid 7\n").unwrap();
+        let mode = std::fs::metadata(path.join(&name)).unwrap().permissions().mode() & 0o7777;
+        std::fs::remove_dir_all(&path).unwrap();
+        assert_eq!(mode, 0o600, "the report is {mode:o}");
+    }
 }
