@@ -1,5 +1,5 @@
 # shellcheck shell=bash
-# Sourced by the container flows (tests/container/*-flow.sh but podman-flow.sh). Needs S (the scratch directory).
+# Sourced by the container flows (tests/container/*-flow.sh). Needs S (the scratch directory).
 # Brings the shared helpers of tests/lib/common.sh (wait_file FILE [SECONDS], ...).
 # shellcheck source=tests/lib/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/../lib/common.sh"
