@@ -149,6 +149,21 @@ fn preflight_refuses_an_archive_without_inventory_as_an_unusable_checkpoint() {
     assert!(text(&out).contains("NO checkpoint/inventory.img"));
 }
 
+/// An archive with neither CRIU's inventory nor an identity image (a dump cut before either) is no
+/// checkpoint: `inspect` refuses it as `preflight` does (and as both do a directory of the same
+/// content); with an identity image `inspect` still shows it (the test above).
+#[test]
+fn an_archive_that_is_no_checkpoint_is_refused_by_inspect_too() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut t = Tar::new();
+    t.dir("checkpoint").file("checkpoint/core-7.img", &[7; 100]).file("config.dump", br#"{"id":"3f2a"}"#);
+    let path = write(dir.path(), "plain.tar", &t.finish());
+    for cmd in ["inspect", "preflight"] {
+        let out = run(&[cmd, &path], QUICK);
+        assert_clean_failure(&out, 2, &["has no checkpoint/inventory.img", "export the checkpoint again"]);
+    }
+}
+
 #[test]
 fn hostile_archives_are_refused_naming_the_member_and_the_rule() {
     let dir = tempfile::tempdir().unwrap();
