@@ -298,10 +298,10 @@ look_at_it() {
     say "is this node ready for GPU checkpoint/restore? (paste to run again$([ "$mode" = sim ] && echo '; the variables point the tool at the simulated GPUs'))"
     echo "    ${prefix}$cli node --check"
     local rc=0
-    env "${envs[@]}" "$cli" node --check | sed 's/^/    /' || rc=${PIPESTATUS[0]}
+    env "${envs[@]}" "$cli" node --check 2>&1 | sed 's/^/    /' || rc=${PIPESTATUS[0]}
     if [ "$rc" -ne 0 ]; then
         say "the node check says NOT ready (exit $rc): expected on a machine where the package is not installed and"
-        say "CRIU runs from the test root; each FAIL line names its fix (docs/USER-GUIDE.md, section 7)"
+        say "CRIU runs from the test root; each FAIL line names its fix (docs/USER-GUIDE.md, section 7.4)"
     fi
     return 0
 }
