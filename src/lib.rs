@@ -184,31 +184,12 @@ fn plugin_init_inner(stage: c_int) -> c_int {
         }
         match stage as c_uint {
             sys::CR_PLUGIN_STAGE__DUMP => {
-                // The driver agent loads libcuda (no cuInit wait here): hosts without the NVIDIA
-                // driver must dump as before. Its cuInit and NVML go on while CRIU collects the tree.
-                let agent = match ccm_engine::node::spawn_agent(&host, &config, ccm_engine::node::WarmUp::Dump) {
-                    Ok(a) => a,
-                    Err(e) => {
-                        error!("{e}; CUDA processes cannot be checkpointed in this run");
-                        *s = Session::NoDriver;
-                        return 0;
-                    }
+                // Without a driver (logged by the session) CUDA processes are left to CRIU: hosts
+                // without the NVIDIA driver must dump as before.
+                *s = match DumpSession::init(config, &host) {
+                    Ok(d) => Session::Dump(Box::new(d)),
+                    Err(_) => Session::NoDriver,
                 };
-                match agent.driver() {
-                    Ok(d) => {
-                        use ccm_engine::CriuHost;
-                        debug!("driver agent pid {} loaded {}", d.agent_pid, d.libcuda_path);
-                        // The driver's restore thread must run during CHECKPOINT_DEVICES, which
-                        // the cgroup freezer would prevent.
-                        let set = host.set_interrupt_only_mode();
-                        debug!("compel interrupt-only mode: {}", if set { "set" } else { "not offered by this CRIU" });
-                        *s = Session::Dump(Box::new(DumpSession::new(config, agent)));
-                    }
-                    Err(e) => {
-                        warn!("disabled: {e}");
-                        *s = Session::NoDriver;
-                    }
-                }
                 0
             }
             sys::CR_PLUGIN_STAGE__RESTORE => match RestoreSession::init(config, &host) {

@@ -9,6 +9,8 @@
 use ccm_process::PtraceError;
 use log::error;
 
+use crate::seam::Targets;
+
 /// Why a task's work did not run or did not finish.
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum BatchError {
@@ -35,6 +37,7 @@ pub enum OnResumeError {
 /// Runs `work` for every item in parallel while its restore thread (`tid(item)`) runs. Returns
 /// one result per item, in the order of `items`.
 pub fn with_restore_threads_running<T: Sync, R: Send>(
+    targets: &dyn Targets,
     items: &[T],
     tid: impl Fn(&T) -> u32,
     on_resume_error: OnResumeError,
@@ -45,7 +48,7 @@ pub fn with_restore_threads_running<T: Sync, R: Send>(
     let mut todo = Vec::new();
     for (i, item) in items.iter().enumerate() {
         let t = tid(item);
-        match ccm_process::ptrace::resume_restore_thread(t) {
+        match targets.resume_restore_thread(t) {
             Ok(r) => {
                 running.push(r);
                 todo.push(i);

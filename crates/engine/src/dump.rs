@@ -1,25 +1,30 @@
 //! The dump side: lock (PAUSE_DEVICES), checkpoint every CUDA process of the tree in parallel and
 //! write identity images (first CHECKPOINT_DEVICES), roll back at `exit(DUMP)` when needed.
+//!
+//! Each hook is a short list of steps: every step returns what happened, and the hook (the edge)
+//! logs it and answers CRIU. What is done to processes goes through [`Targets`], every driver call
+//! through [`DriverAgent`] (`crate::seam`).
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
-use ccm_agent::Agent;
-use ccm_driver::checkpoint::{timed, ProcessState, Timed};
+use ccm_agent::{AgentError, WarmUp};
+use ccm_driver::abi::CudaCode;
+use ccm_driver::checkpoint::{put_back, timed, ProcessState, Step, Timed};
 use ccm_identity::image::{IdentityImage, ProcessEnv};
 use ccm_identity::memory::DeviceMemoryUse;
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, PciSignature};
 use ccm_process::dir::Dir;
+use ccm_process::mem::ScanReport;
 use log::{debug, error, info, warn};
 
-use crate::batch::{with_restore_threads_running, OnResumeError};
+use crate::batch::{with_restore_threads_running, BatchError, OnResumeError};
 use crate::host::CriuHost;
 use crate::node::Node;
+use crate::seam::{DriverAgent, Seams, Targets, ThawedCgroup};
 use crate::{Config, EngineError, HookOutcome, LeaveRunning, MultiProcess, ProcessFailure, LIBCUDA_FILE, PLUGIN_NAME};
-use ccm_driver::abi::CudaCode;
-use ccm_driver::checkpoint::{put_back, Step};
 
 /// One CUDA process this dump touched.
 #[derive(Debug)]
@@ -39,10 +44,26 @@ struct Tracked {
     settles_by: Option<(Instant, ProcessState)>,
 }
 
+impl Tracked {
+    fn new(pid: HostPid, restore_tid: HostTid, initial: ProcessState) -> Tracked {
+        Tracked {
+            pid,
+            restore_tid,
+            initial,
+            locked_by_us: false,
+            checkpointed_by_us: false,
+            checkpoint_result: None,
+            device_bytes: None,
+            settles_by: None,
+        }
+    }
+}
+
 pub struct DumpSession {
     config: Config,
+    seams: Seams,
     /// The driver agent until [`Node::load`] takes it.
-    agent: Option<Agent>,
+    agent: Option<Box<dyn DriverAgent>>,
     node: Option<Arc<Node>>,
     node_failed: bool,
     tracked: BTreeMap<HostPid, Tracked>,
@@ -51,7 +72,16 @@ pub struct DumpSession {
     /// When CRIU's alarm for the collection of the tree (its `--timeout`, set right after init) fires.
     alarm_end: Instant,
     /// Frozen cgroups the dump thawed for the driver, frozen again at exit(DUMP).
-    thawed: Vec<ccm_process::cgroup::Thawed>,
+    thawed: Vec<Box<dyn ThawedCgroup>>,
+}
+
+/// Why `init(DUMP)` set up no dump session (logged there): CUDA processes are then left to CRIU.
+#[derive(Debug)]
+pub enum NoDumpDriver {
+    /// The driver agent could not start.
+    Agent(EngineError),
+    /// The agent started but has no usable libcuda.
+    Driver(AgentError),
 }
 
 /// How long a thawed cgroup may take to say it is thawed.
@@ -62,13 +92,71 @@ const ALARM_GUARD: Duration = Duration::from_millis(500);
 /// Less than this left before CRIU's alarm, and a lock is not even tried.
 const MIN_LOCK_BUDGET: Duration = Duration::from_millis(600);
 
+/// What the driver says `pid` is, at PAUSE_DEVICES.
+enum Query {
+    Cuda {
+        restore_tid: HostTid,
+        initial: ProcessState,
+    },
+    /// It maps libcuda but has no CUDA restore thread.
+    NotCuda(AgentError),
+}
+
+/// How the lock of a RUNNING process ended.
+enum LockOutcome {
+    Locked,
+    /// Too little of CRIU's alarm was left to try.
+    NoTime {
+        left: Duration,
+    },
+    /// The driver's lock failed (or its agent was lost).
+    Failed {
+        error: AgentError,
+        /// The unlock of a failed lock that took effect anyway.
+        unlocked: Option<Result<(), AgentError>>,
+    },
+}
+
 impl DumpSession {
-    pub fn new(config: Config, agent: Agent) -> DumpSession {
+    /// `init(DUMP)`: starts the driver agent, which loads libcuda (no cuInit wait here: hosts
+    /// without the NVIDIA driver must dump as before; its cuInit and NVML go on while CRIU
+    /// collects the tree), and asks CRIU not to freeze the tree.
+    pub fn init(config: Config, host: &dyn CriuHost) -> Result<DumpSession, NoDumpDriver> {
+        DumpSession::init_with(config, host, Seams::real())
+    }
+
+    /// [`DumpSession::init`] through the given seams.
+    pub fn init_with(config: Config, host: &dyn CriuHost, seams: Seams) -> Result<DumpSession, NoDumpDriver> {
+        let agent = match seams.agents.start(host, &config, WarmUp::Dump) {
+            Ok(a) => a,
+            Err(e) => {
+                error!("{e}; CUDA processes cannot be checkpointed in this run");
+                return Err(NoDumpDriver::Agent(e));
+            }
+        };
+        match agent.driver() {
+            Ok(d) => {
+                debug!("driver agent pid {} loaded {}", d.agent_pid, d.libcuda_path);
+                // The driver's restore thread must run during CHECKPOINT_DEVICES, which the cgroup
+                // freezer would prevent.
+                let set = host.set_interrupt_only_mode();
+                debug!("compel interrupt-only mode: {}", if set { "set" } else { "not offered by this CRIU" });
+                Ok(DumpSession::new(config, agent, seams))
+            }
+            Err(e) => {
+                warn!("disabled: {e}");
+                Err(NoDumpDriver::Driver(e))
+            }
+        }
+    }
+
+    fn new(config: Config, agent: Box<dyn DriverAgent>, seams: Seams) -> DumpSession {
         let config_lock_timeout = config.lock_timeout;
         // The dump's agent ends by itself once told (CRIU need not wait for the driver's teardown).
         agent.exit_without_waiting();
         DumpSession {
             config,
+            seams,
             agent: Some(agent),
             node: None,
             node_failed: false,
@@ -94,6 +182,11 @@ impl DumpSession {
         self.node.clone()
     }
 
+    /// What is left of CRIU's alarm for a driver call, less the guard.
+    fn alarm_budget(&self) -> Duration {
+        self.alarm_end.saturating_duration_since(Instant::now()).saturating_sub(ALARM_GUARD)
+    }
+
     /// PAUSE_DEVICES: the task still runs. Decide whether it is a CUDA process, remember its
     /// state and lock it.
     pub fn pause_devices(&mut self, pid: i32, host: &dyn CriuHost) -> HookOutcome {
@@ -103,7 +196,7 @@ impl DumpSession {
         }
         // Cheap filter first: a process that has not mapped libcuda cannot be a CUDA process, and
         // this keeps cuInit off every dump of plain processes.
-        match ccm_process::devices::maps_library(pid.get(), LIBCUDA_FILE) {
+        match self.seams.targets.maps_library(pid.get(), LIBCUDA_FILE) {
             Ok(true) => {}
             Ok(false) => {
                 debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");
@@ -114,45 +207,27 @@ impl DumpSession {
                 return HookOutcome::NotMine;
             }
         }
-        if let Some(e) = crate::conflicting_plugin() {
+        if let Some(e) = crate::conflicting_plugin_in(&*self.seams.targets) {
             return HookOutcome::Failed(e);
         }
         let Some(node) = self.node() else { return HookOutcome::NotMine };
-        let api = &node.agent;
         if let Err(e) = node.cuinit() {
             return HookOutcome::Failed(EngineError::Driver { pid, source: e });
         }
-        // A process of a frozen cgroup (containerd pauses a task before its checkpoint) cannot answer
-        // the driver: thaw it for the dump, and freeze it again at exit(DUMP).
-        if let Some(path) = ccm_process::cgroup::frozen_cgroup_of(pid.get()) {
-            if !self.thawed.iter().any(|t| t.path == path) {
-                match ccm_process::cgroup::thaw(&path, THAW_DEADLINE) {
-                    Ok(t) => {
-                        info!(
-                            "pid {pid}: its cgroup {path} was frozen (containerd pauses a task before its checkpoint); thawed it for the driver, which needs the process's threads, until the dump ends"
-                        );
-                        self.thawed.push(t);
-                    }
-                    Err(e) => {
-                        return HookOutcome::Failed(EngineError::FrozenCgroup { pid, path, why: e });
-                    }
-                }
-            }
+        match self.thaw_for_driver(pid) {
+            Ok(Some(path)) => info!(
+                "pid {pid}: its cgroup {path} was frozen (containerd pauses a task before its checkpoint); thawed it for the driver, which needs the process's threads, until the dump ends"
+            ),
+            Ok(None) => {}
+            Err(e) => return HookOutcome::Failed(e),
         }
-        // The queries run under CRIU's alarm too: they must answer before it fires.
-        let query_deadline = self.alarm_end.saturating_duration_since(Instant::now()).saturating_sub(ALARM_GUARD);
-        let restore_tid = match api.restore_thread_id_within(pid, query_deadline) {
-            Ok(t) => t,
-            Err(e) if e.is_lost() => return HookOutcome::Failed(EngineError::Driver { pid, source: e }),
-            Err(e) => {
+        let (restore_tid, initial) = match self.query(&*node.agent, pid) {
+            Ok(Query::Cuda { restore_tid, initial }) => (restore_tid, initial),
+            Ok(Query::NotCuda(e)) => {
                 debug!("pid {pid} maps libcuda but has no CUDA restore thread ({e}); leaving it to CRIU (-ENOTSUP)");
                 return HookOutcome::NotMine;
             }
-        };
-        let query_deadline = self.alarm_end.saturating_duration_since(Instant::now()).saturating_sub(ALARM_GUARD);
-        let initial = match api.state_within(pid, query_deadline) {
-            Ok(s) => s,
-            Err(e) => return HookOutcome::Failed(EngineError::Driver { pid, source: e }),
+            Err(e) => return HookOutcome::Failed(e),
         };
         if !self.inventory_added {
             self.inventory_added = host.add_inventory_plugin(PLUGIN_NAME);
@@ -161,62 +236,100 @@ impl DumpSession {
                 if self.inventory_added { "added" } else { "not offered by this CRIU" }
             );
         }
-        let mut t = Tracked {
-            pid,
-            restore_tid,
-            initial,
-            locked_by_us: false,
-            checkpointed_by_us: false,
-            checkpoint_result: None,
-            device_bytes: None,
-            settles_by: None,
-        };
+        let mut t = Tracked::new(pid, restore_tid, initial);
         if initial == ProcessState::Running {
-            // PAUSE_DEVICES runs under CRIU's own alarm (--timeout, from before init): the lock must end
-            // before it, or CRIU aborts the dump (a BUG at cr-dump.c) with the driver agent's work
-            // unfinished and nobody left to put the process back.
-            let started = Instant::now();
-            let budget = self.alarm_end.saturating_duration_since(started).saturating_sub(ALARM_GUARD);
-            if budget < MIN_LOCK_BUDGET {
-                self.tracked.insert(pid, t);
-                return HookOutcome::Failed(EngineError::NoTimeToLock {
-                    pid,
-                    left: budget.as_secs_f64(),
-                    timeout_s: self.config.lock_timeout.as_secs(),
-                });
-            }
-            let driver_wait = budget.saturating_sub(ALARM_GUARD).max(Duration::from_millis(100));
-            let timeout_ms = u32::try_from(driver_wait.as_millis()).unwrap_or(u32::MAX);
-            let r = timed(|| api.lock(pid, timeout_ms, budget));
-            info!("pid {pid}: cuCheckpointProcessLock (timeout {timeout_ms} ms) {:.3} s", r.elapsed.as_secs_f64());
-            if let Err(e) = r.value {
-                if e.is_lost() {
-                    // The driver may still take the lock within its timeout: exit(DUMP) waits for that
-                    // and puts the process back with a fresh agent.
-                    t.settles_by = Some((started + driver_wait, ProcessState::Locked));
-                    self.tracked.insert(pid, t);
-                    return HookOutcome::Failed(EngineError::Driver { pid, source: e });
+            let outcome = self.lock(&*node.agent, &mut t);
+            self.tracked.insert(pid, t);
+            match outcome {
+                LockOutcome::Locked => {}
+                LockOutcome::NoTime { left } => {
+                    return HookOutcome::Failed(EngineError::NoTimeToLock {
+                        pid,
+                        left: left.as_secs_f64(),
+                        timeout_s: self.config.lock_timeout.as_secs(),
+                    })
                 }
-                // A lock that timed out may still have taken effect: never leave it LOCKED.
-                if matches!(api.state(pid), Ok(ProcessState::Locked)) {
-                    match api.unlock(pid) {
-                        Ok(()) => warn!("pid {pid}: lock failed, unlocked it again"),
-                        Err(u) => error!("pid {pid} is left LOCKED after a failed lock ({u}); run `criu-cuda-migrate recover --pid {pid}`"),
+                LockOutcome::Failed { error, unlocked } => {
+                    match unlocked {
+                        Some(Ok(())) => warn!("pid {pid}: lock failed, unlocked it again"),
+                        Some(Err(u)) => error!("pid {pid} is left LOCKED after a failed lock ({u}); run `criu-cuda-migrate recover --pid {pid}`"),
+                        None => {}
                     }
+                    return HookOutcome::Failed(EngineError::Driver { pid, source: error });
                 }
-                self.tracked.insert(pid, t);
-                return HookOutcome::Failed(EngineError::Driver { pid, source: e });
             }
-            t.locked_by_us = true;
         } else {
             warn!(
                 "pid {pid} is already {initial} (an earlier run that died, or another tool?); leaving its CUDA state as found. \
                  If nothing else is checkpointing it, run `criu-cuda-migrate recover --pid {pid}` after this dump"
             );
+            self.tracked.insert(pid, t);
         }
         info!("pid {pid}: CUDA process, restore thread {restore_tid}, initial state {initial}");
-        self.tracked.insert(pid, t);
         HookOutcome::Done
+    }
+
+    /// A process of a frozen cgroup (containerd pauses a task before its checkpoint) cannot answer
+    /// the driver: thaws it for the dump (frozen again at exit(DUMP)). The path, when this thawed it.
+    fn thaw_for_driver(&mut self, pid: HostPid) -> Result<Option<String>, EngineError> {
+        let Some(path) = self.seams.targets.frozen_cgroup_of(pid.get()) else { return Ok(None) };
+        if self.thawed.iter().any(|t| t.path() == path) {
+            return Ok(None);
+        }
+        match self.seams.targets.thaw(&path, THAW_DEADLINE) {
+            Ok(t) => {
+                self.thawed.push(t);
+                Ok(Some(path))
+            }
+            Err(why) => Err(EngineError::FrozenCgroup { pid, path, why }),
+        }
+    }
+
+    /// The driver's restore thread and state of `pid`. The queries run under CRIU's alarm too:
+    /// they must answer before it fires.
+    fn query(&self, api: &dyn DriverAgent, pid: HostPid) -> Result<Query, EngineError> {
+        let restore_tid = match api.restore_thread_id_within(pid, self.alarm_budget()) {
+            Ok(t) => t,
+            Err(e) if e.is_lost() => return Err(EngineError::Driver { pid, source: e }),
+            Err(e) => return Ok(Query::NotCuda(e)),
+        };
+        match api.state_within(pid, self.alarm_budget()) {
+            Ok(initial) => Ok(Query::Cuda { restore_tid, initial }),
+            Err(e) => Err(EngineError::Driver { pid, source: e }),
+        }
+    }
+
+    /// Locks a RUNNING process. PAUSE_DEVICES runs under CRIU's own alarm (--timeout, from before
+    /// init): the lock must end before it, or CRIU aborts the dump (a BUG at cr-dump.c) with the
+    /// driver agent's work unfinished and nobody left to put the process back.
+    fn lock(&self, api: &dyn DriverAgent, t: &mut Tracked) -> LockOutcome {
+        let pid = t.pid;
+        let started = Instant::now();
+        let budget = self.alarm_end.saturating_duration_since(started).saturating_sub(ALARM_GUARD);
+        if budget < MIN_LOCK_BUDGET {
+            return LockOutcome::NoTime { left: budget };
+        }
+        let driver_wait = budget.saturating_sub(ALARM_GUARD).max(Duration::from_millis(100));
+        let timeout_ms = u32::try_from(driver_wait.as_millis()).unwrap_or(u32::MAX);
+        let r = timed(|| api.lock(pid, timeout_ms, budget));
+        info!("pid {pid}: cuCheckpointProcessLock (timeout {timeout_ms} ms) {:.3} s", r.elapsed.as_secs_f64());
+        match r.value {
+            Ok(()) => {
+                t.locked_by_us = true;
+                LockOutcome::Locked
+            }
+            Err(error) if error.is_lost() => {
+                // The driver may still take the lock within its timeout: exit(DUMP) waits for that
+                // and puts the process back with a fresh agent.
+                t.settles_by = Some((started + driver_wait, ProcessState::Locked));
+                LockOutcome::Failed { error, unlocked: None }
+            }
+            Err(error) => {
+                // A lock that timed out may still have taken effect: never leave it LOCKED.
+                let unlocked = matches!(api.state(pid), Ok(ProcessState::Locked)).then(|| api.unlock(pid));
+                LockOutcome::Failed { error, unlocked }
+            }
+        }
     }
 
     /// CHECKPOINT_DEVICES: every task is ptrace-stopped. The first call checkpoints all tracked
@@ -239,121 +352,50 @@ impl DumpSession {
     fn checkpoint_all(&mut self, host: &dyn CriuHost) {
         let t0 = Instant::now();
         let Some(node) = self.node.clone() else { return };
-        let node: &Node = &node;
         let todo: Vec<(HostPid, HostTid)> = self
             .tracked
             .values()
             .filter(|t| t.initial != ProcessState::Checkpointed && t.checkpoint_result.is_none())
             .map(|t| (t.pid, t.restore_tid))
             .collect();
-        // Several CUDA processes may share device memory through CUDA IPC, which driver 580 checkpoints but
-        // cannot restore, and which nothing outside them shows (crate::sharing): said, or refused, here, while
-        // every process is only locked (an unlock undoes that; a checkpoint of an importer cannot be undone).
-        let cuda_pids: Vec<HostPid> = self.tracked.keys().copied().collect();
-        if cuda_pids.len() > 1 {
-            match self.config.multi_process {
-                MultiProcess::Warn => warn!("{}", crate::sharing::several_processes_warning(&cuda_pids)),
-                MultiProcess::Refuse => {
-                    for t in self.tracked.values_mut() {
-                        t.checkpoint_result = Some(Err(ProcessFailure::SeveralProcessesRefused(cuda_pids.clone())));
-                    }
-                    return;
-                }
-            }
+        if self.refuse_several_processes() {
+            return;
         }
-        // The identity scan of each process runs while its checkpoint does: the words it looks for
-        // sit in libcuda's objects (heap and small mappings), which exist before the checkpoint and
-        // keep their place through it, and the scan's list of mappings is read before the driver
-        // adds the host copy of the device memory. So the scan (20-40 ms) is off the critical path,
-        // under the checkpoint (hundreds of ms).
-        let api = &node.agent;
-        // What each process holds on each GPU, for the restore's free-memory check: one NVML pass for
-        // all. The checkpoints wait for it a little ([`MEMORY_GRACE`]: when NVML has started, the pass
-        // takes a millisecond); if NVML's own start (about 20 ms) is not over by then, they begin beside
-        // it. The driver keeps a process's device memory until its checkpoint ends (hundreds of ms at
-        // the least), so NVML still sees it then; a process it no longer lists is recorded as unknown,
-        // which the restore does not check. Without the wait a short checkpoint can end first (the test
-        // double's 40 ms ones did, and recorded no memory): 5 ms is what a started NVML needs.
-        let pids: Vec<HostPid> = todo.iter().map(|t| t.0).collect();
-        let memory: Waitable<BTreeMap<HostPid, Option<Vec<DeviceMemoryUse>>>> = Waitable::default();
-        let memory = &memory;
-        let config = &self.config;
         let started = Instant::now();
-        let results = std::thread::scope(|outer| {
-            outer.spawn(|| {
-                let m = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| device_memory_by_pid(node, &pids)))
-                    .unwrap_or_else(|_| pids.iter().map(|p| (*p, None)).collect());
-                memory.set(m)
-            });
-            if !memory.wait_for(MEMORY_GRACE) {
-                debug!(
-                    "NVML has not answered within {} ms; the checkpoints start beside its pass",
-                    MEMORY_GRACE.as_millis()
-                );
-            }
-            with_restore_threads_running(
-                &todo,
-                |&(_, tid)| tid.get(),
-                OnResumeError::Skip,
-                |&(pid, _)| {
-                    std::thread::scope(|s| {
-                        // What the driver's checkpoint changes is read BEFORE it starts (about a millisecond): the
-                        // GPU nodes the process holds (the driver closes them) and its mappings (the driver adds
-                        // the device memory's copy). The scan of those mappings then runs beside the checkpoint:
-                        // libcuda's PCI words stay as they are through a checkpoint (that they outlive it is the
-                        // bug this plugin fixes). The device memory is added when the NVML pass has it.
-                        let before = BeforeCheckpoint::read(pid);
-                        let scan = s.spawn(move || {
-                            collect_identity(pid, node, before?, || memory.wait().get(&pid).cloned().flatten())
-                        });
-                        // The device memory is not known yet: the deadline for an unknown amount.
-                        let checkpoint = timed(|| api.checkpoint(pid, config.call_deadline(None)));
-                        let facts = scan.join().map_err(|_| ProcessFailure::Batch(crate::batch::BatchError::Panicked));
-                        (checkpoint, facts)
-                    })
-                },
-            )
-        });
-        let memory = memory.wait();
-        let bytes_of =
-            |pid: HostPid| memory.get(&pid).cloned().flatten().map(|u| u.iter().map(|x| x.bytes).sum::<u64>());
+        let (results, memory) = checkpoint_batch(&node, &*self.seams.targets, &self.config, &todo);
         // Written through CRIU's own descriptor of the image directory: it may be in another mount
         // namespace than any path we could name, and a path could be swapped under us.
         let dir =
             host.image_dir().map(|fd| Dir::from_owned(fd, PathBuf::from("CRIU's image directory")).map_err(Arc::new));
         for (&(pid, _), r) in todo.iter().zip(results) {
             let Some(t) = self.tracked.get_mut(&pid) else { continue };
-            t.device_bytes = bytes_of(pid);
-            t.checkpoint_result = Some(match r {
-                Err(e) => Err(ProcessFailure::Batch(e)),
-                Ok((Timed { value: Err(e), .. }, _)) => {
-                    if e.is_lost() {
-                        // The driver may finish this checkpoint by itself: give it the time the copy takes.
-                        t.settles_by = Some((
-                            started.max(Instant::now()) + settle_time(t.device_bytes),
-                            ProcessState::Checkpointed,
-                        ));
-                    }
-                    if e.cuda_code() == Some(CudaCode::NotSupported) {
-                        Err(ProcessFailure::Unsupported(e))
-                    } else {
-                        Err(ProcessFailure::Driver(e))
-                    }
-                }
-                Ok((Timed { value: Ok(()), elapsed }, facts)) => {
-                    t.checkpointed_by_us = true;
-                    info!("pid {pid}: cuCheckpointProcessCheckpoint {:.3} s", elapsed.as_secs_f64());
-                    match (facts, &dir) {
-                        (Ok(Ok(img)), Some(Ok(dir))) => write_image(dir, &img),
-                        (Ok(Err(e)), _) => Err(ProcessFailure::Identity(Arc::new(e))),
-                        (Err(f), _) => Err(f),
-                        (_, Some(Err(e))) => Err(ProcessFailure::ImageWrite(e.clone())),
-                        (_, None) => Err(ProcessFailure::NoImageDir),
-                    }
-                }
-            });
+            t.device_bytes = memory.get(&pid).cloned().flatten().map(|u| u.iter().map(|x| x.bytes).sum::<u64>());
+            t.checkpoint_result = Some(record_checkpoint(t, r, started, dir.as_ref()));
         }
         info!("checkpoint of {} CUDA process(es) took {:.3} s (parallel)", todo.len(), t0.elapsed().as_secs_f64());
+    }
+
+    /// Several CUDA processes may share device memory through CUDA IPC, which driver 580
+    /// checkpoints but cannot restore, and which nothing outside them shows (crate::sharing): said,
+    /// or refused, here, while every process is only locked (an unlock undoes that; a checkpoint of
+    /// an importer cannot be undone). Whether the dump is refused.
+    fn refuse_several_processes(&mut self) -> bool {
+        let cuda_pids: Vec<HostPid> = self.tracked.keys().copied().collect();
+        if cuda_pids.len() <= 1 {
+            return false;
+        }
+        match self.config.multi_process {
+            MultiProcess::Warn => {
+                warn!("{}", crate::sharing::several_processes_warning(&cuda_pids));
+                false
+            }
+            MultiProcess::Refuse => {
+                for t in self.tracked.values_mut() {
+                    t.checkpoint_result = Some(Err(ProcessFailure::SeveralProcessesRefused(cuda_pids.clone())));
+                }
+                true
+            }
+        }
     }
 
     /// `exit(DUMP, ret)`: on failure or with `--leave-running`, put every process back as found.
@@ -364,7 +406,7 @@ impl DumpSession {
         // Frozen again only now: the put-back above needs the processes' threads to run.
         for t in self.thawed.drain(..) {
             match t.refreeze() {
-                Ok(()) => info!("cgroup {} frozen again, as the dump found it", t.path),
+                Ok(()) => info!("cgroup {} frozen again, as the dump found it", t.path()),
                 Err(e) => error!(
                     "{e}; the container runs on although its runtime had paused it: pause it again (ctr task pause)"
                 ),
@@ -372,21 +414,28 @@ impl DumpSession {
         }
     }
 
-    fn put_back(&mut self, ret: i32, host: &dyn CriuHost) {
-        if self.tracked.is_empty() {
-            return;
-        }
+    /// Why the end of the dump puts the processes back, or `None` when they stay checkpointed.
+    fn rollback_reason(&self, ret: i32) -> Option<&'static str> {
         if ret == 0 && !self.config.leave_running.restores_devices() {
-            info!("dump done; {} CUDA process(es) stay checkpointed for CRIU to end them", self.tracked.len());
-            return;
+            return None;
         }
-        let why = match self.config.leave_running {
+        Some(match self.config.leave_running {
             _ if ret != 0 => "the dump failed",
             LeaveRunning::Unknown => {
                 "CRIU runs over RPC, which hides --leave-running from plugins, so the processes may run on \
                  (set CRIU_CUDA_MIGRATE_LEAVE_RUNNING=0 in the runtime's environment to skip this for final dumps)"
             }
             _ => "--leave-running",
+        })
+    }
+
+    fn put_back(&mut self, ret: i32, host: &dyn CriuHost) {
+        if self.tracked.is_empty() {
+            return;
+        }
+        let Some(why) = self.rollback_reason(ret) else {
+            info!("dump done; {} CUDA process(es) stay checkpointed for CRIU to end them", self.tracked.len());
+            return;
         };
         let todo: Vec<&Tracked> = self
             .tracked
@@ -396,15 +445,15 @@ impl DumpSession {
         info!("rolling back {} CUDA process(es): {why}", todo.len());
         let Some(node) = self.node.as_ref() else { return };
         let fresh;
-        let api: &Agent = match node.agent.lost() {
-            None => &node.agent,
+        let api: &dyn DriverAgent = match node.agent.lost() {
+            None => &*node.agent,
             Some(_) => {
                 info!("the driver agent was lost: starting a fresh one to put the processes back");
-                match crate::node::spawn_agent(host, &self.config, ccm_agent::WarmUp::Dump).and_then(Node::load) {
+                match self.seams.agents.start(host, &self.config, WarmUp::Dump).and_then(Node::load) {
                     Ok(n) => {
                         n.agent.exit_without_waiting();
                         fresh = n;
-                        &fresh.agent
+                        &*fresh.agent
                     }
                     Err(e) => {
                         for t in &todo {
@@ -428,6 +477,7 @@ impl DumpSession {
         // The tasks may still be ptrace-stopped by CRIU; the driver needs their restore threads
         // to run for a restore and for an unlock alike.
         let results = with_restore_threads_running(
+            &*self.seams.targets,
             &todo,
             |t| t.restore_tid.get(),
             OnResumeError::WorkAnyway,
@@ -436,6 +486,113 @@ impl DumpSession {
         for (t, r) in todo.iter().zip(results) {
             if let Err(e) = r {
                 error!("pid {}: rollback failed ({e}); its CUDA state is unknown: run `criu-cuda-migrate recover --pid {}`", t.pid, t.pid);
+            }
+        }
+    }
+}
+
+/// What one process's work in the checkpoint batch gave: the driver's checkpoint and its identity.
+type CheckpointWork =
+    (Timed<Result<(), AgentError>>, Result<Result<IdentityImage, ccm_process::ProcessError>, ProcessFailure>);
+
+/// Device memory per GPU of each process, `None` where NVML could not tell.
+type MemoryByPid = BTreeMap<HostPid, Option<Vec<DeviceMemoryUse>>>;
+
+/// The parallel checkpoint of `todo`, each process's identity scan beside its checkpoint, and
+/// the device-memory pass beside them all.
+fn checkpoint_batch(
+    node: &Node,
+    targets: &dyn Targets,
+    config: &Config,
+    todo: &[(HostPid, HostTid)],
+) -> (Vec<Result<CheckpointWork, BatchError>>, MemoryByPid) {
+    // The identity scan of each process runs while its checkpoint does: the words it looks for
+    // sit in libcuda's objects (heap and small mappings), which exist before the checkpoint and
+    // keep their place through it, and the scan's list of mappings is read before the driver
+    // adds the host copy of the device memory. So the scan (20-40 ms) is off the critical path,
+    // under the checkpoint (hundreds of ms).
+    let api = &*node.agent;
+    // What each process holds on each GPU, for the restore's free-memory check: one NVML pass for
+    // all. The checkpoints wait for it a little ([`MEMORY_GRACE`]: when NVML has started, the pass
+    // takes a millisecond); if NVML's own start (about 20 ms) is not over by then, they begin beside
+    // it. The driver keeps a process's device memory until its checkpoint ends (hundreds of ms at
+    // the least), so NVML still sees it then; a process it no longer lists is recorded as unknown,
+    // which the restore does not check. Without the wait a short checkpoint can end first (the test
+    // double's 40 ms ones did, and recorded no memory): 5 ms is what a started NVML needs.
+    let pids: Vec<HostPid> = todo.iter().map(|t| t.0).collect();
+    let memory: Waitable<MemoryByPid> = Waitable::default();
+    let memory = &memory;
+    let results = std::thread::scope(|outer| {
+        outer.spawn(|| {
+            let m = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| device_memory_by_pid(node, &pids)))
+                .unwrap_or_else(|_| pids.iter().map(|p| (*p, None)).collect());
+            memory.set(m)
+        });
+        if !memory.wait_for(MEMORY_GRACE) {
+            debug!(
+                "NVML has not answered within {} ms; the checkpoints start beside its pass",
+                MEMORY_GRACE.as_millis()
+            );
+        }
+        with_restore_threads_running(
+            targets,
+            todo,
+            |&(_, tid)| tid.get(),
+            OnResumeError::Skip,
+            |&(pid, _)| {
+                std::thread::scope(|s| {
+                    // What the driver's checkpoint changes is read BEFORE it starts (about a millisecond): the
+                    // GPU nodes the process holds (the driver closes them) and its mappings (the driver adds
+                    // the device memory's copy). The scan of those mappings then runs beside the checkpoint:
+                    // libcuda's PCI words stay as they are through a checkpoint (that they outlive it is the
+                    // bug this plugin fixes). The device memory is added when the NVML pass has it.
+                    let before = BeforeCheckpoint::read(targets, pid);
+                    let scan = s.spawn(move || {
+                        collect_identity(pid, node, targets, before?, || memory.wait().get(&pid).cloned().flatten())
+                    });
+                    // The device memory is not known yet: the deadline for an unknown amount.
+                    let checkpoint = timed(|| api.checkpoint(pid, config.call_deadline(None)));
+                    let facts = scan.join().map_err(|_| ProcessFailure::Batch(BatchError::Panicked));
+                    (checkpoint, facts)
+                })
+            },
+        )
+    });
+    (results, memory.wait())
+}
+
+/// One process's checkpoint result: its image written, or why not. A checkpoint that lost its
+/// agent is given the time the driver may take to finish it by itself.
+fn record_checkpoint(
+    t: &mut Tracked,
+    r: Result<CheckpointWork, BatchError>,
+    started: Instant,
+    dir: Option<&Result<Dir, Arc<ccm_process::dir::FileError>>>,
+) -> Result<(), ProcessFailure> {
+    let pid = t.pid;
+    match r {
+        Err(e) => Err(ProcessFailure::Batch(e)),
+        Ok((Timed { value: Err(e), .. }, _)) => {
+            if e.is_lost() {
+                // The driver may finish this checkpoint by itself: give it the time the copy takes.
+                t.settles_by =
+                    Some((started.max(Instant::now()) + settle_time(t.device_bytes), ProcessState::Checkpointed));
+            }
+            if e.cuda_code() == Some(CudaCode::NotSupported) {
+                Err(ProcessFailure::Unsupported(e))
+            } else {
+                Err(ProcessFailure::Driver(e))
+            }
+        }
+        Ok((Timed { value: Ok(()), elapsed }, facts)) => {
+            t.checkpointed_by_us = true;
+            info!("pid {pid}: cuCheckpointProcessCheckpoint {:.3} s", elapsed.as_secs_f64());
+            match (facts, dir) {
+                (Ok(Ok(img)), Some(Ok(dir))) => write_image(dir, &img),
+                (Ok(Err(e)), _) => Err(ProcessFailure::Identity(Arc::new(e))),
+                (Err(f), _) => Err(f),
+                (_, Some(Err(e))) => Err(ProcessFailure::ImageWrite(e.clone())),
+                (_, None) => Err(ProcessFailure::NoImageDir),
             }
         }
     }
@@ -494,7 +651,7 @@ fn settle_time(device_bytes: Option<u64>) -> Duration {
 /// The state the driver reports for `pid`, once it settled: while a call that was in flight when
 /// the agent was lost may still complete (`settles_by`), it is read again until it is that call's
 /// outcome or the time is up.
-fn settled_state(api: &Agent, t: &Tracked) -> Result<ProcessState, ccm_agent::AgentError> {
+fn settled_state(api: &dyn DriverAgent, t: &Tracked) -> Result<ProcessState, AgentError> {
     let mut state = api.state(t.pid)?;
     if let Some((until, outcome)) = t.settles_by {
         while state != outcome && Instant::now() < until {
@@ -505,21 +662,26 @@ fn settled_state(api: &Agent, t: &Tracked) -> Result<ProcessState, ccm_agent::Ag
     Ok(state)
 }
 
+/// What this dump made of a process whose state the driver cannot tell.
+fn assumed_state(t: &Tracked) -> ProcessState {
+    if t.checkpointed_by_us {
+        ProcessState::Checkpointed
+    } else if t.locked_by_us || t.settles_by.is_some() {
+        ProcessState::Locked
+    } else {
+        ProcessState::Running
+    }
+}
+
 /// Puts one process back as the dump found it, from the state the driver reports, with an ERROR
 /// line naming the fix for anything left LOCKED or CHECKPOINTED.
-fn rollback_one(api: &Agent, t: &Tracked, config: &Config, cuda_processes: usize) {
+fn rollback_one(api: &dyn DriverAgent, t: &Tracked, config: &Config, cuda_processes: usize) {
     let pid = t.pid;
     let state = match settled_state(api, t) {
         Ok(s) => s,
         Err(e) => {
             // Without the driver's word, what this dump did: the assumption is named as one.
-            let assumed = if t.checkpointed_by_us {
-                ProcessState::Checkpointed
-            } else if t.locked_by_us || t.settles_by.is_some() {
-                ProcessState::Locked
-            } else {
-                ProcessState::Running
-            };
+            let assumed = assumed_state(t);
             warn!(
                 "pid {pid}: its CUDA state cannot be read ({e}); putting it back as {assumed}, what this dump made it"
             );
@@ -574,10 +736,9 @@ fn rollback_one(api: &Agent, t: &Tracked, config: &Config, cuda_processes: usize
 /// Device memory per GPU of each of `pids` (host pids, as NVML names them), from one NVML pass.
 /// `None` where NVML could not tell (unavailable, MIG, or the process listed on no GPU), so that
 /// the restore's preflight skips it rather than guessing.
-fn device_memory_by_pid(node: &Node, pids: &[HostPid]) -> BTreeMap<HostPid, Option<Vec<DeviceMemoryUse>>> {
+fn device_memory_by_pid(node: &Node, pids: &[HostPid]) -> MemoryByPid {
     let t0 = Instant::now();
-    let mut out: BTreeMap<HostPid, Option<Vec<DeviceMemoryUse>>> =
-        pids.iter().map(|p| (*p, Some(Vec::new()))).collect();
+    let mut out: MemoryByPid = pids.iter().map(|p| (*p, Some(Vec::new()))).collect();
     match node.agent.device_memory() {
         Ok(gpus) => {
             for g in &gpus {
@@ -624,7 +785,6 @@ fn device_memory_by_pid(node: &Node, pids: &[HostPid]) -> BTreeMap<HostPid, Opti
     out
 }
 
-/// What restore needs to map and check this process's GPUs.
 /// What a process's identity needs from before its driver checkpoint starts, which changes it: the
 /// GPU nodes it holds open (the checkpoint closes them) and its mappings (the checkpoint adds the
 /// copy of its device memory). Its environment is read here too, being as cheap.
@@ -636,29 +796,28 @@ struct BeforeCheckpoint {
 }
 
 impl BeforeCheckpoint {
-    fn read(pid: HostPid) -> Result<BeforeCheckpoint, ccm_process::ProcessError> {
+    fn read(targets: &dyn Targets, pid: HostPid) -> Result<BeforeCheckpoint, ccm_process::ProcessError> {
         let t0 = Instant::now();
         let upid = pid.get();
-        let env = match ccm_process::environ::read_environ_block(upid) {
-            Ok(b) => ProcessEnv {
-                cuda_visible_devices: ccm_process::environ::env_var(&b, "CUDA_VISIBLE_DEVICES"),
-                cuda_device_order: ccm_process::environ::env_var(&b, "CUDA_DEVICE_ORDER"),
-                nvidia_visible_devices: ccm_process::environ::env_var(&b, "NVIDIA_VISIBLE_DEVICES"),
-            },
+        let env = match targets.process_env(upid) {
+            Ok(env) => env,
             Err(e) => {
                 warn!("pid {pid}: cannot read its environment ({e}); its ordinal view is not recorded");
                 ProcessEnv::default()
             }
         };
-        let maps = ccm_process::read_maps(upid)?;
-        let minors = ccm_process::devices::nvidia_minors_in_use_with(upid, &maps)?;
+        let maps = targets.read_maps(upid)?;
+        let minors = targets.nvidia_minors(upid, &maps)?;
         Ok(BeforeCheckpoint { env, minors, maps, elapsed: t0.elapsed() })
     }
 }
 
+/// The identity image of `pid`: the GPUs it uses (in its CUDA order), the PCI words of every GPU
+/// of the node its memory holds, its runtime's `cudaDeviceProp` copies.
 fn collect_identity(
     pid: HostPid,
     node: &Node,
+    targets: &dyn Targets,
     before: BeforeCheckpoint,
     device_memory: impl FnOnce() -> Option<Vec<DeviceMemoryUse>>,
 ) -> Result<IdentityImage, ccm_process::ProcessError> {
@@ -667,43 +826,13 @@ fn collect_identity(
     let BeforeCheckpoint { env, minors, maps, .. } = before;
     let mut used: Vec<&GpuIdentity> = minors.iter().filter_map(|m| node.gpu_by_minor(*m)).collect();
     order_by_cuda_view(&mut used, &env, node.gpus());
-    let wanted: Vec<(GpuUuid, PciSignature)> = node.gpus().iter().map(|g| (g.uuid, g.signature())).collect();
-    // Where libcuda keeps its words first (heap and small mappings: tens of ms even for a framework
-    // process with gigabytes of host memory); everything only when that finds nothing.
-    // The same pass finds the runtime's cudaDeviceProp copies (libcudart's and frameworks', in
-    // the heap like libcuda's objects).
-    let mut scan =
-        ccm_process::scan_identity_over(upid, &maps, &wanted, node.gpus(), ccm_process::ScanScope::LIBCUDA_OBJECTS)?;
-    if scan.sites.is_empty() && !wanted.is_empty() {
-        debug!("pid {pid}: no PCI words in the heap or small mappings; scanning all of its memory");
-        let narrow = scan.elapsed;
-        let (props, lookalikes) = (std::mem::take(&mut scan.prop_sites), scan.prop_lookalikes);
-        scan = ccm_process::scan_identity_over(upid, &maps, &wanted, &[], ccm_process::ScanScope::FULL)?;
-        scan.elapsed += narrow;
-        scan.prop_sites = props;
-        scan.prop_lookalikes = lookalikes;
-    }
-    // libcuda keeps the six words of every GPU it enumerated at start: that is the set the
-    // driver wants pairs for at restore (CUDA_VISIBLE_DEVICES does not shrink it).
-    let mut enumerated: Vec<GpuUuid> =
-        node.gpus().iter().map(|g| g.uuid).filter(|u| scan.sites.iter().any(|s| s.gpu == *u)).collect();
-    if node.gpus().is_empty() {
-        warn!(
-            "pid {pid}: NVML is unavailable, so its image records no GPU identity: this checkpoint can be restored only \
-             onto the same GPUs, without a device map. Fix NVML (libnvidia-ml.so.1) and dump again to allow migration"
-        );
-    } else if enumerated.is_empty() {
-        warn!("pid {pid}: found no PCI identity words of any GPU in its memory; assuming it enumerated every GPU of the node");
-        enumerated = node.gpus().iter().map(|g| g.uuid).collect();
-    }
-    let ns_pid = ccm_process::tree::ns_pid(upid).unwrap_or(upid);
+    let scan = scan_identity(pid, node, targets, &maps)?;
+    let enumerated = enumerated_gpus(pid, node, &scan);
     let mut img = IdentityImage {
-        pid: ns_pid,
+        pid: targets.ns_pid(upid).unwrap_or(upid),
         host_pid: upid,
         dumped_at_unix: SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0),
-        hostname: std::fs::read_to_string("/proc/sys/kernel/hostname")
-            .map(|s| s.trim().to_string())
-            .unwrap_or_default(),
+        hostname: targets.hostname(),
         driver_version: node.driver_version().to_string(),
         cuda_driver_version: node.cuda_driver_version,
         node_gpus: node.gpus().to_vec(),
@@ -719,6 +848,62 @@ fn collect_identity(
     if img.escape_controls() {
         warn!("pid {pid}: its identity holds control characters (in a mapping name, its environment or the hostname); they are recorded escaped");
     }
+    log_identity(pid, &img, scan.prop_lookalikes, scan.bytes_scanned, scan.mappings_scanned, scan.elapsed, t0);
+    Ok(img)
+}
+
+/// Where libcuda keeps its words first (heap and small mappings: tens of ms even for a framework
+/// process with gigabytes of host memory); everything only when that finds nothing. The same pass
+/// finds the runtime's cudaDeviceProp copies (libcudart's and frameworks', in the heap like
+/// libcuda's objects).
+fn scan_identity(
+    pid: HostPid,
+    node: &Node,
+    targets: &dyn Targets,
+    maps: &[ccm_process::Mapping],
+) -> Result<ScanReport, ccm_process::ProcessError> {
+    let upid = pid.get();
+    let wanted: Vec<(GpuUuid, PciSignature)> = node.gpus().iter().map(|g| (g.uuid, g.signature())).collect();
+    let mut scan = targets.scan_identity(upid, maps, &wanted, node.gpus(), ccm_process::ScanScope::LIBCUDA_OBJECTS)?;
+    if scan.sites.is_empty() && !wanted.is_empty() {
+        debug!("pid {pid}: no PCI words in the heap or small mappings; scanning all of its memory");
+        let narrow = scan.elapsed;
+        let (props, lookalikes) = (std::mem::take(&mut scan.prop_sites), scan.prop_lookalikes);
+        scan = targets.scan_identity(upid, maps, &wanted, &[], ccm_process::ScanScope::FULL)?;
+        scan.elapsed += narrow;
+        scan.prop_sites = props;
+        scan.prop_lookalikes = lookalikes;
+    }
+    Ok(scan)
+}
+
+/// libcuda keeps the six words of every GPU it enumerated at start: that is the set the driver
+/// wants pairs for at restore (CUDA_VISIBLE_DEVICES does not shrink it).
+fn enumerated_gpus(pid: HostPid, node: &Node, scan: &ScanReport) -> Vec<GpuUuid> {
+    let mut enumerated: Vec<GpuUuid> =
+        node.gpus().iter().map(|g| g.uuid).filter(|u| scan.sites.iter().any(|s| s.gpu == *u)).collect();
+    if node.gpus().is_empty() {
+        warn!(
+            "pid {pid}: NVML is unavailable, so its image records no GPU identity: this checkpoint can be restored only \
+             onto the same GPUs, without a device map. Fix NVML (libnvidia-ml.so.1) and dump again to allow migration"
+        );
+    } else if enumerated.is_empty() {
+        warn!("pid {pid}: found no PCI identity words of any GPU in its memory; assuming it enumerated every GPU of the node");
+        enumerated = node.gpus().iter().map(|g| g.uuid).collect();
+    }
+    enumerated
+}
+
+/// The identity's summary line and one debug line per site.
+fn log_identity(
+    pid: HostPid,
+    img: &IdentityImage,
+    prop_lookalikes: usize,
+    bytes_scanned: u64,
+    mappings_scanned: usize,
+    scan_elapsed: Duration,
+    t0: Instant,
+) {
     info!(
         "pid {pid}: identity: uses {} GPU(s) [{}], enumerated {}, {} PCI site(s), {} cudaDeviceProp cop(ies) ({} look-alike(s) left alone), device memory {}; scanned {} MiB in {} mapping(s) in {:.3} s (total {:.3} s)",
         img.used.len(),
@@ -726,14 +911,14 @@ fn collect_identity(
         img.enumerated.len(),
         img.sites.len(),
         img.prop_sites.len(),
-        scan.prop_lookalikes,
+        prop_lookalikes,
         match &img.device_memory {
             Some(u) => ccm_identity::memory::describe_bytes(u.iter().map(|x| x.bytes).sum()),
             None => "unknown".into(),
         },
-        scan.bytes_scanned >> 20,
-        scan.mappings_scanned,
-        scan.elapsed.as_secs_f64(),
+        bytes_scanned >> 20,
+        mappings_scanned,
+        scan_elapsed.as_secs_f64(),
         t0.elapsed().as_secs_f64()
     );
     for p in &img.prop_sites {
@@ -756,7 +941,6 @@ fn collect_identity(
             (site.mapping_end - site.mapping_start) >> 10
         );
     }
-    Ok(img)
 }
 
 /// Orders the used GPUs as the process's CUDA ordinals: `CUDA_VISIBLE_DEVICES` order when it

@@ -25,7 +25,13 @@ pub mod node;
 pub mod preflight;
 pub mod reconcile;
 pub mod restore;
+pub mod seam;
 pub mod sharing;
+
+#[cfg(test)]
+mod dump_tests;
+#[cfg(test)]
+mod fake;
 
 pub use config::{Config, LeaveRunning, MultiProcess, Strictness};
 pub use error::{EngineError, ProcessFailure};
@@ -41,7 +47,12 @@ pub const CRIU_CUDA_PLUGIN_FILE: &str = "/cuda_plugin.so";
 
 /// An error when CRIU's own CUDA plugin is loaded into this CRIU too.
 pub fn conflicting_plugin() -> Option<EngineError> {
-    match ccm_process::devices::maps_library(std::process::id(), CRIU_CUDA_PLUGIN_FILE) {
+    conflicting_plugin_in(&seam::RealTargets)
+}
+
+/// [`conflicting_plugin`] through `targets`.
+pub fn conflicting_plugin_in(targets: &dyn seam::Targets) -> Option<EngineError> {
+    match targets.maps_library(std::process::id(), CRIU_CUDA_PLUGIN_FILE) {
         Ok(true) => Some(EngineError::ConflictingPlugin),
         _ => None,
     }

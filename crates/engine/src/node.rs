@@ -16,10 +16,11 @@ use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
 use log::{debug, info, warn};
 
 use crate::host::CriuHost;
+use crate::seam::{DriverAgent, Targets};
 use crate::{Config, EngineError};
 
 pub struct Node {
-    pub agent: Agent,
+    pub agent: Box<dyn DriverAgent>,
     cuinit: OnceLock<Result<(), AgentError>>,
     pub cuda_driver_version: i32,
     /// NVML's view, waited for at first use: a dump needs it only for the identity scan, which
@@ -58,7 +59,7 @@ pub fn spawn_agent(host: &dyn CriuHost, config: &Config, order: WarmUp) -> Resul
 impl Node {
     /// Waits until the agent has loaded libcuda. NVML's GPU list comes later ([`Node::gpus`]), and
     /// so does `cuInit` ([`Node::cuinit`]).
-    pub fn load(agent: Agent) -> Result<Node, EngineError> {
+    pub fn load(agent: Box<dyn DriverAgent>) -> Result<Node, EngineError> {
         let d = agent.driver().map_err(|e| match e {
             AgentError::NoDriver(m) => EngineError::NoDriver(m),
             other => EngineError::Agent(other),
@@ -83,10 +84,14 @@ impl Node {
     ///
     /// Without `need_memory` (the free-memory check is off), NVML is not waited for at all: the GPUs'
     /// totals stay unknown (0), which the map rules do not hold against a GPU of the same chip.
-    pub fn load_for_restore(agent: Agent, need_memory: bool) -> Result<Node, EngineError> {
+    pub fn load_for_restore(
+        agent: Box<dyn DriverAgent>,
+        need_memory: bool,
+        targets: &dyn Targets,
+    ) -> Result<Node, EngineError> {
         let t0 = Instant::now();
         let mut node = Node::load(agent)?;
-        let listed = match ccm_driver::procfs::gpus() {
+        let listed = match targets.kernel_gpus() {
             Ok(g) => g,
             Err(e) => {
                 debug!("the kernel driver's GPU list is not usable ({e}); NVML's list instead");

@@ -10,7 +10,7 @@ use std::time::Instant;
 use ccm_driver::checkpoint::{timed, ProcessState};
 use ccm_identity::runtime::GivenGpus;
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, NsPid};
-use ccm_process::container::{DevView, ForeignDev};
+use ccm_process::container::ForeignDev;
 use ccm_process::dir::Dir;
 use log::{debug, error, info, warn};
 
@@ -18,11 +18,13 @@ use crate::batch::{with_restore_threads_running, BatchError, OnResumeError};
 use crate::host::CriuHost;
 use crate::node::Node;
 use crate::preflight::{self, ProcessPlan};
-use crate::reconcile::{reconcile, ReconcileSummary};
+use crate::reconcile::ReconcileSummary;
+use crate::seam::{DevView, Seams, Targets};
 use crate::{Config, EngineError, HookOutcome, ProcessFailure, Strictness, PLUGIN_NAME};
 
 pub struct RestoreSession {
     config: Config,
+    seams: Seams,
     node: Option<Node>,
     plans: Vec<ProcessPlan>,
     image_dir: Option<Dir>,
@@ -42,6 +44,11 @@ impl RestoreSession {
     /// `init(RESTORE)`: read the images and check this node before CRIU restores anything. An
     /// error here makes CRIU abort the restore with our message; nothing has been touched.
     pub fn init(config: Config, host: &dyn CriuHost) -> Result<RestoreSession, EngineError> {
+        RestoreSession::init_with(config, host, Seams::real())
+    }
+
+    /// [`RestoreSession::init`] through the given seams.
+    pub fn init_with(config: Config, host: &dyn CriuHost, seams: Seams) -> Result<RestoreSession, EngineError> {
         // Read through CRIU's own descriptor; named as the user knows the directory.
         let image_dir = match host.image_dir() {
             Some(fd) => {
@@ -57,7 +64,8 @@ impl RestoreSession {
             Some(d) => preflight::read_images(d)?,
             None => Vec::new(),
         };
-        let mut s = RestoreSession { config, node: None, plans: Vec::new(), image_dir, results: BTreeMap::new() };
+        let mut s =
+            RestoreSession { config, seams, node: None, plans: Vec::new(), image_dir, results: BTreeMap::new() };
         if images.is_empty() {
             if in_inventory == Some(true) {
                 // The dump checkpointed CUDA processes with this plugin, but their identity images are
@@ -73,17 +81,21 @@ impl RestoreSession {
             debug!("no identity images: no CUDA process to restore (inventory entry: {in_inventory:?})");
             return Ok(s);
         }
-        if let Some(e) = crate::conflicting_plugin() {
+        if let Some(e) = crate::conflicting_plugin_in(&*s.seams.targets) {
             return Err(e);
         }
         let t0 = Instant::now();
         let processes = images.len();
         let cannot = |e: EngineError| EngineError::CannotRestore { processes, source: Box::new(e) };
-        let agent = crate::node::spawn_agent(host, &s.config, ccm_agent::WarmUp::Restore).map_err(cannot)?;
-        let node = Node::load_for_restore(agent, s.config.memory_check).map_err(cannot)?;
+        let agent = s.seams.agents.start(host, &s.config, ccm_agent::WarmUp::Restore).map_err(cannot)?;
+        let node = Node::load_for_restore(agent, s.config.memory_check, &*s.seams.targets).map_err(cannot)?;
         // Without an explicit usable set, the GPUs the restoring runtime gives the container. A spec that
         // is there but cannot be read refuses the restore: "all GPUs" could be another tenant's.
-        let given = if s.config.usable_gpus.is_none() { given_by_restoring_runtime(node.gpus())? } else { None };
+        let given = if s.config.usable_gpus.is_none() {
+            given_by_restoring_runtime(&*s.seams.targets, node.gpus())?
+        } else {
+            None
+        };
         if let Some((path, g)) = &given {
             info!(
                 "usable GPUs: [{}], what the restoring runtime's spec {} gives the container ({})",
@@ -135,7 +147,7 @@ impl RestoreSession {
         let mut worked = false;
         if !self.results.contains_key(&pid) {
             let mut tree = vec![pid];
-            for c in ccm_process::tree::children_recursive(pid.get()).into_iter().filter_map(|c| HostPid::new(c.into()))
+            for c in self.seams.targets.children_recursive(pid.get()).into_iter().filter_map(|c| HostPid::new(c.into()))
             {
                 if !tree.contains(&c) {
                     tree.push(c);
@@ -153,14 +165,15 @@ impl RestoreSession {
     }
 
     fn plan_for(&self, host_pid: HostPid) -> Option<&ProcessPlan> {
-        let ns = ns_pid_of(host_pid);
+        let ns = ns_pid_of(&*self.seams.targets, host_pid);
         self.plans.iter().find(|p| NsPid(p.image.pid) == ns)
     }
 
     /// Restores every CUDA process of `pids`; whether there was any.
     fn restore_batch(&mut self, pids: &[HostPid]) -> bool {
         let Some(node) = self.node.as_ref() else { return false };
-        let api = &node.agent;
+        let api = &*node.agent;
+        let targets = &*self.seams.targets;
         let t0 = Instant::now();
         if let Err(e) = node.cuinit() {
             for &pid in pids {
@@ -177,7 +190,7 @@ impl RestoreSession {
         let cuda_processes = self.plans.len().max(pids.iter().filter(|&&p| self.plan_for(p).is_some()).count());
         for &pid in pids {
             let plan = self.plan_for(pid);
-            if plan.is_none() && !ccm_process::devices::maps_library(pid.get(), crate::LIBCUDA_FILE).unwrap_or(false) {
+            if plan.is_none() && !targets.maps_library(pid.get(), crate::LIBCUDA_FILE).unwrap_or(false) {
                 debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");
                 continue;
             }
@@ -195,14 +208,15 @@ impl RestoreSession {
         if jobs.is_empty() {
             return false;
         }
-        fix_container_devices(&jobs, node);
+        fix_container_devices(targets, &jobs, node);
         // Restore threads run; everything else of each task stays stopped until CRIU resumes it.
         let config = &self.config;
         let outcomes = with_restore_threads_running(
+            targets,
             &jobs,
             |(_, tid)| tid.get(),
             OnResumeError::Skip,
-            |(job, _)| restore_one(job, node, config),
+            |(job, _)| restore_one(job, node, config, targets),
         );
         let mut kill = Vec::new();
         let mut new_results = Vec::new();
@@ -231,7 +245,7 @@ impl RestoreSession {
             // Strict mode: a process whose GPU identity is wrong must not run. Kill the whole
             // restored tree so no half of a job resumes; the images are intact for a retry.
             for &pid in pids {
-                if let Err(e) = ccm_process::tree::kill(pid.get()) {
+                if let Err(e) = self.seams.targets.kill(pid.get()) {
                     error!("pid {pid}: cannot kill it after a failed reconciliation: {e}");
                 }
             }
@@ -282,7 +296,7 @@ impl RestoreSession {
             .plans
             .iter()
             .map(|p| NsPid(p.image.pid))
-            .filter(|ns| !self.results.keys().any(|h| ns_pid_of(*h) == *ns))
+            .filter(|ns| !self.results.keys().any(|h| ns_pid_of(&*self.seams.targets, *h) == *ns))
             .collect();
         if ret == 0 && !missing.is_empty() {
             warn!("restore finished but CUDA process(es) {missing:?} of the images were never handed to the plugin");
@@ -292,8 +306,8 @@ impl RestoreSession {
 
 /// The pid `host_pid` has in its own pid namespace, which its identity image records (itself when
 /// `/proc` cannot tell: a process in CRIU's own namespace).
-fn ns_pid_of(host_pid: HostPid) -> NsPid {
-    NsPid(ccm_process::tree::ns_pid(host_pid.get()).unwrap_or(host_pid.get()))
+fn ns_pid_of(targets: &dyn Targets, host_pid: HostPid) -> NsPid {
+    NsPid(targets.ns_pid(host_pid.get()).unwrap_or(host_pid.get()))
 }
 
 /// Gives each restored container's `/dev` the nodes of its new GPUs and drops those of the GPUs
@@ -301,7 +315,7 @@ fn ns_pid_of(host_pid: HostPid) -> NsPid {
 /// (a tmpfs), so after a move onto GPUs of other minors it holds the old node names while the
 /// runtime's devices cgroup allows only the new ones. Once per mount namespace; a process on the
 /// host's `/dev` is never touched.
-fn fix_container_devices(jobs: &[(Job<'_>, HostTid)], node: &Node) {
+fn fix_container_devices(targets: &dyn Targets, jobs: &[(Job<'_>, HostTid)], node: &Node) {
     let mut done: Vec<u64> = Vec::new();
     for (job, _) in jobs {
         let Some(plan) = job.plan else { continue };
@@ -311,15 +325,15 @@ fn fix_container_devices(jobs: &[(Job<'_>, HostTid)], node: &Node) {
             .iter()
             .filter_map(|p| Some((plan.image.gpu(&p.old)?.minor, node.gpu(&p.new)?.minor)))
             .collect();
-        let Ok(ns) = ccm_process::container::mount_namespace(job.pid.get()) else { continue };
+        let Ok(ns) = targets.mount_namespace(job.pid.get()) else { continue };
         if done.contains(&ns) {
             continue;
         }
         done.push(ns);
         let unmoved = moves.iter().all(|(o, n)| o == n);
-        let dev = match ccm_process::container::container_dev(job.pid.get()) {
+        let dev = match targets.container_dev(job.pid.get()) {
             Ok(DevView::Own(d)) if unmoved => {
-                info!("pid {}: container /dev: its own tmpfs, GPU nodes {:?}; the GPUs keep their minors, nothing to change", job.pid, d.gpu_minors);
+                info!("pid {}: container /dev: its own tmpfs, GPU nodes {:?}; the GPUs keep their minors, nothing to change", job.pid, d.gpu_minors());
                 continue;
             }
             Ok(DevView::Own(d)) => d,
@@ -340,21 +354,17 @@ fn fix_container_devices(jobs: &[(Job<'_>, HostTid)], node: &Node) {
                 continue;
             }
         };
-        for (name, kind) in &dev.impostors {
+        for (name, kind) in dev.impostors() {
             warn!(
                 "pid {}: container /dev/{} is {kind}, not a GPU node: left alone",
                 job.pid,
                 ccm_identity::text::escaped(name)
             );
         }
-        for edit in ccm_identity::runtime::plan_node_edits(&moves, &dev.gpu_minors) {
+        for edit in ccm_identity::runtime::plan_node_edits(&moves, dev.gpu_minors()) {
             let (what, minor, r) = match edit {
-                ccm_identity::runtime::NodeEdit::Create { minor } => {
-                    ("created", minor, ccm_process::container::create_gpu_node(&dev, minor))
-                }
-                ccm_identity::runtime::NodeEdit::Remove { minor } => {
-                    ("removed", minor, ccm_process::container::remove_gpu_node(&dev, minor))
-                }
+                ccm_identity::runtime::NodeEdit::Create { minor } => ("created", minor, dev.create_gpu_node(minor)),
+                ccm_identity::runtime::NodeEdit::Remove { minor } => ("removed", minor, dev.remove_gpu_node(minor)),
             };
             match r {
                 Ok(()) => info!(
@@ -394,8 +404,11 @@ fn warn_foreign_dev(pid: HostPid, why: &ForeignDev, shows: &[u32], moves: &[(u32
 
 /// The GPUs the runtime that runs this CRIU (runc, crun, youki) gives the container in its
 /// spec. `Ok(None)`: no such runtime, no spec, or a spec that says nothing about GPUs.
-fn given_by_restoring_runtime(node_gpus: &[GpuIdentity]) -> Result<Option<(PathBuf, GivenGpus)>, EngineError> {
-    let spec = ccm_process::container::restoring_runtime_spec().map_err(EngineError::SpecFile)?;
+fn given_by_restoring_runtime(
+    targets: &dyn Targets,
+    node_gpus: &[GpuIdentity],
+) -> Result<Option<(PathBuf, GivenGpus)>, EngineError> {
+    let spec = targets.restoring_runtime_spec().map_err(EngineError::SpecFile)?;
     let Some(spec) = spec else { return Ok(None) };
     match ccm_identity::runtime::gpus_given_by_spec(&spec.text, node_gpus) {
         Ok(g) => Ok(g.map(|g| (spec.path, g))),
@@ -438,15 +451,15 @@ impl RestoreOutcome {
 }
 
 /// Driver restore, reconciliation, unlock for one process.
-fn restore_one(job: &Job<'_>, node: &Node, config: &Config) -> RestoreOutcome {
+fn restore_one(job: &Job<'_>, node: &Node, config: &Config, targets: &dyn Targets) -> RestoreOutcome {
     let mut report = String::new();
-    let ended = restore_one_steps(job, node, config, &mut report);
+    let ended = restore_one_steps(job, node, config, targets, &mut report);
     RestoreOutcome { ended, report }
 }
 
-fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, report: &mut String) -> Ended {
+fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, targets: &dyn Targets, report: &mut String) -> Ended {
     let pid = job.pid;
-    let api = &node.agent;
+    let api = &*node.agent;
     match api.state(pid) {
         Ok(ProcessState::Checkpointed) => {}
         Ok(other) => {
@@ -500,7 +513,7 @@ fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, report: &mut S
     info!("pid {pid}: cuCheckpointProcessRestore with {} pair(s) {:.3} s", pairs.len(), r.elapsed.as_secs_f64());
     if let Some(plan) = job.plan.filter(|p| !p.map.changed().is_empty()) {
         if config.reconcile {
-            let s: ReconcileSummary = reconcile(pid, plan, node);
+            let s: ReconcileSummary = targets.reconcile(pid, plan, node);
             report.push_str(&format!("reconciliation: {s}\n"));
             info!("pid {pid}: identity reconciliation: {s}");
             if !s.failures.is_empty() {

@@ -1,0 +1,581 @@
+//! The dump session's rules, every branch, through the scripted seams (`crate::fake`): no root,
+//! GPU or CRIU. Each test uses pids of its own, by which it finds its log lines.
+
+use std::time::Duration;
+
+use ccm_driver::abi::CudaCode;
+use ccm_driver::checkpoint::ProcessState::{self, Checkpointed, Locked, Running};
+use ccm_identity::image::{IdentityImage, PciSite};
+
+use crate::dump::{DumpSession, NoDumpDriver};
+use crate::fake::*;
+use crate::{Config, EngineError, HookOutcome, ProcessFailure};
+
+/// A dump of `pids` (all CUDA processes, RUNNING) on a node of two GPUs.
+struct Dump {
+    session: DumpSession,
+    agent: FakeAgent,
+    targets: FakeTargets,
+    criu: FakeCriu,
+    starter: FakeStarter,
+}
+
+fn dump_with(name: &str, config: Config, pids: &[u32], more_agents: usize) -> Dump {
+    capture_log();
+    let agent = FakeAgent::new(vec![gpu(0), gpu(1)]);
+    let targets = FakeTargets::default();
+    for &p in pids {
+        agent.cuda(p, Running);
+        targets.cuda(p);
+        targets.script().minors.insert(p, [0].into());
+        agent.script().device_bytes.insert(p, 3 << 30);
+    }
+    let mut agents = vec![Ok(agent.clone())];
+    agents.extend((0..more_agents).map(|_| Ok(agent.fresh())));
+    let (seams, starter) = seams(&targets, agents);
+    let criu = FakeCriu::new(name);
+    let session = DumpSession::init_with(config, &criu, seams).unwrap();
+    Dump { session, agent, targets, criu, starter }
+}
+
+fn dump(name: &str, pids: &[u32]) -> Dump {
+    dump_with(name, config(&[]), pids, 1)
+}
+
+impl Dump {
+    fn pause(&mut self, pid: u32) -> HookOutcome {
+        self.session.pause_devices(pid as i32, &self.criu)
+    }
+    fn checkpoint(&mut self, pid: u32) -> HookOutcome {
+        self.session.checkpoint_devices(pid as i32, &self.criu)
+    }
+    fn finish(&mut self, ret: i32) {
+        self.session.finish(ret, &self.criu)
+    }
+    fn image(&self, pid: u32) -> Option<IdentityImage> {
+        let bytes = std::fs::read(self.criu.path().join(IdentityImage::file_name(pid))).ok()?;
+        Some(IdentityImage::decode(&bytes).unwrap())
+    }
+    fn states(&self, pids: &[u32]) -> Vec<ProcessState> {
+        pids.iter().map(|p| self.agent.state_of(*p)).collect()
+    }
+}
+
+fn done(o: &HookOutcome) -> bool {
+    matches!(o, HookOutcome::Done)
+}
+
+fn not_mine(o: &HookOutcome) -> bool {
+    matches!(o, HookOutcome::NotMine)
+}
+
+fn failure(o: HookOutcome) -> EngineError {
+    match o {
+        HookOutcome::Failed(e) => e,
+        other => panic!("expected a failure, got {other:?}"),
+    }
+}
+
+fn process_failure(o: HookOutcome) -> ProcessFailure {
+    match failure(o) {
+        EngineError::Process { source, .. } => source,
+        other => panic!("expected a process failure, got {other}"),
+    }
+}
+
+// ----- init ------------------------------------------------------------------------------------
+
+#[test]
+fn init_without_an_agent_leaves_cuda_processes_to_criu() {
+    capture_log();
+    let (seams, _) = seams(&FakeTargets::default(), vec![Err("fork failed 9101".into())]);
+    let r = DumpSession::init_with(config(&[]), &FakeCriu::without_dir(), seams);
+    assert!(matches!(r, Err(NoDumpDriver::Agent(_))));
+    assert_eq!(logged(&["fork failed 9101", "CUDA processes cannot be checkpointed in this run"]).len(), 1);
+}
+
+#[test]
+fn init_without_libcuda_is_disabled() {
+    capture_log();
+    let agent = FakeAgent::new(vec![]);
+    agent.script().driver_error = Some(ccm_agent::AgentError::NoDriver("no libcuda 9102".into()));
+    let (seams, _) = seams(&FakeTargets::default(), vec![Ok(agent)]);
+    let r = DumpSession::init_with(config(&[]), &FakeCriu::without_dir(), seams);
+    assert!(matches!(r, Err(NoDumpDriver::Driver(_))));
+    assert_eq!(logged(&["WARN disabled: no libcuda 9102"]).len(), 1);
+}
+
+#[test]
+fn init_lets_the_agent_end_by_itself() {
+    let d = dump("init", &[]);
+    assert!(d.agent.script().exit_without_waiting);
+    assert_eq!(*d.starter.started.lock().unwrap(), vec![ccm_agent::WarmUp::Dump]);
+}
+
+// ----- PAUSE_DEVICES ---------------------------------------------------------------------------
+
+#[test]
+fn a_process_without_libcuda_or_unreadable_maps_is_not_ours_and_no_driver_call_is_made() {
+    let mut d = dump("plain", &[]);
+    d.targets.script().maps_unreadable.insert(1102);
+    assert!(not_mine(&d.pause(1101)));
+    assert!(not_mine(&d.pause(1102)));
+    assert!(not_mine(&d.pause(0)));
+    assert!(not_mine(&d.session.pause_devices(-5, &d.criu)));
+    assert_eq!(d.agent.calls(), vec!["driver"], "only init's driver() call");
+    assert_eq!(logged(&["pid 1102: cannot read its mappings"]).len(), 1);
+}
+
+#[test]
+fn criu_s_own_cuda_plugin_fails_the_dump() {
+    let mut d = dump("conflict", &[1201]);
+    d.targets.script().criu_cuda_plugin = true;
+    assert!(matches!(failure(d.pause(1201)), EngineError::ConflictingPlugin));
+}
+
+#[test]
+fn a_node_that_cannot_load_leaves_the_process_to_criu() {
+    let mut d = dump("noload", &[1301]);
+    d.agent.script().driver_error = Some(ccm_agent::AgentError::NoDriver("gone 1301".into()));
+    assert!(not_mine(&d.pause(1301)));
+    // Not tried again.
+    assert!(not_mine(&d.pause(1301)));
+    assert_eq!(logged(&["disabled: no usable NVIDIA driver: gone 1301"]).len(), 1);
+}
+
+#[test]
+fn cuinit_failure_fails_the_hook() {
+    let mut d = dump("cuinit", &[1401]);
+    d.agent.script().cuinit_error = Some(cuda_error("cuInit", CudaCode::Unknown));
+    assert!(matches!(failure(d.pause(1401)), EngineError::Driver { .. }));
+    assert_eq!(d.agent.state_of(1401), Running);
+}
+
+#[test]
+fn libcuda_without_a_restore_thread_is_not_a_cuda_process() {
+    let mut d = dump("notcuda", &[]);
+    d.targets.cuda(1501);
+    assert!(not_mine(&d.pause(1501)));
+    assert_eq!(logged(&["pid 1501 maps libcuda but has no CUDA restore thread"]).len(), 1);
+    d.finish(0);
+}
+
+#[test]
+fn the_agent_lost_or_failing_at_each_query_fails_the_hook() {
+    for (call, e) in
+        [("restore_thread_id", lost(false)), ("state", lost(true)), ("state", cuda_error("s", CudaCode::Unknown))]
+    {
+        let mut d = dump("query", &[1601]);
+        d.agent.fail(call, 1601, e);
+        assert!(matches!(failure(d.pause(1601)), EngineError::Driver { .. }), "{call}");
+        assert_eq!(d.agent.state_of(1601), Running);
+        // Nothing of it was tracked: nothing to put back.
+        d.finish(1);
+        assert!(!d.agent.called("unlock 1601"));
+    }
+}
+
+#[test]
+fn a_running_process_is_locked_once_and_the_inventory_entry_added() {
+    let mut d = dump("lock", &[1701]);
+    assert!(done(&d.pause(1701)));
+    assert_eq!(d.agent.state_of(1701), Locked);
+    assert!(*d.criu.inventory_added.lock().unwrap());
+    assert!(not_mine(&d.pause(1701)), "a second PAUSE_DEVICES of the same pid");
+    assert_eq!(logged(&["pid 1701: CUDA process, restore thread 11701, initial state"]).len(), 1);
+    assert_eq!(logged(&["pid 1701: cuCheckpointProcessLock (timeout"]).len(), 1);
+}
+
+#[test]
+fn a_failed_lock_that_did_not_take_is_left_running() {
+    let mut d = dump("lockfail", &[1801]);
+    d.agent.fail("lock", 1801, cuda_error("cuCheckpointProcessLock", CudaCode::Unknown));
+    assert!(matches!(failure(d.pause(1801)), EngineError::Driver { .. }));
+    assert_eq!(d.agent.state_of(1801), Running);
+    assert!(!d.agent.called("unlock 1801"));
+    d.finish(1);
+    assert_eq!(d.agent.state_of(1801), Running);
+}
+
+#[test]
+fn a_failed_lock_that_took_anyway_is_unlocked_again() {
+    let mut d = dump("locktook", &[1811]);
+    d.agent.fail("lock", 1811, cuda_error("cuCheckpointProcessLock", CudaCode::Unknown));
+    d.agent.script().takes_effect.insert(("lock", 1811));
+    assert!(matches!(failure(d.pause(1811)), EngineError::Driver { .. }));
+    assert_eq!(d.agent.state_of(1811), Running);
+    assert_eq!(logged(&["WARN pid 1811: lock failed, unlocked it again"]).len(), 1);
+}
+
+#[test]
+fn a_failed_lock_whose_unlock_fails_names_recover() {
+    let mut d = dump("lockstuck", &[1821]);
+    d.agent.fail("lock", 1821, cuda_error("cuCheckpointProcessLock", CudaCode::Unknown));
+    d.agent.fail("unlock", 1821, cuda_error("cuCheckpointProcessUnlock", CudaCode::Unknown));
+    d.agent.script().takes_effect.insert(("lock", 1821));
+    assert!(matches!(failure(d.pause(1821)), EngineError::Driver { .. }));
+    assert_eq!(d.agent.state_of(1821), Locked);
+    assert_eq!(logged(&["ERROR pid 1821 is left LOCKED after a failed lock", "recover --pid 1821"]).len(), 1);
+}
+
+#[test]
+fn an_agent_lost_at_the_lock_is_put_back_by_a_fresh_agent_at_exit() {
+    for stalled in [false, true] {
+        let pid = if stalled { 1832 } else { 1831 };
+        let mut d = dump("locklost", &[pid]);
+        d.agent.fail("lock", pid, lost(stalled));
+        // The driver took the lock within its timeout after the agent was lost.
+        d.agent.script().takes_effect.insert(("lock", pid));
+        assert!(matches!(failure(d.pause(pid)), EngineError::Driver { .. }));
+        assert!(d.agent.is_lost());
+        d.finish(1);
+        assert_eq!(d.starter.started.lock().unwrap().len(), 2, "a fresh agent");
+        assert_eq!(d.agent.state_of(pid), Running);
+        assert!(seen(&["the driver agent was lost: starting a fresh one to put the processes back"]));
+        assert_eq!(logged(&[&format!("pid {pid}: rolled back: unlocked, RUNNING again")]).len(), 1);
+    }
+}
+
+#[test]
+fn too_little_of_criu_s_timeout_left_refuses_to_lock() {
+    let mut c = config(&[]);
+    c.lock_timeout = Duration::from_millis(200);
+    let mut d = dump_with("notime", c, &[1901], 1);
+    match failure(d.pause(1901)) {
+        EngineError::NoTimeToLock { timeout_s, .. } => assert_eq!(timeout_s, 0),
+        other => panic!("{other}"),
+    }
+    assert!(!d.agent.called("lock 1901"));
+    assert_eq!(d.agent.state_of(1901), Running);
+}
+
+#[test]
+fn a_process_found_locked_is_left_as_found() {
+    let mut d = dump("found", &[2001]);
+    d.agent.cuda(2001, Locked);
+    assert!(done(&d.pause(2001)));
+    assert!(!d.agent.called("lock 2001"));
+    assert_eq!(logged(&["pid 2001 is already LOCKED"]).len(), 1);
+    d.finish(1);
+    assert_eq!(d.agent.state_of(2001), Locked);
+    assert!(!d.agent.called("state 2001") || d.agent.calls().iter().filter(|c| *c == "state 2001").count() == 1);
+}
+
+#[test]
+fn a_frozen_cgroup_is_thawed_once_and_frozen_again_at_exit() {
+    let mut d = dump("frozen", &[2101, 2102]);
+    d.targets.script().frozen.insert(2101, "/sys/fs/cgroup/pod-2101".into());
+    d.targets.script().frozen.insert(2102, "/sys/fs/cgroup/pod-2101".into());
+    assert!(done(&d.pause(2101)));
+    assert!(done(&d.pause(2102)));
+    d.finish(1);
+    assert_eq!(
+        d.targets.script().cgroup_events,
+        vec!["thaw /sys/fs/cgroup/pod-2101", "refreeze /sys/fs/cgroup/pod-2101"]
+    );
+    assert_eq!(logged(&["pid 2101: its cgroup /sys/fs/cgroup/pod-2101 was frozen"]).len(), 1);
+    assert_eq!(logged(&["cgroup /sys/fs/cgroup/pod-2101 frozen again, as the dump found it"]).len(), 1);
+}
+
+#[test]
+fn a_cgroup_that_cannot_be_thawed_fails_the_hook_and_one_not_refrozen_is_said() {
+    let mut d = dump("thawfail", &[2111]);
+    d.targets.script().frozen.insert(2111, "/sys/fs/cgroup/pod-2111".into());
+    d.targets.script().thaw_fails = true;
+    assert!(matches!(failure(d.pause(2111)), EngineError::FrozenCgroup { .. }));
+
+    let mut d = dump("refreezefail", &[2112]);
+    d.targets.script().frozen.insert(2112, "/sys/fs/cgroup/pod-2112".into());
+    d.targets.script().refreeze_fails = true;
+    assert!(done(&d.pause(2112)));
+    d.finish(1);
+    assert_eq!(logged(&["cannot freeze cgroup /sys/fs/cgroup/pod-2112 again", "pause it again"]).len(), 1);
+}
+
+// ----- CHECKPOINT_DEVICES ----------------------------------------------------------------------
+
+fn site(gpu_index: u32, addr: u64) -> PciSite {
+    PciSite {
+        gpu: gpu(gpu_index).uuid,
+        addr,
+        mapping_start: 0x1000,
+        mapping_end: 0x81000,
+        mapping_name: "[heap]".into(),
+        words: gpu(gpu_index).signature(),
+    }
+}
+
+#[test]
+fn a_final_dump_checkpoints_writes_the_image_and_leaves_the_process_checkpointed() {
+    let mut d = dump_with("final", config(&[("CRIU_CUDA_MIGRATE_LEAVE_RUNNING", "0")]), &[2201], 1);
+    d.targets.script().sites.insert(2201, Some(vec![site(0, 0x2000)]));
+    d.targets.script().narrow_finds.insert(2201);
+    d.targets.script().ns_pids.insert(2201, 7);
+    assert!(done(&d.pause(2201)));
+    assert!(done(&d.checkpoint(2201)));
+    assert!(done(&d.checkpoint(2201)), "later calls report the stored result");
+    assert!(not_mine(&d.checkpoint(2299)), "an untracked pid");
+    assert_eq!(d.agent.state_of(2201), Checkpointed);
+    let img = d.image(7).expect("the image is named by the namespace pid");
+    assert_eq!(img.host_pid, 2201);
+    assert_eq!(img.used, vec![gpu(0).uuid]);
+    assert_eq!(img.enumerated, vec![gpu(0).uuid]);
+    assert_eq!(img.hostname, "node-a");
+    assert_eq!(img.device_memory.as_ref().map(|u| u[0].bytes), Some(3 << 30));
+    d.finish(0);
+    assert_eq!(d.agent.state_of(2201), Checkpointed);
+    assert!(seen(&["dump done; 1 CUDA process(es) stay checkpointed for CRIU to end them"]));
+    assert_eq!(d.targets.script().ptrace, vec!["resume 12201", "stop 12201"]);
+}
+
+#[test]
+fn leave_running_and_criu_over_rpc_put_every_process_back() {
+    for (value, why) in [("1", "--leave-running"), ("", "CRIU runs over RPC")] {
+        let pid = if value.is_empty() { 2302 } else { 2301 };
+        let env: Vec<(&str, &str)> =
+            if value.is_empty() { vec![] } else { vec![("CRIU_CUDA_MIGRATE_LEAVE_RUNNING", value)] };
+        let mut c = config(&env);
+        if value.is_empty() {
+            c.leave_running = crate::LeaveRunning::Unknown;
+        }
+        let mut d = dump_with("leave", c, &[pid], 1);
+        assert!(done(&d.pause(pid)));
+        assert!(done(&d.checkpoint(pid)));
+        d.finish(0);
+        assert_eq!(d.agent.state_of(pid), Running, "{why}");
+        assert!(seen(&["rolling back 1 CUDA process(es): ", why]));
+        assert_eq!(logged(&[&format!("pid {pid}: rolled back: cuCheckpointProcessRestore")]).len(), 1);
+    }
+}
+
+#[test]
+fn a_checkpoint_failing_mid_batch_fails_that_process_and_the_rollback_puts_all_back() {
+    let pids = [2401, 2402, 2403];
+    let mut d = dump("midbatch", &pids);
+    d.agent.fail("checkpoint", 2402, cuda_error("cuCheckpointProcessCheckpoint", CudaCode::Unknown));
+    for p in pids {
+        assert!(done(&d.pause(p)));
+    }
+    assert!(done(&d.checkpoint(2401)));
+    assert!(matches!(process_failure(d.checkpoint(2402)), ProcessFailure::Driver(_)));
+    assert!(done(&d.checkpoint(2403)));
+    assert_eq!(d.states(&pids), vec![Checkpointed, Locked, Checkpointed]);
+    assert!(d.image(2401).is_some() && d.image(2402).is_none() && d.image(2403).is_some());
+    d.finish(1);
+    assert_eq!(d.states(&pids), vec![Running; 3]);
+    assert_eq!(logged(&["rolling back 3 CUDA process(es): the dump failed"]).len(), 1);
+    assert!(logged(&["this dump holds 3 CUDA processes (pids 2401, 2402, 2403)"]).len() == 1);
+}
+
+#[test]
+fn not_supported_at_checkpoint_names_managed_memory_mps_and_mig() {
+    let mut d = dump("unsupported", &[2501]);
+    d.agent.fail("checkpoint", 2501, cuda_error("cuCheckpointProcessCheckpoint", CudaCode::NotSupported));
+    assert!(done(&d.pause(2501)));
+    let f = process_failure(d.checkpoint(2501));
+    assert!(matches!(f, ProcessFailure::Unsupported(_)));
+    assert!(f.to_string().contains("managed (UVM) memory"), "{f}");
+    d.finish(1);
+    assert_eq!(d.agent.state_of(2501), Running);
+}
+
+#[test]
+fn an_agent_lost_at_the_checkpoint_is_put_back_by_a_fresh_agent() {
+    for stalled in [false, true] {
+        let pid = if stalled { 2602 } else { 2601 };
+        let mut d = dump("cplost", &[pid]);
+        d.agent.fail("checkpoint", pid, lost(stalled));
+        // The driver finishes the checkpoint by itself.
+        d.agent.script().takes_effect.insert(("checkpoint", pid));
+        assert!(done(&d.pause(pid)));
+        assert!(matches!(process_failure(d.checkpoint(pid)), ProcessFailure::Driver(e) if e.is_lost()));
+        d.finish(1);
+        assert_eq!(d.agent.state_of(pid), Running);
+        assert!(d.agent.called("cuinit"), "the fresh agent's cuInit before a put-back of a settling process");
+        assert_eq!(logged(&[&format!("pid {pid}: rolling back from CUDA state CHECKPOINTED")]).len(), 1);
+    }
+}
+
+#[test]
+fn a_fresh_agent_that_cannot_start_leaves_each_process_named_for_recover() {
+    let mut d = dump_with("nofresh", config(&[]), &[2701], 0);
+    d.agent.fail("checkpoint", 2701, lost(false));
+    assert!(done(&d.pause(2701)));
+    assert!(failure(d.checkpoint(2701)).to_string().contains("pid 2701"));
+    d.finish(1);
+    assert_eq!(d.agent.state_of(2701), Locked);
+    assert_eq!(logged(&["pid 2701 may be left LOCKED or CHECKPOINTED", "recover --pid 2701"]).len(), 1);
+}
+
+#[test]
+fn the_agent_lost_at_the_put_back_leaves_the_process_named() {
+    let mut d = dump_with("pblost", config(&[]), &[2711], 0);
+    d.agent.fail("checkpoint", 2711, cuda_error("cuCheckpointProcessCheckpoint", CudaCode::Unknown));
+    d.agent.fail("unlock", 2711, lost(true));
+    assert!(done(&d.pause(2711)));
+    assert!(matches!(d.checkpoint(2711), HookOutcome::Failed(_)));
+    d.finish(1);
+    assert_eq!(d.agent.state_of(2711), Locked);
+    assert_eq!(logged(&["pid 2711 is left LOCKED: unlock failed", "recover --pid 2711"]).len(), 1);
+}
+
+#[test]
+fn a_put_back_whose_restore_fails_like_an_ipc_importer_says_recover_cannot_help() {
+    let mut d = dump("ipc", &[2801, 2802]);
+    d.agent.fail("restore", 2801, cuda_error("cuCheckpointProcessRestore", CudaCode::InvalidValue));
+    d.agent.fail("restore", 2802, cuda_error("cuCheckpointProcessRestore", CudaCode::OutOfMemory));
+    assert!(done(&d.pause(2801)));
+    assert!(done(&d.pause(2802)));
+    assert!(done(&d.checkpoint(2801)));
+    d.finish(1);
+    assert_eq!(d.states(&[2801, 2802]), vec![Checkpointed, Checkpointed]);
+    assert_eq!(logged(&["pid 2801 is left CHECKPOINTED", "cannot bring it back either"]).len(), 1);
+    assert_eq!(logged(&["pid 2802 is left CHECKPOINTED", "recover --pid 2802"]).len(), 1);
+}
+
+#[test]
+fn an_unreadable_state_at_rollback_is_assumed_as_this_dump_made_it() {
+    let mut d = dump("assumed", &[2901]);
+    assert!(done(&d.pause(2901)));
+    assert!(done(&d.checkpoint(2901)));
+    d.agent.script().state_fails.insert(2901);
+    d.finish(1);
+    assert_eq!(d.agent.state_of(2901), Running);
+    assert_eq!(logged(&["pid 2901: its CUDA state cannot be read", "putting it back as CHECKPOINTED"]).len(), 1);
+}
+
+#[test]
+fn a_process_found_locked_and_checkpointed_by_us_gets_its_memory_back_and_keeps_the_lock() {
+    let mut d = dump("foundlocked", &[3001]);
+    d.agent.cuda(3001, Locked);
+    assert!(done(&d.pause(3001)));
+    assert!(done(&d.checkpoint(3001)));
+    assert_eq!(d.agent.state_of(3001), Checkpointed);
+    d.finish(1);
+    assert_eq!(d.agent.state_of(3001), Locked);
+    assert_eq!(logged(&["pid 3001: rolled back: restored, LOCKED as the dump found it"]).len(), 1);
+
+    let mut d = dump("foundlocked2", &[3002]);
+    d.agent.cuda(3002, Locked);
+    d.agent.fail("restore", 3002, cuda_error("cuCheckpointProcessRestore", CudaCode::Unknown));
+    assert!(done(&d.pause(3002)));
+    assert!(done(&d.checkpoint(3002)));
+    d.finish(1);
+    assert_eq!(logged(&["pid 3002 is left CHECKPOINTED: restore failed"]).len(), 1);
+}
+
+#[test]
+fn a_process_found_checkpointed_is_not_checkpointed_again() {
+    let mut d = dump("foundcp", &[3101]);
+    d.agent.cuda(3101, Checkpointed);
+    assert!(done(&d.pause(3101)));
+    assert!(done(&d.checkpoint(3101)));
+    assert!(!d.agent.called("checkpoint 3101"));
+    d.finish(1);
+    assert_eq!(d.agent.state_of(3101), Checkpointed);
+}
+
+#[test]
+fn several_processes_are_refused_before_any_checkpoint_when_told() {
+    let mut d = dump_with("refuse", config(&[("CRIU_CUDA_MIGRATE_MULTI_PROCESS", "refuse")]), &[3201, 3202], 1);
+    assert!(done(&d.pause(3201)));
+    assert!(done(&d.pause(3202)));
+    let f = process_failure(d.checkpoint(3201));
+    assert!(matches!(f, ProcessFailure::SeveralProcessesRefused(_)));
+    assert!(f.to_string().contains("pids 3201, 3202"), "{f}");
+    assert!(matches!(process_failure(d.checkpoint(3202)), ProcessFailure::SeveralProcessesRefused(_)));
+    assert!(!d.agent.called("checkpoint 3201") && !d.agent.called("checkpoint 3202"));
+    d.finish(1);
+    assert_eq!(d.states(&[3201, 3202]), vec![Running, Running]);
+}
+
+#[test]
+fn an_identity_that_cannot_be_read_fails_the_process() {
+    let mut d = dump("identity", &[3301, 3302]);
+    d.targets.script().read_maps_fails.insert(3301);
+    d.targets.script().sites.insert(3302, None);
+    assert!(done(&d.pause(3301)));
+    assert!(done(&d.pause(3302)));
+    for p in [3301, 3302] {
+        let f = process_failure(d.checkpoint(p));
+        assert!(matches!(f, ProcessFailure::Identity(_)), "{f}");
+        assert!(f.to_string().starts_with("cannot record its GPU identity"), "{f}");
+    }
+    // Checkpointed all the same: the rollback restores them.
+    d.finish(1);
+    assert_eq!(d.states(&[3301, 3302]), vec![Running, Running]);
+}
+
+#[test]
+fn without_an_image_directory_the_process_fails() {
+    capture_log();
+    let agent = FakeAgent::new(vec![gpu(0)]);
+    agent.cuda(3401, Running);
+    let targets = FakeTargets::default();
+    targets.cuda(3401);
+    let (seams, _) = seams(&targets, vec![Ok(agent.clone())]);
+    let criu = FakeCriu::without_dir();
+    let mut s = DumpSession::init_with(config(&[]), &criu, seams).unwrap();
+    assert!(done(&s.pause_devices(3401, &criu)));
+    assert!(matches!(process_failure(s.checkpoint_devices(3401, &criu)), ProcessFailure::NoImageDir));
+}
+
+#[test]
+fn a_restore_thread_that_cannot_be_resumed_fails_its_process_only() {
+    let mut d = dump("resume", &[3501, 3502]);
+    d.targets.script().resume_fails.insert(13501);
+    d.targets.script().stop_fails.insert(13502);
+    assert!(done(&d.pause(3501)));
+    assert!(done(&d.pause(3502)));
+    assert!(matches!(
+        process_failure(d.checkpoint(3501)),
+        ProcessFailure::Batch(crate::batch::BatchError::Resume { .. })
+    ));
+    assert!(done(&d.checkpoint(3502)));
+    assert_eq!(d.states(&[3501, 3502]), vec![Locked, Checkpointed]);
+    assert_eq!(logged(&["cannot stop restore thread 13502 again"]).len(), 1);
+    // The rollback works on a thread it cannot resume anyway (CRIU may have let it go).
+    d.finish(1);
+    assert_eq!(d.states(&[3501, 3502]), vec![Running, Running]);
+}
+
+#[test]
+fn the_identity_records_the_cuda_view_the_full_scan_and_unknown_memory() {
+    let mut d = dump("view", &[3601, 3602]);
+    {
+        let mut t = d.targets.script();
+        t.minors.insert(3601, [0, 1].into());
+        t.env.insert(
+            3601,
+            ccm_identity::image::ProcessEnv { cuda_visible_devices: Some("1,0".into()), ..Default::default() },
+        );
+        // Found only by the full scan.
+        t.sites.insert(3601, Some(vec![site(0, 0x2000), site(1, 0x3000)]));
+        t.env_unreadable.insert(3602);
+    }
+    d.agent.script().device_memory_error = Some(ccm_agent::AgentError::Nvml("scripted 3601".into()));
+    assert!(done(&d.pause(3601)));
+    assert!(done(&d.pause(3602)));
+    assert!(done(&d.checkpoint(3601)));
+    let img = d.image(3601).unwrap();
+    assert_eq!(img.used, vec![gpu(1).uuid, gpu(0).uuid], "CUDA_VISIBLE_DEVICES order");
+    assert_eq!(img.sites.len(), 2);
+    assert_eq!(img.device_memory, None);
+    assert_eq!(d.targets.script().scans.iter().filter(|(p, _)| *p == 3601).count(), 2, "narrow, then full");
+    // Nothing found anywhere: every GPU assumed enumerated.
+    let img = d.image(3602).unwrap();
+    assert_eq!(img.enumerated, vec![gpu(0).uuid, gpu(1).uuid]);
+    assert_eq!(logged(&["pid 3602: cannot read its environment"]).len(), 1);
+    assert_eq!(logged(&["pid 3602: found no PCI identity words of any GPU"]).len(), 1);
+    assert_eq!(logged(&["cannot read the device memory of the CUDA processes", "scripted 3601"]).len(), 1);
+}
+
+#[test]
+fn without_nvml_the_image_records_no_gpu_identity() {
+    let mut d = dump("nonvml", &[3701]);
+    d.agent.script().node_error = Some(ccm_agent::AgentError::Nvml("scripted 3701".into()));
+    assert!(done(&d.pause(3701)));
+    assert!(done(&d.checkpoint(3701)));
+    assert!(d.image(3701).unwrap().node_gpus.is_empty());
+    assert_eq!(logged(&["pid 3701: NVML is unavailable, so its image records no GPU identity"]).len(), 1);
+}

@@ -1,0 +1,320 @@
+//! The engine's two seams, youki style: what it does to target processes ([`Targets`]) and the
+//! driver agent's calls ([`DriverAgent`], started through [`AgentStarter`]). Each is a trait with
+//! the real implementation here (wrapping `ccm_process` and `ccm_agent`) and a scripted fake in
+//! the tests (`crate::fake`), so that every rule of the dump and restore sessions (rollback,
+//! put-back, strict kill, batch) is tested without root, a GPU or CRIU.
+//!
+//! The real implementations add nothing: each method is the one `ccm_process` or agent call the
+//! sessions made before, so behaviour and log lines stay as they were.
+
+use std::collections::BTreeSet;
+use std::sync::Arc;
+use std::time::Duration;
+
+use ccm_agent::{Agent, AgentError, CuInitInfo, DriverInfo, Lost, NodeInfo, WarmUp};
+use ccm_driver::checkpoint::ProcessState;
+use ccm_driver::nvml::GpuMemory;
+use ccm_identity::image::ProcessEnv;
+use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, PciAddress, PciSignature};
+use ccm_process::container::{ForeignDev, NodeEditError, RuntimeSpec};
+use ccm_process::dir::FileError;
+use ccm_process::mem::ScanReport;
+use ccm_process::{Mapping, ProcessError, PtraceError, ScanScope};
+
+use crate::host::CriuHost;
+use crate::node::Node;
+use crate::preflight::ProcessPlan;
+use crate::reconcile::ReconcileSummary;
+use crate::{Config, EngineError};
+
+/// Everything the sessions do to the processes CRIU hands them, and to the node's `/proc`:
+/// the tree, maps, environment, memory, ptrace, cgroups and a container's `/dev`. Pids are the
+/// plain numbers of CRIU's namespace (`HostPid::get()`).
+pub trait Targets: Send + Sync {
+    /// Whether `pid` maps a file whose name holds `fragment` (libcuda, CRIU's own CUDA plugin).
+    fn maps_library(&self, pid: u32, fragment: &str) -> Result<bool, ProcessError>;
+    /// The pid `pid` has in its own pid namespace.
+    fn ns_pid(&self, pid: u32) -> Option<u32>;
+    /// Every descendant of `pid`.
+    fn children_recursive(&self, pid: u32) -> Vec<u32>;
+    /// Kills `pid` and its tree.
+    fn kill(&self, pid: u32) -> Result<(), ProcessError>;
+    /// The environment variables that decide a process's CUDA ordinals.
+    fn process_env(&self, pid: u32) -> Result<ProcessEnv, ProcessError>;
+    fn read_maps(&self, pid: u32) -> Result<Vec<Mapping>, ProcessError>;
+    /// Minors of the `/dev/nvidiaN` the process holds open or mapped.
+    fn nvidia_minors(&self, pid: u32, maps: &[Mapping]) -> Result<BTreeSet<u32>, ProcessError>;
+    /// The identity scan of the process's memory.
+    fn scan_identity(
+        &self,
+        pid: u32,
+        maps: &[Mapping],
+        wanted: &[(GpuUuid, PciSignature)],
+        props: &[GpuIdentity],
+        scope: ScanScope,
+    ) -> Result<ScanReport, ProcessError>;
+    /// Rewrites and validates a restored process's PCI identity (`crate::reconcile`).
+    fn reconcile(&self, pid: HostPid, plan: &ProcessPlan, node: &Node) -> ReconcileSummary;
+    /// Lets a CRIU-stopped task's restore thread run (ptrace, on the hook's thread only).
+    fn resume_restore_thread(&self, tid: u32) -> Result<Box<dyn RunningThread>, PtraceError>;
+    /// The frozen cgroup `pid` is in, if any.
+    fn frozen_cgroup_of(&self, pid: u32) -> Option<String>;
+    fn thaw(&self, path: &str, deadline: Duration) -> Result<Box<dyn ThawedCgroup>, String>;
+    fn mount_namespace(&self, pid: u32) -> Result<u64, ProcessError>;
+    /// The restored task's `/dev`.
+    fn container_dev(&self, pid: u32) -> Result<DevView, ProcessError>;
+    /// The OCI spec of the runtime that runs this CRIU.
+    fn restoring_runtime_spec(&self) -> Result<Option<RuntimeSpec>, FileError>;
+    /// This node's hostname (recorded in the identity image).
+    fn hostname(&self) -> String;
+    /// The GPUs as the kernel driver lists them in `/proc/driver/nvidia/gpus`.
+    fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, String>;
+}
+
+/// A restore thread let run; [`RunningThread::stop`] stops it again.
+pub trait RunningThread {
+    fn tid(&self) -> u32;
+    fn stop(self: Box<Self>) -> Result<(), PtraceError>;
+}
+
+/// A cgroup the dump thawed, frozen again at its end.
+pub trait ThawedCgroup: Send + std::fmt::Debug {
+    fn path(&self) -> &str;
+    fn refreeze(&self) -> Result<(), String>;
+}
+
+/// A restored task's `/dev`, as the container fix sees it.
+pub enum DevView {
+    /// CRIU's own mount namespace: the host's `/dev`.
+    HostNamespace,
+    /// The container's own tmpfs, which the plugin may edit.
+    Own(Box<dyn OwnDev>),
+    /// Something the plugin must not edit.
+    Foreign { why: ForeignDev, gpu_minors: Vec<u32> },
+}
+
+/// A container's own `/dev`.
+pub trait OwnDev {
+    fn gpu_minors(&self) -> &[u32];
+    /// Entries named `nvidiaN` that are not NVIDIA character devices.
+    fn impostors(&self) -> &[(String, &'static str)];
+    fn create_gpu_node(&self, minor: u32) -> Result<(), NodeEditError>;
+    fn remove_gpu_node(&self, minor: u32) -> Result<(), NodeEditError>;
+}
+
+/// Every call the sessions make on the driver agent (`ccm_agent::Agent`'s, one for one).
+pub trait DriverAgent: Send + Sync {
+    fn driver(&self) -> Result<DriverInfo, AgentError>;
+    fn node(&self) -> Result<NodeInfo, AgentError>;
+    fn cuinit(&self) -> Result<CuInitInfo, AgentError>;
+    fn restore_thread_id(&self, pid: HostPid) -> Result<HostTid, AgentError>;
+    fn restore_thread_id_within(&self, pid: HostPid, deadline: Duration) -> Result<HostTid, AgentError>;
+    fn state(&self, pid: HostPid) -> Result<ProcessState, AgentError>;
+    fn state_within(&self, pid: HostPid, deadline: Duration) -> Result<ProcessState, AgentError>;
+    fn lock(&self, pid: HostPid, timeout_ms: u32, deadline: Duration) -> Result<(), AgentError>;
+    fn checkpoint(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError>;
+    fn restore(&self, pid: HostPid, pairs: &[(GpuUuid, GpuUuid)], deadline: Duration) -> Result<(), AgentError>;
+    fn unlock(&self, pid: HostPid) -> Result<(), AgentError>;
+    fn uuid_at_pci(&self, pci: PciAddress) -> Result<Option<GpuUuid>, AgentError>;
+    fn device_memory(&self) -> Result<Vec<GpuMemory>, AgentError>;
+    /// Why the agent is no longer usable, once it is not.
+    fn lost(&self) -> Option<Lost>;
+    /// Lets the agent end by itself once told to exit.
+    fn exit_without_waiting(&self);
+}
+
+/// Starts a driver agent (at `init`, and for the dump's put-back after a lost one).
+pub trait AgentStarter: Send + Sync {
+    fn start(&self, host: &dyn CriuHost, config: &Config, order: WarmUp) -> Result<Box<dyn DriverAgent>, EngineError>;
+}
+
+/// The seams a session works through.
+#[derive(Clone)]
+pub struct Seams {
+    pub targets: Arc<dyn Targets>,
+    pub agents: Arc<dyn AgentStarter>,
+}
+
+impl Seams {
+    /// The real processes and the real driver agent.
+    pub fn real() -> Seams {
+        Seams { targets: Arc::new(RealTargets), agents: Arc::new(RealAgents) }
+    }
+}
+
+/// [`Targets`] through `ccm_process`.
+#[derive(Debug, Default)]
+pub struct RealTargets;
+
+impl Targets for RealTargets {
+    fn maps_library(&self, pid: u32, fragment: &str) -> Result<bool, ProcessError> {
+        ccm_process::devices::maps_library(pid, fragment)
+    }
+    fn ns_pid(&self, pid: u32) -> Option<u32> {
+        ccm_process::tree::ns_pid(pid).ok()
+    }
+    fn children_recursive(&self, pid: u32) -> Vec<u32> {
+        ccm_process::tree::children_recursive(pid)
+    }
+    fn kill(&self, pid: u32) -> Result<(), ProcessError> {
+        ccm_process::tree::kill(pid)
+    }
+    fn process_env(&self, pid: u32) -> Result<ProcessEnv, ProcessError> {
+        let b = ccm_process::environ::read_environ_block(pid)?;
+        Ok(ProcessEnv {
+            cuda_visible_devices: ccm_process::environ::env_var(&b, "CUDA_VISIBLE_DEVICES"),
+            cuda_device_order: ccm_process::environ::env_var(&b, "CUDA_DEVICE_ORDER"),
+            nvidia_visible_devices: ccm_process::environ::env_var(&b, "NVIDIA_VISIBLE_DEVICES"),
+        })
+    }
+    fn read_maps(&self, pid: u32) -> Result<Vec<Mapping>, ProcessError> {
+        ccm_process::read_maps(pid)
+    }
+    fn nvidia_minors(&self, pid: u32, maps: &[Mapping]) -> Result<BTreeSet<u32>, ProcessError> {
+        ccm_process::devices::nvidia_minors_in_use_with(pid, maps)
+    }
+    fn scan_identity(
+        &self,
+        pid: u32,
+        maps: &[Mapping],
+        wanted: &[(GpuUuid, PciSignature)],
+        props: &[GpuIdentity],
+        scope: ScanScope,
+    ) -> Result<ScanReport, ProcessError> {
+        ccm_process::scan_identity_over(pid, maps, wanted, props, scope)
+    }
+    fn reconcile(&self, pid: HostPid, plan: &ProcessPlan, node: &Node) -> ReconcileSummary {
+        crate::reconcile::reconcile(pid, plan, node)
+    }
+    fn resume_restore_thread(&self, tid: u32) -> Result<Box<dyn RunningThread>, PtraceError> {
+        Ok(Box::new(ccm_process::ptrace::resume_restore_thread(tid)?))
+    }
+    fn frozen_cgroup_of(&self, pid: u32) -> Option<String> {
+        ccm_process::cgroup::frozen_cgroup_of(pid)
+    }
+    fn thaw(&self, path: &str, deadline: Duration) -> Result<Box<dyn ThawedCgroup>, String> {
+        Ok(Box::new(ccm_process::cgroup::thaw(path, deadline)?))
+    }
+    fn mount_namespace(&self, pid: u32) -> Result<u64, ProcessError> {
+        ccm_process::container::mount_namespace(pid)
+    }
+    fn container_dev(&self, pid: u32) -> Result<DevView, ProcessError> {
+        use ccm_process::container::DevView as V;
+        Ok(match ccm_process::container::container_dev(pid)? {
+            V::HostNamespace => DevView::HostNamespace,
+            V::Own(d) => DevView::Own(Box::new(d)),
+            V::Foreign { why, gpu_minors } => DevView::Foreign { why, gpu_minors },
+        })
+    }
+    fn restoring_runtime_spec(&self) -> Result<Option<RuntimeSpec>, FileError> {
+        ccm_process::container::restoring_runtime_spec()
+    }
+    fn hostname(&self) -> String {
+        std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
+    }
+    fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, String> {
+        ccm_driver::procfs::gpus().map_err(|e| e.to_string())
+    }
+}
+
+impl RunningThread for ccm_process::RunningRestoreThread {
+    fn tid(&self) -> u32 {
+        ccm_process::RunningRestoreThread::tid(self)
+    }
+    fn stop(self: Box<Self>) -> Result<(), PtraceError> {
+        ccm_process::RunningRestoreThread::stop(*self)
+    }
+}
+
+impl ThawedCgroup for ccm_process::cgroup::Thawed {
+    fn path(&self) -> &str {
+        &self.path
+    }
+    fn refreeze(&self) -> Result<(), String> {
+        ccm_process::cgroup::Thawed::refreeze(self)
+    }
+}
+
+impl OwnDev for ccm_process::container::ContainerDev {
+    fn gpu_minors(&self) -> &[u32] {
+        &self.gpu_minors
+    }
+    fn impostors(&self) -> &[(String, &'static str)] {
+        &self.impostors
+    }
+    fn create_gpu_node(&self, minor: u32) -> Result<(), NodeEditError> {
+        ccm_process::container::create_gpu_node(self, minor)
+    }
+    fn remove_gpu_node(&self, minor: u32) -> Result<(), NodeEditError> {
+        ccm_process::container::remove_gpu_node(self, minor)
+    }
+}
+
+/// [`AgentStarter`] that forks the real driver agent.
+#[derive(Debug, Default)]
+pub struct RealAgents;
+
+impl AgentStarter for RealAgents {
+    fn start(&self, host: &dyn CriuHost, config: &Config, order: WarmUp) -> Result<Box<dyn DriverAgent>, EngineError> {
+        Ok(Box::new(crate::node::spawn_agent(host, config, order)?))
+    }
+}
+
+impl DriverAgent for Agent {
+    fn driver(&self) -> Result<DriverInfo, AgentError> {
+        Agent::driver(self)
+    }
+    fn node(&self) -> Result<NodeInfo, AgentError> {
+        Agent::node(self)
+    }
+    fn cuinit(&self) -> Result<CuInitInfo, AgentError> {
+        Agent::cuinit(self)
+    }
+    fn restore_thread_id(&self, pid: HostPid) -> Result<HostTid, AgentError> {
+        Agent::restore_thread_id(self, pid)
+    }
+    fn restore_thread_id_within(&self, pid: HostPid, deadline: Duration) -> Result<HostTid, AgentError> {
+        Agent::restore_thread_id_within(self, pid, deadline)
+    }
+    fn state(&self, pid: HostPid) -> Result<ProcessState, AgentError> {
+        Agent::state(self, pid)
+    }
+    fn state_within(&self, pid: HostPid, deadline: Duration) -> Result<ProcessState, AgentError> {
+        Agent::state_within(self, pid, deadline)
+    }
+    fn lock(&self, pid: HostPid, timeout_ms: u32, deadline: Duration) -> Result<(), AgentError> {
+        Agent::lock(self, pid, timeout_ms, deadline)
+    }
+    fn checkpoint(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError> {
+        Agent::checkpoint(self, pid, deadline)
+    }
+    fn restore(&self, pid: HostPid, pairs: &[(GpuUuid, GpuUuid)], deadline: Duration) -> Result<(), AgentError> {
+        Agent::restore(self, pid, pairs, deadline)
+    }
+    fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
+        Agent::unlock(self, pid)
+    }
+    fn uuid_at_pci(&self, pci: PciAddress) -> Result<Option<GpuUuid>, AgentError> {
+        Agent::uuid_at_pci(self, pci)
+    }
+    fn device_memory(&self) -> Result<Vec<GpuMemory>, AgentError> {
+        Agent::device_memory(self)
+    }
+    fn lost(&self) -> Option<Lost> {
+        Agent::lost(self)
+    }
+    fn exit_without_waiting(&self) {
+        Agent::exit_without_waiting(self)
+    }
+}
+
+/// The put-back of `ccm_driver::checkpoint` through whichever agent the session holds.
+impl ccm_driver::checkpoint::PutBackCalls for dyn DriverAgent + '_ {
+    type Error = AgentError;
+    fn restore_in_place(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError> {
+        self.restore(pid, &[], deadline)
+    }
+    fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
+        DriverAgent::unlock(self, pid)
+    }
+}
