@@ -57,9 +57,36 @@ pub enum ArchiveError {
     #[error("`{archive}`: truncated archive: {what}")]
     Truncated { archive: String, what: Truncation },
 
-    /// A member's path climbs out of the archive or is absolute.
+    /// A member's path climbs out of the archive, is absolute or is too long.
     #[error("`{archive}`: member `{member}` is refused: {rule}")]
     UnsafePath { archive: String, member: String, rule: PathRule },
+
+    /// A link's target climbs out of the archive, is absolute or is too long.
+    #[error(
+        "`{archive}`: member `{member}` is a link to `{target}`, which is refused: {rule}; a checkpoint archive's \
+         links stay inside it"
+    )]
+    UnsafeLinkTarget { archive: String, member: String, target: String, rule: PathRule },
+
+    /// A member (or a hard link's target) whose path is, or runs through, a link an earlier member
+    /// made: an extractor would write through that link (`x -> checkpoint`, then
+    /// `x/cuda-migrate-1.img`), so what it unpacks is not what this reader names.
+    #[error(
+        "`{archive}`: member `{member}` is refused: `{path}` is or runs through `{link}`, which an earlier \
+         member made {kind}, so tar would write it through that link; a checkpoint archive never does this: \
+         re-export the checkpoint"
+    )]
+    ThroughLink { archive: String, member: String, path: String, link: String, kind: &'static str },
+
+    /// A header that tar readers would name or lay out differently (a ustar version other than
+    /// `00`, a star trailer, a PAX `GNU.sparse.*` record, an unknown type, ...): what `inspect`
+    /// shows would not be what a restore unpacks.
+    #[error(
+        "`{archive}`: the tar header at offset {offset} is read differently by different tar readers \
+         (GNU tar, Python, Go's archive/tar): {reason}; refused, since what this tool reads must be what a \
+         restore unpacks: re-export the checkpoint with podman or the kubelet"
+    )]
+    Ambiguous { archive: String, offset: u64, reason: &'static str },
 
     /// A member named like one this crate reads (identity image, restore report, `spec.dump`,
     /// `inventory.img`) is a link, directory or special file.
@@ -105,6 +132,13 @@ pub enum ArchiveError {
         Bytes(*.max)
     )]
     KeptLimit { archive: String, max: u64 },
+
+    /// More identity images than [`crate::MAX_IMAGES`].
+    #[error(
+        "`{archive}` holds more than {max} identity images (checkpoint/cuda-migrate-*.img), more than this tool \
+         reads: a checkpoint holds one per CUDA process; remove the images that are not this dump's"
+    )]
+    TooManyImages { archive: String, max: usize },
 
     /// A well-formed tar that holds no `checkpoint/` directory.
     #[error(
@@ -166,14 +200,25 @@ pub enum PathRule {
     Absolute,
     /// Has a `..` component.
     ParentDir,
+    /// Is [`crate::PATH_MAX`] bytes long or longer: no file of Linux has such a path.
+    TooLong { len: usize },
 }
 
 impl fmt::Display for PathRule {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            PathRule::Absolute => "it is an absolute path (a checkpoint archive holds relative paths only)",
-            PathRule::ParentDir => "it has a `..` component (a path that climbs out of the archive's root)",
-        })
+        match self {
+            PathRule::Absolute => {
+                f.write_str("it is an absolute path (a checkpoint archive holds relative paths only)")
+            }
+            PathRule::ParentDir => {
+                f.write_str("it has a `..` component (a path that climbs out of the archive's root)")
+            }
+            PathRule::TooLong { len } => write!(
+                f,
+                "it is {len} bytes long, and a path on Linux is shorter than PATH_MAX ({} bytes)",
+                crate::PATH_MAX
+            ),
+        }
     }
 }
 

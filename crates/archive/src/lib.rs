@@ -32,10 +32,16 @@
 //! - **Streamed, never unpacked.** Members we do not keep are stepped over: seeked over in a plain
 //!   file, read through and dropped in a compressed one. Memory holds the kept members, one skip
 //!   buffer, and the decoder's window (zstd windows are capped at 128 MiB).
-//! - **Member paths** must be relative and free of `..` components, for every member, even one that
-//!   is skipped ([`ArchiveError::UnsafePath`]): such an archive is hostile or broken, and whoever
-//!   restores it with another tool would write outside its directory. Names are compared after
-//!   dropping `.` and empty components, so `./checkpoint/x` and `checkpoint//x` are `checkpoint/x`.
+//! - **Member paths** must be relative, free of `..` components and shorter than [`PATH_MAX`], for
+//!   every member, even one that is skipped ([`ArchiveError::UnsafePath`]): such an archive is
+//!   hostile or broken, and whoever restores it with another tool would write outside its directory.
+//!   A link's target is held to the same rules ([`ArchiveError::UnsafeLinkTarget`]). Names are
+//!   compared after dropping `.` and empty components, so `./checkpoint/x` and `checkpoint//x` are
+//!   `checkpoint/x`.
+//! - **No member goes through a link.** A member whose path is, or runs through, a link an earlier
+//!   member made (`x -> checkpoint`, then `x/cuda-migrate-1.img`) is refused
+//!   ([`ArchiveError::ThroughLink`]): an extractor writes it where the link points, under a name
+//!   this reader would not recognize.
 //! - **The members we read must be unique regular files.** A link, directory or device under the name
 //!   of an identity image, restore report, `spec.dump` or `inventory.img` is refused
 //!   ([`ArchiveError::NotRegularMember`]), so the report cannot describe another file than the one a
@@ -43,8 +49,9 @@
 //!   names are skipped: nothing here follows or creates them.
 //! - **Sizes are capped before reading.** An identity image may be
 //!   [`ccm_identity::image::MAX_IMAGE_BYTES`], a restore report [`MAX_REPORT_BYTES`], `spec.dump`
-//!   [`MAX_SPEC_BYTES`], a GNU long name or PAX header [`MAX_EXTENSION_BYTES`]; a larger one is refused
-//!   from its header ([`ArchiveError::MemberTooLarge`]). [`Limits`] caps the number of members, the
+//!   [`MAX_SPEC_BYTES`], a PAX header [`MAX_EXTENSION_BYTES`], a GNU long name [`PATH_MAX`]; a larger
+//!   one is refused from its header ([`ArchiveError::MemberTooLarge`]); at most [`MAX_IMAGES`]
+//!   identity images are read ([`ArchiveError::TooManyImages`]). [`Limits`] caps the number of members, the
 //!   kept bytes together and the tar bytes scanned, so a gzip or zstd bomb ends at the limit in
 //!   bounded time and memory ([`ArchiveError::ScanLimit`]); the message says how to get past a limit
 //!   that is too small for a real checkpoint (raise it, or unpack the archive and point the tool at
@@ -56,7 +63,13 @@
 //! - **Readers must not disagree.** Where Go's archive/tar (the reader of Podman and containerd) and
 //!   other readers would walk the stream differently (a malformed PAX record, a link or directory
 //!   with data, two long names for one member), the archive is refused
-//!   ([`ArchiveError::CorruptHeader`]): what `inspect` shows must be what a restore gets.
+//!   ([`ArchiveError::CorruptHeader`]); where GNU tar, Python's `tarfile` and Go would name a member
+//!   differently from this reader (a PAX `GNU.sparse.*` record, a `ustar\0` header of a version
+//!   other than `00`, a star trailer, bytes in a GNU header where ustar's prefix would be, a tar type
+//!   outside POSIX's and GNU's long-name and sparse ones, a PAX global header with `path`, `linkpath`
+//!   or `size`, a GNU long name that differs from the PAX path), too ([`ArchiveError::Ambiguous`]):
+//!   what `inspect` shows must be what a restore gets. The tests hold [`member_names`] against GNU
+//!   tar's and Python's listings.
 //! - **Messages** name the archive, the member and the rule, never a member's contents, with control
 //!   characters of names escaped.
 //!
@@ -85,6 +98,11 @@ pub const MAX_REPORT_BYTES: u64 = 1024 * 1024;
 pub const MAX_SPEC_BYTES: u64 = 4 * 1024 * 1024;
 /// Upper bound of a GNU long-name/long-link or PAX extension header (Go's archive/tar's bound).
 pub const MAX_EXTENSION_BYTES: u64 = 1024 * 1024;
+/// Most identity images read from one archive (a checkpoint holds one per CUDA process); the
+/// preflight's directory read has the same bound.
+pub const MAX_IMAGES: usize = 4096;
+/// Linux's PATH_MAX: every member name and link target is shorter.
+pub const PATH_MAX: usize = name::PATH_MAX;
 /// Default of [`Limits::max_scanned_bytes`]: 256 GiB of tar data.
 pub const DEFAULT_MAX_SCANNED_BYTES: u64 = 256 << 30;
 /// Default of [`Limits::max_members`].
@@ -101,7 +119,8 @@ pub struct Limits {
     pub max_scanned_bytes: u64,
     /// Members at most (each one costs a header and a name check).
     pub max_members: u64,
-    /// Bytes of identity images, restore reports and `spec.dump` held together at most.
+    /// Bytes of identity images, restore reports and `spec.dump` held together at most, their names
+    /// (and those of link members, which are remembered) counted in.
     pub max_kept_bytes: u64,
 }
 
@@ -186,6 +205,17 @@ pub fn read_archive(path: &Path, limits: &Limits) -> Result<CheckpointArchive, A
 pub fn read_archive_from(reader: impl Read, path: &Path, limits: &Limits) -> Result<CheckpointArchive, ArchiveError> {
     let (input, compression) = input::from_reader(path, reader)?;
     finish(path, compression, walk::Walk::new(input, compression, input::shown_path(path), limits).run()?)
+}
+
+/// The name of every member of the archive at `path`, in order, as this reader resolves it (GNU long
+/// name, PAX path, ustar prefix), after the same rules as [`read_archive`] (a tar that holds no
+/// `checkpoint/` is listed too). Extension headers and PAX global headers are no members. This is what
+/// the tests hold against GNU tar's and Python's listings: a name this reader sees must be the name
+/// every mainstream reader sees. Names count toward [`Limits::max_kept_bytes`].
+pub fn member_names(path: &Path, limits: &Limits) -> Result<Vec<Vec<u8>>, ArchiveError> {
+    let (file, len) = input::open(path)?;
+    let (input, compression) = input::from_file(path, file, len)?;
+    walk::Walk::new(input, compression, input::shown_path(path), limits).names()
 }
 
 fn finish(path: &Path, compression: Compression, found: walk::Found) -> Result<CheckpointArchive, ArchiveError> {

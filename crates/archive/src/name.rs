@@ -37,9 +37,15 @@ impl Role {
     }
 }
 
+/// Linux's PATH_MAX: a path is shorter, with room for its NUL.
+pub(crate) const PATH_MAX: usize = 4096;
+
 /// The components of a member name with `.` and empty ones dropped (`./checkpoint//x` is
 /// `checkpoint/x`, as every extractor sees it), or the rule it breaks.
 pub(crate) fn components(raw: &[u8]) -> Result<Vec<&[u8]>, PathRule> {
+    if raw.len() >= PATH_MAX {
+        return Err(PathRule::TooLong { len: raw.len() });
+    }
     if raw.first() == Some(&b'/') {
         return Err(PathRule::Absolute);
     }
@@ -113,6 +119,8 @@ mod tests {
         assert_eq!(components(b"a/.."), Err(PathRule::ParentDir));
         // `..` inside a component is just a name.
         assert!(components(b"a/..b/c..").is_ok());
+        assert_eq!(components(&[b'a'; PATH_MAX]), Err(PathRule::TooLong { len: PATH_MAX }));
+        assert!(components(&[b'a'; PATH_MAX - 1]).is_ok());
     }
 
     #[test]

@@ -15,12 +15,18 @@ use crate::error::{ArchiveError, Truncation};
 use crate::input::{self, Input};
 use crate::name::{self, Role};
 use crate::pax::{self, Pax};
-use crate::{ArchiveFile, Compression, Limits, MAX_EXTENSION_BYTES, MAX_IMAGE_BYTES, MAX_REPORT_BYTES, MAX_SPEC_BYTES};
+use crate::{
+    ArchiveFile, Compression, Limits, MAX_EXTENSION_BYTES, MAX_IMAGES, MAX_IMAGE_BYTES, MAX_REPORT_BYTES,
+    MAX_SPEC_BYTES,
+};
 
 /// Tar's block: every header is one, every member's data is padded to a multiple of it.
 const BLOCK: u64 = 512;
 /// Buffer for reading through skipped data of a compressed archive.
 const SKIP_CHUNK: usize = 128 * 1024;
+/// What one path component of a link is counted as in [`Limits::max_kept_bytes`]: its node in the
+/// tree of links and its entry in the parent's map.
+const LINK_NODE_BYTES: usize = 256;
 
 /// What a walk found; [`crate::read_archive`] turns it into a [`crate::CheckpointArchive`].
 #[derive(Default)]
@@ -32,6 +38,10 @@ pub(crate) struct Found {
     pub(crate) has_checkpoint: bool,
     pub(crate) members: usize,
     pub(crate) bytes_scanned: u64,
+    /// Identity images kept.
+    image_count: usize,
+    /// Every member's name as resolved (GNU long name, PAX path, ustar prefix), when asked for.
+    pub(crate) names: Option<Vec<Vec<u8>>>,
 }
 
 /// Extension headers (GNU `L`/`K`, PAX `x`) read since the last member, for the member after them.
@@ -40,8 +50,8 @@ struct Pending {
     /// Offset of the first of them, for messages.
     offset: Option<u64>,
     long_name: Option<Vec<u8>>,
-    /// A GNU long link name: only ever a link's target, which we do not use.
-    long_link: bool,
+    /// A GNU long link name: a link's target.
+    long_link: Option<Vec<u8>>,
     pax: Option<Pax>,
 }
 
@@ -61,11 +71,20 @@ impl<'a, 'l> Walk<'a, 'l> {
         Walk { input, compression, archive, limits, pos: 0, chunk: Vec::new() }
     }
 
-    pub(crate) fn run(mut self) -> Result<Found, ArchiveError> {
-        let mut found = Found::default();
+    pub(crate) fn run(self) -> Result<Found, ArchiveError> {
+        self.walk(Found::default())
+    }
+
+    /// Walks the whole archive by the same rules as [`Walk::run`] and returns every member's name.
+    pub(crate) fn names(self) -> Result<Vec<Vec<u8>>, ArchiveError> {
+        Ok(self.walk(Found { names: Some(Vec::new()), ..Found::default() })?.names.unwrap_or_default())
+    }
+
+    fn walk(mut self, mut found: Found) -> Result<Found, ArchiveError> {
         // Canonical path of each recognized member → its name as first seen.
         let mut seen: HashMap<Vec<u8>, String> = HashMap::new();
         let mut kept_bytes = 0u64;
+        let mut links = LinkTree::default();
         let mut pending = Pending::default();
         let mut header = Header::new_old();
         loop {
@@ -94,6 +113,8 @@ impl<'a, 'l> Walk<'a, 'l> {
             let header_size =
                 header.entry_size().map_err(|_| self.corrupt(offset, "its size field is unreadable".into()))?;
 
+            self.check_dialect(&header, offset)?;
+
             if matches!(kind, EntryType::GNULongName | EntryType::GNULongLink | EntryType::XHeader) {
                 self.extension(&mut pending, kind, offset, header_size)?;
                 continue;
@@ -106,18 +127,27 @@ impl<'a, 'l> Walk<'a, 'l> {
                     max: self.limits.max_members,
                 });
             }
-            let Pending { offset: extensions_at, long_name, pax, .. } = std::mem::take(&mut pending);
+            let Pending { offset: extensions_at, long_name, long_link, pax } = std::mem::take(&mut pending);
             if kind == EntryType::XGlobalHeader {
                 // Go's archive/tar and the `tar` crate apply none of a global header's records to
-                // later members; neither do we. Between a member's own extensions and the member it
-                // would make readers disagree on which member those extensions describe.
+                // later members; GNU tar applies all of them and Python some, so a global header
+                // may hold none that names or sizes a member (`pax::parse` refuses those). Between a
+                // member's own extensions and the member it would make readers disagree on which
+                // member those extensions describe.
                 if let Some(at) = extensions_at {
                     return Err(self.corrupt(at, "extension headers followed by a PAX global header".into()));
                 }
-                self.skip_member("(a PAX global header)", offset, header_size)?;
+                self.global(offset, header_size)?;
                 continue;
             }
-            let (pax_path, pax_size) = pax.map_or((None, None), |p| (p.path, p.size));
+            let (pax_path, pax_link, pax_size) = pax.map_or((None, None, None), |p| (p.path, p.linkpath, p.size));
+            if let (Some(long), Some(pax)) = (&long_name, &pax_path) {
+                if long != pax {
+                    // Go, GNU tar and the `tar` crate take the GNU long name, Python the one that
+                    // came last.
+                    return Err(self.ambiguous(offset, "a member with both a GNU long name and a different PAX path"));
+                }
+            }
 
             // The path rules hold for every name the member carries, not only the one we use
             // (GNU long name, then PAX path, then the header's, as Go and the `tar` crate choose):
@@ -137,16 +167,79 @@ impl<'a, 'l> Walk<'a, 'l> {
             let member = name::shown(raw_name);
             let size = pax_size.unwrap_or(header_size);
 
-            if is_header_only(kind) && size != 0 {
+            // An extractor writes a member through a link an earlier member made: `x -> checkpoint`
+            // then `x/cuda-migrate-1.img` is an identity image to GNU tar and Python. Refused, and
+            // so is a member at the path of an earlier link (Python writes it into the link's target).
+            if let Some((link, link_kind)) = links.lookup(&components, true) {
+                return Err(ArchiveError::ThroughLink {
+                    archive: self.archive.clone(),
+                    path: member.clone(),
+                    member,
+                    link: link.to_string(),
+                    kind: link_kind,
+                });
+            }
+            if matches!(kind, EntryType::Link | EntryType::Symlink) {
+                let header_link = header.link_name_bytes().map(|l| l.into_owned());
+                if let (Some(long), Some(pax)) = (&long_link, &pax_link) {
+                    if long != pax {
+                        return Err(self
+                            .ambiguous(offset, "a link with both a GNU long link name and a different PAX linkpath"));
+                    }
+                }
+                for target in [header_link.as_deref(), long_link.as_deref(), pax_link.as_deref()].into_iter().flatten()
+                {
+                    let through = match name::components(target) {
+                        // A hard link's target is a member path: it must not run through a link
+                        // either. A symbolic link's is relative to its own directory.
+                        Ok(parts) if kind == EntryType::Link => links.lookup(&parts, false),
+                        Ok(_) => None,
+                        Err(rule) => {
+                            return Err(ArchiveError::UnsafeLinkTarget {
+                                archive: self.archive.clone(),
+                                member,
+                                target: name::shown(target),
+                                rule,
+                            })
+                        }
+                    };
+                    if let Some((link, link_kind)) = through {
+                        return Err(ArchiveError::ThroughLink {
+                            archive: self.archive.clone(),
+                            member,
+                            path: name::shown(target),
+                            link: link.to_string(),
+                            kind: link_kind,
+                        });
+                    }
+                }
+                if !components.is_empty() {
+                    // The tree's nodes cost more than their names: count each component generously.
+                    kept_bytes += (raw_name.len() + member.len() + LINK_NODE_BYTES * components.len()) as u64;
+                    self.kept(kept_bytes)?;
+                    links.insert(&components, member.clone(), kind_name(kind, false));
+                }
+            }
+            if let Some(names) = &mut found.names {
+                kept_bytes += raw_name.len() as u64;
+                self.kept(kept_bytes)?;
+                names.push(raw_name.to_vec());
+            }
+
+            // Go and Python take a regular member whose header name ends in `/` for a directory
+            // even where a long name or PAX path without one replaces that name.
+            let is_dir = kind == EntryType::Directory
+                || (kind == EntryType::Regular && (raw_name.ends_with(b"/") || header_name.ends_with(b"/")));
+            if (is_header_only(kind) || is_dir) && size != 0 {
                 // Go's archive/tar (Podman's and containerd's reader) reads no data for these types
                 // whatever the size field says, GNU tar and the `tar` crate read `size` bytes: the
-                // readers would disagree on where the next header is. No writer does this.
+                // readers would disagree on where the next header is (Go and Python take a regular
+                // member whose name ends in `/` for a directory too). No writer does this.
                 return Err(self.corrupt(
                     offset,
-                    format!("member `{member}` is {} with {size} bytes of data", kind_name(kind, false)),
+                    format!("member `{member}` is {} with {size} bytes of data", kind_name(kind, is_dir)),
                 ));
             }
-            let is_dir = kind == EntryType::Directory || (kind == EntryType::Regular && raw_name.ends_with(b"/"));
             let role = name::role(&components, is_dir);
             found.has_checkpoint |= role.in_checkpoint();
 
@@ -174,6 +267,10 @@ impl<'a, 'l> Walk<'a, 'l> {
                         first: first.clone(),
                     });
                 }
+                // Names count toward what is held, like data: 3,000 members named by 1 MiB PAX
+                // paths once held 3 GB.
+                kept_bytes += (key.len() + raw_name.len() + member.len()) as u64;
+                self.kept(kept_bytes)?;
                 seen.insert(key, member.clone());
             }
 
@@ -192,8 +289,12 @@ impl<'a, 'l> Walk<'a, 'l> {
                 return Err(ArchiveError::MemberTooLarge { archive: self.archive.clone(), member, what, size, max });
             }
             kept_bytes += size;
-            if kept_bytes > self.limits.max_kept_bytes {
-                return Err(ArchiveError::KeptLimit { archive: self.archive.clone(), max: self.limits.max_kept_bytes });
+            self.kept(kept_bytes)?;
+            if role == Role::Image {
+                found.image_count += 1;
+                if found.image_count > MAX_IMAGES {
+                    return Err(ArchiveError::TooManyImages { archive: self.archive.clone(), max: MAX_IMAGES });
+                }
             }
             let bytes = self.read_member(&member, offset, size)?;
             let file = ArchiveFile {
@@ -224,19 +325,27 @@ impl<'a, 'l> Walk<'a, 'l> {
             EntryType::GNULongLink => "a GNU long-link header",
             _ => "a PAX header",
         };
-        // Go's archive/tar caps these at 1 MiB too; a path is at most 4 KiB on Linux.
-        if size > MAX_EXTENSION_BYTES {
-            return Err(self.corrupt(
-                offset,
-                format!("{what} of {} (at most {} are read)", crate::error::Bytes(size), MAX_EXTENSION_BYTES),
-            ));
+        // Go's archive/tar caps these at 1 MiB too; a path is shorter than PATH_MAX on Linux, so a
+        // GNU long name or link (a C string) is at most PATH_MAX bytes with its NUL.
+        let max = match kind {
+            EntryType::XHeader => MAX_EXTENSION_BYTES,
+            _ => name::PATH_MAX as u64,
+        };
+        if size > max {
+            return Err(
+                self.corrupt(offset, format!("{what} of {} (at most {max} bytes are read)", crate::error::Bytes(size)))
+            );
         }
         let data = self.read_member(&format!("({what})"), offset, size)?;
+        if kind != EntryType::XHeader && data.first().is_none_or(|&b| b == 0) {
+            // Go's archive/tar ignores an empty one and keeps the header's name; the others do not.
+            return Err(self.ambiguous(offset, "an empty GNU long name or long link name"));
+        }
         let duplicate = match kind {
             EntryType::GNULongName => pending.long_name.replace(cut_at_nul(data)).is_some(),
-            EntryType::GNULongLink => std::mem::replace(&mut pending.long_link, true),
+            EntryType::GNULongLink => pending.long_link.replace(cut_at_nul(data)).is_some(),
             _ => {
-                let pax = pax::parse(&data).map_err(|reason| self.corrupt(offset, reason.into()))?;
+                let pax = pax::parse(&data, pax::Scope::Local).map_err(|reason| self.refused_pax(offset, reason))?;
                 pending.pax.replace(pax).is_some()
             }
         };
@@ -248,12 +357,96 @@ impl<'a, 'l> Walk<'a, 'l> {
         Ok(())
     }
 
-    /// Old-style GNU sparse members carry more 512-byte maps between header and data.
+    /// Reads a PAX global header and checks that it holds no record that some readers would apply
+    /// to later members' names or sizes.
+    fn global(&mut self, offset: u64, size: u64) -> Result<(), ArchiveError> {
+        const WHAT: &str = "(a PAX global header)";
+        if size > MAX_EXTENSION_BYTES {
+            return Err(self.corrupt(
+                offset,
+                format!(
+                    "a PAX global header of {} (at most {MAX_EXTENSION_BYTES} bytes are read)",
+                    crate::error::Bytes(size)
+                ),
+            ));
+        }
+        let data = self.read_member(WHAT, offset, size)?;
+        pax::parse(&data, pax::Scope::Global).map_err(|reason| self.refused_pax(offset, reason))?;
+        Ok(())
+    }
+
+    /// A PAX header that is malformed (corrupt), or that readers apply differently (ambiguous).
+    fn refused_pax(&self, offset: u64, error: pax::PaxError) -> ArchiveError {
+        match error {
+            pax::PaxError::Malformed(reason) => self.corrupt(offset, reason.into()),
+            pax::PaxError::Ambiguous(reason) => self.ambiguous(offset, reason),
+        }
+    }
+
+    /// Refuses headers that GNU tar, Python's `tarfile`, Go's archive/tar and the `tar` crate (whose
+    /// field decoding this walk uses) would name differently.
+    fn check_dialect(&self, header: &Header, offset: u64) -> Result<(), ArchiveError> {
+        let b = header.as_bytes();
+        let flag = b[156];
+        if !matches!(flag, 0 | b'0'..=b'7' | b'x' | b'g' | b'L' | b'K' | b'S') {
+            // GNU tar lists `V` (a volume label), `M`, `N`, `D` by rules of its own; Python and GNU
+            // tar read `X` as a PAX header, Go and the `tar` crate as a file.
+            return Err(
+                self.ambiguous(offset, "a tar type other than those of POSIX, PAX and GNU long names or sparse files")
+            );
+        }
+        let (magic, version) = (&b[257..263], &b[263..265]);
+        if magic == b"ustar\0" {
+            if version != b"00" {
+                // GNU tar, Python and Go read the prefix field of any `ustar\0` header; the `tar`
+                // crate only when the version is `00`.
+                return Err(self.ambiguous(offset, "a ustar header (magic `ustar\\0`) whose version is not `00`"));
+            }
+            if &b[508..512] == b"tar\0" {
+                // Go reads 131 bytes of prefix there (the rest are times), the others 155.
+                return Err(self.ambiguous(offset, "a ustar header with a star trailer (`tar\\0` at byte 508)"));
+            }
+        } else if b[345] != 0 && !matches!(flag, b'L' | b'K' | b'S' | b'x' | b'g') {
+            // GNU and pre-POSIX headers have no prefix field, but Python's `tarfile` prefixes the
+            // name with whatever string those bytes hold.
+            return Err(
+                self.ambiguous(offset, "a GNU or pre-POSIX header with bytes where ustar's name prefix would be")
+            );
+        }
+        Ok(())
+    }
+
+    /// Refuses to hold more than [`Limits::max_kept_bytes`] (kept data and names).
+    fn kept(&self, kept_bytes: u64) -> Result<(), ArchiveError> {
+        if kept_bytes > self.limits.max_kept_bytes {
+            return Err(ArchiveError::KeptLimit { archive: self.archive.clone(), max: self.limits.max_kept_bytes });
+        }
+        Ok(())
+    }
+
+    /// Old-style GNU sparse members carry more 512-byte maps between header and data. GNU tar reads
+    /// the next map only while every entry of the one before was present and valid (an offset and
+    /// length within the file's real size); Go, Python and the `tar` crate read it whenever the
+    /// `isextended` flag says so. A map that would make them disagree on where the data starts is
+    /// refused.
     fn skip_sparse_extensions(&mut self, header: &Header, offset: u64) -> Result<(), ArchiveError> {
         let Some(gnu) = header.as_gnu() else {
             return Err(self.corrupt(offset, "a GNU sparse member without a GNU header".into()));
         };
+        let real_size =
+            gnu.real_size().map_err(|_| self.corrupt(offset, "its sparse real size is unreadable".into()))?;
+        const BROKEN: &str = "a GNU sparse map that says more maps follow after an entry that is missing or out of \
+                              the file's bounds (GNU tar then reads no more maps, other readers do)";
+        let full = |entries: &[tar::GnuSparseHeader]| {
+            entries.iter().all(|e| {
+                e.numbytes[0] != 0
+                    && matches!((e.offset(), e.length()), (Ok(o), Ok(n)) if o.checked_add(n).is_some_and(|end| end <= real_size))
+            })
+        };
         let mut extended = gnu.is_extended();
+        if extended && !full(&gnu.sparse) {
+            return Err(self.ambiguous(offset, BROKEN));
+        }
         let mut ext = GnuExtSparseHeader::new();
         while extended {
             let at = self.pos;
@@ -262,6 +455,9 @@ impl<'a, 'l> Walk<'a, 'l> {
                 return Err(self.truncated(Truncation::InHeader { offset: at }));
             }
             extended = ext.is_extended();
+            if extended && !full(ext.sparse()) {
+                return Err(self.ambiguous(at, BROKEN));
+            }
         }
         Ok(())
     }
@@ -390,12 +586,66 @@ impl<'a, 'l> Walk<'a, 'l> {
         ArchiveError::NotTar { archive: self.archive.clone(), why }
     }
 
+    fn ambiguous(&self, offset: u64, reason: &'static str) -> ArchiveError {
+        ArchiveError::Ambiguous { archive: self.archive.clone(), offset, reason }
+    }
+
     fn corrupt(&self, offset: u64, reason: String) -> ArchiveError {
         ArchiveError::CorruptHeader { archive: self.archive.clone(), offset, reason }
     }
 
     fn truncated(&self, what: Truncation) -> ArchiveError {
         ArchiveError::Truncated { archive: self.archive.clone(), what }
+    }
+}
+
+/// The links earlier members made, as a tree of path components, so that a member's path is checked
+/// against all of them in one pass over its components.
+#[derive(Default)]
+struct LinkTree {
+    nodes: Vec<LinkNode>,
+}
+
+#[derive(Default)]
+struct LinkNode {
+    children: HashMap<Vec<u8>, usize>,
+    /// The link's name (shown) and kind, where a link member has this path.
+    link: Option<(String, &'static str)>,
+}
+
+impl LinkTree {
+    /// The first earlier link that `path` runs through (or is, with `or_equal`).
+    fn lookup(&self, path: &[&[u8]], or_equal: bool) -> Option<(&str, &'static str)> {
+        let mut at = 0;
+        for (i, part) in path.iter().enumerate() {
+            at = *self.nodes.get(at)?.children.get(*part)?;
+            let node = &self.nodes[at];
+            if let Some((name, kind)) = &node.link {
+                if i + 1 < path.len() || or_equal {
+                    return Some((name, kind));
+                }
+            }
+        }
+        None
+    }
+
+    fn insert(&mut self, path: &[&[u8]], shown: String, kind: &'static str) {
+        if self.nodes.is_empty() {
+            self.nodes.push(LinkNode::default());
+        }
+        let mut at = 0;
+        for part in path {
+            at = match self.nodes[at].children.get(*part) {
+                Some(&next) => next,
+                None => {
+                    let next = self.nodes.len();
+                    self.nodes.push(LinkNode::default());
+                    self.nodes[at].children.insert(part.to_vec(), next);
+                    next
+                }
+            };
+        }
+        self.nodes[at].link.get_or_insert((shown, kind));
     }
 }
 

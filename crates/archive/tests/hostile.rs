@@ -134,7 +134,7 @@ fn not_regular(err: &ArchiveError) -> (&str, &str) {
 #[test]
 fn symlink_named_like_an_identity_image_is_refused() {
     let err = refuse(&around(|t| {
-        t.link(EntryType::Symlink, "checkpoint/cuda-migrate-7.img", "/etc/shadow");
+        t.link(EntryType::Symlink, "checkpoint/cuda-migrate-7.img", "pages-1.img");
     }));
     assert_eq!(not_regular(&err), ("checkpoint/cuda-migrate-7.img", "a symbolic link"));
     assert!(err.to_string().contains("must be a regular file"));
@@ -560,4 +560,310 @@ fn missing_archive_is_an_open_error() {
     let (result, took) = timed(|| read_archive(&path, &Limits::default()));
     assert!(matches!(result, Err(ArchiveError::Open { .. })));
     assert!(took < Duration::from_secs(1));
+}
+
+// --- every tar reader must name each member alike (issue 29) ---
+
+/// A valid checkpoint with a benign image, and after it `attack`: a member that GNU tar, Python and
+/// Go would unpack under another name than this reader resolves.
+fn after_benign(attack: impl FnOnce(&mut Tar)) -> Vec<u8> {
+    let mut t = Tar::new();
+    t.dir("checkpoint")
+        .file("checkpoint/inventory.img", b"inv")
+        .file("checkpoint/cuda-migrate-1.img", &image_bytes(1))
+        .file("spec.dump", SPEC);
+    attack(&mut t);
+    t.finish()
+}
+
+fn ambiguous(err: &ArchiveError) -> &'static str {
+    match err {
+        ArchiveError::Ambiguous { reason, .. } => reason,
+        other => panic!("not an ambiguous header: {other}"),
+    }
+}
+
+/// Where GNU tar and Python can be run: that they name `expected` (normalized) among the members,
+/// which this reader would not have seen. It proves the archive is the attack it claims to be.
+fn oracles_see(bytes: &[u8], expected: &str) {
+    let Some(oracles) = oracle_names(bytes) else { return };
+    for (oracle, names) in oracles {
+        let names = shown_names(&names.unwrap_or_else(|e| panic!("{oracle}: {e}")));
+        let count = names.iter().filter(|n| *n == expected).count();
+        assert!(count >= 1, "{oracle} does not name `{expected}`: {names:?}");
+    }
+}
+
+#[test]
+fn a_pax_gnu_sparse_name_is_refused() {
+    // GNU tar, Python and Go name the member by `GNU.sparse.name`; the `tar` crate by the header.
+    for name in [&b"checkpoint/cuda-migrate-1.img"[..], b"./checkpoint/cuda-migrate-1.img", b"../../etc/cron.d/x"] {
+        let bytes = after_benign(|t| {
+            t.pax(&[("GNU.sparse.name", name)]);
+            t.file("checkpoint/core-9.img", b"EVIL-IMAGE");
+        });
+        oracles_see(&bytes, &String::from_utf8_lossy(&normalized(name)));
+        let err = refuse(&bytes);
+        assert!(ambiguous(&err).contains("GNU.sparse"), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("read differently by different tar readers") && msg.contains("re-export"), "{msg}");
+        assert!(!msg.contains("EVIL"), "{msg}");
+    }
+    // The other keys of GNU's PAX sparse formats likewise.
+    for key in ["GNU.sparse.major", "GNU.sparse.map", "GNU.sparse.size", "GNU.sparse.realsize"] {
+        let err = refuse(&after_benign(|t| {
+            t.pax(&[(key, b"1")]);
+            t.file("checkpoint/core-9.img", b"x");
+        }));
+        assert!(ambiguous(&err).contains("GNU.sparse"), "{key}: {err}");
+    }
+}
+
+/// A ustar header (magic `ustar\0`) with `version`, the name `cuda-migrate-1.img` and the prefix
+/// `checkpoint`.
+fn ustar_with_prefix(version: &[u8; 2], trailer: Option<&[u8; 4]>) -> tar::Header {
+    let mut h = tar::Header::new_ustar();
+    h.set_entry_type(EntryType::Regular);
+    h.set_size(10);
+    h.set_mode(0o600);
+    let b = h.as_mut_bytes();
+    b[..18].copy_from_slice(b"cuda-migrate-1.img");
+    b[345..355].copy_from_slice(b"checkpoint");
+    b[263..265].copy_from_slice(version);
+    if let Some(trailer) = trailer {
+        b[508..512].copy_from_slice(trailer);
+    }
+    h.set_cksum();
+    h
+}
+
+#[test]
+fn a_ustar_header_of_another_version_is_refused() {
+    // GNU tar, Python and Go read the prefix of any `ustar\0` header; the `tar` crate only of version
+    // `00`, so it saw `cuda-migrate-1.img` at the top where the others unpack the image.
+    for version in [b"\0\0", b" \0", b"01", b"0\0"] {
+        let bytes = after_benign(|t| {
+            t.raw_header(&ustar_with_prefix(version, None)).bytes(b"EVIL-IMAGE").bytes(&[0; 502]);
+        });
+        oracles_see(&bytes, "checkpoint/cuda-migrate-1.img");
+        let err = refuse(&bytes);
+        assert!(ambiguous(&err).contains("version is not `00`"), "{version:?}: {err}");
+    }
+    // Version `00` is plain ustar: every reader takes the prefix, and the image is a duplicate.
+    let err = refuse(&after_benign(|t| {
+        t.raw_header(&ustar_with_prefix(b"00", None)).bytes(b"EVIL-IMAGE").bytes(&[0; 502]);
+    }));
+    assert!(matches!(err, ArchiveError::Duplicate { .. }), "{err}");
+}
+
+#[test]
+fn a_star_trailer_is_refused() {
+    // Go reads a star header's prefix as 131 bytes, the others as 155.
+    let err = refuse(&after_benign(|t| {
+        t.raw_header(&ustar_with_prefix(b"00", Some(b"tar\0"))).bytes(&[0; 512]);
+    }));
+    assert!(ambiguous(&err).contains("star trailer"), "{err}");
+}
+
+#[test]
+fn a_gnu_or_old_header_with_a_prefix_is_refused() {
+    // Python prefixes the name of any header with the string at byte 345; GNU tar, Go and the `tar`
+    // crate read no prefix in a GNU or pre-POSIX header.
+    for magic in [&b"ustar  \0"[..], b"\0\0\0\0\0\0\0\0", b"ustar \0\0"] {
+        let mut h = raw_header(b"cuda-migrate-1.img", EntryType::Regular, 10);
+        let b = h.as_mut_bytes();
+        b[257..265].copy_from_slice(magic);
+        b[345..355].copy_from_slice(b"checkpoint");
+        h.set_cksum();
+        let bytes = after_benign(|t| {
+            t.raw_header(&h).bytes(b"EVIL-IMAGE").bytes(&[0; 502]);
+        });
+        let err = refuse(&bytes);
+        assert!(ambiguous(&err).contains("ustar's name prefix"), "{magic:?}: {err}");
+    }
+}
+
+#[test]
+fn tar_types_outside_posix_and_gnu_are_refused() {
+    // `X` is a PAX header to GNU tar and Python, a file to Go and the `tar` crate; `V`, `M`, `N`,
+    // `D` are GNU tar's own.
+    for flag in [b'X', b'V', b'M', b'N', b'D', b'A', b'Z'] {
+        let err = refuse(&after_benign(|t| {
+            t.raw(b"checkpoint/x", EntryType::new(flag), 0, b"");
+        }));
+        assert!(ambiguous(&err).contains("a tar type other than"), "{}: {err}", flag as char);
+    }
+}
+
+#[test]
+fn a_member_through_an_earlier_symlink_is_refused() {
+    // `x -> checkpoint`, then `x/cuda-migrate-1.img`: GNU tar and Python write it into checkpoint/.
+    let bytes = after_benign(|t| {
+        t.link(EntryType::Symlink, "x", "checkpoint").file("x/cuda-migrate-1.img", b"EVIL-IMAGE");
+    });
+    let err = refuse(&bytes);
+    match &err {
+        ArchiveError::ThroughLink { member, link, kind, .. } => {
+            assert_eq!((member.as_str(), link.as_str(), *kind), ("x/cuda-migrate-1.img", "x", "a symbolic link"));
+        }
+        other => panic!("{other}"),
+    }
+    assert!(err.to_string().contains("tar would write it through that link"), "{err}");
+    for (link, member) in [
+        // Spelled otherwise, or deeper.
+        ("./x", "x//./cuda-migrate-1.img"),
+        ("a/b", "a/b/c/d"),
+        // The checkpoint directory itself a link.
+        ("checkpoint2", "checkpoint2/x"),
+        // A member that replaces a link: Python writes it into the link's target.
+        ("y", "y"),
+    ] {
+        let err = refuse(&after_benign(|t| {
+            t.link(EntryType::Symlink, link, "checkpoint").file(member, b"x");
+        }));
+        assert!(matches!(err, ArchiveError::ThroughLink { .. }), "{link} {member}: {err}");
+    }
+    // Through a hard link (to a symbolic link), and a hard link whose target runs through one.
+    let err = refuse(&after_benign(|t| {
+        t.link(EntryType::Symlink, "s", "checkpoint")
+            .link(EntryType::Link, "h", "s")
+            .file("h/cuda-migrate-1.img", b"x");
+    }));
+    assert!(matches!(err, ArchiveError::ThroughLink { kind, .. } if kind == "a hard link"), "{err}");
+    let err = refuse(&after_benign(|t| {
+        t.link(EntryType::Symlink, "s", "checkpoint").link(EntryType::Link, "h", "s/cuda-migrate-1.img");
+    }));
+    assert!(matches!(err, ArchiveError::ThroughLink { ref path, .. } if path == "s/cuda-migrate-1.img"), "{err}");
+    // A directory the symlink is put beside, not through, is fine.
+    let mut t = Tar::new();
+    t.dir("checkpoint").link(EntryType::Symlink, "x", "checkpoint").file("xy/cuda-migrate-1.img", b"x");
+    t.file("checkpoint/cuda-migrate-1.img", &image_bytes(1));
+    let dir = tempfile::tempdir().unwrap();
+    read_archive(&write(dir.path(), "ok.tar", &t.finish()), &Limits::default()).unwrap();
+}
+
+/// A symlink whose target is a GNU long link name or a PAX linkpath.
+fn link_refusal(err: &ArchiveError) -> (&str, &str, PathRule) {
+    match err {
+        ArchiveError::UnsafeLinkTarget { member, target, rule, .. } => (member, target, *rule),
+        other => panic!("not an unsafe link target: {other}"),
+    }
+}
+
+#[test]
+fn link_targets_are_held_to_the_path_rules() {
+    let err = refuse(&around(|t| {
+        t.link(EntryType::Symlink, "checkpoint/link-to-shadow", "/etc/shadow");
+    }));
+    assert_eq!(link_refusal(&err), ("checkpoint/link-to-shadow", "/etc/shadow", PathRule::Absolute));
+    assert!(err.to_string().contains("is a link to `/etc/shadow`, which is refused: it is an absolute path"), "{err}");
+    let err = refuse(&around(|t| {
+        t.link(EntryType::Link, "checkpoint/hard", "../../etc/passwd");
+    }));
+    assert_eq!(link_refusal(&err).2, PathRule::ParentDir);
+    // Through a PAX linkpath (the header's is benign) and a GNU long link name.
+    let err = refuse(&around(|t| {
+        t.pax(&[("linkpath", b"../../../root/.ssh")]);
+        t.link(EntryType::Symlink, "checkpoint/l", "benign");
+    }));
+    assert_eq!(link_refusal(&err).1, "../../../root/.ssh");
+    let err = refuse(&around(|t| {
+        let mut target = b"../".repeat(40);
+        target.push(0);
+        t.raw(b"././@LongLink", EntryType::GNULongLink, target.len() as u64, &target);
+        t.link(EntryType::Symlink, "checkpoint/l", "benign");
+    }));
+    assert_eq!(link_refusal(&err).2, PathRule::ParentDir);
+}
+
+#[test]
+fn headers_readers_pick_names_from_differently_are_refused() {
+    // A global header that renames: GNU tar applies it to every later member, Go to none.
+    let err = refuse(&after_benign(|t| {
+        let mut g = tar::Header::new_ustar();
+        let record = b"38 path=checkpoint/cuda-migrate-1.img\n";
+        g.set_entry_type(EntryType::XGlobalHeader);
+        g.set_size(record.len() as u64);
+        g.set_path("pax_global_header").unwrap();
+        g.set_cksum();
+        t.raw_header(&g).bytes(record).bytes(&[0; 512 - 38]);
+        t.file("checkpoint/core-9.img", b"EVIL");
+    }));
+    assert!(ambiguous(&err).contains("global header"), "{err}");
+    // A GNU long name and a PAX path that differ: Python takes the later one, the others the GNU one.
+    let err = refuse(&after_benign(|t| {
+        t.pax(&[("path", b"checkpoint/cuda-migrate-1.img")]).long_name(b"checkpoint/core-9.img");
+        t.raw(b"x", EntryType::Regular, 0, b"");
+    }));
+    assert!(ambiguous(&err).contains("GNU long name and a different PAX path"), "{err}");
+    // Two PAX paths in one header: the `tar` crate takes the first, the others the last (this
+    // reader too, before: it saw `core-9.img` where the `tar` crate sees the image).
+    let err = refuse(&after_benign(|t| {
+        t.pax(&[("path", b"checkpoint/cuda-migrate-1.img"), ("path", b"checkpoint/core-9.img")]);
+        t.raw(b"x", EntryType::Regular, 0, b"");
+    }));
+    assert!(ambiguous(&err).contains("two PAX"), "{err}");
+    // A GNU sparse map that says more maps follow after a short one: GNU tar reads no more.
+    let err = refuse(&after_benign(|t| {
+        t.raw_header(&gnu_sparse_header(2, 512, true)).bytes(&gnu_sparse_extension(&[], false)).bytes(&[0xaa; 512]);
+    }));
+    assert!(ambiguous(&err).contains("GNU sparse map"), "{err}");
+}
+
+// --- names exhaust nothing ---
+
+#[test]
+fn names_of_a_mebibyte_are_refused_at_once() {
+    // Issue 29: 3,000 empty members named by ~1 MiB PAX paths (357 KB of zstd) held 3.08 GB for 18 s.
+    // A name is shorter than PATH_MAX; the first such member ends the read.
+    let mut t = Tar::new();
+    t.dir("checkpoint");
+    for i in 0..300 {
+        let mut path = b"./".repeat((MIB as usize - 64) / 2);
+        path.extend_from_slice(format!("checkpoint/cuda-migrate-{}.img", i + 2).as_bytes());
+        t.pax(&[("path", &path)]);
+        t.raw(b"x", EntryType::Regular, 0, b"");
+    }
+    let tar = t.finish();
+    let bytes = compress(&tar, Compression::Zstd);
+    assert!(bytes.len() < tar.len() / 100, "{}", bytes.len());
+    let (err, took) = timed(|| refuse(&bytes));
+    assert!(took < Duration::from_secs(1), "{took:?}");
+    let (member, rule) = unsafe_path(&err);
+    assert!(matches!(rule, PathRule::TooLong { len } if len > 1 << 19), "{rule:?}");
+    assert!(member.len() < 300 && member.ends_with("..."), "the name is cut in messages: {member}");
+    assert!(err.to_string().contains("shorter than PATH_MAX (4096 bytes)"), "{err}");
+    // GNU long names are refused from their header.
+    let mut t = Tar::new();
+    t.dir("checkpoint").raw_header(&raw_header(b"././@LongLink", EntryType::GNULongName, 4097));
+    assert!(refuse(&t.unfinished()).to_string().contains("at most 4096 bytes are read"));
+}
+
+#[test]
+fn names_count_toward_the_kept_bytes() {
+    // Names just under PATH_MAX on empty images: the names alone pass the kept limit.
+    let mut t = Tar::new();
+    t.dir("checkpoint");
+    for i in 0..400 {
+        let mut path = b"./".repeat(2000);
+        path.extend_from_slice(format!("checkpoint/cuda-migrate-{}.img", i + 2).as_bytes());
+        t.pax(&[("path", &path)]);
+        t.raw(b"x", EntryType::Regular, 0, b"");
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let limits = Limits { max_kept_bytes: MIB, ..Limits::default() };
+    let err = refuse_with(dir.path(), &t.finish(), &limits);
+    assert!(matches!(err, ArchiveError::KeptLimit { max, .. } if max == MIB), "{err}");
+}
+
+#[test]
+fn identity_images_are_counted() {
+    let mut t = Tar::new();
+    t.dir("checkpoint");
+    for i in 0..=ccm_archive::MAX_IMAGES {
+        t.raw(format!("checkpoint/cuda-migrate-{}.img", i + 1).as_bytes(), EntryType::Regular, 0, b"");
+    }
+    let err = refuse(&t.finish());
+    assert!(matches!(err, ArchiveError::TooManyImages { max: 4096, .. }), "{err}");
+    assert!(err.to_string().contains("one per CUDA process"), "{err}");
 }

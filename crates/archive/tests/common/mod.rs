@@ -5,6 +5,7 @@
 
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
+use std::process::Command;
 use std::time::{Duration, Instant};
 
 use ccm_archive::Compression;
@@ -134,6 +135,37 @@ pub fn raw_header(name: &[u8], kind: EntryType, size: u64) -> Header {
     h
 }
 
+/// An old-style GNU sparse header of `checkpoint/pages-2.img` for chunks of 256 bytes at every
+/// 1024 (`chunks` of them, the first four in the header's map), `size` bytes of data, and the
+/// `isextended` flag as given.
+pub fn gnu_sparse_header(chunks: u64, size: u64, extended: bool) -> Header {
+    let mut h = Header::new_gnu();
+    h.set_path("checkpoint/pages-2.img").unwrap();
+    h.set_entry_type(EntryType::GNUSparse);
+    h.set_size(size);
+    h.set_mode(0o600);
+    let gnu = h.as_gnu_mut().unwrap();
+    for (i, entry) in gnu.sparse.iter_mut().enumerate().take(chunks.min(4) as usize) {
+        entry.set_offset(i as u64 * 1024);
+        entry.set_length(256);
+    }
+    gnu.set_real_size(chunks * 1024);
+    gnu.set_is_extended(extended);
+    h.set_cksum();
+    h
+}
+
+/// An extension block of a GNU sparse map with entries at the given chunk indices.
+pub fn gnu_sparse_extension(chunks: &[u64], extended: bool) -> Vec<u8> {
+    let mut ext = tar::GnuExtSparseHeader::new();
+    for (entry, &i) in ext.sparse_mut().iter_mut().zip(chunks) {
+        entry.set_offset(i * 1024);
+        entry.set_length(256);
+    }
+    ext.isextended[0] = u8::from(extended);
+    ext.as_bytes().to_vec()
+}
+
 /// What `podman container checkpoint --export` writes, roughly: CRIU's images with ours among
 /// them, a 20 MiB `pages-1.img`, and the engine's files beside `checkpoint/`.
 pub fn podman_like() -> Vec<u8> {
@@ -182,4 +214,169 @@ pub fn timed<T>(f: impl FnOnce() -> T) -> (T, Duration) {
     let start = Instant::now();
     let out = f();
     (out, start.elapsed())
+}
+
+// --- the readers an archive must agree with ---
+
+/// A name as an extractor resolves it: components, `.` and empty ones dropped (`./checkpoint//x/`
+/// is `checkpoint/x`; readers differ only in how they print a trailing `/`).
+pub fn normalized(name: &[u8]) -> Vec<u8> {
+    name.split(|&b| b == b'/').filter(|c| !c.is_empty() && *c != b".").collect::<Vec<_>>().join(&b'/')
+}
+
+/// The uncompressed tar of an archive file, for the oracles (the compression names nothing).
+pub fn decompressed(bytes: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    match bytes {
+        [0x1f, 0x8b, ..] => {
+            flate2::read::MultiGzDecoder::new(bytes).read_to_end(&mut out).unwrap();
+        }
+        [0x28, 0xb5, 0x2f, 0xfd, ..] | [_, 0x2a, 0x4d, 0x18, ..] => {
+            zstd::stream::read::Decoder::new(bytes).unwrap().read_to_end(&mut out).unwrap();
+        }
+        _ => out = bytes.to_vec(),
+    }
+    out
+}
+
+pub const GNU_TAR: &str = "/usr/bin/tar";
+
+/// Python's `tarfile`, listing every member's name as bytes, one hex string a line.
+const PYTHON_LIST: &str = r#"
+import os, sys, tarfile
+with tarfile.open(sys.argv[1], "r:") as t:
+    for m in t.getmembers():
+        print(os.fsencode(m.name).hex())
+"#;
+
+/// Whether GNU tar and Python's `tarfile` are there to compare with. Where one is missing the
+/// differential checks say so loudly and are skipped, unless `CCM_REQUIRE_TEST_DOUBLES=1` (CI), where
+/// that is a failure.
+pub fn oracles_present() -> bool {
+    static PRESENT: std::sync::OnceLock<Result<(), String>> = std::sync::OnceLock::new();
+    let present = PRESENT.get_or_init(|| {
+        let tar = Command::new(GNU_TAR).arg("--version").output();
+        match tar {
+            Ok(out) if out.status.success() && String::from_utf8_lossy(&out.stdout).contains("GNU tar") => {}
+            Ok(_) => return Err(format!("{GNU_TAR} is not GNU tar")),
+            Err(e) => return Err(format!("GNU tar ({GNU_TAR}) cannot run: {e}")),
+        }
+        match Command::new("python3").args(["-c", "import tarfile"]).output() {
+            Ok(out) if out.status.success() => Ok(()),
+            Ok(out) => Err(format!("python3 has no tarfile: {}", String::from_utf8_lossy(&out.stderr))),
+            Err(e) => Err(format!("python3 cannot run: {e}")),
+        }
+    });
+    match present {
+        Ok(()) => true,
+        Err(why) => {
+            assert!(
+                std::env::var("CCM_REQUIRE_TEST_DOUBLES").as_deref() != Ok("1"),
+                "the archive reader's differential needs GNU tar and Python: {why}"
+            );
+            eprintln!(
+                "######## ccm-archive differential: {why}; the comparison with other tar readers is skipped ########"
+            );
+            false
+        }
+    }
+}
+
+/// GNU tar's member names (`tar -t`), unescaped, or why it failed.
+pub fn gnu_tar_names(tar: &Path) -> Result<Vec<Vec<u8>>, String> {
+    let out = Command::new(GNU_TAR)
+        .env("LC_ALL", "C")
+        .args(["--quoting-style=escape", "-tf"])
+        .arg(tar)
+        .output()
+        .map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("GNU tar: {}: {}", out.status, String::from_utf8_lossy(&out.stderr)));
+    }
+    Ok(lines(&out.stdout).map(unescape).collect())
+}
+
+/// The lines of an oracle's output: an empty line is an empty name.
+fn lines(out: &[u8]) -> impl Iterator<Item = &[u8]> {
+    out.strip_suffix(b"\n").unwrap_or(out).split(|&b| b == b'\n').filter(move |_| !out.is_empty())
+}
+
+/// Undoes GNU tar's `escape` quoting style: C escapes and three-digit octal.
+fn unescape(line: &[u8]) -> Vec<u8> {
+    let mut out = Vec::new();
+    let mut i = 0;
+    while i < line.len() {
+        if line[i] != b'\\' || i + 1 == line.len() {
+            out.push(line[i]);
+            i += 1;
+            continue;
+        }
+        let c = line[i + 1];
+        i += 2;
+        out.push(match c {
+            b'n' => b'\n',
+            b't' => b'\t',
+            b'r' => b'\r',
+            b'a' => 7,
+            b'b' => 8,
+            b'f' => 12,
+            b'v' => 11,
+            b'0'..=b'7' => {
+                let digits = &line[i - 1..(i + 2).min(line.len())];
+                i += digits.len() - 1;
+                digits.iter().fold(0u8, |n, d| n.wrapping_mul(8).wrapping_add(d - b'0'))
+            }
+            other => other,
+        });
+    }
+    out
+}
+
+/// Python `tarfile`'s member names, or why it failed.
+pub fn python_names(tar: &Path) -> Result<Vec<Vec<u8>>, String> {
+    let out = Command::new("python3").args(["-c", PYTHON_LIST]).arg(tar).output().map_err(|e| e.to_string())?;
+    if !out.status.success() {
+        return Err(format!("python3 tarfile: {}: {}", out.status, String::from_utf8_lossy(&out.stderr)));
+    }
+    let hex = |h: &[u8]| -> Vec<u8> {
+        h.chunks(2).map(|p| u8::from_str_radix(std::str::from_utf8(p).unwrap(), 16).unwrap()).collect()
+    };
+    Ok(lines(&out.stdout).map(hex).collect())
+}
+
+/// An oracle's member names, or why it failed.
+pub type Listing = Result<Vec<Vec<u8>>, String>;
+
+/// Each oracle's names for the archive `bytes` (compressed or not), normalized; `None` where the
+/// oracles are missing (and that is allowed).
+pub fn oracle_names(bytes: &[u8]) -> Option<Vec<(&'static str, Listing)>> {
+    if !oracles_present() {
+        return None;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let tar = write(dir.path(), "oracle.tar", &decompressed(bytes));
+    let norm = |names: Listing| names.map(|n| n.iter().map(|n| normalized(n)).collect());
+    Some(vec![("GNU tar", norm(gnu_tar_names(&tar))), ("Python tarfile", norm(python_names(&tar)))])
+}
+
+/// Checks that the member names `ccm_archive` resolves for the archive file at `path` are the names
+/// GNU tar and Python's `tarfile` list, in the same order.
+pub fn assert_readers_agree(path: &Path) {
+    let ours = ccm_archive::member_names(path, &ccm_archive::Limits::default())
+        .unwrap_or_else(|e| panic!("member_names refused what read_archive accepted: {e}"));
+    let ours: Vec<Vec<u8>> = ours.iter().map(|n| normalized(n)).collect();
+    let Some(oracles) = oracle_names(&std::fs::read(path).unwrap()) else { return };
+    for (oracle, names) in oracles {
+        let names = names.unwrap_or_else(|e| panic!("{oracle} cannot list {}: {e}", path.display()));
+        assert_eq!(
+            shown_names(&names),
+            shown_names(&ours),
+            "{oracle} and ccm-archive name {}'s members differently",
+            path.display()
+        );
+    }
+}
+
+pub fn shown_names(names: &[Vec<u8>]) -> Vec<String> {
+    names.iter().map(|n| String::from_utf8_lossy(n).into_owned()).collect()
 }
