@@ -487,3 +487,68 @@ fn recover_refuses_a_process_that_criu_or_another_tracer_holds() {
         }
     }
 }
+
+/// A valid identity image of `pid` with `sites` PCI word sites, each in a mapping named by
+/// `name_len` bytes: up to the format's 16 MiB.
+fn image_of(pid: u32, sites: usize, name_len: usize) -> ccm_identity::image::IdentityImage {
+    use ccm_identity::gpu::{PciAddress, PciSignature};
+    use ccm_identity::image::{IdentityImage, PciSite, ProcessEnv};
+    use ccm_identity::GpuUuid;
+    let words = PciSignature::new(PciAddress { domain: 0, bus: 6, device: 0, function: 0 }, 0x2335_10de, 0x18bf_10de);
+    let site = |i: usize| PciSite {
+        gpu: GpuUuid([7; 16]),
+        addr: 0x1000 + 64 * i as u64,
+        mapping_start: 0x1000,
+        mapping_end: 0x1000 + 64 * (i as u64 + 1),
+        mapping_name: "m".repeat(name_len),
+        words,
+    };
+    IdentityImage {
+        pid,
+        host_pid: pid,
+        dumped_at_unix: 0,
+        hostname: "node".into(),
+        driver_version: "580.159.04".into(),
+        cuda_driver_version: 13000,
+        node_gpus: Vec::new(),
+        enumerated: Vec::new(),
+        used: Vec::new(),
+        env: ProcessEnv::default(),
+        sites: (0..sites).map(site).collect(),
+        prop_sites: Vec::new(),
+        device_memory: None,
+    }
+}
+
+#[test]
+fn image_directories_are_held_to_a_total_and_a_count() {
+    // Issue 29: 40 valid images of 16 MB made `inspect DIR` hold 660 MB (the plugin's init(RESTORE)
+    // reads the same way). Seventeen are more than the 256 MiB an archive may hold: refused from
+    // their sizes, before any is read.
+    let dir = tempfile::tempdir().unwrap();
+    let mut image = image_of(1, 4000, 4000);
+    let bytes = image.try_encode().expect("a valid image");
+    assert!(bytes.len() > 15 << 20 && bytes.len() <= 16 << 20, "{}", bytes.len());
+    for pid in 1..=17u32 {
+        (image.pid, image.host_pid) = (pid, pid);
+        std::fs::write(dir.path().join(format!("cuda-migrate-{pid}.img")), image.encode()).unwrap();
+    }
+    let limit = std::time::Duration::from_secs(2);
+    for cmd in ["inspect", "preflight"] {
+        let out = run_within(&[cmd.as_ref(), dir.path().as_os_str()], limit);
+        assert_clean_failure(&out, 2, "bytes (256 MiB) together, the most criu-cuda-migrate reads");
+        assert_clean_failure(&out, 2, "remove the images that are not this dump's");
+    }
+    let rss = children_max_rss_kib();
+    assert!(rss < 256 << 10, "a CLI run grew to {rss} KiB: the images were read");
+
+    // More images than a checkpoint has processes, each tiny.
+    let dir = tempfile::tempdir().unwrap();
+    let mut image = image_of(1, 0, 0);
+    for pid in 1..=4097u32 {
+        (image.pid, image.host_pid) = (pid, pid);
+        std::fs::write(dir.path().join(format!("cuda-migrate-{pid}.img")), image.encode()).unwrap();
+    }
+    let out = run_within(&["inspect".as_ref(), dir.path().as_os_str()], limit);
+    assert_clean_failure(&out, 2, "holds 4097 identity images (cuda-migrate-*.img), more than the 4096");
+}

@@ -15,6 +15,13 @@ use crate::Config;
 
 /// Largest identity image read: the format's own bound.
 const MAX_IMAGE_FILE: u64 = ccm_identity::image::MAX_IMAGE_BYTES as u64;
+/// Most identity images read from one directory (a checkpoint holds one per CUDA process): the
+/// bound `ccm_archive::MAX_IMAGES` puts on an archive.
+pub const MAX_IMAGES: usize = 4096;
+/// Most bytes of identity images read from one directory together (sixteen maximal images; a real
+/// image is a few KiB): the bound `ccm_archive::DEFAULT_MAX_KEPT_BYTES` puts on an archive. Forty
+/// valid 16 MB images once held 660 MB in `inspect DIR` and in the plugin's `init(RESTORE)`.
+pub const MAX_IMAGES_TOTAL: u64 = 256 << 20;
 
 /// One CUDA process of the checkpoint and what restore will do with it.
 #[derive(Debug, Clone)]
@@ -42,18 +49,57 @@ pub enum ImageFileError {
          another dump; put back the file the dump wrote, or dump again"
     )]
     PidMismatch { path: PathBuf, named: u32, inside: u32 },
+    #[error(
+        "{dir} holds {count} identity images (cuda-migrate-*.img), more than the {MAX_IMAGES} criu-cuda-migrate \
+         reads: a dump writes one per CUDA process; remove the images that are not this dump's"
+    )]
+    TooMany { dir: PathBuf, count: usize },
+    #[error(
+        "the identity images (cuda-migrate-*.img) in {dir} are more than {MAX_IMAGES_TOTAL} bytes (256 MiB) \
+         together, the most criu-cuda-migrate reads (a dump writes a few KiB per process): remove the images that \
+         are not this dump's"
+    )]
+    TooLarge { dir: PathBuf },
 }
 
 /// Reads every `cuda-migrate-<pid>.img` of `dir`, sorted by pid. Never writes. Each file is read
-/// through the directory's fd, without following a link, and at most [`MAX_IMAGE_FILE`] bytes.
+/// through the directory's fd, without following a link, and at most [`MAX_IMAGE_FILE`] bytes; at
+/// most [`MAX_IMAGES`] of them, of [`MAX_IMAGES_TOTAL`] bytes together, checked from their sizes
+/// before any is read (and held to while reading, should one grow meanwhile).
 pub fn read_images(dir: &Dir) -> Result<Vec<(PathBuf, IdentityImage)>, ImageFileError> {
-    let mut out = Vec::new();
+    let mut names = Vec::new();
     for name in dir.names()? {
         let Some(name) = name.to_str() else { continue };
-        if ccm_identity::image::is_image_file_name(name).is_none() {
-            continue;
+        if ccm_identity::image::is_image_file_name(name).is_some() {
+            names.push(name.to_owned());
         }
-        out.push((dir.shown_file(name), read_image(dir, name)?));
+    }
+    if names.len() > MAX_IMAGES {
+        return Err(ImageFileError::TooMany { dir: dir.shown().to_path_buf(), count: names.len() });
+    }
+    let mut total = 0u64;
+    for name in &names {
+        let size = dir.file_size(name)?;
+        if size > MAX_IMAGE_FILE {
+            // One file too large is named on its own, as its read would.
+            return Err(FileError::TooLarge { path: dir.shown_file(name), limit: MAX_IMAGE_FILE }.into());
+        }
+        total += size;
+    }
+    if total > MAX_IMAGES_TOTAL {
+        return Err(ImageFileError::TooLarge { dir: dir.shown().to_path_buf() });
+    }
+    let mut out = Vec::new();
+    let mut left = MAX_IMAGES_TOTAL;
+    for name in &names {
+        let bytes = match dir.read_file(name, MAX_IMAGE_FILE.min(left)) {
+            Err(FileError::TooLarge { .. }) if left < MAX_IMAGE_FILE => {
+                return Err(ImageFileError::TooLarge { dir: dir.shown().to_path_buf() })
+            }
+            read => read?,
+        };
+        left -= bytes.len() as u64;
+        out.push((dir.shown_file(name), decode_image(dir.shown_file(name), name, &bytes)?));
     }
     out.sort_by_key(|(_, i)| i.pid);
     Ok(out)

@@ -235,15 +235,8 @@ impl Dir {
         let path = self.shown_file(name);
         // First without opening what it names (O_PATH opens no device and blocks on no FIFO), then
         // the same inode for reading.
-        let probe =
-            rustix::fs::openat(&self.fd, name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
-                .map_err(io_err("open", path.clone()))?;
-        let st = rustix::fs::fstat(&probe).map_err(io_err("stat", path.clone()))?;
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::RegularFile => {}
-            FileType::Symlink => return Err(FileError::Symlink { path }),
-            t => return Err(FileError::NotRegular { path, kind: kind_name(t) }),
-        }
+        // The probe stays open until the read is done: the inode it pins cannot be reused meanwhile.
+        let (_probe, st) = self.probe(name, &path)?;
         if u64::try_from(st.st_size).unwrap_or(u64::MAX) > limit {
             return Err(FileError::TooLarge { path, limit });
         }
@@ -270,6 +263,30 @@ impl Dir {
             return Err(FileError::TooLarge { path, limit });
         }
         Ok(bytes)
+    }
+
+    /// The size of the regular file `name`, from `fstat` on an `O_PATH` descriptor: nothing is
+    /// opened for reading, and a link, a FIFO, a device or anything else is refused as by
+    /// [`Dir::read_file`]. For a bound on several files together, before any is read (each read
+    /// still has its own limit: a file may grow in between).
+    pub fn file_size(&self, name: &str) -> Result<u64, FileError> {
+        check_name(&self.shown, name)?;
+        let path = self.shown_file(name);
+        let (_, st) = self.probe(name, &path)?;
+        Ok(u64::try_from(st.st_size).unwrap_or(u64::MAX))
+    }
+
+    /// `fstat` of `name` opened `O_PATH | O_NOFOLLOW`, refused unless a regular file.
+    fn probe(&self, name: &str, path: &Path) -> Result<(OwnedFd, rustix::fs::Stat), FileError> {
+        let probe =
+            rustix::fs::openat(&self.fd, name, OFlags::PATH | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
+                .map_err(io_err("open", path.to_path_buf()))?;
+        let st = rustix::fs::fstat(&probe).map_err(io_err("stat", path.to_path_buf()))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile => Ok((probe, st)),
+            FileType::Symlink => Err(FileError::Symlink { path: path.to_path_buf() }),
+            t => Err(FileError::NotRegular { path: path.to_path_buf(), kind: kind_name(t) }),
+        }
     }
 
     /// Writes `bytes` into the existing regular file `name` (a kernel interface file: a cgroup's
@@ -366,6 +383,20 @@ mod tests {
         assert_eq!(d.kind_of("link").unwrap(), Some(EntryKind::Symlink));
         assert_eq!(d.kind_of("fifo").unwrap(), Some(EntryKind::Other("a FIFO")));
         assert_eq!(d.kind_of("nothing").unwrap(), None);
+        for (name, want) in [("link", "symbolic link"), ("fifo", "a FIFO")] {
+            let e = d.file_size(name).unwrap_err().to_string();
+            assert!(e.contains(want), "{name}: {e}");
+        }
+    }
+
+    #[test]
+    fn a_file_size_is_read_without_reading_the_file() {
+        let (t, d) = dir();
+        let f = std::fs::File::create(t.path().join("big")).unwrap();
+        f.set_len(1 << 40).unwrap(); // sparse
+        assert_eq!(d.file_size("big").unwrap(), 1 << 40);
+        assert!(matches!(d.file_size("missing"), Err(FileError::Missing { .. })));
+        assert!(matches!(d.file_size("../big"), Err(FileError::BadName { .. })));
     }
 
     #[test]
