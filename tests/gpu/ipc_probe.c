@@ -221,6 +221,10 @@ int main(int argc, char **argv) {
         uint64_t len = bytes;
         send_all(s, &len, sizeof len, -1);
         send_all(s, &h, sizeof h, -1);
+        // No socket stays open: a CRIU dump of the pair then holds only the shared device memory.
+        close(s);
+        close(ls);
+        unlink(sock);
         say("exported");
         report_forever(own, bytes, 0, 0, NULL);
     }
@@ -241,6 +245,9 @@ int main(int argc, char **argv) {
         uint64_t len = bytes;
         send_all(s, &len, sizeof len, fd);
         close(fd);
+        close(s);
+        close(ls);
+        unlink(sock);
         say("exported");
         report_forever(own, bytes, 0, 0, NULL);
     }
