@@ -4,9 +4,6 @@
 //! Each fake is a cheap handle on shared state, so a test keeps one to script failures and to
 //! read back what the session did after it handed a clone to the session.
 
-// The restore tests use the rest.
-#![allow(dead_code)]
-
 use std::collections::{BTreeMap, BTreeSet, VecDeque};
 use std::os::fd::{OwnedFd, RawFd};
 use std::path::{Path, PathBuf};
@@ -47,10 +44,6 @@ pub fn gpu(i: u32) -> GpuIdentity {
         name: "NVIDIA H200".into(),
         memory_total: 140 << 30,
     }
-}
-
-pub fn hp(pid: u32) -> HostPid {
-    HostPid::new(pid.into()).unwrap()
 }
 
 /// A driver error as the agent reports it.

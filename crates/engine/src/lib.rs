@@ -32,6 +32,8 @@ pub mod sharing;
 mod dump_tests;
 #[cfg(test)]
 mod fake;
+#[cfg(test)]
+mod restore_tests;
 
 pub use config::{Config, LeaveRunning, MultiProcess, Strictness};
 pub use error::{EngineError, ProcessFailure};

@@ -49,15 +49,7 @@ impl RestoreSession {
 
     /// [`RestoreSession::init`] through the given seams.
     pub fn init_with(config: Config, host: &dyn CriuHost, seams: Seams) -> Result<RestoreSession, EngineError> {
-        // Read through CRIU's own descriptor; named as the user knows the directory.
-        let image_dir = match host.image_dir() {
-            Some(fd) => {
-                let shown = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
-                    .unwrap_or_else(|_| PathBuf::from("CRIU's image directory"));
-                Some(Dir::from_owned(fd, shown).map_err(preflight::ImageFileError::from)?)
-            }
-            None => None,
-        };
+        let image_dir = open_image_dir(host)?;
         // Our inventory entry (if the dump added one) must be claimed, or CRIU reports us missing.
         let in_inventory = host.check_and_remove_inventory_plugin(PLUGIN_NAME);
         let images = match &image_dir {
@@ -105,22 +97,7 @@ impl RestoreSession {
             );
         }
         let verdict = preflight::run(&node, images, &s.config, given.as_ref().map(|(_, g)| g))?;
-        match &verdict.memory {
-            preflight::MemoryVerdict::Off => {
-                info!("preflight: the free-memory check is off ({}=off)", ccm_identity::settings::MEMORY_CHECK.env)
-            }
-            preflight::MemoryVerdict::Unreadable(e) => {
-                warn!("cannot read the GPUs' free memory ({e}); the restore goes on without the memory check")
-            }
-            preflight::MemoryVerdict::Checked { targets, unknown } => {
-                if !unknown.is_empty() {
-                    warn!("the dump recorded no device memory for pid(s) {unknown:?} (NVML could not tell, or an older image); their share is not checked");
-                }
-                if !targets.is_empty() {
-                    info!("preflight: device memory: {}", preflight::render_memory(targets));
-                }
-            }
-        }
+        log_memory_verdict(&verdict.memory);
         s.plans = verdict.plans;
         for p in &s.plans {
             info!(
@@ -183,28 +160,7 @@ impl RestoreSession {
             }
             return true;
         }
-        // Which of these are CUDA processes. Only the restore thread id is asked here: the driver
-        // answers it from outside, while a state query needs the (still stopped) restore thread
-        // and would hang. The state is read by the worker once that thread runs.
-        let mut jobs: Vec<(Job<'_>, HostTid)> = Vec::new();
-        let cuda_processes = self.plans.len().max(pids.iter().filter(|&&p| self.plan_for(p).is_some()).count());
-        for &pid in pids {
-            let plan = self.plan_for(pid);
-            if plan.is_none() && !targets.maps_library(pid.get(), crate::LIBCUDA_FILE).unwrap_or(false) {
-                debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");
-                continue;
-            }
-            let tid = match api.restore_thread_id(pid) {
-                Ok(t) => t,
-                Err(e) => {
-                    if plan.is_some() {
-                        error!("pid {pid}: has an identity image but no CUDA restore thread ({e}); it cannot use its GPUs. Restore again from the same images.");
-                    }
-                    continue;
-                }
-            };
-            jobs.push((Job { pid, plan, cuda_processes }, tid));
-        }
+        let jobs = self.cuda_jobs(api, pids);
         if jobs.is_empty() {
             return false;
         }
@@ -242,21 +198,52 @@ impl RestoreSession {
         drop(jobs);
         self.results.extend(new_results);
         if !kill.is_empty() {
-            // Strict mode: a process whose GPU identity is wrong must not run. Kill the whole
-            // restored tree so no half of a job resumes; the images are intact for a retry.
-            for &pid in pids {
-                if let Err(e) = self.seams.targets.kill(pid.get()) {
-                    error!("pid {pid}: cannot kill it after a failed reconciliation: {e}");
-                }
-            }
-            error!(
-                "killed the restored tree ({} process(es)) because pid(s) {:?} failed their driver restore or identity reconciliation (strict mode), or lost their driver agent; images are untouched: fix the cause above and restore again (a failed identity check can be let through with CRIU_CUDA_MIGRATE_MODE=permissive)",
-                pids.len(),
-                kill
-            );
+            self.kill_tree(pids, &kill);
         }
         info!("restore of {job_count} CUDA process(es) took {:.3} s (parallel)", t0.elapsed().as_secs_f64());
         true
+    }
+
+    /// The CUDA processes of `pids` and their restore threads. Only the restore thread id is asked
+    /// here: the driver answers it from outside, while a state query needs the (still stopped)
+    /// restore thread and would hang. The state is read by the worker once that thread runs.
+    fn cuda_jobs(&self, api: &dyn crate::seam::DriverAgent, pids: &[HostPid]) -> Vec<(Job<'_>, HostTid)> {
+        let targets = &*self.seams.targets;
+        let mut jobs: Vec<(Job<'_>, HostTid)> = Vec::new();
+        let cuda_processes = self.plans.len().max(pids.iter().filter(|&&p| self.plan_for(p).is_some()).count());
+        for &pid in pids {
+            let plan = self.plan_for(pid);
+            if plan.is_none() && !targets.maps_library(pid.get(), crate::LIBCUDA_FILE).unwrap_or(false) {
+                debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");
+                continue;
+            }
+            let tid = match api.restore_thread_id(pid) {
+                Ok(t) => t,
+                Err(e) => {
+                    if plan.is_some() {
+                        error!("pid {pid}: has an identity image but no CUDA restore thread ({e}); it cannot use its GPUs. Restore again from the same images.");
+                    }
+                    continue;
+                }
+            };
+            jobs.push((Job { pid, plan, cuda_processes }, tid));
+        }
+        jobs
+    }
+
+    /// Strict mode: a process whose GPU identity is wrong must not run. Kills the whole restored
+    /// tree so no half of a job resumes; the images are intact for a retry.
+    fn kill_tree(&self, pids: &[HostPid], kill: &[HostPid]) {
+        for &pid in pids {
+            if let Err(e) = self.seams.targets.kill(pid.get()) {
+                error!("pid {pid}: cannot kill it after a failed reconciliation: {e}");
+            }
+        }
+        error!(
+            "killed the restored tree ({} process(es)) because pid(s) {:?} failed their driver restore or identity reconciliation (strict mode), or lost their driver agent; images are untouched: fix the cause above and restore again (a failed identity check can be let through with CRIU_CUDA_MIGRATE_MODE=permissive)",
+            pids.len(),
+            kill
+        );
     }
 
     /// Leaves `cuda-migrate-restore-<pid>.txt` next to the images (best effort; the images
@@ -300,6 +287,34 @@ impl RestoreSession {
             .collect();
         if ret == 0 && !missing.is_empty() {
             warn!("restore finished but CUDA process(es) {missing:?} of the images were never handed to the plugin");
+        }
+    }
+}
+
+/// CRIU's image directory, read through CRIU's own descriptor and named as the user knows it.
+fn open_image_dir(host: &dyn CriuHost) -> Result<Option<Dir>, EngineError> {
+    let Some(fd) = host.image_dir() else { return Ok(None) };
+    let shown = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
+        .unwrap_or_else(|_| PathBuf::from("CRIU's image directory"));
+    Ok(Some(Dir::from_owned(fd, shown).map_err(preflight::ImageFileError::from)?))
+}
+
+/// The preflight's free-memory verdict, in the log.
+fn log_memory_verdict(memory: &preflight::MemoryVerdict) {
+    match memory {
+        preflight::MemoryVerdict::Off => {
+            info!("preflight: the free-memory check is off ({}=off)", ccm_identity::settings::MEMORY_CHECK.env)
+        }
+        preflight::MemoryVerdict::Unreadable(e) => {
+            warn!("cannot read the GPUs' free memory ({e}); the restore goes on without the memory check")
+        }
+        preflight::MemoryVerdict::Checked { targets, unknown } => {
+            if !unknown.is_empty() {
+                warn!("the dump recorded no device memory for pid(s) {unknown:?} (NVML could not tell, or an older image); their share is not checked");
+            }
+            if !targets.is_empty() {
+                info!("preflight: device memory: {}", preflight::render_memory(targets));
+            }
         }
     }
 }
