@@ -34,6 +34,8 @@ mod dump_tests;
 mod fake;
 #[cfg(test)]
 mod restore_tests;
+#[cfg(test)]
+mod seam_tests;
 
 pub use config::{Config, LeaveRunning, MultiProcess, Strictness};
 pub use error::{EngineError, ProcessFailure};
