@@ -521,7 +521,9 @@ fn checkpoint_batch(
     // it. The driver keeps a process's device memory until its checkpoint ends (hundreds of ms at
     // the least), so NVML still sees it then; a process it no longer lists is recorded as unknown,
     // which the restore does not check. Without the wait a short checkpoint can end first (the test
-    // double's 40 ms ones did, and recorded no memory): 5 ms is what a started NVML needs.
+    // double's 40 ms ones did, and recorded no memory). The wait ends as soon as the pass does; its
+    // bound (250 ms) only matters on a loaded node or with a stalled NVML, where the 5 ms it once was
+    // proved too short (the double's `memory` case recorded nothing on a machine also running builds).
     let pids: Vec<HostPid> = todo.iter().map(|t| t.0).collect();
     let memory: Waitable<MemoryByPid> = Waitable::default();
     let memory = &memory;
@@ -614,7 +616,7 @@ impl<T> Default for Waitable<T> {
 }
 
 /// How long the dump's checkpoints wait for NVML's device-memory pass before they start beside it.
-const MEMORY_GRACE: Duration = Duration::from_millis(5);
+const MEMORY_GRACE: Duration = Duration::from_millis(250);
 
 impl<T> Waitable<T> {
     /// Whether the value is set within `d`.

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccm_identity::image::PciSite;
-use ccm_identity::pattern::{classify_recorded_sites, plan_rewrites, PlanError};
+use ccm_identity::pattern::{classify_recorded_sites, plan_rewrites_after_refresh, PlanError};
 use ccm_identity::validate::{validate_gpu, GpuObservation, ReconcileReport, ReportRow, Verdict};
 use ccm_identity::{GpuUuid, PciSignature};
 use ccm_process::mem::ProcessMemory;
@@ -214,7 +214,8 @@ fn rewrite(pid: u32, plan: &ProcessPlan, node: &Node, s: &mut ReconcileSummary) 
     let sites = current_sites(pid, plan, node, &mem)?;
     s.used_recorded_sites = sites.recorded;
     s.fresh = sites.fresh.iter().map(|site| (site.gpu, site.addr)).collect();
-    let rewrites = plan_rewrites(&sites.stale, &plan.map, &plan.image.node_gpus, node.gpus())?;
+    let rewrites =
+        plan_rewrites_after_refresh(&sites.stale, &sites.fresh, &plan.map, &plan.image.node_gpus, node.gpus())?;
     for w in &rewrites.writes {
         ccm_process::mem::verify_and_write(&mem, w.addr, &w.expect, &w.write).map_err(|e| ReconcileFailure::Site {
             addr: w.addr,

@@ -173,6 +173,20 @@ pub fn plan_rewrites(
     old_gpus: &[GpuIdentity],
     new_gpus: &[GpuIdentity],
 ) -> Result<RewritePlan, PlanError> {
+    plan_rewrites_after_refresh(sites, &[], map, old_gpus, new_gpus)
+}
+
+/// [`plan_rewrites`] for sites sorted by [`classify_recorded_sites`]: `stale` still hold the dump GPU's words and
+/// are written; `fresh` were refreshed by the driver's own restore and are not, but they count as the GPU's sites
+/// for the snapshot's checks (a GPU whose every site the driver refreshed has nothing left to correct, and the
+/// number of sites per GPU is that of stale and fresh together).
+pub fn plan_rewrites_after_refresh(
+    stale: &[PciSite],
+    fresh: &[PciSite],
+    map: &DeviceMap,
+    old_gpus: &[GpuIdentity],
+    new_gpus: &[GpuIdentity],
+) -> Result<RewritePlan, PlanError> {
     let find = |list: &[GpuIdentity], u: &GpuUuid, side: &'static str| {
         list.iter().find(|g| g.uuid == *u).cloned().ok_or(PlanError::UnknownGpu { gpu: *u, side })
     };
@@ -194,7 +208,9 @@ pub fn plan_rewrites(
     // Sanity of the snapshot, before anything is planned.
     let mut counts: BTreeMap<String, usize> = BTreeMap::new();
     let mut mapped_sites: Vec<&PciSite> = Vec::new();
-    for site in sites {
+    let mut refreshed: BTreeSet<GpuUuid> = BTreeSet::new();
+    let mut by_addr: Vec<u64> = Vec::new();
+    for (site, is_stale) in stale.iter().map(|s| (s, true)).chain(fresh.iter().map(|s| (s, false))) {
         let Some((_, old_sig, _)) = signatures.get(&site.gpu) else { continue };
         let end = site.addr.checked_add(PciSignature::LEN_BYTES as u64);
         if site.addr < site.mapping_start || !matches!(end, Some(e) if e <= site.mapping_end) {
@@ -213,9 +229,13 @@ pub fn plan_rewrites(
             });
         }
         *counts.entry(site.gpu.to_string()).or_default() += 1;
-        mapped_sites.push(site);
+        if is_stale {
+            mapped_sites.push(site);
+        } else {
+            refreshed.insert(site.gpu);
+        }
+        by_addr.push(site.addr);
     }
-    let mut by_addr: Vec<u64> = mapped_sites.iter().map(|s| s.addr).collect();
     by_addr.sort_unstable();
     for pair in by_addr.windows(2) {
         if pair[1] - pair[0] < PciSignature::LEN_BYTES as u64 {
@@ -251,7 +271,7 @@ pub fn plan_rewrites(
                 write: new_sig,
             });
         }
-        if !any {
+        if !any && !refreshed.contains(&pair.old) {
             return Err(PlanError::NoSiteForChangedGpu { old: pair.old, new });
         }
     }
@@ -275,6 +295,42 @@ mod tests {
             mapping_name: String::new(),
             words: g.signature(),
         }
+    }
+
+    #[test]
+    fn a_gpu_whose_every_site_the_driver_refreshed_needs_no_write_and_is_no_failure() {
+        let (a, b) = (h200(0, 6), h200(1, 7));
+        let node = [a.clone(), b.clone()];
+        let swap = DeviceMap::explicit(&[(a.uuid, b.uuid), (b.uuid, a.uuid)]);
+        // Both of a's sites refreshed, both of b's still stale: without the fresh ones a had no site (a failure)
+        // and the counts looked uneven (0 against 2).
+        let fresh = [site(&a, 0x1000), site(&a, 0x3000)];
+        let stale = [site(&b, 0x2000), site(&b, 0x4000)];
+        let plan = plan_rewrites_after_refresh(&stale, &fresh, &swap, &node, &node).unwrap();
+        assert_eq!(plan.writes.iter().map(|w| w.addr).collect::<Vec<_>>(), [0x2000, 0x4000]);
+        assert_eq!((plan.count_for(&a.uuid), plan.count_for(&b.uuid)), (0, 2));
+        // Every site of both refreshed: nothing to write, nothing wrong.
+        let all_fresh = [fresh.as_slice(), stale.as_slice()].concat();
+        assert!(plan_rewrites_after_refresh(&[], &all_fresh, &swap, &node, &node).unwrap().writes.is_empty());
+        // A partial refresh still counts per GPU: one of a's refreshed, one stale, b's both stale.
+        let r = plan_rewrites_after_refresh(
+            &[site(&a, 0x1000), site(&b, 0x2000), site(&b, 0x4000)],
+            &[site(&a, 0x3000)],
+            &swap,
+            &node,
+            &node,
+        )
+        .unwrap();
+        assert_eq!(r.writes.len(), 3);
+        // What stays refused: a GPU with neither, and uneven totals.
+        assert!(matches!(
+            plan_rewrites_after_refresh(&stale, &[], &swap, &node, &node),
+            Err(PlanError::NoSiteForChangedGpu { .. })
+        ));
+        assert!(matches!(
+            plan_rewrites_after_refresh(&stale, &[site(&a, 0x1000)], &swap, &node, &node),
+            Err(PlanError::UnevenSites { .. })
+        ));
     }
 
     #[test]
