@@ -23,6 +23,7 @@ use ccm_engine::config::{parse_device_map, Sourced};
 use ccm_engine::preflight::{self, MemoryVerdict, NodeView};
 use ccm_engine::Config;
 use ccm_identity::image::IdentityImage;
+use ccm_identity::map::UsableGpus;
 use ccm_identity::{GpuIdentity, GpuUuid};
 use ccm_process::dir::{Dir, FileError};
 use clap::{Parser, Subcommand};
@@ -444,27 +445,6 @@ impl NodeView for DirectNode {
     }
 }
 
-/// The syntax of a usable-GPU list (UUIDs, decimal indices, `all`), checked before anything is
-/// asked of the node: a malformed value is the user's input (exit 2), a GPU this node lacks is a
-/// refusal (exit 1).
-fn check_usable_syntax(text: &str, from: &str) -> Result<(), Failure> {
-    if text.trim().eq_ignore_ascii_case("all") {
-        return Ok(());
-    }
-    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let ok = item.parse::<GpuUuid>().is_ok() || item.bytes().all(|b| b.is_ascii_digit());
-        if !ok {
-            return Err(Failure::Input(format!(
-                "{from} \"{}\": `{}` is neither a GPU UUID (GPU-xxxxxxxx-...) nor an NVML index; list UUIDs or \
-                 indices from `nvidia-smi -L`, comma-separated",
-                ccm_identity::text::shown(text),
-                ccm_identity::text::shown(item)
-            )));
-        }
-    }
-    Ok(())
-}
-
 fn run_preflight(
     path: &Path,
     limits: &ArchiveArgs,
@@ -478,11 +458,16 @@ fn run_preflight(
     if let Some(t) = device_map {
         config.device_map = parse_device_map(t, "--device-map").map_err(input)?;
     }
+    // A malformed value is the user's input (exit 2), named as typed; a GPU this node lacks is a refusal (exit 1),
+    // found by the preflight. The environment's value was parsed the same way by `Config::from_sources`.
     if let Some(t) = usable {
-        config.usable_gpus = Some(Sourced { value: t.to_string(), from: "--usable-gpus".into() });
-    }
-    if let Some(u) = &config.usable_gpus {
-        check_usable_syntax(&u.value, &u.from)?;
+        let value = t.parse::<UsableGpus>().map_err(|e| {
+            Failure::Input(format!(
+                "--usable-gpus \"{}\": {e}; list UUIDs or indices from `nvidia-smi -L`, comma-separated, or `all`",
+                ccm_identity::text::shown(t)
+            ))
+        })?;
+        config.usable_gpus = Some(Sourced { value, from: "--usable-gpus".into() });
     }
     let checkpoint = load_checkpoint(path, &limits.limits())?;
     if !checkpoint.has_inventory {
@@ -513,15 +498,12 @@ fn run_preflight(
             preflight::PreflightError::NvmlFailed(ccm_identity::text::escaped(e)).to_string(),
         ));
     }
-    let given = match &spec {
-        Some((path, text)) if config.usable_gpus.is_none() => {
-            match ccm_identity::runtime::gpus_given_by_spec(text, node.gpus()) {
-                Ok(g) => g,
-                Err(e) => return Err(Failure::Refused(format!("the bundle's spec {} {e}", path.display()))),
-            }
-        }
-        _ => None,
-    };
+    // The bundle's spec stands for the restoring runtime's, in the one order the plugin uses too.
+    let usable = preflight::usable_source(&config, || match &spec {
+        Some((path, text)) => ccm_identity::runtime::gpus_given_by_spec(text, node.gpus())
+            .map_err(|e| Failure::Refused(format!("the bundle's spec {} {e}", path.display()))),
+        None => Ok(None),
+    })?;
     // An archive's spec.dump is the DUMPED container's: which GPUs the restored one gets is the restoring
     // runtime's choice (the kubelet's device plugin allocates anew), so it only informs.
     if let (Some(a), None, None, false) = (&checkpoint.archive, bundle, &config.usable_gpus, json) {
@@ -533,14 +515,14 @@ fn run_preflight(
             );
         }
     }
-    if let (Some(g), false) = (&given, json) {
+    if let (preflight::UsableSource::Spec(g), false) = (&usable, json) {
         println!(
             "usable GPUs from the bundle's spec ({}): {}",
             g.source,
             g.uuids.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", ")
         );
     }
-    let verdict = preflight::run(&node, checkpoint.images, &config, given.as_ref())
+    let verdict = preflight::run(&node, checkpoint.images, &config, &usable)
         .map_err(|e| Failure::Refused(e.to_string()))?;
     let plans = &verdict.plans;
     if json {

@@ -25,9 +25,9 @@ pub struct Config {
     pub disabled: bool,
     /// `CRIU_CUDA_MIGRATE_DEVICE_MAP`: explicit `OLD=NEW` pairs, parsed; `None`: the automatic map.
     pub device_map: Option<Sourced<Vec<(GpuUuid, GpuUuid)>>>,
-    /// `CRIU_CUDA_MIGRATE_USABLE_GPUS`: UUIDs or NVML indices as given (resolved against the
-    /// node's GPUs by the preflight).
-    pub usable_gpus: Option<Sourced<String>>,
+    /// `CRIU_CUDA_MIGRATE_USABLE_GPUS`: UUIDs or NVML indices, parsed (resolved against the node's GPUs by
+    /// the preflight, after [`crate::preflight::usable_source`] decided that the setting applies).
+    pub usable_gpus: Option<Sourced<UsableGpus>>,
     pub strictness: Strictness,
     /// `CRIU_CUDA_MIGRATE_RECONCILE=off` skips the identity rewrite (to reproduce the bug).
     pub reconcile: bool,
@@ -81,6 +81,7 @@ impl LeaveRunning {
     }
 }
 
+use ccm_identity::map::UsableGpus;
 use ccm_identity::options::GivenOption;
 use ccm_identity::settings::{self, Setting};
 use ccm_identity::GpuUuid;
@@ -163,9 +164,20 @@ impl Config {
             Some((v, from)) => parse_device_map(&v, &from)?,
             None => None,
         };
-        let usable_gpus = get(&settings::USABLE_GPUS)
-            .filter(|(v, _)| !v.trim().is_empty())
-            .map(|(value, from)| Sourced { value, from });
+        // Parsed here, once: a malformed list is the setting's error, named by its source, before any node is asked.
+        let usable_gpus = match get(&settings::USABLE_GPUS).filter(|(v, _)| !v.trim().is_empty()) {
+            None => None,
+            Some((v, from)) => match v.parse::<UsableGpus>() {
+                Ok(value) => Some(Sourced { value, from }),
+                Err(e) => {
+                    return Err(ConfigError::invalid(
+                        from,
+                        v,
+                        format!("GPU UUIDs or NVML indices from `nvidia-smi -L`, comma-separated, or `all`: {e}"),
+                    ))
+                }
+            },
+        };
         let libcuda = get(&settings::LIBCUDA).map(|(v, _)| v).filter(|s| !s.trim().is_empty());
         let libnvml = get(&settings::LIBNVML).map(|(v, _)| v).filter(|s| !s.trim().is_empty());
         let strictness = match get(&settings::MODE) {
@@ -276,7 +288,7 @@ impl std::fmt::Display for Config {
                 .as_ref()
                 .map(|m| m.value.iter().map(|(o, n)| format!("{o}={n}")).collect::<Vec<_>>().join(","))
                 .unwrap_or_else(|| "automatic".into()),
-            self.usable_gpus.as_ref().map(|u| u.value.as_str()).unwrap_or("all"),
+            self.usable_gpus.as_ref().map(|u| u.value.to_string()).unwrap_or_else(|| "all".into()),
             match self.strictness {
                 Strictness::Strict => "strict",
                 Strictness::Permissive => "permissive",
@@ -510,7 +522,7 @@ mod tests {
         .unwrap();
         assert_eq!((c.device_map, c.leave_running), (None, LeaveRunning::Yes));
         assert_eq!(
-            c.usable_gpus.map(|u| (u.value, u.from)),
+            c.usable_gpus.map(|u| (u.value.to_string(), u.from)),
             Some(("1".into(), "--plugin-option criu-cuda-migrate.usable-gpus".into()))
         );
         assert_eq!(c.libcuda.as_deref(), Some("/x"));

@@ -5,12 +5,13 @@ use std::path::PathBuf;
 
 use ccm_driver::abi::{restore_args_layout, RestoreArgsLayout};
 use ccm_identity::image::{IdentityImage, ImageError};
-use ccm_identity::map::{self, Concern, DeviceMap, MapError, MapRequest};
+use ccm_identity::map::{self, Concern, DeviceMap, MapError, MapRequest, UsableGpus};
 use ccm_identity::memory::{self, ProcessNeed, TargetNeed};
 use ccm_identity::runtime::GivenGpus;
 use ccm_identity::{GpuIdentity, GpuUuid};
 use ccm_process::dir::{Dir, FileError};
 
+use crate::config::Sourced;
 use crate::Config;
 
 /// Largest identity image read: the format's own bound.
@@ -202,7 +203,7 @@ pub fn run(
     node: &dyn NodeView,
     images: Vec<(PathBuf, IdentityImage)>,
     config: &Config,
-    given: Option<&GivenGpus>,
+    usable: &UsableSource,
 ) -> Result<Verdict, PreflightError> {
     // NVML's failure first: without its list every other verdict (no GPU, a spec's GPUs absent)
     // would name the wrong cause.
@@ -211,7 +212,7 @@ pub fn run(
             return Err(PreflightError::NvmlFailed(ccm_identity::text::escaped(&e)));
         }
     }
-    let plans = plan(images, node.gpus(), config, given)?;
+    let plans = plan(images, node.gpus(), config, usable)?;
     if plans.iter().any(|p| !p.map.is_identity()) {
         if let RestoreArgsLayout::Unknown(why) = restore_args_layout(node.cuda_driver_version()) {
             return Err(PreflightError::DriverTooNew(why));
@@ -233,43 +234,79 @@ pub fn run(
     Ok(Verdict { plans, memory })
 }
 
+/// The GPUs a restore may use, and who decided it. The one place that orders the sources, for the plugin
+/// and the CLI alike: the usable-GPU setting (`CRIU_CUDA_MIGRATE_USABLE_GPUS`, `--usable-gpus`), else the GPUs the
+/// restoring container runtime gives the container (its spec), else every GPU of the node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UsableSource {
+    Setting(Sourced<UsableGpus>),
+    Spec(GivenGpus),
+    All,
+}
+
+/// Decides the [`UsableSource`]: `read_spec` (the restoring runtime's spec, which may be absent or refuse the
+/// restore) is called only when no setting names the GPUs.
+pub fn usable_source<E>(
+    config: &Config,
+    read_spec: impl FnOnce() -> Result<Option<GivenGpus>, E>,
+) -> Result<UsableSource, E> {
+    if let Some(u) = &config.usable_gpus {
+        return Ok(UsableSource::Setting(u.clone()));
+    }
+    Ok(read_spec()?.map_or(UsableSource::All, UsableSource::Spec))
+}
+
+impl UsableSource {
+    /// The node's GPUs it allows (`None`: all), each error named by who gave the list.
+    fn resolve(&self, node_gpus: &[GpuIdentity]) -> Result<Option<Vec<GpuUuid>>, PreflightError> {
+        match self {
+            UsableSource::Setting(u) => u
+                .value
+                .resolve(node_gpus)
+                .map(Some)
+                .map_err(|source| PreflightError::Setting { from: u.from.clone(), source }),
+            UsableSource::Spec(g) => Ok(Some(g.uuids.clone())),
+            UsableSource::All => Ok(None),
+        }
+    }
+
+    /// Who gave the list, for an error of the map about it (`None`: nobody; every GPU was allowed).
+    fn named_as(&self) -> Option<String> {
+        match self {
+            UsableSource::Setting(u) => Some(u.from.clone()),
+            UsableSource::Spec(g) => Some(format!("the restoring runtime's spec ({})", g.source)),
+            UsableSource::All => None,
+        }
+    }
+}
+
 /// Plans one device map for the whole checkpoint (every process of a job must see the same
-/// GPU move, or NCCL ranks would disagree), then gives each process its share of it.
-///
-/// The GPUs the map may use: `CRIU_CUDA_MIGRATE_USABLE_GPUS` when set, else the GPUs the
-/// restoring container runtime gives the container (`given`, from its spec), else all of them.
+/// GPU move, or NCCL ranks would disagree), then gives each process its share of it, on the GPUs
+/// `usable` allows ([`usable_source`]).
 pub fn plan(
     images: Vec<(PathBuf, IdentityImage)>,
     node_gpus: &[GpuIdentity],
     config: &Config,
-    given: Option<&GivenGpus>,
+    usable: &UsableSource,
 ) -> Result<Vec<ProcessPlan>, PreflightError> {
     if images.is_empty() {
         return Ok(Vec::new());
     }
-    if let Some(g) = given.filter(|g| g.uuids.is_empty() && config.usable_gpus.is_none()) {
-        return Err(PreflightError::GivenNoGpu { source_of: g.source.clone() });
+    if let UsableSource::Spec(g) = usable {
+        if g.uuids.is_empty() {
+            return Err(PreflightError::GivenNoGpu { source_of: g.source.clone() });
+        }
     }
     if node_gpus.is_empty() {
         return Err(PreflightError::NoGpu);
     }
-    let usable = match &config.usable_gpus {
-        Some(u) => Some(
-            map::parse_usable(&u.value, node_gpus)
-                .map_err(|source| PreflightError::Setting { from: u.from.clone(), source })?,
-        ),
-        None => given.map(|g| g.uuids.clone()),
-    };
+    let allowed = usable.resolve(node_gpus)?;
     let explicit: &[(GpuUuid, GpuUuid)] = config.device_map.as_ref().map_or(&[], |m| &m.value);
     let merged = merged_view(&images);
-    let whole = map::plan(&MapRequest { image: &merged, node_gpus, usable: usable.as_deref(), explicit }).map_err(
-        |e| match (e.concerns(), &config.device_map, &config.usable_gpus) {
+    let whole = map::plan(&MapRequest { image: &merged, node_gpus, usable: allowed.as_deref(), explicit }).map_err(
+        |e| match (e.concerns(), &config.device_map, usable.named_as()) {
             (Concern::DeviceMap, Some(m), _) => PreflightError::Setting { from: m.from.clone(), source: e },
-            (Concern::UsableGpus, _, Some(u)) => PreflightError::Setting { from: u.from.clone(), source: e },
-            (Concern::UsableGpus, _, None) if given.is_some() => PreflightError::Setting {
-                from: format!("the restoring runtime's spec ({})", given.map(|g| g.source.as_str()).unwrap_or("")),
-                source: e,
-            },
+            (Concern::UsableGpus, _, Some(from)) => PreflightError::Setting { from, source: e },
             _ => PreflightError::Map(e),
         },
     )?;

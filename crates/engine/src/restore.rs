@@ -83,20 +83,19 @@ impl RestoreSession {
         let node = Node::load_for_restore(agent, s.config.memory_check, &*s.seams.targets).map_err(cannot)?;
         // Without an explicit usable set, the GPUs the restoring runtime gives the container. A spec that
         // is there but cannot be read refuses the restore: "all GPUs" could be another tenant's.
-        let given = if s.config.usable_gpus.is_none() {
-            given_by_restoring_runtime(&*s.seams.targets, node.gpus())?
-        } else {
-            None
-        };
-        if let Some((path, g)) = &given {
-            info!(
-                "usable GPUs: [{}], what the restoring runtime's spec {} gives the container ({})",
-                g.uuids.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", "),
-                path.display(),
-                g.source
-            );
-        }
-        let verdict = preflight::run(&node, images, &s.config, given.as_ref().map(|(_, g)| g))?;
+        let usable = preflight::usable_source(&s.config, || {
+            let given = given_by_restoring_runtime(&*s.seams.targets, node.gpus())?;
+            if let Some((path, g)) = &given {
+                info!(
+                    "usable GPUs: [{}], what the restoring runtime's spec {} gives the container ({})",
+                    g.uuids.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", "),
+                    path.display(),
+                    g.source
+                );
+            }
+            Ok::<_, EngineError>(given.map(|(_, g)| g))
+        })?;
+        let verdict = preflight::run(&node, images, &s.config, &usable)?;
         log_memory_verdict(&verdict.memory);
         s.plans = verdict.plans;
         for p in &s.plans {

@@ -99,9 +99,13 @@ fn plan(old: &GpuIdentity, new: &GpuIdentity, sites: Vec<PciSite>) -> crate::pre
         prop_sites: Vec::new(),
         device_memory: None,
     };
-    let mut plans =
-        crate::preflight::plan(vec![(PathBuf::from("img"), image)], std::slice::from_ref(new), &config(&[]), None)
-            .unwrap();
+    let mut plans = crate::preflight::plan(
+        vec![(PathBuf::from("img"), image)],
+        std::slice::from_ref(new),
+        &config(&[]),
+        &crate::preflight::UsableSource::All,
+    )
+    .unwrap();
     plans.remove(0)
 }
 

@@ -228,36 +228,114 @@ pub fn parse_pairs(text: &str) -> Result<Vec<(GpuUuid, GpuUuid)>, MapError> {
     Ok(pairs)
 }
 
-/// Parses the usable GPU list: UUIDs or NVML indices of this node, comma-separated, or `all`.
-/// Duplicates are dropped (first occurrence wins), so the order given is kept.
-pub fn parse_usable(text: &str, node_gpus: &[GpuIdentity]) -> Result<Vec<GpuUuid>, MapError> {
-    if text.trim().eq_ignore_ascii_case("all") {
-        return Ok(node_gpus.iter().map(|g| g.uuid).collect());
+/// One GPU of a usable-GPU list as the user wrote it: a UUID, or an NVML index of the restore node.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum GpuSelector {
+    Uuid(GpuUuid),
+    Index(usize),
+}
+
+/// `CRIU_CUDA_MIGRATE_USABLE_GPUS` (and the CLI's `--usable-gpus`), parsed once at the edge: `all`, or UUIDs and
+/// NVML indices, comma-separated. Its syntax is checked without the node; [`UsableGpus::resolve`] then names the
+/// node's GPUs, in the order given, duplicates dropped.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum UsableGpus {
+    All,
+    List(Vec<GpuSelector>),
+}
+
+/// Why a usable-GPU list cannot be read, before any node is asked.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum UsableSyntaxError {
+    #[error("`{item}` is neither a GPU UUID (GPU-xxxxxxxx-...) nor an NVML index ({reason})")]
+    Item { item: String, reason: String },
+    #[error("it names no GPU")]
+    Empty,
+}
+
+impl std::str::FromStr for UsableGpus {
+    type Err = UsableSyntaxError;
+
+    fn from_str(text: &str) -> Result<UsableGpus, UsableSyntaxError> {
+        if text.trim().eq_ignore_ascii_case("all") {
+            return Ok(UsableGpus::All);
+        }
+        let mut list = Vec::new();
+        for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
+            let shown = crate::text::shown(item);
+            let selector = if item.starts_with("GPU-") {
+                GpuSelector::Uuid(
+                    item.parse().map_err(|e| UsableSyntaxError::Item { item: shown, reason: format!("{e}") })?,
+                )
+            } else {
+                GpuSelector::Index(item.parse().map_err(|_| UsableSyntaxError::Item {
+                    item: shown,
+                    reason: "not a UUID or a decimal index".into(),
+                })?)
+            };
+            list.push(selector);
+        }
+        if list.is_empty() {
+            return Err(UsableSyntaxError::Empty);
+        }
+        Ok(UsableGpus::List(list))
     }
-    let mut out: Vec<GpuUuid> = Vec::new();
-    for item in text.split(',').map(str::trim).filter(|i| !i.is_empty()) {
-        let bad = |reason: String| MapError::BadUsable { item: item.to_string(), reason, node: list_node(node_gpus) };
-        let uuid = if item.starts_with("GPU-") {
-            let uuid: GpuUuid = item.parse().map_err(|e| bad(format!("{e}")))?;
-            if !node_gpus.iter().any(|g| g.uuid == uuid) {
-                return Err(MapError::UsableNotOnNode { uuid, node: list_node(node_gpus) });
+}
+
+impl std::fmt::Display for UsableGpus {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            UsableGpus::All => f.write_str("all"),
+            UsableGpus::List(list) => {
+                let items: Vec<String> = list
+                    .iter()
+                    .map(|s| match s {
+                        GpuSelector::Uuid(u) => u.to_string(),
+                        GpuSelector::Index(i) => i.to_string(),
+                    })
+                    .collect();
+                f.write_str(&items.join(","))
             }
-            uuid
-        } else {
-            let index: usize = item.parse().map_err(|_| bad("not a UUID or a decimal index".into()))?;
-            node_gpus
-                .get(index)
-                .map(|g| g.uuid)
-                .ok_or_else(|| bad(format!("index {index} is beyond this node's {} GPUs", node_gpus.len())))?
-        };
-        if !out.contains(&uuid) {
-            out.push(uuid);
         }
     }
-    if out.is_empty() {
-        return Err(MapError::EmptyUsable);
+}
+
+impl UsableGpus {
+    /// The GPUs of this node the list names, in the order given, duplicates dropped (first occurrence wins).
+    pub fn resolve(&self, node_gpus: &[GpuIdentity]) -> Result<Vec<GpuUuid>, MapError> {
+        let UsableGpus::List(list) = self else { return Ok(node_gpus.iter().map(|g| g.uuid).collect()) };
+        let mut out: Vec<GpuUuid> = Vec::new();
+        for selector in list {
+            let uuid = match *selector {
+                GpuSelector::Uuid(uuid) => {
+                    if !node_gpus.iter().any(|g| g.uuid == uuid) {
+                        return Err(MapError::UsableNotOnNode { uuid, node: list_node(node_gpus) });
+                    }
+                    uuid
+                }
+                GpuSelector::Index(index) => {
+                    node_gpus.get(index).map(|g| g.uuid).ok_or_else(|| MapError::BadUsable {
+                        item: index.to_string(),
+                        reason: format!("index {index} is beyond this node's {} GPUs", node_gpus.len()),
+                        node: list_node(node_gpus),
+                    })?
+                }
+            };
+            if !out.contains(&uuid) {
+                out.push(uuid);
+            }
+        }
+        Ok(out)
     }
-    Ok(out)
+}
+
+/// Parses and resolves a usable GPU list in one step (tests and callers that hold only text).
+pub fn parse_usable(text: &str, node_gpus: &[GpuIdentity]) -> Result<Vec<GpuUuid>, MapError> {
+    let usable: UsableGpus = text.parse().map_err(|e| match e {
+        UsableSyntaxError::Empty => MapError::EmptyUsable,
+        UsableSyntaxError::Item { item, reason } => MapError::BadUsable { item, reason, node: list_node(node_gpus) },
+    })?;
+    usable.resolve(node_gpus)
 }
 
 fn list_node(node_gpus: &[GpuIdentity]) -> String {
@@ -838,6 +916,15 @@ mod tests {
         assert!(matches!(parse_pairs(&uuid(0).to_string()), Err(MapError::BadPair { .. })));
         assert_eq!(parse_usable(&format!("2, {} ,0,2", uuid(1)), &node).unwrap(), vec![uuid(2), uuid(1), uuid(0)]);
         assert_eq!(parse_usable(" all ", &node).unwrap().len(), 3);
+        // Parsed once, without the node; shown back canonically; resolved against the node after.
+        let u: UsableGpus = format!(" 2, {} ,0,2", uuid(1)).parse().unwrap();
+        assert_eq!(u.to_string(), format!("2,{},0,2", uuid(1)));
+        assert_eq!(u.resolve(&node).unwrap(), vec![uuid(2), uuid(1), uuid(0)]);
+        assert_eq!("ALL".parse::<UsableGpus>().unwrap(), UsableGpus::All);
+        assert!(matches!("x".parse::<UsableGpus>(), Err(UsableSyntaxError::Item { .. })));
+        assert!(matches!("GPU-zz".parse::<UsableGpus>(), Err(UsableSyntaxError::Item { .. })));
+        assert_eq!(" , ".parse::<UsableGpus>(), Err(UsableSyntaxError::Empty));
+        assert!(matches!("7".parse::<UsableGpus>().unwrap().resolve(&node), Err(MapError::BadUsable { .. })));
         assert!(matches!(parse_usable("3", &node), Err(MapError::BadUsable { .. })));
         assert!(matches!(parse_usable("x", &node), Err(MapError::BadUsable { .. })));
         assert!(matches!(parse_usable(" , ", &node), Err(MapError::EmptyUsable)));
