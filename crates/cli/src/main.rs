@@ -484,7 +484,7 @@ fn run_preflight(
         None => None,
     };
     // Without NVML the GPU list is empty, and the one preflight refuses as the plugin does.
-    let nvml = Nvml::init();
+    let nvml = Nvml::init(config.libnvml.as_deref());
     let (gpus, nvml_error) =
         match nvml.as_ref().map_err(|e| e.to_string()).and_then(|v| v.gpus().map_err(|e| e.to_string())) {
             Ok(g) => (g, None),
@@ -558,7 +558,7 @@ fn run_preflight(
 }
 
 fn node(json: bool) -> CliResult {
-    let nvml = Nvml::init().map_err(input)?;
+    let nvml = Nvml::init(Config::driver_libs_in_env().libnvml.as_deref()).map_err(input)?;
     let gpus = nvml.gpus().map_err(input)?;
     if json {
         println!(

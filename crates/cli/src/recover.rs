@@ -61,9 +61,10 @@ fn not_here(pid: impl std::fmt::Display) -> Failure {
 /// device memory NVML says the process holds (80 GiB when it cannot tell), as the plugin's.
 fn put_back_deadline(pid: HostPid) -> Result<Duration, Failure> {
     let config = ccm_engine::Config::from_sources(|k| std::env::var(k).ok(), &[], &[]).map_err(input)?;
-    let held = ccm_driver::nvml::Nvml::init().ok().and_then(|n| n.device_memory().ok()).map(|gpus| {
-        gpus.iter().flat_map(|g| &g.processes).filter(|(p, _)| *p == pid.get()).filter_map(|(_, b)| *b).sum::<u64>()
-    });
+    let held =
+        ccm_driver::nvml::Nvml::init(config.libnvml.as_deref()).ok().and_then(|n| n.device_memory().ok()).map(|gpus| {
+            gpus.iter().flat_map(|g| &g.processes).filter(|(p, _)| *p == pid.get()).filter_map(|(_, b)| *b).sum::<u64>()
+        });
     Ok(config.call_deadline(held.filter(|b| *b > 0)))
 }
 
@@ -95,7 +96,8 @@ pub fn run(pid: i32, json: bool) -> CliResult {
     let (tx, rx) = mpsc::channel::<Result<Progress, Failure>>();
     std::thread::spawn(move || {
         let load = || -> Result<(CheckpointApi, ProcessState), Failure> {
-            let lib = ccm_driver::Libcuda::load().map_err(input)?;
+            let lib = ccm_driver::Libcuda::load(ccm_engine::Config::driver_libs_in_env().libcuda.as_deref())
+                .map_err(input)?;
             let api = CheckpointApi::new(&lib).map_err(input)?;
             lib.init().map_err(input)?;
             let before = api.state(pid.driver()).map_err(|e| Failure::Input(format!("pid {pid}: {e}")))?;

@@ -54,14 +54,10 @@ struct Inner {
 pub const LIBCUDA_NAME: &str = "libcuda.so.1";
 
 impl Libcuda {
-    /// Loads `libcuda.so.1` (or `$CRIU_CUDA_MIGRATE_LIBCUDA`).
-    pub fn load() -> Result<Libcuda, LoadError> {
-        // An empty value is no setting, as the plugin's configuration reads it.
-        let path = std::env::var(ccm_identity::settings::LIBCUDA.env)
-            .ok()
-            .filter(|v| !v.trim().is_empty())
-            .unwrap_or_else(|| LIBCUDA_NAME.to_string());
-        Self::load_from(&path)
+    /// Loads the library a setting names (`CRIU_CUDA_MIGRATE_LIBCUDA`, read by the caller's configuration:
+    /// this crate reads no environment), else the loader's `libcuda.so.1`.
+    pub fn load(setting: Option<&str>) -> Result<Libcuda, LoadError> {
+        Self::load_from(setting.unwrap_or(LIBCUDA_NAME))
     }
 
     pub fn load_from(path: &str) -> Result<Libcuda, LoadError> {

@@ -72,14 +72,10 @@ fn q(what: impl Into<String>) -> impl FnOnce(NvmlError) -> NvmlFailure {
 pub const LIBNVML_NAME: &str = "libnvidia-ml.so.1";
 
 impl Nvml {
-    /// NVML from `$CRIU_CUDA_MIGRATE_LIBNVML`, else the loader's search (the command-line tool).
-    pub fn init() -> Result<Nvml, NvmlFailure> {
-        // An empty value is no setting, as the plugin's configuration reads it.
-        let lib = std::env::var(ccm_identity::settings::LIBNVML.env)
-            .ok()
-            .filter(|v| !v.trim().is_empty())
-            .unwrap_or_else(|| LIBNVML_NAME.to_string());
-        Self::init_from(&lib)
+    /// NVML from the library a setting names (`CRIU_CUDA_MIGRATE_LIBNVML`, read by the caller's configuration:
+    /// this crate reads no environment), else the loader's search.
+    pub fn init(setting: Option<&str>) -> Result<Nvml, NvmlFailure> {
+        Self::init_from(setting.unwrap_or(LIBNVML_NAME))
     }
 
     /// NVML from `lib`: a file name for the loader's search, or a path, which must be a file only

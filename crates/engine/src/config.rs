@@ -108,6 +108,11 @@ impl ConfigError {
     }
 }
 
+/// A library path setting: an empty value is no setting.
+fn library_setting(value: Option<String>) -> Option<String> {
+    value.filter(|v| !v.trim().is_empty())
+}
+
 /// Explicit (dump GPU, restore GPU) pairs, as a device map setting gives them.
 pub type DevicePairs = Vec<(GpuUuid, GpuUuid)>;
 
@@ -178,8 +183,8 @@ impl Config {
                 }
             },
         };
-        let libcuda = get(&settings::LIBCUDA).map(|(v, _)| v).filter(|s| !s.trim().is_empty());
-        let libnvml = get(&settings::LIBNVML).map(|(v, _)| v).filter(|s| !s.trim().is_empty());
+        let libcuda = library_setting(get(&settings::LIBCUDA).map(|(v, _)| v));
+        let libnvml = library_setting(get(&settings::LIBNVML).map(|(v, _)| v));
         let strictness = match get(&settings::MODE) {
             None => Strictness::Strict,
             Some((v, from)) => match v.trim() {
@@ -263,6 +268,13 @@ impl Config {
         }
         let gib = device_bytes.unwrap_or(80 << 30).div_ceil(1 << 30);
         DEADLINE_BASE + DEADLINE_PER_GIB * u32::try_from(gib).unwrap_or(u32::MAX)
+    }
+
+    /// The driver libraries the environment's settings name, by the rule [`Config::from_sources`] reads them
+    /// with, for the CLI's commands that need no other setting (the driver crate reads no environment).
+    pub fn driver_libs_in_env() -> ccm_agent::DriverLibs {
+        let get = |s: &Setting| library_setting(std::env::var(s.env).ok());
+        ccm_agent::DriverLibs { libcuda: get(&settings::LIBCUDA), libnvml: get(&settings::LIBNVML) }
     }
 
     /// The driver libraries the agent loads.

@@ -153,7 +153,10 @@ impl CudaApp {
     /// Loads `libcuda.so.1` (or `$CRIU_CUDA_MIGRATE_LIBCUDA`), calls `cuInit(0)` and resolves
     /// the app-side symbols.
     pub fn load_and_init() -> Result<CudaApp, AppError> {
-        let lib = Libcuda::load()?;
+        // The plugin's setting names the driver library for the workload too (the test doubles, a driver
+        // outside the loader's path); an empty value is no setting.
+        let setting = std::env::var(ccm_identity::settings::LIBCUDA.env).ok().filter(|v| !v.trim().is_empty());
+        let lib = Libcuda::load(setting.as_deref())?;
         lib.init()?;
         CudaApp::new(lib)
     }

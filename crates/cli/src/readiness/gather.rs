@@ -216,11 +216,12 @@ fn is_root() -> bool {
 /// The driver as the command-line tool sees it: NVML and libcuda loaded in this process (the
 /// libraries `CRIU_CUDA_MIGRATE_LIBNVML` / `_LIBCUDA` name, else the loader's), as `node` does.
 fn driver_facts() -> (Result<NvmlFacts, String>, Result<String, String>) {
-    let nvml = ccm_driver::nvml::Nvml::init().map_err(|e| e.to_string()).and_then(|n| {
+    let libs = ccm_engine::Config::driver_libs_in_env();
+    let nvml = ccm_driver::nvml::Nvml::init(libs.libnvml.as_deref()).map_err(|e| e.to_string()).and_then(|n| {
         let gpus = n.gpus().map_err(|e| e.to_string())?;
         Ok(NvmlFacts { driver_version: n.driver_version().unwrap_or_default(), gpus })
     });
-    let api = ccm_driver::Libcuda::load().map_err(|e| e.to_string()).and_then(|lib| {
+    let api = ccm_driver::Libcuda::load(libs.libcuda.as_deref()).map_err(|e| e.to_string()).and_then(|lib| {
         ccm_driver::checkpoint::CheckpointApi::new(&lib).map(|_| lib.path().to_string()).map_err(|e| e.to_string())
     });
     (nvml, api)
