@@ -272,19 +272,7 @@ pub(super) fn write_image(dir: &Dir, img: &IdentityImage) -> Result<(), ProcessF
 #[cfg(test)]
 mod tests {
     use super::*;
-    use ccm_identity::PciAddress;
-
-    fn gpu(i: u32) -> GpuIdentity {
-        GpuIdentity {
-            uuid: format!("GPU-{i:08x}-0000-0000-0000-000000000000").parse().unwrap(),
-            pci: PciAddress { domain: 0, bus: i, device: 0, function: 0 },
-            pci_device_id: 0x233510de,
-            pci_subsystem_id: 0x18bf10de,
-            minor: i,
-            name: "NVIDIA H200".into(),
-            memory_total: 1 << 30,
-        }
-    }
+    use crate::fake::gpu;
 
     fn image(gpus: u32) -> IdentityImage {
         IdentityImage {
