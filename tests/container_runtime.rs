@@ -147,6 +147,32 @@ impl Scratch {
     }
 }
 
+/// What checkpointctl (Debian's 1.3, forky's runtimes root) and criu-cuda-migrate told of one checkpoint archive
+/// (`archive_tools` of tests/container/common.sh): both read it without error and checkpointctl names the
+/// container. A root without checkpointctl (trixie's runtimes root) says so loudly; the forky root must have it.
+fn assert_archive_tools(scratch: &Scratch, prefix: &str, container: &str, suite: &str) {
+    scratch.assert_step(&format!("{prefix}-ccm-inspect"), "criu-cuda-migrate inspect of the archive");
+    scratch.assert_step(&format!("{prefix}-ccm-inspect-json"), "criu-cuda-migrate --json inspect of the archive");
+    let json = scratch.read(&format!("{prefix}-ccm-inspect-json.out"));
+    assert!(
+        json.contains("\"has_inventory\": true")
+            && json.contains("\"needs\"")
+            && json.contains("\"criu_version_matters\": false"),
+        "criu-cuda-migrate --json inspect of the {prefix} archive: {json}"
+    );
+    if scratch.path().join(format!("{prefix}-checkpointctl.absent")).exists() {
+        assert_ne!(suite, "forky", "the forky runtimes root lacks checkpointctl (tests/criu-root.sh CRI_PACKAGES)");
+        loud(&format!("NOTE: no checkpointctl in the {suite} runtimes root: the {prefix} archive was read by criu-cuda-migrate only"));
+        return;
+    }
+    for cmd in ["show", "inspect"] {
+        let step = format!("{prefix}-checkpointctl-{cmd}");
+        scratch.assert_step(&step, &format!("checkpointctl {cmd} of the {prefix} archive"));
+        let out = scratch.read(&format!("{step}.out"));
+        assert!(out.contains(container), "checkpointctl {cmd} does not name the container {container}: {out}");
+    }
+}
+
 /// The forky root for a CRI test, or `None` after a loud skip: trixie's containerd 1.7 has no CRI
 /// CheckpointContainer (containerd 2.0+), and tests/run-all.sh's forky pass runs the test on containerd 2.1.
 fn cri_root_or_skip(test: &str) -> Option<CriuRoot> {
@@ -218,6 +244,7 @@ fn podman_and_containerd_checkpoint_and_restore_containers_with_the_packaged_plu
     scratch.assert_step("runc-checkpoint", "podman container checkpoint --export (runc)");
     assert_eq!(scratch.read("runc-after-checkpoint.state").trim(), "exited", "checkpoint --export left it running");
     scratch.settings("runc-dump.log");
+    assert_archive_tools(&scratch, "runc", "ccm-runc", &root.suite);
     scratch.assert_step("runc-rm", "podman rm after the checkpoint");
     scratch.assert_step("runc-restore", "podman container restore --import (runc)");
     assert_eq!(scratch.read("runc-after-restore.state").trim(), "running", "the restored container does not run");
@@ -364,6 +391,52 @@ fn containerd_cri_checkpoint_container_and_restore_through_cri_with_the_packaged
         restore.contains("usable GPUs 0") && restore.contains("mode permissive"),
         "containerd's service environment did not reach the plugin at the CRI restore: {restore}"
     );
+    // checkpointctl and criu-cuda-migrate read the CheckpointContainer archive.
+    assert_archive_tools(&scratch, "cri", "counter", &root.suite);
+
+    // The restore from a checkpoint image, as the Kubernetes documentation builds it (buildah) and containerd 2.1
+    // recognizes it (the annotation org.criu.checkpoint.container.name on its manifest).
+    for (step, what) in [
+        ("cri-image-from", "buildah from scratch"),
+        ("cri-image-add", "buildah add of the checkpoint archive"),
+        ("cri-image-config", "buildah config --annotation (the checkpoint name for CRI-O and containerd)"),
+        ("cri-image-commit", "buildah commit of the checkpoint image"),
+        ("cri-image-layout", "buildah push to an OCI layout directory"),
+        ("cri-image-oci-archive", "buildah push to an oci-archive"),
+        ("cri-image-ccm-inspect", "criu-cuda-migrate inspect of the OCI layout"),
+        ("cri-image-ccm-inspect-json", "criu-cuda-migrate --json inspect of the oci-archive"),
+        ("cri-image-ccm-preflight-json", "criu-cuda-migrate --json preflight of the OCI layout"),
+        ("cri-image-push", "buildah push to the loopback registry"),
+        ("cri-image-pull", "CRI PullImage of the checkpoint image"),
+    ] {
+        scratch.assert_step(step, what);
+    }
+    let inspect = scratch.read("cri-image-ccm-inspect.out");
+    for needle in [
+        "checkpoint image (OCI image layout",
+        "every digest verified",
+        "containerd 2.x restores from it (annotation org.criu.checkpoint.container.name)",
+        "(its layer): checkpoint archive",
+        "dumped by CRIU 4.2",
+    ] {
+        assert!(
+            inspect.contains(needle),
+            "criu-cuda-migrate inspect of the checkpoint image lacks {needle:?}: {inspect}"
+        );
+    }
+    let json = scratch.read("cri-image-ccm-inspect-json.out");
+    for needle in ["\"format\": \"oci-archive\"", "\"checkpoint_name_containerd\": \"counter\"", "\"gpu_count\": 0"] {
+        assert!(json.contains(needle), "criu-cuda-migrate --json inspect of the oci-archive lacks {needle}: {json}");
+    }
+    let preflight = scratch.read("cri-image-ccm-preflight-json.out");
+    assert!(preflight.contains("\"ok\":true") && preflight.contains("\"needs\""), "preflight --json: {preflight}");
+    scratch.assert_step("cri-image-restore-create", "CRI CreateContainer with the checkpoint image");
+    scratch.assert_step("cri-image-restore-start", "CRI StartContainer of the container created from the image");
+    assert_eq!(scratch.read("cri-after-image-restore.state").trim(), "CONTAINER_RUNNING", "restored from the image");
+    scratch.assert_continues("cri-checkpointed.count", "cri-after-image-restore.count", "CRI restore from the image");
+    let restore = scratch.settings("cri-image-restore.log");
+    assert!(restore.contains("usable GPUs 0"), "the plugin at the restore from the image: {restore}");
+
     let adjustments = scratch.read("cri-host-adjustments.txt");
     if !adjustments.is_empty() {
         loud(&format!("NOTE: CRI flow host adjustment: {}", adjustments.trim()));

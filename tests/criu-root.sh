@@ -82,8 +82,9 @@ RUNTIMES_ROOT=${CCM_RUNTIMES_ROOT:-$ROOT-runtimes}
 RUNTIME_PACKAGES="podman runc crun conmon catatonit netavark aardvark-dns iptables iproute2 busybox-static zstd containerd"
 # forky's containerd 2.1 serves CRI's CheckpointContainer: the CRI client (tests/container/cri_client.py) needs gRPC,
 # protobuf and protoc for CRI's api.proto, which comes out of golang-k8s-cri-api-dev alone (its Depends are the Go
-# world, not needed for one .proto file).
-CRI_PACKAGES="python3-grpcio python3-protobuf protobuf-compiler docker-registry openssl"
+# world, not needed for one .proto file). checkpointctl (1.3): the Podman and CRI flows hold its reading of their
+# archives against ours; buildah: the CRI flow builds the OCI checkpoint image users restore from.
+CRI_PACKAGES="python3-grpcio python3-protobuf protobuf-compiler docker-registry openssl checkpointctl buildah"
 CRI_PROTO_PACKAGE=golang-k8s-cri-api-dev
 CRI_PROTO=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
 [ "$SUITE" = forky ] && RUNTIME_PACKAGES="$RUNTIME_PACKAGES $CRI_PACKAGES"
@@ -192,7 +193,7 @@ cmd_prepare_runtimes() {
         die "installing the runtimes failed (log: $log); check network access to the root's Debian mirror"
     fi
     local needed="usr/bin/podman usr/sbin/runc usr/bin/crun bin/busybox usr/bin/zstd usr/bin/containerd usr/bin/ctr"
-    [ "$SUITE" = forky ] && needed="$needed usr/bin/protoc $CRI_PROTO"
+    [ "$SUITE" = forky ] && needed="$needed usr/bin/protoc usr/bin/checkpointctl usr/bin/buildah $CRI_PROTO"
     for f in $needed; do
         case $f in
         *.proto) [ -f "$tmp/$f" ] ;;

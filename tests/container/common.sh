@@ -199,6 +199,21 @@ WRAPPER
     chmod 755 "$1"
 }
 
+# archive_tools ARCHIVE PREFIX: what checkpointctl (where the root has it: forky's 1.3) and this package's
+# criu-cuda-migrate tell of a checkpoint archive or image, as the steps PREFIX-checkpointctl-show,
+# PREFIX-checkpointctl-inspect (checkpointctl only reads archives), PREFIX-ccm-inspect and PREFIX-ccm-inspect-json;
+# without checkpointctl the file PREFIX-checkpointctl.absent says so.
+archive_tools() {
+    if [ -f "$1" ] && command -v checkpointctl >/dev/null 2>&1; then
+        step "$2-checkpointctl-show" checkpointctl show "$1"
+        step "$2-checkpointctl-inspect" checkpointctl inspect "$1"
+    else
+        echo "no checkpointctl in this root, or no archive file" >"$S/$2-checkpointctl.absent"
+    fi
+    step "$2-ccm-inspect" criu-cuda-migrate inspect "$1"
+    step "$2-ccm-inspect-json" criu-cuda-migrate --json inspect "$1"
+}
+
 # runc_for_cri_shim NOTES: sets RUNC_BINARY to the runc containerd's shim runs: /usr/sbin/runc, or where cgroup2 has
 # no cpu controller write_runc_nocpu's wrapper of it, said in the host-adjustments file NOTES.
 runc_for_cri_shim() {

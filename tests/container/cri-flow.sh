@@ -18,7 +18,17 @@
 #      is forensic: containerd passes leave-running), and the archive holds CRIU's dump.log with the plugin's lines;
 #   4. the container is stopped and removed; CreateContainer with the archive as the image and StartContainer bring
 #      it back in the same pod: the same token, the counter going on (containerd restores when the image is a
-#      checkpoint archive); CRIU's restore.log is copied from the container's state directory.
+#      checkpoint archive); CRIU's restore.log is copied from the container's state directory;
+#   5. the path the Kubernetes documentation gives: an OCI checkpoint image built from the archive with buildah
+#      (`from scratch`, `add` of the archive, `config --annotation`, `commit`; vfs storage), written out as an OCI
+#      layout and an oci-archive (read in place by criu-cuda-migrate inspect and preflight) and pushed to the
+#      loopback registry; CRI PullImage, then CreateContainer with that image and StartContainer restore it again.
+#      containerd 2.1 takes an image for a checkpoint by the annotation `org.criu.checkpoint.container.name` on
+#      its manifest (internal/cri/server/container_checkpoint_linux.go, checkIfCheckpointOCIImage); CRI-O by
+#      `io.kubernetes.cri-o.annotations.checkpoint.name`, the one the Kubernetes documentation's buildah line sets.
+#      The image gets both.
+#
+# checkpointctl (forky's 1.3) and criu-cuda-migrate read the CheckpointContainer archive too (archive_tools).
 set -u
 # No -e (nor pipefail): a status-recording flow. Each step's status goes to S/NAME.rc and the flow goes on;
 # the Rust test reads the statuses and names the step that broke.
@@ -112,6 +122,7 @@ tar -tf "$S/cri-checkpoint.tar" >"$S/cri-archive.list" 2>&1
 tar -xOf "$S/cri-checkpoint.tar" dump.log >"$S/cri-dump.log" 2>/dev/null
 [ -s "$S/cri-dump.log" ] || tar -xOf "$S/cri-checkpoint.tar" ./dump.log >"$S/cri-dump.log" 2>/dev/null
 [ -f "$S/cri-checkpoint.tar" ] || exit 0
+archive_tools "$S/cri-checkpoint.tar" cri
 
 # The restore Kubernetes users do: the container goes, a new one is created from the checkpoint archive.
 step cri-stop cri StopContainer "{\"container_id\":\"$CTR\",\"timeout\":0}"
@@ -126,5 +137,41 @@ step cri-restore-start cri StartContainer "{\"container_id\":\"$RESTORED\"}"
 cp "$S/cri-criu-work/restore.log" "$S/cri-restore.log" 2>/dev/null
 state "$RESTORED" >"$S/cri-after-restore.state" 2>&1
 wait_counter "$(beyond "$S/cri-checkpointed.count")" cat "$S/cri-out/count" >"$S/cri-after-restore.count"
+
+# 5. The checkpoint image (buildah, vfs storage under D), as the Kubernetes documentation builds it.
+if ! command -v buildah >/dev/null 2>&1; then
+    echo "no buildah in this root" >"$S/cri-image.absent"
+    exit 0
+fi
+# shellcheck disable=SC2317 # run through step
+bah() { buildah --storage-driver vfs --root "$D/buildah" --runroot "$D/buildah-run" "$@"; }
+CKPT_IMAGE=localhost/ccm-checkpoint:1
+step cri-image-from bah from scratch || exit 0
+WORK=$(tail -n1 "$S/cri-image-from.out")
+step cri-image-add bah add "$WORK" "$S/cri-checkpoint.tar" / || exit 0
+step cri-image-config bah config --annotation=io.kubernetes.cri-o.annotations.checkpoint.name=counter \
+    --annotation=org.criu.checkpoint.container.name=counter "$WORK" || exit 0
+step cri-image-commit bah commit "$WORK" "$CKPT_IMAGE" || exit 0
+step cri-image-layout bah push "$CKPT_IMAGE" "oci:$S/cri-checkpoint-image" || exit 0
+step cri-image-oci-archive bah push "$CKPT_IMAGE" "oci-archive:$S/cri-checkpoint-image.tar" || exit 0
+# What criu-cuda-migrate reads of the image, in place: the layout directory and the oci-archive.
+step cri-image-ccm-inspect criu-cuda-migrate inspect "$S/cri-checkpoint-image"
+step cri-image-ccm-inspect-json criu-cuda-migrate --json inspect "$S/cri-checkpoint-image.tar"
+step cri-image-ccm-preflight-json criu-cuda-migrate --json preflight "$S/cri-checkpoint-image"
+step cri-image-push bah push --tls-verify=false "$CKPT_IMAGE" "docker://$REG/ccm-checkpoint:1" || exit 0
+step cri-image-pull cri PullImage "{\"image\":{\"image\":\"$REG/ccm-checkpoint:1\"}}" || exit 0
+# The container restored from the archive goes; a new one is created from the checkpoint image.
+cri StopContainer "{\"container_id\":\"$RESTORED\",\"timeout\":0}" >/dev/null 2>&1
+cri RemoveContainer "{\"container_id\":\"$RESTORED\"}" >/dev/null 2>&1
+echo "removed 0" >"$S/cri-out/count"
+IMAGE_CONFIG=$(printf '{"metadata":{"name":"counter-from-image","attempt":0},"image":{"image":"%s"},"mounts":[{"container_path":"/out","host_path":"%s"}],"log_path":"counter-from-image.log","linux":{"security_context":{"namespace_options":{"network":2,"pid":1,"ipc":0}}}}' \
+    "$REG/ccm-checkpoint:1" "$S/cri-out")
+rm -f "$S/cri-criu-work/restore.log"
+step cri-image-restore-create cri CreateContainer "{\"pod_sandbox_id\":\"$POD\",\"config\":$IMAGE_CONFIG,\"sandbox_config\":$POD_CONFIG}" || exit 0
+FROM_IMAGE=$(field "$S/cri-image-restore-create.out" container_id)
+step cri-image-restore-start cri StartContainer "{\"container_id\":\"$FROM_IMAGE\"}"
+cp "$S/cri-criu-work/restore.log" "$S/cri-image-restore.log" 2>/dev/null
+state "$FROM_IMAGE" >"$S/cri-after-image-restore.state" 2>&1
+wait_counter "$(beyond "$S/cri-checkpointed.count")" cat "$S/cri-out/count" >"$S/cri-after-image-restore.count"
 # Every step's status and output are in $S for the test to check one by one (it names the one that failed).
 exit 0

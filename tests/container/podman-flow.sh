@@ -14,7 +14,8 @@
 #      to podman or conmon do not reach this CRIU, which the dump log shows), then `checkpoint --export` (it stops),
 #      `podman rm`, and `podman container restore --import` with the plugin's settings given to conmon
 #      through a CONTAINERS_CONF_OVERRIDE file: the container comes back with its memory (same token,
-#      counter going on), and CRIU's logs show the plugin loaded with those settings.
+#      counter going on), and CRIU's logs show the plugin loaded with those settings. Before the restore,
+#      checkpointctl (forky's 1.3: `show`, `inspect`) and criu-cuda-migrate (`inspect`) read the export.
 #   2. crun: crun >= 1.26 with libcriu >= 4.2 (forky: crun 1.28, CRIU 4.2.1) passes CRIU /etc/criu/crun.conf
 #      (criu_set_config_file), so the libdir line goes there, and on a hybrid host `manage-cgroups=ignore` with it;
 #      crun 1.21 with libcriu 4.1 (trixie) reads no file but /etc/criu/default.conf, which then gets the libdir
@@ -142,6 +143,8 @@ EOF
         podman inspect --format '{{.State.Status}}' ccm-runc >"$S/runc-after-checkpoint.state" 2>&1
         copy_criu_log ccm-runc dump.log "$S/runc-dump.log"
         unpack_archive "$S/runc.tar.gz" runc
+        # What checkpointctl (forky's 1.3) and criu-cuda-migrate each tell of the export (archive_tools: common.sh).
+        archive_tools "$S/runc.tar.gz" runc
         step runc-rm podman rm --force ccm-runc
         # The plugin's settings for this one restore: the user guide's CONTAINERS_CONF_OVERRIDE file.
         cat >"$S/restore-override.conf" <<'EOF'

@@ -140,6 +140,11 @@ pub enum ArchiveError {
     )]
     TooManyImages { archive: String, max: usize },
 
+    /// An OCI image (a layout directory or an `oci-archive`) that breaks one of the image rules
+    /// ([`crate::oci`]): its layer, once found, is read by every rule above and fails with those.
+    #[error("checkpoint image `{image}`: {rule}")]
+    Image { image: String, rule: crate::oci::ImageRule },
+
     /// A well-formed tar that holds no `checkpoint/` directory.
     #[error(
         "`{archive}` is a tar archive but holds no `checkpoint/` directory: it is not a CRIU checkpoint \

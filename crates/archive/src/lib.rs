@@ -79,8 +79,11 @@
 
 mod error;
 mod input;
+mod json;
 mod name;
+pub mod oci;
 mod pax;
+pub mod sha256;
 mod walk;
 
 use std::fmt;
@@ -91,6 +94,7 @@ use ccm_identity::image::{is_image_file_name, is_report_file_name};
 
 pub use ccm_identity::image::MAX_IMAGE_BYTES;
 pub use error::{ArchiveError, PathRule, Truncation};
+pub use oci::{is_image_layout, read_image_layout, CheckpointImage, ImageFormat, ImageRule};
 
 /// Upper bound of a restore report kept from an archive.
 pub const MAX_REPORT_BYTES: u64 = 1024 * 1024;
@@ -190,6 +194,30 @@ pub struct CheckpointArchive {
     /// Bytes of the tar stream walked, after decompression: up to and including the end-of-archive
     /// block, skipped data included.
     pub bytes_scanned: u64,
+    /// The dumping CRIU's version, from the `Version:` line of the archive's `dump.log` (its first
+    /// 16 KiB are read), and that member's name; `None` where there is no such log or line.
+    pub criu_version: Option<(String, String)>,
+}
+
+/// What a checkpoint file holds: a checkpoint archive, or a checkpoint image as an `oci-archive`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CheckpointFile {
+    Archive(CheckpointArchive),
+    Image(CheckpointImage),
+}
+
+/// Reads the file at `path`: a checkpoint archive (as [`read_archive`]) or an `oci-archive` of a
+/// checkpoint image (a plain tar holding `oci-layout`, `index.json` and `blobs/`; see [`oci`]),
+/// told apart by what the tar holds, in one walk of it and one more of the image's layer.
+pub fn read_checkpoint_file(path: &Path, limits: &Limits) -> Result<CheckpointFile, ArchiveError> {
+    let (file, len) = input::open(path)?;
+    let blobs = file.try_clone().map_err(|source| ArchiveError::Open { archive: input::shown_path(path), source })?;
+    let (input, compression) = input::from_file(path, file, len)?;
+    let found = walk::Walk::new(input, compression, input::shown_path(path), limits).run()?;
+    if found.oci_layout.is_some() || found.oci_index.is_some() {
+        return oci::read_oci_archive(path, &blobs, compression, found, limits).map(CheckpointFile::Image);
+    }
+    finish(path, compression, found).map(CheckpointFile::Archive)
 }
 
 /// Reads the checkpoint archive at `path`. See the crate documentation for the formats and rules.
@@ -218,7 +246,11 @@ pub fn member_names(path: &Path, limits: &Limits) -> Result<Vec<Vec<u8>>, Archiv
     walk::Walk::new(input, compression, input::shown_path(path), limits).names()
 }
 
-fn finish(path: &Path, compression: Compression, found: walk::Found) -> Result<CheckpointArchive, ArchiveError> {
+pub(crate) fn finish(
+    path: &Path,
+    compression: Compression,
+    found: walk::Found,
+) -> Result<CheckpointArchive, ArchiveError> {
     if !found.has_checkpoint {
         return Err(ArchiveError::NotCheckpoint { archive: input::shown_path(path) });
     }
@@ -235,5 +267,6 @@ fn finish(path: &Path, compression: Compression, found: walk::Found) -> Result<C
         has_inventory: found.has_inventory,
         members: found.members,
         bytes_scanned: found.bytes_scanned,
+        criu_version: found.criu_version,
     })
 }

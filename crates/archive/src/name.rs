@@ -20,6 +20,15 @@ pub(crate) enum Role {
     Inventory,
     /// `checkpoint/` itself or anything else below it.
     InCheckpoint,
+    /// CRIU's `dump.log`, at the top (the kubelet's archive) or in `checkpoint/` (the flag says
+    /// which): its first lines name the dumping CRIU's version. Read in part, never refused.
+    DumpLog { in_checkpoint: bool },
+    /// `oci-layout` at the top (an OCI image layout in a tar: an `oci-archive`): kept.
+    OciLayout,
+    /// `index.json` at the top (the same): kept.
+    OciIndex,
+    /// `blobs/<algorithm>/<name>` (the same): where it lies is noted, its data is not read.
+    Blob,
     /// Everything else (`config.dump`, `rootfs-diff.tar`, ...).
     Other,
 }
@@ -29,11 +38,17 @@ impl Role {
     /// presence the tool reports on. A link there could make the report describe another file than
     /// the one a restore reads.
     pub(crate) fn is_recognized(self) -> bool {
-        matches!(self, Role::Image | Role::Report | Role::Spec | Role::Inventory)
+        matches!(
+            self,
+            Role::Image | Role::Report | Role::Spec | Role::Inventory | Role::OciLayout | Role::OciIndex | Role::Blob
+        )
     }
 
     pub(crate) fn in_checkpoint(self) -> bool {
-        matches!(self, Role::Image | Role::Report | Role::Inventory | Role::InCheckpoint)
+        matches!(
+            self,
+            Role::Image | Role::Report | Role::Inventory | Role::InCheckpoint | Role::DumpLog { in_checkpoint: true }
+        )
     }
 }
 
@@ -73,12 +88,18 @@ pub(crate) fn role(components: &[&[u8]], is_dir: bool) -> Role {
                 Role::Report
             } else if file == "inventory.img" {
                 Role::Inventory
+            } else if file == "dump.log" && !is_dir {
+                Role::DumpLog { in_checkpoint: true }
             } else {
                 Role::InCheckpoint
             }
         }
         [b"checkpoint", _, ..] => Role::InCheckpoint,
         [b"spec.dump"] => Role::Spec,
+        [b"dump.log"] if !is_dir => Role::DumpLog { in_checkpoint: false },
+        [b"oci-layout"] if !is_dir => Role::OciLayout,
+        [b"index.json"] if !is_dir => Role::OciIndex,
+        [b"blobs", _, _] if !is_dir => Role::Blob,
         _ => Role::Other,
     }
 }
@@ -138,6 +159,13 @@ mod tests {
         assert_eq!(role_of("./spec.dump", false), Role::Spec);
         assert_eq!(role_of("x/spec.dump", false), Role::Other);
         assert_eq!(role_of("cuda-migrate-5.img", false), Role::Other);
+        assert_eq!(role_of("dump.log", false), Role::DumpLog { in_checkpoint: false });
+        assert_eq!(role_of("checkpoint/dump.log", false), Role::DumpLog { in_checkpoint: true });
+        assert_eq!(role_of("./oci-layout", false), Role::OciLayout);
+        assert_eq!(role_of("index.json", false), Role::OciIndex);
+        assert_eq!(role_of("blobs/sha256/ab", false), Role::Blob);
+        assert_eq!(role_of("blobs/sha256", true), Role::Other);
+        assert_eq!(role_of("checkpoint/index.json", false), Role::InCheckpoint);
     }
 
     #[test]

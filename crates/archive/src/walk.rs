@@ -42,7 +42,29 @@ pub(crate) struct Found {
     image_count: usize,
     /// Every member's name as resolved (GNU long name, PAX path, ustar prefix), when asked for.
     pub(crate) names: Option<Vec<Vec<u8>>>,
+    /// The dumping CRIU's version, from the first lines of `dump.log`, and that member's name.
+    pub(crate) criu_version: Option<(String, String)>,
+    /// An OCI image layout in the tar (an `oci-archive`): `oci-layout` and `index.json`.
+    pub(crate) oci_layout: Option<ArchiveFile>,
+    pub(crate) oci_index: Option<ArchiveFile>,
+    /// `blobs/<algorithm>/<name>` members: where their data lies in the tar stream.
+    pub(crate) blobs: Vec<BlobMember>,
 }
+
+/// Where a blob's data lies in an `oci-archive` (a plain tar: the offset is the file's).
+pub(crate) struct BlobMember {
+    /// `<algorithm>/<name>` (`sha256/<hex>`), the components below `blobs/`.
+    pub(crate) key: String,
+    pub(crate) offset: u64,
+    pub(crate) size: u64,
+}
+
+/// Bytes read of `dump.log`: CRIU names its version on one of the first lines.
+const DUMP_LOG_HEAD: u64 = 16 * 1024;
+/// Most blobs an `oci-archive` may hold (a checkpoint image has three: manifest, config, layer).
+pub(crate) const MAX_BLOBS: usize = 4096;
+/// Largest `oci-layout` or `index.json` kept (the same bound as any image JSON).
+pub(crate) const MAX_OCI_JSON_BYTES: u64 = crate::oci::MAX_JSON_BYTES;
 
 /// Extension headers (GNU `L`/`K`, PAX `x`) read since the last member, for the member after them.
 #[derive(Default)]
@@ -274,10 +296,37 @@ impl<'a, 'l> Walk<'a, 'l> {
                 seen.insert(key, member.clone());
             }
 
+            if let Role::DumpLog { .. } = role {
+                if kind == EntryType::Regular && !is_dir && found.criu_version.is_none() {
+                    let head = self.read_head(&member, offset, size, DUMP_LOG_HEAD)?;
+                    found.criu_version = criu_version_line(&head).map(|v| (v, member.clone()));
+                } else {
+                    self.skip_member(&member, offset, size)?;
+                }
+                continue;
+            }
+            if role == Role::Blob {
+                if found.blobs.len() == MAX_BLOBS {
+                    return Err(ArchiveError::Image {
+                        image: self.archive.clone(),
+                        rule: crate::oci::ImageRule::TooManyBlobs { max: MAX_BLOBS },
+                    });
+                }
+                let key = components[1..].join(&b'/');
+                found.blobs.push(BlobMember {
+                    key: String::from_utf8_lossy(&key).into_owned(),
+                    offset: self.pos,
+                    size,
+                });
+                self.skip_member(&member, offset, size)?;
+                continue;
+            }
             let cap = match role {
                 Role::Image => Some(("an identity image", MAX_IMAGE_BYTES as u64)),
                 Role::Report => Some(("a restore report", MAX_REPORT_BYTES)),
                 Role::Spec => Some(("the OCI spec (spec.dump)", MAX_SPEC_BYTES)),
+                Role::OciLayout => Some(("an OCI layout's oci-layout", MAX_OCI_JSON_BYTES)),
+                Role::OciIndex => Some(("an OCI layout's index.json", MAX_OCI_JSON_BYTES)),
                 _ => None,
             };
             let Some((what, max)) = cap else {
@@ -305,6 +354,8 @@ impl<'a, 'l> Walk<'a, 'l> {
             match role {
                 Role::Image => found.images.push(file),
                 Role::Report => found.reports.push(file),
+                Role::OciLayout => found.oci_layout = Some(file),
+                Role::OciIndex => found.oci_index = Some(file),
                 _ => found.spec = Some(file),
             }
         }
@@ -475,6 +526,26 @@ impl<'a, 'l> Walk<'a, 'l> {
                 member: member.to_string(),
                 size,
                 present: got + padding,
+                record,
+            }));
+        }
+        Ok(data)
+    }
+
+    /// Reads the first `head` bytes of a member's data (all of a shorter one) and steps over the
+    /// rest and its padding.
+    fn read_head(&mut self, member: &str, offset: u64, size: u64, head: u64) -> Result<Vec<u8>, ArchiveError> {
+        let record = self.record(offset, size)?;
+        self.budget(record)?;
+        let take = size.min(head);
+        let mut data = vec![0; take as usize];
+        let got = self.fill(&mut data)? as u64;
+        let rest = if got == take { self.skip_bytes(record - take)? } else { 0 };
+        if got + rest < record {
+            return Err(self.truncated(Truncation::InMember {
+                member: member.to_string(),
+                size,
+                present: got + rest,
                 record,
             }));
         }
@@ -691,6 +762,19 @@ fn kind_name(kind: EntryType, is_dir: bool) -> &'static str {
     }
 }
 
+/// The version on CRIU's `Version: 4.2 (gitid ...)` line among a log's first bytes: digits and
+/// dots only, at most 32 of them (anything else is no version this tool shows).
+fn criu_version_line(head: &[u8]) -> Option<String> {
+    let text = String::from_utf8_lossy(head);
+    let line = text.lines().find(|l| l.contains(") Version: ") || l.starts_with("Version: "))?;
+    let version = line.split("Version: ").nth(1)?.split_whitespace().next()?;
+    let ok = !version.is_empty()
+        && version.len() <= 32
+        && version.bytes().all(|b| b.is_ascii_digit() || b == b'.')
+        && version.bytes().next().is_some_and(|b| b.is_ascii_digit());
+    ok.then(|| version.to_string())
+}
+
 /// A GNU long name is a C string: it ends at its first NUL (as Go and GNU tar read it).
 fn cut_at_nul(mut data: Vec<u8>) -> Vec<u8> {
     if let Some(end) = data.iter().position(|&b| b == 0) {
@@ -725,6 +809,15 @@ mod tests {
         let field = format!("{signed:06o}\0 ");
         h.as_mut_bytes()[148..156].copy_from_slice(field.as_bytes());
         assert!(checksum_ok(&h));
+    }
+
+    #[test]
+    fn criu_names_its_version_on_an_early_line() {
+        let log = b"(00.000000) Version: 4.2 (gitid 0)\n(00.000001) Running on host\n";
+        assert_eq!(criu_version_line(log).as_deref(), Some("4.2"));
+        assert_eq!(criu_version_line(b"(00.000000) Version: 4.1.1 (gitid v4.1.1)").as_deref(), Some("4.1.1"));
+        assert_eq!(criu_version_line(b"(00.000000) Version: 4.2\x1b[2J (gitid 0)"), None);
+        assert_eq!(criu_version_line(b"no version here"), None);
     }
 
     #[test]

@@ -46,16 +46,17 @@ struct Cli {
 enum Command {
     /// Show the identity images of a checkpoint: GPUs used and enumerated, environment, PCI sites.
     Inspect {
-        /// CRIU's image directory (`criu dump -D DIR`), or a checkpoint archive as Podman exports it or the kubelet
-        /// writes it (a tar: plain, gzip or zstd), read without unpacking it.
+        /// CRIU's image directory (`criu dump -D DIR`), a checkpoint archive as Podman exports it or the kubelet
+        /// writes it (a tar: plain, gzip or zstd), or a checkpoint image (an OCI layout directory or an
+        /// oci-archive, as buildah and skopeo write them), read without unpacking it.
         checkpoint: PathBuf,
         #[command(flatten)]
         archive: ArchiveArgs,
     },
     /// Run the restore's checks against this node and print the device map a restore would use.
     Preflight {
-        /// CRIU's image directory (`criu dump -D DIR`) as it will be restored, or a checkpoint archive (as for
-        /// `inspect`).
+        /// CRIU's image directory (`criu dump -D DIR`) as it will be restored, a checkpoint archive or a checkpoint
+        /// image (as for `inspect`).
         checkpoint: PathBuf,
         #[command(flatten)]
         archive: ArchiveArgs,
@@ -160,7 +161,12 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
             if cli.json {
-                println!("{}", serde_json::json!({"ok": false, "error": f.text(), "exit_code": f.code()}));
+                let mut doc = serde_json::json!({"ok": false, "error": f.text(), "exit_code": f.code()});
+                // A refused preflight still says what the checkpoint needs.
+                if let Some(needs) = REFUSED_NEEDS.get() {
+                    doc["needs"] = needs.clone();
+                }
+                println!("{doc}");
             } else if name == "preflight" && matches!(f, Failure::Refused(_)) {
                 println!("preflight refused: {}", f.text());
             } else {
@@ -170,6 +176,9 @@ fn main() -> ExitCode {
         }
     }
 }
+
+/// `preflight --json`: what the checkpoint needs, for the document of a refusal too.
+static REFUSED_NEEDS: std::sync::OnceLock<serde_json::Value> = std::sync::OnceLock::new();
 
 /// A checkpoint as the commands read it: its identity images and the restore reports beside them.
 struct Checkpoint {
@@ -181,6 +190,8 @@ struct Checkpoint {
     has_inventory: bool,
     /// Where the checkpoint came from an archive: what else the archive told.
     archive: Option<ArchiveFacts>,
+    /// The dumping CRIU's version and where it was read (`dump.log`), where the checkpoint has it.
+    criu_version: Option<(String, String)>,
 }
 
 /// The refusal of what is no complete checkpoint (no `inventory.img`): `preflight` refuses it, and
@@ -210,6 +221,20 @@ struct ArchiveFacts {
     has_inventory: bool,
     /// `spec.dump`: the DUMPED container's OCI spec (member name, text).
     spec: Option<(String, String)>,
+    /// Where the archive is the layer of a checkpoint image: the image.
+    image: Option<ImageFacts>,
+}
+
+/// A checkpoint image around the archive (its layer).
+struct ImageFacts {
+    format: ccm_archive::ImageFormat,
+    manifest_digest: String,
+    layer_digest: String,
+    layer_media_type: String,
+    layer_size: u64,
+    /// Tags and annotations, escaped.
+    ref_names: Vec<String>,
+    annotations: Vec<(String, String)>,
 }
 
 /// Largest restore report read (the plugin writes a few KiB).
@@ -233,11 +258,44 @@ fn open_image_dir(dir: &Path) -> Result<Dir, Failure> {
 /// through a link, capped) and the restore reports, with any control character but the line
 /// breaks escaped.
 fn load_checkpoint(path: &Path, limits: &ccm_archive::Limits) -> Result<Checkpoint, Failure> {
-    // A file is an archive; anything else is read as an image directory (whose open says what is wrong).
+    // A file is an archive or an oci-archive; a directory with `oci-layout` an OCI image layout; anything else is
+    // read as an image directory (whose open says what is wrong).
     if std::fs::metadata(path).is_ok_and(|m| !m.is_dir()) {
         return load_archive(path, limits);
     }
+    if ccm_archive::is_image_layout(path) {
+        let image = ccm_archive::read_image_layout(path, limits).map_err(archive_failure)?;
+        return checkpoint_of_image(path, image);
+    }
     load_image_dir(path)
+}
+
+fn archive_failure(e: ccm_archive::ArchiveError) -> Failure {
+    match e {
+        ccm_archive::ArchiveError::ScanLimit { .. } => {
+            Failure::Input(format!("{e} (--archive-scan-gib N raises it to N GiB)"))
+        }
+        e => input(e),
+    }
+}
+
+/// A checkpoint image: its layer read as an archive, and what the image says around it.
+fn checkpoint_of_image(path: &Path, image: ccm_archive::CheckpointImage) -> Result<Checkpoint, Failure> {
+    let esc = |t: &str| ccm_identity::text::escaped(t);
+    let facts = ImageFacts {
+        format: image.format,
+        manifest_digest: image.manifest_digest.clone(),
+        layer_digest: image.layer_digest.clone(),
+        layer_media_type: esc(&image.layer_media_type),
+        layer_size: image.layer_size,
+        ref_names: image.ref_names.iter().map(|r| esc(r)).collect(),
+        annotations: image.annotations.iter().map(|(k, v)| (esc(k), esc(v))).collect(),
+    };
+    let mut c = checkpoint_of_archive(path, &image.checkpoint)?;
+    if let Some(a) = &mut c.archive {
+        a.image = Some(facts);
+    }
+    Ok(c)
 }
 
 /// Lines of an untrusted text, with any control character but the line breaks escaped.
@@ -248,12 +306,14 @@ fn shown_text(bytes: &[u8]) -> String {
 /// Reads a checkpoint archive (streamed, bounded, never unpacked: see `ccm_archive`) and decodes its
 /// identity images by the rules of a directory's.
 fn load_archive(path: &Path, limits: &ccm_archive::Limits) -> Result<Checkpoint, Failure> {
-    let a = ccm_archive::read_archive(path, limits).map_err(|e| match e {
-        ccm_archive::ArchiveError::ScanLimit { .. } => {
-            Failure::Input(format!("{e} (--archive-scan-gib N raises it to N GiB)"))
-        }
-        e => input(e),
-    })?;
+    match ccm_archive::read_checkpoint_file(path, limits).map_err(archive_failure)? {
+        ccm_archive::CheckpointFile::Archive(a) => checkpoint_of_archive(path, &a),
+        ccm_archive::CheckpointFile::Image(i) => checkpoint_of_image(path, i),
+    }
+}
+
+/// The identity images of an archive (or of an image's layer), decoded by the rules of a directory's.
+fn checkpoint_of_archive(path: &Path, a: &ccm_archive::CheckpointArchive) -> Result<Checkpoint, Failure> {
     let shown = path.display().to_string();
     let mut images = Vec::new();
     for f in &a.images {
@@ -275,7 +335,9 @@ fn load_archive(path: &Path, limits: &ccm_archive::Limits) -> Result<Checkpoint,
             bytes_scanned: a.bytes_scanned,
             has_inventory: a.has_inventory,
             spec,
+            image: None,
         }),
+        criu_version: a.criu_version.as_ref().map(|(v, m)| (v.clone(), ccm_identity::text::escaped(m))),
     })
 }
 
@@ -309,7 +371,132 @@ fn load_image_dir(dir: &Path) -> Result<Checkpoint, Failure> {
     reports.sort();
     let has_inventory =
         matches!(d.kind_of("inventory.img").map_err(input)?, Some(ccm_process::dir::EntryKind::Regular));
-    Ok(Checkpoint { shown: dir.display().to_string(), images, reports, has_inventory, archive: None })
+    let criu_version = dir_criu_version(&d);
+    Ok(Checkpoint { shown: dir.display().to_string(), images, reports, has_inventory, archive: None, criu_version })
+}
+
+/// The dumping CRIU's version from the first 16 KiB of the directory's `dump.log` (`criu dump -o dump.log`,
+/// which runc and containerd use), read as any file there: not through a link, capped.
+fn dir_criu_version(d: &Dir) -> Option<(String, String)> {
+    use std::io::Read;
+    let (file, _) = d.open_file("dump.log").ok()?;
+    let mut head = Vec::new();
+    file.take(16 * 1024).read_to_end(&mut head).ok()?;
+    let text = String::from_utf8_lossy(&head);
+    let line = text.lines().find(|l| l.contains(") Version: "))?;
+    let version = line.split("Version: ").nth(1)?.split_whitespace().next()?;
+    let ok = version.len() <= 32
+        && version.bytes().next().is_some_and(|b| b.is_ascii_digit())
+        && version.bytes().all(|b| b.is_ascii_digit() || b == b'.');
+    ok.then(|| (version.to_string(), ccm_identity::text::escaped(&d.shown_file("dump.log").display().to_string())))
+}
+
+/// What restoring this checkpoint asks of a node, from the identity images (and the dump's log): the document's
+/// `needs` object of `inspect --json` and `preflight --json`.
+fn needs(c: &Checkpoint) -> serde_json::Value {
+    use std::collections::BTreeSet;
+    // The GPUs the processes used, in first-seen order, with the device memory recorded on each.
+    let mut gpus: Vec<(GpuUuid, String, u64, Option<u64>)> = Vec::new();
+    let mut memory_recorded = true;
+    for (_, img) in &c.images {
+        let mut add = |u: &GpuUuid, bytes: u64| {
+            let at = match gpus.iter().position(|g| g.0 == *u) {
+                Some(at) => at,
+                None => {
+                    let (name, total) = img.gpu(u).map(|g| (g.name.clone(), g.memory_total)).unwrap_or_default();
+                    gpus.push((*u, name, total, Some(0)));
+                    gpus.len() - 1
+                }
+            };
+            if let Some(b) = &mut gpus[at].3 {
+                *b += bytes;
+            }
+        };
+        for u in &img.used {
+            add(u, 0);
+        }
+        match &img.device_memory {
+            Some(uses) => uses.iter().for_each(|m| add(&m.gpu, m.bytes)),
+            None => memory_recorded = false,
+        }
+    }
+    if !memory_recorded {
+        gpus.iter_mut().for_each(|g| g.3 = None);
+    }
+    let models: BTreeSet<&str> = gpus.iter().map(|g| g.1.as_str()).collect();
+    let drivers: BTreeSet<&str> = c.images.iter().map(|(_, i)| i.driver_version.as_str()).collect();
+    let branches: BTreeSet<&str> = drivers.iter().map(|d| d.split('.').next().unwrap_or(d)).collect();
+    let cuda: BTreeSet<i32> = c.images.iter().map(|(_, i)| i.cuda_driver_version).collect();
+    let one_or_list = |set: Vec<serde_json::Value>| match set.len() {
+        0 => serde_json::Value::Null,
+        1 => set.into_iter().next().unwrap_or_default(),
+        _ => serde_json::Value::Array(set),
+    };
+    serde_json::json!({
+        "cuda_processes": c.images.len(),
+        "gpu_count": gpus.len(),
+        "models": models,
+        "gpus": gpus.iter().map(|(u, name, total, bytes)| serde_json::json!({
+            "dump_gpu": u.to_string(),
+            "model": name,
+            "memory_total_bytes": total,
+            "device_memory_bytes": bytes,
+        })).collect::<Vec<_>>(),
+        "memory_per_gpu_bytes": if memory_recorded {
+            serde_json::json!(gpus.iter().map(|g| g.3.unwrap_or(0)).max().unwrap_or(0))
+        } else {
+            serde_json::Value::Null
+        },
+        "memory_recorded": memory_recorded || c.images.is_empty(),
+        "driver": {
+            "version_at_dump": one_or_list(drivers.iter().map(|d| serde_json::json!(d)).collect()),
+            "cuda_driver_version_at_dump": one_or_list(cuda.iter().map(|v| serde_json::json!(v)).collect()),
+            "branch": one_or_list(branches.iter().map(|b| serde_json::json!(b)).collect()),
+            "rule": "a driver of the same branch on the target node, with GPUs of the same models (the driver's \
+                     checkpoint restores onto its own branch and refuses a map between different chips)",
+        },
+        "criu": {
+            "version_at_dump": c.criu_version.as_ref().map(|(v, _)| v),
+            "version_read_from": c.criu_version.as_ref().map(|(_, m)| m),
+            "criu_version_matters": false,
+            "reason": "the identity images do not depend on CRIU's version, and CRIU reads images by their own \
+                       format version (inventory.img); the restoring CRIU must be 4.0 or later (the plugin's hooks)",
+        },
+    })
+}
+
+/// The JSON of a checkpoint image around an archive.
+fn image_json(i: &ImageFacts) -> serde_json::Value {
+    let ann = |k: &str| i.annotations.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+    serde_json::json!({
+        "format": i.format.to_string(),
+        "manifest_digest": i.manifest_digest,
+        "ref_names": i.ref_names,
+        "layer_digest": i.layer_digest,
+        "layer_media_type": i.layer_media_type,
+        "layer_size": i.layer_size,
+        "digests_verified": true,
+        "annotations": i.annotations.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+        "checkpoint_name_cri_o": ann(ccm_archive::oci::CRIO_CHECKPOINT_ANNOTATION),
+        "checkpoint_name_containerd": ann(ccm_archive::oci::CONTAINERD_CHECKPOINT_ANNOTATION),
+    })
+}
+
+/// What each runtime makes of an image's annotations.
+fn image_runtime_notes(i: &ImageFacts) -> Vec<String> {
+    let has = |k: &str| i.annotations.iter().any(|(key, _)| key == k);
+    let mut notes = Vec::new();
+    for (key, runtime) in [
+        (ccm_archive::oci::CONTAINERD_CHECKPOINT_ANNOTATION, "containerd 2.x"),
+        (ccm_archive::oci::CRIO_CHECKPOINT_ANNOTATION, "CRI-O"),
+    ] {
+        notes.push(if has(key) {
+            format!("{runtime} restores from it (annotation {key})")
+        } else {
+            format!("{runtime} takes it for a plain image, not a checkpoint: it lacks the annotation {key}")
+        });
+    }
+    notes
 }
 
 fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
@@ -333,14 +520,34 @@ fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
                 "spec_member": a.spec.as_ref().map(|(m, _)| ccm_identity::text::escaped(m)),
                 "dumped_container_gpus": a.spec.as_ref().map(|(_, t)| dumped_container_gpus(t, &c.images)),
             });
+            if let Some(i) = &a.image {
+                v["image"] = image_json(i);
+            }
         }
+        v["needs"] = needs(&c);
         println!("{}", serde_json::to_string_pretty(&v).map_err(input)?);
         return Ok(());
     }
+    if let Some(i) = c.archive.as_ref().and_then(|a| a.image.as_ref()) {
+        println!(
+            "{}: checkpoint image ({}{}), manifest {}, its one layer {} ({}, {} bytes); every digest verified",
+            c.shown,
+            i.format,
+            if i.ref_names.is_empty() { String::new() } else { format!(", tagged {}", i.ref_names.join(", ")) },
+            i.manifest_digest,
+            i.layer_digest,
+            i.layer_media_type,
+            i.layer_size
+        );
+        for note in image_runtime_notes(i) {
+            println!("  {note}");
+        }
+    }
     if let Some(a) = &c.archive {
         println!(
-            "{}: checkpoint archive ({} compression, {} members, {} MiB of tar read{})",
+            "{}{}: checkpoint archive ({} compression, {} members, {} MiB of tar read{})",
             c.shown,
+            if a.image.is_some() { " (its layer)" } else { "" },
             a.compression,
             a.members,
             a.bytes_scanned >> 20,
@@ -353,6 +560,9 @@ fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
                 dumped_container_gpus(text, &c.images)
             );
         }
+    }
+    if let Some((version, from)) = &c.criu_version {
+        println!("{}: dumped by CRIU {version} ({from})", c.shown);
     }
     if c.archive.is_none() && !c.has_inventory {
         println!("{}: NO inventory.img: the dump did not complete, and no restore can use this directory", c.shown);
@@ -473,6 +683,14 @@ fn run_preflight(
     if !checkpoint.has_inventory {
         return Err(not_a_checkpoint(&checkpoint));
     }
+    let needs = needs(&checkpoint);
+    let image = checkpoint.archive.as_ref().and_then(|a| a.image.as_ref()).map(image_json);
+    let _ = REFUSED_NEEDS.set(needs.clone());
+    if let (Some(i), false) = (checkpoint.archive.as_ref().and_then(|a| a.image.as_ref()), json) {
+        for note in image_runtime_notes(i) {
+            println!("note: {note}");
+        }
+    }
     let spec = match bundle {
         Some(b) => {
             let d = Dir::open(b).map_err(|e| Failure::Input(format!("--bundle: {e}")))?;
@@ -537,7 +755,11 @@ fn run_preflight(
                 })
             })
             .collect();
-        println!("{}", serde_json::json!({"ok": true, "processes": v}));
+        let mut doc = serde_json::json!({"ok": true, "processes": v, "needs": needs});
+        if let Some(i) = image {
+            doc["image"] = i;
+        }
+        println!("{doc}");
     } else if plans.is_empty() {
         println!("no CUDA process in {}: nothing to restore onto a GPU", checkpoint.shown);
     } else {

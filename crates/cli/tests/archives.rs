@@ -56,6 +56,11 @@ fn assert_clean_failure(out: &Output, code: i32, needles: &[&str]) {
 
 /// An identity image of pid `pid` on a one-GPU dump node (what the dump writes, minus the sites).
 fn image(pid: u32) -> Vec<u8> {
+    image_holding(pid, None)
+}
+
+/// The same, with the device memory the dump recorded on its GPU.
+fn image_holding(pid: u32, device_memory: Option<u64>) -> Vec<u8> {
     let gpu = ccm_identity::GpuIdentity {
         uuid: "GPU-6ebf35c8-1111-2222-3333-444455556666".parse().unwrap(),
         pci: ccm_identity::PciAddress::parse("0000:00:06.0").unwrap(),
@@ -65,6 +70,7 @@ fn image(pid: u32) -> Vec<u8> {
         minor: 0,
         memory_total: 140 << 30,
     };
+    let uuid = gpu.uuid;
     IdentityImage {
         pid,
         host_pid: 4000 + pid,
@@ -78,7 +84,7 @@ fn image(pid: u32) -> Vec<u8> {
         env: ProcessEnv { nvidia_visible_devices: Some("all".into()), ..ProcessEnv::default() },
         sites: Vec::new(),
         prop_sites: Vec::new(),
-        device_memory: None,
+        device_memory: device_memory.map(|bytes| vec![ccm_identity::image::DeviceMemoryUse { gpu: uuid, bytes }]),
     }
     .try_encode()
     .expect("a clean image encodes")
@@ -282,4 +288,104 @@ fn a_fifo_or_a_device_as_the_checkpoint_is_refused_without_blocking() {
             assert_clean_failure(&out, 2, &["not a regular file: a checkpoint archive must be a regular file"]);
         }
     }
+}
+
+/// The kubelet's archive of a CUDA container with 2 GiB on its GPU, as `buildah add` puts it into a checkpoint image.
+fn kubelet_layer() -> Vec<u8> {
+    let mut t = Tar::new();
+    t.dir("checkpoint")
+        .file("checkpoint/inventory.img", b"\x54\xc6\x60\x58inventory")
+        .file("checkpoint/cuda-migrate-7.img", &image_holding(7, Some(2 << 30)))
+        .file("dump.log", b"(00.000000) Version: 4.2 (gitid 0)\n")
+        .file("config.dump", br#"{"id":"3f2a"}"#)
+        .file("spec.dump", br#"{"ociVersion":"1.0.2","process":{"env":["NVIDIA_VISIBLE_DEVICES=0"]}}"#);
+    t.finish()
+}
+
+#[test]
+fn inspect_and_preflight_read_a_checkpoint_image_and_say_what_it_needs() {
+    let dir = tempfile::tempdir().unwrap();
+    let (image, parts) = common::oci::Image::of(&kubelet_layer(), ccm_archive::Compression::Gzip);
+    let layout = dir.path().join("layout");
+    image.write_layout(&layout);
+    let layout = layout.to_str().unwrap().to_string();
+    let archive = write(dir.path(), "image.tar", &image.archive());
+
+    let out = run(&["inspect", &layout], QUICK);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    for needle in [
+        "checkpoint image (OCI image layout, tagged ckpt)",
+        "every digest verified",
+        "containerd 2.x restores from it (annotation org.criu.checkpoint.container.name)",
+        "CRI-O restores from it (annotation io.kubernetes.cri-o.annotations.checkpoint.name)",
+        "(its layer): checkpoint archive (gzip compression",
+        "dumped by CRIU 4.2 (dump.log)",
+        "pid 7 (host pid 4007), dumped on dump-node",
+    ] {
+        assert!(all.contains(needle), "{needle:?} in {all}");
+    }
+
+    for path in [&layout, &archive] {
+        let out = run(&["--json", "inspect", path], QUICK);
+        assert_eq!(out.status.code(), Some(0), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+        assert_eq!(v["image"]["manifest_digest"], common::oci::digest(&parts.manifest));
+        assert_eq!(v["image"]["checkpoint_name_containerd"], "counter");
+        assert_eq!(v["image"]["digests_verified"], true);
+        assert_eq!(v["archive"]["compression"], "gzip");
+        let needs = &v["needs"];
+        assert_eq!(needs["gpu_count"], 1, "{needs}");
+        assert_eq!(needs["models"], serde_json::json!(["NVIDIA H200"]));
+        assert_eq!(needs["memory_per_gpu_bytes"], 2u64 << 30);
+        assert_eq!(needs["gpus"][0]["device_memory_bytes"], 2u64 << 30);
+        assert_eq!(needs["driver"]["version_at_dump"], "580.159.04");
+        assert_eq!(needs["driver"]["branch"], "580");
+        assert_eq!(needs["criu"]["version_at_dump"], "4.2");
+        assert_eq!(needs["criu"]["criu_version_matters"], false);
+        assert!(needs["criu"]["reason"].as_str().unwrap().contains("4.0 or later"));
+    }
+    let formats: Vec<_> = [&layout, &archive]
+        .iter()
+        .map(|p| {
+            serde_json::from_slice::<serde_json::Value>(&run(&["--json", "inspect", p], QUICK).stdout).unwrap()["image"]
+                ["format"]
+                .clone()
+        })
+        .collect();
+    assert_eq!(formats, [serde_json::json!("OCI image layout"), serde_json::json!("oci-archive")]);
+
+    // preflight: on a node without NVIDIA's driver (CI) it refuses, and still says what the checkpoint needs.
+    for path in [&layout, &archive] {
+        let out = run(&["--json", "preflight", path], QUICK);
+        assert!(matches!(out.status.code(), Some(0 | 1)), "{}", text(&out));
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+        assert_eq!(v["needs"]["gpu_count"], 1, "{v}");
+        assert_eq!(v["needs"]["memory_per_gpu_bytes"], 2u64 << 30, "{v}");
+    }
+}
+
+#[test]
+fn a_damaged_or_hostile_checkpoint_image_is_refused_naming_the_fix() {
+    let dir = tempfile::tempdir().unwrap();
+    let (mut image, parts) = common::oci::Image::of(&kubelet_layer(), ccm_archive::Compression::None);
+    let mut altered = parts.layer.clone();
+    altered[700] ^= 1;
+    image.replace_blob(&parts.layer, &altered);
+    let layout = dir.path().join("damaged");
+    image.write_layout(&layout);
+    for cmd in ["inspect", "preflight"] {
+        let out = run(&[cmd, layout.to_str().unwrap()], QUICK);
+        assert_clean_failure(&out, 2, &["checkpoint image", "SHA-256", "copy it again"]);
+        let out = run(&["--json", cmd, layout.to_str().unwrap()], QUICK);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+        assert_eq!(v["exit_code"], 2);
+    }
+    // A layer holding a member that climbs out: the archive rule, naming the layer.
+    let mut t = Tar::new();
+    t.dir("checkpoint").raw(b"../../etc/cron.d/x", EntryType::Regular, 1, b"x");
+    let (image, _) = common::oci::Image::of(&t.finish(), ccm_archive::Compression::Zstd);
+    let path = write(dir.path(), "hostile-image.tar", &image.archive());
+    let out = run(&["inspect", &path], QUICK);
+    assert_clean_failure(&out, 2, &["blobs/sha256/", "../../etc/cron.d/x", "`..` component"]);
 }

@@ -265,6 +265,31 @@ impl Dir {
         Ok(bytes)
     }
 
+    /// Opens the regular file `name` for a bounded streaming read by the caller (an OCI image's layer
+    /// blob, too large for [`Dir::read_file`]), by the same rules: not through a link, a FIFO or device
+    /// never opened, the inode opened the one probed. Returns the file and its size at open; the
+    /// caller reads at most that many bytes.
+    pub fn open_file(&self, name: &str) -> Result<(std::fs::File, u64), FileError> {
+        check_name(&self.shown, name)?;
+        let path = self.shown_file(name);
+        let (_probe, st) = self.probe(name, &path)?;
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => FileError::Replaced { path: path.clone() },
+            e => io_err("open", path.clone())(e),
+        })?;
+        let again = rustix::fs::fstat(&fd).map_err(io_err("stat", path.clone()))?;
+        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
+            return Err(FileError::Replaced { path });
+        }
+        Ok((std::fs::File::from(fd), u64::try_from(again.st_size).unwrap_or(u64::MAX)))
+    }
+
     /// The size of the regular file `name`, from `fstat` on an `O_PATH` descriptor: nothing is
     /// opened for reading, and a link, a FIFO, a device or anything else is refused as by
     /// [`Dir::read_file`]. For a bound on several files together, before any is read (each read

@@ -3,6 +3,8 @@
 
 #![allow(dead_code)] // each test binary uses a part
 
+pub mod oci;
+
 use std::io::{self, Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -1,0 +1,655 @@
+//! Checkpoint images: the OCI image Kubernetes users build from a checkpoint archive to restore it
+//! (`buildah from scratch`, `buildah add CTR checkpoint.tar /`, `buildah config --annotation ...`,
+//! `buildah commit`), as an **OCI image layout directory** (`oci:DIR`) or an **`oci-archive`** (a tar
+//! of that layout, `oci-archive:FILE`), read in place.
+//!
+//! The way in: `oci-layout` (version 1.0.0) → `index.json` → the image's manifest (nested indexes
+//! followed, at most [`MAX_INDEX_DEPTH`] deep and [`MAX_DESCRIPTORS`] descriptors in all; every
+//! reference to one manifest counts as one image, and more than one image is refused: which one a
+//! runtime would take is a matter of tags) → its config (verified) and its one layer → the layer,
+//! read as a checkpoint archive by every rule of [`crate::read_archive`].
+//!
+//! # Rules, on top of the archive rules
+//!
+//! - **Blobs by digest only**: `sha256:` and 64 lowercase hex digits; any other algorithm, case, or
+//!   length (a path, `..`) is refused before anything is opened. Every blob read is hashed while it
+//!   streams, and its size and SHA-256 must be what its descriptor says.
+//! - **No link is followed**: in a layout directory `oci-layout`, `index.json`, `blobs/`,
+//!   `blobs/sha256/` and each blob are opened relative to their directory, without following a link;
+//!   in an `oci-archive` a link or a second member under these names is refused as in any archive.
+//! - **Bounded**: image JSON is at most [`MAX_JSON_BYTES`] (refused from its size), an `oci-archive`
+//!   holds at most 4096 blobs, and the layer is walked within the same [`crate::Limits`].
+//! - **No second reading**: keys Go's `encoding/json` (every runtime's reader) would match
+//!   differently from this reader are refused ([`crate::json`]); so is a descriptor with embedded
+//!   `data` or foreign `urls` (a runtime may take the data from there instead of the blob), a
+//!   manifest whose own `mediaType` differs from its descriptor's, and a layer whose bytes are
+//!   compressed otherwise than its media type says.
+//! - **One layer**: a checkpoint image has the one layer `buildah add` made; with several, what a
+//!   runtime unpacks is their overlay (whiteouts included), not what any one of them holds.
+//! - An `oci-archive` must be a plain tar (as skopeo and buildah write it): its blobs are read where
+//!   they lie, so a manifest is read before the layer it names, in one pass over the layer.
+
+use std::collections::{BTreeMap, HashMap, HashSet};
+use std::fmt;
+use std::fs::File;
+use std::io::{self, Read};
+use std::os::unix::fs::FileExt;
+use std::path::{Path, PathBuf};
+
+use ccm_process::dir::{Dir, FileError};
+use serde::de::DeserializeOwned;
+use serde::Deserialize;
+
+use crate::sha256::Hashing;
+use crate::{input, walk, ArchiveError, CheckpointArchive, Compression, Limits};
+
+/// Largest `oci-layout`, `index.json`, nested index, manifest or config read.
+pub const MAX_JSON_BYTES: u64 = 4 << 20;
+/// Most levels of indexes, `index.json` counted.
+pub const MAX_INDEX_DEPTH: usize = 4;
+/// Most descriptors looked at in all the indexes together.
+pub const MAX_DESCRIPTORS: usize = 256;
+/// The annotation CRI-O looks for on a checkpoint image (the Kubernetes documentation's buildah line).
+pub const CRIO_CHECKPOINT_ANNOTATION: &str = "io.kubernetes.cri-o.annotations.checkpoint.name";
+/// The annotation containerd 2.x looks for on the image's manifest or index to take it for a
+/// checkpoint (checkpointctl's `org.criu.checkpoint.container.name`; containerd's
+/// `checkIfCheckpointOCIImage`).
+pub const CONTAINERD_CHECKPOINT_ANNOTATION: &str = "org.criu.checkpoint.container.name";
+/// The tag of an image in an OCI layout's index.
+const REF_NAME: &str = "org.opencontainers.image.ref.name";
+
+const INDEX_TYPES: &[&str] =
+    &["application/vnd.oci.image.index.v1+json", "application/vnd.docker.distribution.manifest.list.v2+json"];
+const MANIFEST_TYPES: &[&str] =
+    &["application/vnd.oci.image.manifest.v1+json", "application/vnd.docker.distribution.manifest.v2+json"];
+const CONFIG_TYPES: &[&str] =
+    &["application/vnd.oci.image.config.v1+json", "application/vnd.docker.container.image.v1+json"];
+
+/// The compression a layer media type announces; `None` for a type that is no plain layer.
+fn layer_compression(media_type: &str) -> Option<Compression> {
+    match media_type {
+        "application/vnd.oci.image.layer.v1.tar" => Some(Compression::None),
+        "application/vnd.oci.image.layer.v1.tar+gzip" | "application/vnd.docker.image.rootfs.diff.tar.gzip" => {
+            Some(Compression::Gzip)
+        }
+        "application/vnd.oci.image.layer.v1.tar+zstd" => Some(Compression::Zstd),
+        _ => None,
+    }
+}
+
+/// How the image is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ImageFormat {
+    /// An OCI image layout directory (`oci:DIR`).
+    Layout,
+    /// A tar of one (`oci-archive:FILE`).
+    OciArchive,
+}
+
+impl fmt::Display for ImageFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            ImageFormat::Layout => "OCI image layout",
+            ImageFormat::OciArchive => "oci-archive",
+        })
+    }
+}
+
+/// A checkpoint image, its layer read as a checkpoint archive.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct CheckpointImage {
+    pub path: PathBuf,
+    pub format: ImageFormat,
+    /// `sha256:...` of the image's manifest.
+    pub manifest_digest: String,
+    /// Its tags in the layout (`org.opencontainers.image.ref.name`), unescaped.
+    pub ref_names: Vec<String>,
+    /// The manifest's annotations, unescaped (where buildah's `config --annotation` puts them).
+    pub annotations: BTreeMap<String, String>,
+    pub layer_digest: String,
+    pub layer_media_type: String,
+    pub layer_size: u64,
+    /// The layer, read as a checkpoint archive; its `path` is `IMAGE:blobs/sha256/HEX`.
+    pub checkpoint: CheckpointArchive,
+}
+
+impl CheckpointImage {
+    /// The container name CRI-O's annotation gives, else containerd's.
+    pub fn checkpoint_name(&self) -> Option<&str> {
+        self.annotations
+            .get(CRIO_CHECKPOINT_ANNOTATION)
+            .or_else(|| self.annotations.get(CONTAINERD_CHECKPOINT_ANNOTATION))
+            .map(String::as_str)
+    }
+}
+
+/// Why an image was refused (the layer's own refusals are the archive's).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ImageRule {
+    /// No usable `oci-layout`.
+    NotLayout { why: String },
+    /// A file or blob of the layout is a symbolic link.
+    Link { path: String },
+    /// `index.json`, `blobs/sha256/` or a blob is missing.
+    Missing { what: String },
+    /// A file of the layout could not be read (not a regular file, I/O).
+    Unreadable { reason: String },
+    /// Image JSON larger than [`MAX_JSON_BYTES`].
+    TooLarge { what: String, size: u64 },
+    /// Image JSON that is malformed or read differently by Go.
+    Json { what: String, reason: String },
+    /// A digest that is not `sha256:` and 64 lowercase hex digits.
+    Digest { digest: String },
+    /// A blob whose size differs from its descriptor's.
+    SizeMismatch { digest: String, declared: u64, actual: u64 },
+    /// A blob whose SHA-256 differs from its digest.
+    DigestMismatch { digest: String, actual: String },
+    /// An index reached twice.
+    Loop { digest: String },
+    /// Indexes nested deeper than [`MAX_INDEX_DEPTH`].
+    TooDeep,
+    /// More descriptors than [`MAX_DESCRIPTORS`].
+    TooManyDescriptors,
+    /// More blobs in an `oci-archive` than it may hold.
+    TooManyBlobs { max: usize },
+    /// A media type where another is needed.
+    MediaType { what: String, media_type: String },
+    /// A descriptor with embedded data or foreign URLs.
+    Embedded { digest: String },
+    /// Not exactly one image in the layout.
+    Images { count: usize, refs: Vec<String> },
+    /// Not exactly one layer.
+    Layers { count: usize },
+    /// A layer whose bytes are compressed otherwise than its media type says.
+    Compression { media_type: String, found: Compression },
+    /// A layer that holds no `checkpoint/`.
+    NoCheckpoint,
+    /// A compressed `oci-archive`.
+    CompressedArchive { compression: Compression },
+    /// A tar with both an OCI layout and a `checkpoint/`.
+    Both,
+}
+
+impl fmt::Display for ImageRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        use ImageRule::*;
+        const REBUILD: &str = "rebuild the image from the checkpoint archive (buildah, docs/USER-GUIDE.md 5.4) or \
+                               inspect the archive itself";
+        match self {
+            NotLayout { why } => write!(
+                f,
+                "not an OCI image layout: {why}; pass an OCI layout directory (`oci:DIR`), an oci-archive \
+                 (`oci-archive:FILE`), a checkpoint archive or CRIU's image directory"
+            ),
+            Link { path } => write!(
+                f,
+                "{path} is a symbolic link; criu-cuda-migrate runs as root and follows no link inside an image: \
+                 copy the image with `skopeo copy` to get real files"
+            ),
+            Missing { what } => write!(f, "{what} is missing: the image is incomplete; copy it again"),
+            Unreadable { reason } => write!(f, "{reason}"),
+            TooLarge { what, size } => write!(
+                f,
+                "{what} is {size} bytes, more than the {MAX_JSON_BYTES} bytes an image's JSON may be (refused \
+                 without reading it): this is no checkpoint image"
+            ),
+            Json { what, reason } => write!(f, "{what} is refused: {reason}; {REBUILD}"),
+            Digest { digest } => write!(
+                f,
+                "the digest `{digest}` is refused: only `sha256:` with 64 lowercase hex digits names a blob here \
+                 (other algorithms are not read; anything else could name a path)"
+            ),
+            SizeMismatch { digest, declared, actual } => write!(
+                f,
+                "blob {digest} is {actual} bytes, and its descriptor says {declared}: the image is damaged or was \
+                 altered; copy it again"
+            ),
+            DigestMismatch { digest, actual } => write!(
+                f,
+                "blob {digest} has the SHA-256 {actual}, not the one its name says: the image is damaged or was \
+                 altered; copy it again"
+            ),
+            Loop { digest } => write!(f, "the index {digest} is reached twice (a loop or a repeat); {REBUILD}"),
+            TooDeep => write!(f, "indexes are nested more than {MAX_INDEX_DEPTH} deep; {REBUILD}"),
+            TooManyDescriptors => {
+                write!(f, "its indexes hold more than {MAX_DESCRIPTORS} descriptors; this is no checkpoint image")
+            }
+            TooManyBlobs { max } => write!(f, "it holds more than {max} blobs; this is no checkpoint image"),
+            MediaType { what, media_type } => write!(f, "{what} has the media type `{media_type}`; {REBUILD}"),
+            Embedded { digest } => write!(
+                f,
+                "the descriptor of {digest} carries embedded data or foreign URLs, which a runtime may read instead \
+                 of the blob; {REBUILD}"
+            ),
+            Images { count: 0, .. } => write!(f, "its index names no image manifest"),
+            Images { count, refs } => write!(
+                f,
+                "it holds {count} images ({}), and a checkpoint image is one: copy the one out with `skopeo copy \
+                 oci:DIR:REF oci-archive:FILE`",
+                if refs.is_empty() { "untagged".to_string() } else { refs.join(", ") }
+            ),
+            Layers { count } => write!(
+                f,
+                "its manifest has {count} layers, and a checkpoint image has one (what `buildah add` of the \
+                 checkpoint archive makes): with several, a runtime unpacks their overlay, not what one of them holds; \
+                 {REBUILD}"
+            ),
+            Compression { media_type, found } => write!(
+                f,
+                "its layer's media type is `{media_type}` but its bytes are {}; {REBUILD}",
+                match found {
+                    crate::Compression::None => "not compressed".to_string(),
+                    c => format!("{c}-compressed"),
+                }
+            ),
+            NoCheckpoint => write!(
+                f,
+                "its layer holds no checkpoint/ directory: it is no checkpoint image (build one with `buildah add CTR \
+                 CHECKPOINT.tar /` from the checkpoint archive)"
+            ),
+            CompressedArchive { compression } => write!(
+                f,
+                "it is a {compression}-compressed tar of an OCI layout, and an oci-archive is read as the plain tar \
+                 skopeo and buildah write: decompress it first"
+            ),
+            Both => write!(f, "it holds both an OCI image layout and a checkpoint/ directory: it is neither, refused"),
+        }
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct LayoutFile {
+    image_layout_version: String,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Descriptor {
+    media_type: String,
+    digest: String,
+    size: u64,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+    #[serde(default)]
+    urls: Option<Vec<String>>,
+    #[serde(default)]
+    data: Option<serde::de::IgnoredAny>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Index {
+    schema_version: u32,
+    #[serde(default)]
+    media_type: Option<String>,
+    #[serde(default)]
+    manifests: Option<Vec<Descriptor>>,
+}
+
+#[derive(Deserialize)]
+#[serde(rename_all = "camelCase")]
+struct Manifest {
+    schema_version: u32,
+    #[serde(default)]
+    media_type: Option<String>,
+    config: Descriptor,
+    #[serde(default)]
+    layers: Option<Vec<Descriptor>>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+}
+
+/// A digest for messages: escaped, cut.
+fn shown_digest(digest: &str) -> String {
+    crate::name::shown(digest.as_bytes())
+}
+
+/// The hex of a `sha256:` digest, or the rule it breaks.
+fn sha256_hex(digest: &str) -> Result<&str, ImageRule> {
+    match digest.split_once(':') {
+        Some(("sha256", hex)) if hex.len() == 64 && hex.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f')) => {
+            Ok(hex)
+        }
+        _ => Err(ImageRule::Digest { digest: shown_digest(digest) }),
+    }
+}
+
+fn parse<T: DeserializeOwned>(bytes: &[u8], what: &str) -> Result<T, ImageRule> {
+    crate::json::check(bytes)
+        .and_then(|()| serde_json::from_slice(bytes).map_err(|e| e.to_string()))
+        .map_err(|reason| ImageRule::Json { what: what.to_string(), reason })
+}
+
+/// Where the blobs are.
+enum Blobs<'a> {
+    /// `blobs/sha256/` of a layout directory (`None`: there is none).
+    Layout(Option<Dir>),
+    /// Members of an `oci-archive` (a plain tar): `sha256/HEX` → data offset and size.
+    Archive { file: &'a File, members: HashMap<String, (u64, u64)> },
+}
+
+/// A byte range of a file, read with `pread`.
+struct Range<'a> {
+    file: &'a File,
+    pos: u64,
+    end: u64,
+}
+
+impl Read for Range<'_> {
+    fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
+        let want = usize::try_from(self.end - self.pos).unwrap_or(usize::MAX).min(buf.len());
+        if want == 0 {
+            return Ok(0);
+        }
+        let n = self.file.read_at(&mut buf[..want], self.pos)?;
+        self.pos += n as u64;
+        Ok(n)
+    }
+}
+
+fn file_rule(e: FileError) -> ImageRule {
+    match e {
+        FileError::Symlink { path } | FileError::Replaced { path } => {
+            ImageRule::Link { path: ccm_identity::text::escaped(&path.display().to_string()) }
+        }
+        FileError::Missing { path } => {
+            ImageRule::Missing { what: ccm_identity::text::escaped(&path.display().to_string()) }
+        }
+        e => ImageRule::Unreadable { reason: ccm_identity::text::escaped(&e.to_string()) },
+    }
+}
+
+/// One image read.
+struct Reader<'a> {
+    image: String,
+    path: &'a Path,
+    blobs: Blobs<'a>,
+    limits: &'a Limits,
+}
+
+impl Reader<'_> {
+    fn refuse(&self, rule: ImageRule) -> ArchiveError {
+        ArchiveError::Image { image: self.image.clone(), rule }
+    }
+
+    /// The blob's bytes, at most `size`, unhashed.
+    fn open(&self, hex: &str, digest: &str, size: u64) -> Result<Box<dyn Read + '_>, ArchiveError> {
+        let missing = || self.refuse(ImageRule::Missing { what: format!("blob {}", shown_digest(digest)) });
+        let actual = match &self.blobs {
+            Blobs::Layout(None) => return Err(missing()),
+            Blobs::Layout(Some(dir)) => {
+                let (file, len) = dir.open_file(hex).map_err(|e| self.refuse(file_rule(e)))?;
+                if len == size {
+                    return Ok(Box::new(file.take(size)));
+                }
+                len
+            }
+            Blobs::Archive { file, members } => {
+                let &(offset, len) = members.get(&format!("sha256/{hex}")).ok_or_else(missing)?;
+                if len == size {
+                    return Ok(Box::new(Range { file, pos: offset, end: offset + size }));
+                }
+                len
+            }
+        };
+        Err(self.refuse(ImageRule::SizeMismatch { digest: shown_digest(digest), declared: size, actual }))
+    }
+
+    /// A small blob (image JSON), checked against its descriptor.
+    fn small(&self, d: &Descriptor, what: &str) -> Result<Vec<u8>, ArchiveError> {
+        let hex = sha256_hex(&d.digest).map_err(|r| self.refuse(r))?;
+        if d.data.is_some() || d.urls.as_ref().is_some_and(|u| !u.is_empty()) {
+            return Err(self.refuse(ImageRule::Embedded { digest: shown_digest(&d.digest) }));
+        }
+        if d.size > MAX_JSON_BYTES {
+            return Err(self.refuse(ImageRule::TooLarge { what: format!("{what} {}", d.digest), size: d.size }));
+        }
+        let mut reader = Hashing::new(self.open(hex, &d.digest, d.size)?);
+        let mut bytes = Vec::new();
+        reader
+            .read_to_end(&mut bytes)
+            .map_err(|e| self.refuse(ImageRule::Unreadable { reason: format!("reading blob {}: {e}", d.digest) }))?;
+        self.verify(reader, &d.digest, hex, d.size)?;
+        Ok(bytes)
+    }
+
+    /// Reads what is left of a blob and checks its size and digest.
+    fn verify<R: Read>(&self, reader: Hashing<R>, digest: &str, hex: &str, size: u64) -> Result<(), ArchiveError> {
+        let (actual, count) = reader
+            .finish()
+            .map_err(|e| self.refuse(ImageRule::Unreadable { reason: format!("reading blob {digest}: {e}") }))?;
+        if count != size {
+            return Err(self.refuse(ImageRule::SizeMismatch {
+                digest: shown_digest(digest),
+                declared: size,
+                actual: count,
+            }));
+        }
+        if actual != hex {
+            return Err(self.refuse(ImageRule::DigestMismatch {
+                digest: shown_digest(digest),
+                actual: format!("sha256:{actual}"),
+            }));
+        }
+        Ok(())
+    }
+
+    /// Follows the indexes from `index.json` down to the image manifests: their descriptors, each
+    /// once, with the tags that name them.
+    fn manifests(&self, index: &[u8]) -> Result<Vec<(Descriptor, Vec<String>)>, ArchiveError> {
+        let mut found: Vec<(Descriptor, Vec<String>)> = Vec::new();
+        let mut visited = HashSet::new();
+        let mut count = 0usize;
+        // (bytes, what, depth): a stack instead of recursion.
+        let mut todo = vec![(index.to_vec(), "index.json".to_string(), 1usize)];
+        while let Some((bytes, what, depth)) = todo.pop() {
+            let idx: Index = parse(&bytes, &what).map_err(|r| self.refuse(r))?;
+            if idx.schema_version != 2 {
+                return Err(self.refuse(ImageRule::Json {
+                    what,
+                    reason: format!("its schemaVersion is {}, not 2", idx.schema_version),
+                }));
+            }
+            if let Some(t) = idx.media_type.as_deref().filter(|t| !INDEX_TYPES.contains(t)) {
+                return Err(self.refuse(ImageRule::MediaType { what, media_type: crate::name::shown(t.as_bytes()) }));
+            }
+            for d in idx.manifests.unwrap_or_default() {
+                count += 1;
+                if count > MAX_DESCRIPTORS {
+                    return Err(self.refuse(ImageRule::TooManyDescriptors));
+                }
+                let hex = sha256_hex(&d.digest).map_err(|r| self.refuse(r))?.to_string();
+                if INDEX_TYPES.contains(&d.media_type.as_str()) {
+                    if depth >= MAX_INDEX_DEPTH {
+                        return Err(self.refuse(ImageRule::TooDeep));
+                    }
+                    if !visited.insert(hex) {
+                        return Err(self.refuse(ImageRule::Loop { digest: shown_digest(&d.digest) }));
+                    }
+                    let bytes = self.small(&d, "the index")?;
+                    todo.push((bytes, format!("index {}", d.digest), depth + 1));
+                } else if MANIFEST_TYPES.contains(&d.media_type.as_str()) {
+                    let tag = d.annotations.as_ref().and_then(|a| a.get(REF_NAME)).cloned();
+                    match found.iter_mut().find(|(f, _)| f.digest == d.digest) {
+                        Some((f, tags)) => {
+                            if f.size != d.size || f.media_type != d.media_type {
+                                return Err(self.refuse(ImageRule::Json {
+                                    what,
+                                    reason: format!("two descriptors of {} disagree on its size or type", d.digest),
+                                }));
+                            }
+                            tags.extend(tag);
+                        }
+                        None => found.push((d, tag.into_iter().collect())),
+                    }
+                } else {
+                    return Err(self.refuse(ImageRule::MediaType {
+                        what: format!("the descriptor {} in {what}", shown_digest(&d.digest)),
+                        media_type: crate::name::shown(d.media_type.as_bytes()),
+                    }));
+                }
+            }
+        }
+        Ok(found)
+    }
+
+    fn read(&self, format: ImageFormat, layout: &[u8], index: &[u8]) -> Result<CheckpointImage, ArchiveError> {
+        let l: LayoutFile = parse(layout, "oci-layout").map_err(|r| self.refuse(r))?;
+        if l.image_layout_version != "1.0.0" {
+            return Err(self.refuse(ImageRule::NotLayout {
+                why: format!(
+                    "its oci-layout says imageLayoutVersion `{}`, and 1.0.0 is the one version there is",
+                    crate::name::shown(l.image_layout_version.as_bytes())
+                ),
+            }));
+        }
+        let mut manifests = self.manifests(index)?;
+        if manifests.len() != 1 {
+            let refs =
+                manifests.iter().flat_map(|(_, tags)| tags.iter().map(|t| crate::name::shown(t.as_bytes()))).collect();
+            return Err(self.refuse(ImageRule::Images { count: manifests.len(), refs }));
+        }
+        let (desc, ref_names) = manifests.remove(0);
+        let what = format!("manifest {}", desc.digest);
+        let m: Manifest = parse(&self.small(&desc, "the manifest")?, &what).map_err(|r| self.refuse(r))?;
+        if m.schema_version != 2 {
+            return Err(self.refuse(ImageRule::Json {
+                what,
+                reason: format!("its schemaVersion is {}, not 2", m.schema_version),
+            }));
+        }
+        if let Some(t) = m.media_type.as_deref().filter(|t| *t != desc.media_type) {
+            return Err(self.refuse(ImageRule::MediaType {
+                what: format!("{what} (its descriptor says `{}`)", crate::name::shown(desc.media_type.as_bytes())),
+                media_type: crate::name::shown(t.as_bytes()),
+            }));
+        }
+        if !CONFIG_TYPES.contains(&m.config.media_type.as_str()) {
+            return Err(self.refuse(ImageRule::MediaType {
+                what: format!("the config of {what}"),
+                media_type: crate::name::shown(m.config.media_type.as_bytes()),
+            }));
+        }
+        self.small(&m.config, "the config")?;
+        let mut layers = m.layers.unwrap_or_default();
+        if layers.len() != 1 {
+            return Err(self.refuse(ImageRule::Layers { count: layers.len() }));
+        }
+        let layer = layers.remove(0);
+        let checkpoint = self.layer(&layer)?;
+        Ok(CheckpointImage {
+            path: self.path.to_path_buf(),
+            format,
+            manifest_digest: desc.digest,
+            ref_names,
+            annotations: m.annotations.unwrap_or_default(),
+            layer_digest: layer.digest,
+            layer_media_type: layer.media_type,
+            layer_size: layer.size,
+            checkpoint,
+        })
+    }
+
+    /// Streams the layer through the archive reader, hashing it on the way.
+    fn layer(&self, d: &Descriptor) -> Result<CheckpointArchive, ArchiveError> {
+        let hex = sha256_hex(&d.digest).map_err(|r| self.refuse(r))?;
+        if d.data.is_some() || d.urls.as_ref().is_some_and(|u| !u.is_empty()) {
+            return Err(self.refuse(ImageRule::Embedded { digest: shown_digest(&d.digest) }));
+        }
+        let Some(expected) = layer_compression(&d.media_type) else {
+            return Err(self.refuse(ImageRule::MediaType {
+                what: format!("the layer {}", shown_digest(&d.digest)),
+                media_type: crate::name::shown(d.media_type.as_bytes()),
+            }));
+        };
+        let mut reader = Hashing::new(self.open(hex, &d.digest, d.size)?);
+        let layer_path = PathBuf::from(format!("{}:blobs/sha256/{hex}", self.path.display()));
+        let walked = (|| {
+            let (stream, compression) = input::from_reader(&layer_path, &mut reader)?;
+            if compression != expected {
+                return Err(self.refuse(ImageRule::Compression {
+                    media_type: crate::name::shown(d.media_type.as_bytes()),
+                    found: compression,
+                }));
+            }
+            let found = walk::Walk::new(stream, compression, input::shown_path(&layer_path), self.limits).run()?;
+            Ok((compression, found))
+        })();
+        // The blob is verified whatever the walk said: a damaged or altered layer is named as one, not by
+        // the tar error its damage made. What is left to hash is at most the blob's size on disk (a
+        // decompression bomb is small there), never its decompressed data.
+        let verified = self.verify(reader, &d.digest, hex, d.size);
+        let (compression, found) = match (walked, verified) {
+            (_, Err(e)) => return Err(e),
+            (Err(e), Ok(())) => return Err(e),
+            (Ok(w), Ok(())) => w,
+        };
+        if !found.has_checkpoint {
+            return Err(self.refuse(ImageRule::NoCheckpoint));
+        }
+        crate::finish(&layer_path, compression, found)
+    }
+}
+
+/// Whether `path` is a directory with an `oci-layout` entry (of any kind: a link there is refused
+/// when the image is read).
+pub fn is_image_layout(path: &Path) -> bool {
+    Dir::open(path).is_ok_and(|d| d.kind_of("oci-layout").is_ok_and(|k| k.is_some()))
+}
+
+/// Reads the OCI image layout directory at `path` (the path itself is followed: the user typed it;
+/// nothing below it is).
+pub fn read_image_layout(path: &Path, limits: &Limits) -> Result<CheckpointImage, ArchiveError> {
+    let image = input::shown_path(path);
+    let refuse = |rule| ArchiveError::Image { image: image.clone(), rule };
+    let d = Dir::open(path).map_err(|e| refuse(file_rule(e)))?;
+    let layout = match d.read_file("oci-layout", MAX_JSON_BYTES) {
+        Err(FileError::Missing { .. }) => {
+            return Err(refuse(ImageRule::NotLayout { why: "it has no oci-layout file".into() }))
+        }
+        r => r.map_err(|e| refuse(file_rule(e)))?,
+    };
+    let size = d.file_size("index.json").map_err(|e| refuse(file_rule(e)))?;
+    if size > MAX_JSON_BYTES {
+        return Err(refuse(ImageRule::TooLarge { what: "index.json".into(), size }));
+    }
+    let index = d.read_file("index.json", MAX_JSON_BYTES).map_err(|e| refuse(file_rule(e)))?;
+    let blobs = match d.open_dir("blobs").and_then(|b| b.open_dir("sha256")) {
+        Ok(dir) => Some(dir),
+        Err(FileError::Missing { .. }) => None,
+        Err(e) => return Err(refuse(file_rule(e))),
+    };
+    Reader { image, path, blobs: Blobs::Layout(blobs), limits }.read(ImageFormat::Layout, &layout, &index)
+}
+
+/// Reads an `oci-archive` whose outer tar was walked into `found`; `file` is the same file, for the
+/// blobs' data.
+pub(crate) fn read_oci_archive(
+    path: &Path,
+    file: &File,
+    compression: Compression,
+    found: walk::Found,
+    limits: &Limits,
+) -> Result<CheckpointImage, ArchiveError> {
+    let image = input::shown_path(path);
+    let refuse = |rule| ArchiveError::Image { image: image.clone(), rule };
+    if found.has_checkpoint {
+        return Err(refuse(ImageRule::Both));
+    }
+    if compression != Compression::None {
+        return Err(refuse(ImageRule::CompressedArchive { compression }));
+    }
+    let Some(layout) = found.oci_layout else {
+        return Err(refuse(ImageRule::NotLayout { why: "the tar has index.json but no oci-layout".into() }));
+    };
+    let Some(index) = found.oci_index else {
+        return Err(refuse(ImageRule::Missing { what: "index.json".into() }));
+    };
+    let members = found.blobs.into_iter().map(|b| (b.key, (b.offset, b.size))).collect();
+    Reader { image, path, blobs: Blobs::Archive { file, members }, limits }.read(
+        ImageFormat::OciArchive,
+        &layout.bytes,
+        &index.bytes,
+    )
+}
