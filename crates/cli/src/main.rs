@@ -740,8 +740,8 @@ fn run_preflight(
             g.uuids.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", ")
         );
     }
-    let verdict = preflight::run(&node, checkpoint.images, &config, &usable)
-        .map_err(|e| Failure::Refused(e.to_string()))?;
+    let verdict =
+        preflight::run(&node, checkpoint.images, &config, &usable).map_err(|e| Failure::Refused(e.to_string()))?;
     let plans = &verdict.plans;
     if json {
         let v: Vec<_> = plans
