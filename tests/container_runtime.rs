@@ -826,6 +826,13 @@ fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_cuda_container_on_the_test_d
             "{rt}: --export left it running"
         );
         scratch.assert_step(&f("export-rm"), "podman rm after the checkpoint");
+        // checkpointctl and criu-cuda-migrate read the export with its identity image; ours names the GPU.
+        assert_archive_tools(&scratch, &f("a1"), "ccm-cdi", &root.suite);
+        let inspect = scratch.read(&f("a1-ccm-inspect.out"));
+        assert!(
+            inspect.contains("cuda:0") && inspect.contains(g0),
+            "{rt}: criu-cuda-migrate inspect of the export: {inspect}"
+        );
 
         let skipped = scratch.read(&f("restore.skipped"));
         if !skipped.is_empty() {
@@ -999,6 +1006,13 @@ fn containerd_cri_with_a_cdi_gpu_restores_a_cuda_container_onto_the_gpu_its_new_
 
     // The kubelet's checkpoint: the container runs on.
     scratch.assert_step("ccdi-checkpoint", "CRI CheckpointContainer of the CUDA container");
+    // checkpointctl and criu-cuda-migrate read the archive with its identity image; ours names the GPU.
+    assert_archive_tools(&scratch, "ccdi", "cuda", &root.suite);
+    let inspect = scratch.read("ccdi-ccm-inspect.out");
+    assert!(
+        inspect.contains("cuda:0") && inspect.contains(g0),
+        "criu-cuda-migrate inspect of the CRI archive: {inspect}"
+    );
     assert_eq!(
         scratch.read("ccdi-after-checkpoint.state").trim(),
         "CONTAINER_RUNNING",

@@ -156,6 +156,8 @@ tar -tf "$S/ccdi-checkpoint.tar" >"$S/ccdi-archive.list" 2>&1
 tar -xOf "$S/ccdi-checkpoint.tar" dump.log >"$S/ccdi-dump.log" 2>/dev/null
 [ -s "$S/ccdi-dump.log" ] || tar -xOf "$S/ccdi-checkpoint.tar" ./dump.log >"$S/ccdi-dump.log" 2>/dev/null
 [ -f "$S/ccdi-checkpoint.tar" ] || exit 0
+# What checkpointctl (forky's 1.3) and criu-cuda-migrate tell of the kubelet's archive with the identity image.
+archive_tools "$S/ccdi-checkpoint.tar" ccdi
 round "$CTL" 2 run
 note "checkpoint: done"
 

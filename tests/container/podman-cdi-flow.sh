@@ -246,6 +246,8 @@ note "lr: done"
 # --- export: the portable checkpoint; the container stops
 checkpoint_export export "$S/$P-a1.tar.gz" || exit 0
 pstep export-rm podman rm "$NAME" || exit 0
+# What checkpointctl (forky's 1.3) and criu-cuda-migrate tell of an export that holds the plugin's identity image.
+archive_tools "$S/$P-a1.tar.gz" "$P-a1"
 sha256sum <"$S/$P-a1.tar.gz" >"$S/$P-a1.sum-before"
 note "export: done"
 [ "$RESTORES" = 1 ] || exit 0
