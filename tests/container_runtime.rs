@@ -436,6 +436,38 @@ fn containerd_cri_checkpoint_container_and_restore_through_cri_with_the_packaged
     scratch.assert_continues("cri-checkpointed.count", "cri-after-image-restore.count", "CRI restore from the image");
     let restore = scratch.settings("cri-image-restore.log");
     assert!(restore.contains("usable GPUs 0"), "the plugin at the restore from the image: {restore}");
+    // With CRI-O's annotation only (the Kubernetes documentation's buildah line), containerd 2.1 takes the image for
+    // an ordinary one, as criu-cuda-migrate inspect says: no checkpoint found, and CreateContainer of an image with
+    // no command fails.
+    for (step, what) in [
+        ("cri-crio-image-from", "buildah from scratch (CRI-O's annotation only)"),
+        ("cri-crio-image-add", "buildah add of the checkpoint archive (CRI-O's annotation only)"),
+        ("cri-crio-image-config", "buildah config with CRI-O's annotation only"),
+        ("cri-crio-image-commit", "buildah commit (CRI-O's annotation only)"),
+        ("cri-crio-image-layout", "buildah push to an OCI layout (CRI-O's annotation only)"),
+        ("cri-crio-image-ccm-inspect", "criu-cuda-migrate inspect of the image with CRI-O's annotation only"),
+        ("cri-crio-image-push", "buildah push to the loopback registry (CRI-O's annotation only)"),
+        ("cri-crio-image-pull", "CRI PullImage (CRI-O's annotation only)"),
+    ] {
+        scratch.assert_step(step, what);
+    }
+    let inspect = scratch.read("cri-crio-image-ccm-inspect.out");
+    assert!(
+        inspect.contains("containerd 2.x takes it for a plain image, not a checkpoint"),
+        "criu-cuda-migrate inspect of the image with CRI-O's annotation only: {inspect}"
+    );
+    let found = scratch.read("cri-found-checkpoint.txt");
+    assert!(
+        found.contains("/ccm-checkpoint:1") && !found.contains("ccm-checkpoint-crio"),
+        "containerd's checkpoint detection: {found}"
+    );
+    assert_ne!(
+        scratch.rc("cri-crio-image-create"),
+        Some(0),
+        "containerd created a container from the CRI-O-only image"
+    );
+    let err = scratch.read("cri-crio-image-create.err");
+    assert!(err.contains("no command specified"), "CreateContainer of the CRI-O-only image: {err}");
 
     let adjustments = scratch.read("cri-host-adjustments.txt");
     if !adjustments.is_empty() {
