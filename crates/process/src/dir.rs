@@ -231,34 +231,13 @@ impl Dir {
     /// Reads the regular file `name`, at most `limit` bytes: a larger file, a link, a FIFO, a device
     /// or anything else is refused without reading it.
     pub fn read_file(&self, name: &str, limit: u64) -> Result<Vec<u8>, FileError> {
-        check_name(&self.shown, name)?;
-        let path = self.shown_file(name);
-        // First without opening what it names (O_PATH opens no device and blocks on no FIFO), then
-        // the same inode for reading.
-        // The probe stays open until the read is done: the inode it pins cannot be reused meanwhile.
-        let (_probe, st) = self.probe(name, &path)?;
-        if u64::try_from(st.st_size).unwrap_or(u64::MAX) > limit {
-            return Err(FileError::TooLarge { path, limit });
-        }
-        let fd = rustix::fs::openat(
-            &self.fd,
-            name,
-            OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| match e {
-            rustix::io::Errno::LOOP => FileError::Replaced { path: path.clone() },
-            e => io_err("open", path.clone())(e),
-        })?;
-        let again = rustix::fs::fstat(&fd).map_err(io_err("stat", path.clone()))?;
-        if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
-            return Err(FileError::Replaced { path });
-        }
+        let (file, _, path) = self.open_regular(name, Some(limit))?;
         let mut bytes = Vec::new();
-        std::fs::File::from(fd)
-            .take(limit.saturating_add(1))
-            .read_to_end(&mut bytes)
-            .map_err(|source| FileError::Io { action: "read", path: path.clone(), source })?;
+        file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(|source| FileError::Io {
+            action: "read",
+            path: path.clone(),
+            source,
+        })?;
         if bytes.len() as u64 > limit {
             return Err(FileError::TooLarge { path, limit });
         }
@@ -270,9 +249,20 @@ impl Dir {
     /// never opened, the inode opened the one probed. Returns the file and its size at open; the
     /// caller reads at most that many bytes.
     pub fn open_file(&self, name: &str) -> Result<(std::fs::File, u64), FileError> {
+        let (file, size, _) = self.open_regular(name, None)?;
+        Ok((file, size))
+    }
+
+    /// The one way a regular file is opened: first without opening what `name` names (O_PATH opens no
+    /// device and blocks on no FIFO), refused there when over `limit`, then the same inode for reading.
+    /// The probe pins the inode until the same inode is open for reading.
+    fn open_regular(&self, name: &str, limit: Option<u64>) -> Result<(std::fs::File, u64, PathBuf), FileError> {
         check_name(&self.shown, name)?;
         let path = self.shown_file(name);
         let (_probe, st) = self.probe(name, &path)?;
+        if let Some(limit) = limit.filter(|&l| u64::try_from(st.st_size).unwrap_or(u64::MAX) > l) {
+            return Err(FileError::TooLarge { path, limit });
+        }
         let fd = rustix::fs::openat(
             &self.fd,
             name,
@@ -287,7 +277,7 @@ impl Dir {
         if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) {
             return Err(FileError::Replaced { path });
         }
-        Ok((std::fs::File::from(fd), u64::try_from(again.st_size).unwrap_or(u64::MAX)))
+        Ok((std::fs::File::from(fd), u64::try_from(again.st_size).unwrap_or(u64::MAX), path))
     }
 
     /// The size of the regular file `name`, from `fstat` on an `O_PATH` descriptor: nothing is
