@@ -301,8 +301,10 @@ phase_containerd_restore() {
             record cx4-cri-restore "the CRI restore runs on B's GPU" "${seen:-$(tail -n2 "$WORK/cri-create-cuda-x-restored.out" "$x/cri-restore.out" | one_line) $(first_error "$x/cri-restore.log")}" FAIL -
         fi
         [[ -n ${id:-} ]] && cri_gone "$id"
+        cri_image_restore "$x" "$gpu_a"
     else
         record cx4-cri-restore "CRI restore on machine B" "not run: ${CRI_WHY:-no CRI archive in the dump, or the CRI setup failed}" SKIP -
     fi
-    save containerd-restore "$x/restore.log" "$x/restore.out" "$x/cri-restore.log" "$x/ctl" "$x/cri-ctl2"
+    save containerd-restore "$x/restore.log" "$x/restore.out" "$x/cri-restore.log" "$x/ctl" "$x/cri-ctl2" "$x/cri-ctl3" \
+        "$x/cri-image-restore.log" "$x/cri-image-restore.out" "$x/image-import.out"
 }

@@ -72,3 +72,39 @@ cri_same() {
     rm -f "$c/ckpt.tar"
     save cri-same "$c"
 }
+
+# cri_image_restore X GPU_A: the restore Kubernetes users take (issue 31 item 1): machine A's kubelet archive built
+# HERE into an OCI checkpoint image (tests/gpu/ckpt-image.sh: buildah, both checkpoint annotations), carried as
+# .device/ckpt-image/ckpt-oci.tar; on this machine imported, pushed to the loopback registry, checked with
+# `criu-cuda-migrate preflight` against this node, pulled through CRI, and restored by CreateContainer with that image
+# and this machine's CDI GPU, then StartContainer. Needs cri_setup done (the base image by NAME@DIGEST, the pod).
+cri_image_restore() {
+    local x=$1 gpu_a=$2 img=$DEVICE_DIR/ckpt-image/ckpt-oci.tar ref=$REG/ccm-ckpt:1 id seen t0 tr pre
+    if [[ ! -f $img ]]; then
+        record cx6-cri-image-restore "CRI restore from a checkpoint image on machine B" "not run: no $img (tests/gpu/ckpt-image.sh builds it here from A's archive)" SKIP -
+        return
+    fi
+    DUMPED_ON=$gpu_a archive_preflight cx6a-image-preflight "$img" "machine A's checkpoint image (oci-archive) on machine B, before its restore"
+    k() { ctr --address "$CTRD_SOCK" --namespace k8s.io "$@"; }
+    if ! { k images import --snapshotter "$SNAP" "$img" >"$x/image-import.out" 2>&1 &&
+        k images tag --force localhost/ccm-ckpt:1 "$ref" >>"$x/image-import.out" 2>&1 &&
+        k images push --plain-http "$ref" >>"$x/image-import.out" 2>&1 &&
+        cri PullImage "{\"image\":{\"image\":\"$ref\"}}" >>"$x/image-import.out" 2>&1; }; then
+        record cx6-cri-image-restore "the checkpoint image imported, pushed and pulled through CRI on B" "$(tail -n3 "$x/image-import.out" | one_line)" FAIL -
+        return
+    fi
+    mkdir -p "$x/cri-ctl3"
+    rm -f "$WORK/cri-criu-work/restore.log"
+    t0=$(now)
+    id=$(cri_create cuda-x-from-image "$ref" "$x/cri-ctl3" nvidia.com/gpu=0) && cri StartContainer "{\"container_id\":\"$id\"}" >"$x/cri-image-restore.out" 2>&1
+    cp "$WORK/cri-criu-work/restore.log" "$x/cri-image-restore.log" 2>/dev/null
+    tr=$(elapsed "$t0")
+    pre=$(grep -c 'Found checkpoint of container' "$WORK/containerd.log" 2>/dev/null)
+    seen=
+    if go_round "$x/cri-ctl3" 2 && seen=$(check_sample_report "$x/cri-ctl3/report2.json"); then
+        record cx6-cri-image-restore "CRI restore from A's checkpoint image (buildah, pushed to B's registry; CreateContainer with the image, CDI_devices nvidia.com/gpu=0 of B; StartContainer): identity names B's GPU, data intact" "dumped on $gpu_a, now: $seen; usable GPUs: $(usable_line "$x/cri-image-restore.log"); containerd log lines 'Found checkpoint': ${pre:-?}" "$([[ $gpu_a != "$GPU_UUID" ]] && echo PASS || echo 'PASS (same GPU)')" "restore ${tr}s; $(plugin_times "$x/cri-image-restore.log")"
+    else
+        record cx6-cri-image-restore "the CRI restore from the checkpoint image runs on B's GPU" "${seen:-$(tail -n2 "$WORK/cri-create-cuda-x-from-image.out" "$x/cri-image-restore.out" 2>/dev/null | one_line) $(first_error "$x/cri-image-restore.log")}" FAIL -
+    fi
+    [[ -n ${id:-} ]] && cri_gone "$id"
+}
