@@ -161,7 +161,7 @@ fn plugin_init_inner(stage: c_int) -> c_int {
         let host = host::RunningCriu;
         // Plugin options (where this CRIU offers them) override the environment; a bad one of ours fails the
         // init with what to write, like a bad environment variable.
-        let given = match host::plugin_option_argv().map(|argv| ccm_identity::options::parse(&argv)).transpose() {
+        let given = match host::plugin_option_argv().map(|argv| ccm_settings::options::parse(&argv)).transpose() {
             Ok(g) => g,
             Err(e) => {
                 error!("configuration: {e}");
@@ -175,7 +175,7 @@ fn plugin_init_inner(stage: c_int) -> c_int {
                 return -libc::EINVAL;
             }
         };
-        info!("settings: {config}; {}", ccm_identity::options::sources(given.as_deref(), |k| std::env::var(k).ok()));
+        info!("settings: {config}; {}", ccm_settings::options::sources(given.as_deref(), |k| std::env::var(k).ok()));
         let mut s = session();
         *s = Session::Off;
         if config.disabled {

@@ -65,9 +65,8 @@ impl Controller {
     /// and calls `cuInit(0)`, which the driver requires in a process that restores another.
     pub fn start(lock_timeout_ms: u32) -> Result<Controller, BenchError> {
         let t0 = Instant::now();
-        let lib = Libcuda::load(
-            std::env::var(ccm_identity::settings::LIBCUDA.env).ok().filter(|v| !v.trim().is_empty()).as_deref(),
-        )?;
+        let lib =
+            Libcuda::load(std::env::var(ccm_settings::LIBCUDA.env).ok().filter(|v| !v.trim().is_empty()).as_deref())?;
         let api = CheckpointApi::new(&lib)?;
         let load_s = secs(t0.elapsed());
         let init = timed(|| lib.init());

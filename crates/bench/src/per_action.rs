@@ -67,9 +67,7 @@ pub struct ActionReport {
 /// Runs one action in this process (the child side).
 pub fn run_action(action: Action, pid: i32, lock_timeout_ms: u32) -> Result<ActionReport, BenchError> {
     let t0 = Instant::now();
-    let lib = Libcuda::load(
-        std::env::var(ccm_identity::settings::LIBCUDA.env).ok().filter(|v| !v.trim().is_empty()).as_deref(),
-    )?;
+    let lib = Libcuda::load(std::env::var(ccm_settings::LIBCUDA.env).ok().filter(|v| !v.trim().is_empty()).as_deref())?;
     let api = ccm_driver::checkpoint::CheckpointApi::new(&lib)?;
     let load_s = t0.elapsed().as_secs_f64();
     let init = timed(|| lib.init());

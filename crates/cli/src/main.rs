@@ -344,7 +344,7 @@ fn checkpoint_of_archive(path: &Path, a: &ccm_archive::CheckpointArchive) -> Res
 /// The GPUs a dumped container's spec gave it, on the dump node (whose GPUs the images record).
 fn dumped_container_gpus(spec: &str, images: &[(PathBuf, IdentityImage)]) -> String {
     let Some((_, img)) = images.first() else { return "(no identity image to name the dump node's GPUs)".into() };
-    match ccm_identity::runtime::gpus_given_by_spec(spec, &img.node_gpus) {
+    match ccm_settings::spec::gpus_given_by_spec(spec, &img.node_gpus) {
         Ok(Some(g)) => {
             format!("{} ({})", g.uuids.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", "), g.source)
         }
@@ -718,7 +718,7 @@ fn run_preflight(
     }
     // The bundle's spec stands for the restoring runtime's, in the one order the plugin uses too.
     let usable = preflight::usable_source(&config, || match &spec {
-        Some((path, text)) => ccm_identity::runtime::gpus_given_by_spec(text, node.gpus())
+        Some((path, text)) => ccm_settings::spec::gpus_given_by_spec(text, node.gpus())
             .map_err(|e| Failure::Refused(format!("the bundle's spec {} {e}", path.display()))),
         None => Ok(None),
     })?;

@@ -9,7 +9,7 @@ use nvml_wrapper::error::NvmlError;
 /// NVML failures, with what to do about them.
 #[derive(Debug, thiserror::Error)]
 pub enum NvmlFailure {
-    #[error("cannot initialise NVML from {lib}: {}. Install the NVIDIA driver's libnvidia-ml.so.1 or set {}", loader_text(source), ccm_identity::settings::LIBNVML.env)]
+    #[error("cannot initialise NVML from {lib}: {}. Install the NVIDIA driver's libnvidia-ml.so.1 or set {}", loader_text(source), ccm_settings::LIBNVML.env)]
     Init {
         lib: String,
         #[source]

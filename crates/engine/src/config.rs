@@ -82,9 +82,9 @@ impl LeaveRunning {
 }
 
 use ccm_identity::map::UsableGpus;
-use ccm_identity::options::GivenOption;
-use ccm_identity::settings::{self, Setting};
 use ccm_identity::GpuUuid;
+use ccm_settings::options::GivenOption;
+use ccm_settings::{self as settings, Setting};
 
 pub const ENV_DISABLE: &str = settings::DISABLE.env;
 pub const ENV_DEVICE_MAP: &str = settings::DEVICE_MAP.env;
@@ -497,7 +497,7 @@ mod tests {
         const D: &str = "GPU-dddddddd-0000-0000-0000-000000000000";
         let opt = |key: &str, value: &str| {
             let argv = vec!["criu-plugin".to_string(), format!("--criu-cuda-migrate.{key}={value}")];
-            ccm_identity::options::parse(&argv).unwrap().remove(0)
+            ccm_settings::options::parse(&argv).unwrap().remove(0)
         };
         let env = |k: &str| match k {
             ENV_DEVICE_MAP => Some(format!("{A}={B}")),

@@ -53,7 +53,7 @@ pub enum EngineError {
         path: String,
         // Boxed: the spec's error is large, and every hook's Result carries this type.
         #[source]
-        source: Box<ccm_identity::runtime::SpecError>,
+        source: Box<ccm_settings::spec::SpecError>,
     },
     #[error(
         "pid {pid}: only {left:.1} s of CRIU's --timeout ({timeout_s} s) are left to lock it; raise criu's --timeout"

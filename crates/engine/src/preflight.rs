@@ -7,9 +7,9 @@ use ccm_driver::abi::{restore_args_layout, RestoreArgsLayout};
 use ccm_identity::image::{IdentityImage, ImageError};
 use ccm_identity::map::{self, Concern, DeviceMap, MapError, MapRequest, UsableGpus};
 use ccm_identity::memory::{self, ProcessNeed, TargetNeed};
-use ccm_identity::runtime::GivenGpus;
 use ccm_identity::{GpuIdentity, GpuUuid};
 use ccm_process::dir::{Dir, FileError};
+use ccm_settings::spec::GivenGpus;
 
 use crate::config::Sourced;
 use crate::Config;

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::time::Instant;
 
 use ccm_driver::checkpoint::{timed, ProcessState};
-use ccm_identity::runtime::GivenGpus;
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, NsPid};
 use ccm_process::container::ForeignDev;
 use ccm_process::dir::Dir;
+use ccm_settings::spec::GivenGpus;
 use log::{debug, error, info, warn};
 
 use crate::batch::{with_restore_threads_running, BatchError, OnResumeError};
@@ -302,7 +302,7 @@ fn open_image_dir(host: &dyn CriuHost) -> Result<Option<Dir>, EngineError> {
 fn log_memory_verdict(memory: &preflight::MemoryVerdict) {
     match memory {
         preflight::MemoryVerdict::Off => {
-            info!("preflight: the free-memory check is off ({}=off)", ccm_identity::settings::MEMORY_CHECK.env)
+            info!("preflight: the free-memory check is off ({}=off)", ccm_settings::MEMORY_CHECK.env)
         }
         preflight::MemoryVerdict::Unreadable(e) => {
             warn!("cannot read the GPUs' free memory ({e}); the restore goes on without the memory check")
@@ -375,10 +375,10 @@ fn fix_container_devices(targets: &dyn Targets, jobs: &[(Job<'_>, HostTid)], nod
                 ccm_identity::text::escaped(name)
             );
         }
-        for edit in ccm_identity::runtime::plan_node_edits(&moves, dev.gpu_minors()) {
+        for edit in ccm_settings::spec::plan_node_edits(&moves, dev.gpu_minors()) {
             let (what, minor, r) = match edit {
-                ccm_identity::runtime::NodeEdit::Create { minor } => ("created", minor, dev.create_gpu_node(minor)),
-                ccm_identity::runtime::NodeEdit::Remove { minor } => ("removed", minor, dev.remove_gpu_node(minor)),
+                ccm_settings::spec::NodeEdit::Create { minor } => ("created", minor, dev.create_gpu_node(minor)),
+                ccm_settings::spec::NodeEdit::Remove { minor } => ("removed", minor, dev.remove_gpu_node(minor)),
             };
             match r {
                 Ok(()) => info!(
@@ -424,7 +424,7 @@ fn given_by_restoring_runtime(
 ) -> Result<Option<(PathBuf, GivenGpus)>, EngineError> {
     let spec = targets.restoring_runtime_spec().map_err(EngineError::SpecFile)?;
     let Some(spec) = spec else { return Ok(None) };
-    match ccm_identity::runtime::gpus_given_by_spec(&spec.text, node_gpus) {
+    match ccm_settings::spec::gpus_given_by_spec(&spec.text, node_gpus) {
         Ok(g) => Ok(g.map(|g| (spec.path, g))),
         Err(source) => Err(EngineError::Spec {
             runtime: spec.runtime,

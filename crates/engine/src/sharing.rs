@@ -17,8 +17,8 @@
 //! No I/O here: texts and rules, unit-tested.
 
 use ccm_driver::abi::CudaCode;
-use ccm_identity::settings::MULTI_PROCESS;
 use ccm_identity::HostPid;
+use ccm_settings::MULTI_PROCESS;
 
 /// The ways of sharing device memory users meet, for the lines below.
 const IPC_KINDS: &str = "CUDA IPC (cudaIpcOpenMemHandle, or cuMemImportFromShareableHandle: torch.multiprocessing \

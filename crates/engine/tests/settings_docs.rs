@@ -1,7 +1,7 @@
-//! The documentation's settings tables name every setting of `ccm_identity::settings` and no
+//! The documentation's settings tables name every setting of `ccm_settings` and no
 //! other `CRIU_CUDA_MIGRATE_*` variable, so the code, the `settings:` line and the docs cannot drift.
 
-use ccm_identity::settings::ALL;
+use ccm_settings::ALL;
 
 fn table_names(doc: &str) -> Vec<String> {
     let mut names = Vec::new();

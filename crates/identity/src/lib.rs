@@ -3,8 +3,8 @@
 //! Everything here is pure: no file, process or driver access. The dump side turns what it
 //! observed into an [`image::IdentityImage`]; the restore side decodes it, plans a device map
 //! ([`map`]), finds and plans rewrites of stale PCI words ([`pattern`]) and checks the result
-//! ([`validate`]); environment strings that name GPUs are rewritten by plans from [`mod@env`];
-//! [`runtime`] reads which GPUs a container runtime's spec gives a restored container.
+//! ([`validate`]); environment strings that name GPUs are rewritten by plans from [`mod@env`].
+//! The settings, CRIU's plugin options and the runtime's OCI spec are read by `ccm-settings`.
 //! Most of the project's tests live in this crate.
 
 #![forbid(unsafe_code)]
@@ -15,11 +15,8 @@ pub mod gpu;
 pub mod image;
 pub mod map;
 pub mod memory;
-pub mod options;
 pub mod pattern;
 pub mod pid;
-pub mod runtime;
-pub mod settings;
 pub mod text;
 pub mod validate;
 

@@ -25,10 +25,11 @@ use crate::gpu::{GpuIdentity, GpuUuid};
 use crate::image::IdentityImage;
 use crate::table;
 
-/// Environment variable with the explicit map (named in error messages).
-pub const DEVICE_MAP_VAR: &str = crate::settings::DEVICE_MAP.env;
-/// Environment variable with the GPUs a restore may use (named in error messages).
-pub const USABLE_GPUS_VAR: &str = crate::settings::USABLE_GPUS.env;
+/// Environment variable with the explicit map (named in error messages; `ccm_settings::DEVICE_MAP`, a test there
+/// holds the two equal).
+pub const DEVICE_MAP_VAR: &str = "CRIU_CUDA_MIGRATE_DEVICE_MAP";
+/// Environment variable with the GPUs a restore may use (named in error messages; `ccm_settings::USABLE_GPUS`).
+pub const USABLE_GPUS_VAR: &str = "CRIU_CUDA_MIGRATE_USABLE_GPUS";
 
 /// Why a device map cannot be built, and what to change.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]

@@ -219,7 +219,7 @@ fn gpu_nodes(dev: &OwnedFd) -> (Vec<u32>, Vec<(String, &'static str)>) {
     let Ok(mut dir) = rustix::fs::Dir::read_from(dev) else { return (minors, impostors) };
     while let Some(Ok(entry)) = dir.read() {
         let name = entry.file_name().to_string_lossy().into_owned();
-        let Some(minor) = ccm_identity::runtime::nvidia_minor_of_path(&format!("/dev/{name}")) else { continue };
+        let Some(minor) = ccm_settings::spec::nvidia_minor_of_path(&format!("/dev/{name}")) else { continue };
         match node_minor(dev, &name) {
             Ok(m) if m == minor => minors.push(m),
             Ok(_) => impostors.push((name, "an NVIDIA node of another GPU")),

@@ -17,9 +17,9 @@ const NVIDIA_MAJOR: u64 = 195;
 const NVIDIA_FIRST_CONTROL_MINOR: u64 = 254;
 
 /// The minor N of a path naming a GPU node `.../dev/nvidiaN` (see
-/// [`ccm_identity::runtime::nvidia_minor_of_path`]); a deleted file's ` (deleted)` is ignored.
+/// [`ccm_settings::spec::nvidia_minor_of_path`]); a deleted file's ` (deleted)` is ignored.
 pub fn gpu_minor_of_path(path: &str) -> Option<u32> {
-    ccm_identity::runtime::nvidia_minor_of_path(path.strip_suffix(" (deleted)").unwrap_or(path))
+    ccm_settings::spec::nvidia_minor_of_path(path.strip_suffix(" (deleted)").unwrap_or(path))
 }
 
 /// The GPU minor of an open fd `/proc/PID/task/TID/fd/N`: by its link target's name, or by the
@@ -96,7 +96,7 @@ pub fn maps_library(pid: u32, name_fragment: &str) -> Result<bool, ProcessError>
 mod tests {
     use super::*;
 
-    /// The names themselves are ccm_identity::runtime's rules (tested there); this wrapper adds
+    /// The names themselves are ccm_settings::spec's rules (tested there); this wrapper adds
     /// only the ` (deleted)` of an fd's link target.
     #[test]
     fn gpu_minor_of_a_deleted_node() {

@@ -155,7 +155,7 @@ impl CudaApp {
     pub fn load_and_init() -> Result<CudaApp, AppError> {
         // The plugin's setting names the driver library for the workload too (the test doubles, a driver
         // outside the loader's path); an empty value is no setting.
-        let setting = std::env::var(ccm_identity::settings::LIBCUDA.env).ok().filter(|v| !v.trim().is_empty());
+        let setting = std::env::var(ccm_settings::LIBCUDA.env).ok().filter(|v| !v.trim().is_empty());
         let lib = Libcuda::load(setting.as_deref())?;
         lib.init()?;
         CudaApp::new(lib)

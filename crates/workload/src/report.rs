@@ -85,7 +85,7 @@ pub struct OrdinalReport {
 /// It is dropped (nvmlShutdown) before the report returns: an open NVML session holds fds of
 /// `/dev/nvidia*`, which CRIU could not dump.
 fn open_nvml() -> Result<nvml_wrapper::Nvml, String> {
-    let lib = std::env::var(ccm_identity::settings::LIBNVML.env).unwrap_or_else(|_| "libnvidia-ml.so.1".to_string());
+    let lib = std::env::var(ccm_settings::LIBNVML.env).unwrap_or_else(|_| "libnvidia-ml.so.1".to_string());
     nvml_wrapper::Nvml::builder()
         .lib_path(OsStr::new(&lib))
         .init()

@@ -368,9 +368,7 @@ pub fn process_view(config: &SimConfig) -> Result<Vec<usize>, SimError> {
 pub fn dev_gpu_minors(dev: &std::path::Path) -> Vec<u32> {
     let Ok(rd) = std::fs::read_dir(dev) else { return Vec::new() };
     rd.flatten()
-        .filter_map(|e| {
-            ccm_identity::runtime::nvidia_minor_of_path(&format!("/dev/{}", e.file_name().to_string_lossy()))
-        })
+        .filter_map(|e| ccm_settings::spec::nvidia_minor_of_path(&format!("/dev/{}", e.file_name().to_string_lossy())))
         .collect()
 }
 

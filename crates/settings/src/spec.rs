@@ -13,7 +13,8 @@
 
 use serde::Deserialize;
 
-use crate::gpu::{GpuIdentity, GpuUuid, PciAddress};
+use ccm_identity::gpu::{GpuIdentity, GpuUuid, PciAddress};
+use ccm_identity::text;
 
 /// The GPUs a restored container was given, and where that was read.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -26,7 +27,7 @@ pub struct GivenGpus {
 /// Why a runtime's spec cannot say which GPUs the container is given. The restore is refused: a
 /// guess ("all GPUs") could put the container on GPUs another tenant was given.
 ///
-/// Every value from the spec a message echoes is escaped and shortened ([`crate::text::shown`]):
+/// Every value from the spec a message echoes is escaped and shortened ([`text::shown`]):
 /// the spec is another tenant's, and it reaches a terminal and CRIU's log.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum SpecError {
@@ -116,8 +117,7 @@ pub fn nvidia_minor_of_path(path: &str) -> Option<u32> {
 /// `Ok(None)`: the spec says nothing about GPUs (the caller keeps its default). `Err`: the spec
 /// cannot be read, or names GPUs the plugin cannot map; the restore is refused.
 pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<Option<GivenGpus>, SpecError> {
-    let spec: Spec =
-        serde_json::from_str(spec_json).map_err(|e| SpecError::Malformed(crate::text::shown(&e.to_string())))?;
+    let spec: Spec = serde_json::from_str(spec_json).map_err(|e| SpecError::Malformed(text::shown(&e.to_string())))?;
     if spec.oci_version.trim().is_empty() {
         return Err(SpecError::Malformed("its ociVersion is empty".into()));
     }
@@ -131,7 +131,7 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<
             let minor = match d.minor {
                 None => m,
                 Some(v) => u32::try_from(v).map_err(|_| {
-                    SpecError::Malformed(format!("linux.devices {} has minor {v}", crate::text::shown(&d.path)))
+                    SpecError::Malformed(format!("linux.devices {} has minor {v}", text::shown(&d.path)))
                 })?,
             };
             nodes.push((d.path.clone(), minor));
@@ -142,7 +142,7 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<
             node_gpus.iter().filter(|g| nodes.iter().any(|(_, m)| *m == g.minor)).map(|g| g.uuid).collect();
         let source = format!(
             "linux.devices {}",
-            nodes.iter().map(|(p, m)| format!("{} (minor {m})", crate::text::shown(p))).collect::<Vec<_>>().join(", ")
+            nodes.iter().map(|(p, m)| format!("{} (minor {m})", text::shown(p))).collect::<Vec<_>>().join(", ")
         );
         return Ok(Some(GivenGpus { uuids, source }));
     }
@@ -151,7 +151,7 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<
         if let Some(v) = e.strip_prefix("NVIDIA_VISIBLE_DEVICES=") {
             match value {
                 Some(first) if first != v => {
-                    return Err(SpecError::Twice { first: crate::text::shown(first), second: crate::text::shown(v) })
+                    return Err(SpecError::Twice { first: text::shown(first), second: text::shown(v) })
                 }
                 _ => value = Some(v),
             }
@@ -164,7 +164,7 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<
     } else {
         value.split(',').map(|s| s.trim().to_string()).filter(|s| !s.is_empty()).collect()
     };
-    let source = format!("process.env NVIDIA_VISIBLE_DEVICES={}", crate::text::shown(value));
+    let source = format!("process.env NVIDIA_VISIBLE_DEVICES={}", text::shown(value));
     let uuids = visible_devices(value, &ids, node_gpus)?;
     Ok(Some(GivenGpus { uuids, source }))
 }
@@ -172,8 +172,8 @@ pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<
 /// The GPUs a list of `NVIDIA_VISIBLE_DEVICES` ids names.
 fn visible_devices(value: &str, ids: &[String], node_gpus: &[GpuIdentity]) -> Result<Vec<GpuUuid>, SpecError> {
     let refuse = |item: &str, why: String| SpecError::VisibleDevices {
-        value: crate::text::shown(value),
-        item: crate::text::shown(item),
+        value: text::shown(value),
+        item: text::shown(item),
         why,
         last: node_gpus.len().checked_sub(1).map(|n| n.to_string()).unwrap_or_else(|| "none".into()),
     };
@@ -258,7 +258,7 @@ pub fn plan_node_edits(moves: &[(u32, u32)], present: &[u32]) -> Vec<NodeEdit> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::gpu::PciAddress;
+    use ccm_identity::gpu::PciAddress;
 
     fn gpu(i: u8, minor: u32) -> GpuIdentity {
         GpuIdentity {
@@ -378,7 +378,7 @@ mod tests {
         // A terminal's cursor moved over the error, a bidi override, a line separator.
         let forged = "x\u{1b}[1A\r\u{1b}[2Kpreflight passed\u{7}\u{202e}\u{2028}";
         let e = gpus_given_by_spec(&env(forged), &node).unwrap_err().to_string();
-        assert!(!crate::text::has_unsafe(&e), "{e:?}");
+        assert!(!text::has_unsafe(&e), "{e:?}");
         assert!(e.contains("\\u{1b}[1A\\r") && e.contains("\\u{202e}\\u{2028}"), "{e}");
         // A megabyte of ids: the message echoes the start and the length, not the megabyte.
         let huge = format!("{}garbage", "0,".repeat(1 << 19));
@@ -388,14 +388,14 @@ mod tests {
             "NVIDIA_VISIBLE_DEVICES=0", format!("NVIDIA_VISIBLE_DEVICES={huge}\u{1b}")]}})
         .to_string();
         let e = gpus_given_by_spec(&twice, &node).unwrap_err().to_string();
-        assert!(e.len() < 2000 && !crate::text::has_unsafe(&e), "{}", e.len());
+        assert!(e.len() < 2000 && !text::has_unsafe(&e), "{}", e.len());
         // serde's own message quotes the spec's text: escaped and shortened too.
         let bad = format!(
             r#"{{"ociVersion":"1.0.2","linux":{{"devices":[{{"path":"/dev/nvidia1","minor":"{}\u001b"}}]}}}}"#,
             "9".repeat(1 << 20)
         );
         let e = gpus_given_by_spec(&bad, &node).unwrap_err().to_string();
-        assert!(e.len() < 2000 && !crate::text::has_unsafe(&e), "{}: {e:.300}", e.len());
+        assert!(e.len() < 2000 && !text::has_unsafe(&e), "{}: {e:.300}", e.len());
     }
 
     #[test]

@@ -14,8 +14,9 @@
 //! what no map means here: the automatic map) and UUID pairs are the same; ordinal pairs (`0=1`) are refused with
 //! what to write instead, because an ordinal names a GPU only relative to one node's enumeration.
 
-use crate::map;
-use crate::settings::{self, Setting, OPTION_PREFIX};
+use ccm_identity::map;
+
+use crate::{self as settings, Setting, OPTION_PREFIX};
 
 /// Names under which CRIU's own CUDA plugin (CRIU PR #3076) takes its device map, accepted as ours.
 pub const CUDA_PLUGIN_DEVICE_MAP: [&str; 2] = ["cuda_plugin.device-map", "cuda.device-map"];

@@ -1,7 +1,14 @@
-//! Every setting of the plugin, once: its environment variable, its plugin-option key, when it
-//! applies, its default and what it does. The configuration reader, the `settings:` log line, the
-//! driver's library paths, error messages and the documentation tables all take the names from
-//! here (a test holds the user guide's and the architecture's tables to this list).
+//! What criu-cuda-migrate is told, read without I/O: every setting of the plugin, once (its environment
+//! variable, its plugin-option key, when it applies, its default and what it does: this file); CRIU's plugin
+//! options ([`options`]); and the GPUs a container runtime's OCI spec gives a restored container ([`spec`]), the restore's other
+//! source of its usable GPUs. The configuration reader, the `settings:` log line, the driver's library paths,
+//! error messages and the documentation tables all take the names from here (a test holds the user guide's and
+//! the architecture's tables to this list).
+
+#![forbid(unsafe_code)]
+
+pub mod options;
+pub mod spec;
 
 /// One setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -144,5 +151,12 @@ mod tests {
             }
         }
         assert_eq!(DEVICE_MAP.option_name(), "criu-cuda-migrate.device-map");
+    }
+
+    /// The device-map rules name these variables in their errors without depending on this crate.
+    #[test]
+    fn the_map_rules_name_these_variables() {
+        assert_eq!(ccm_identity::map::DEVICE_MAP_VAR, DEVICE_MAP.env);
+        assert_eq!(ccm_identity::map::USABLE_GPUS_VAR, USABLE_GPUS.env);
     }
 }
