@@ -2,14 +2,7 @@
 
 use std::time::Duration;
 
-/// What to do when the restored identity cannot be made consistent.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Strictness {
-    /// Kill the restored tree (images stay intact for a retry).
-    Strict,
-    /// Log an error and let the process run.
-    Permissive,
-}
+pub use ccm_settings::value::{MultiProcess, Strictness};
 
 /// A setting's value and where it came from (`CRIU_CUDA_MIGRATE_DEVICE_MAP`,
 /// `--plugin-option criu-cuda-migrate.device-map`, the CLI's `--device-map`), so that an error
@@ -48,18 +41,6 @@ pub struct Config {
     pub libnvml: Option<String>,
 }
 
-/// What a dump of more than one CUDA process does. Driver 580 checkpoints a process that has another
-/// process's device memory open through CUDA IPC (`cudaIpcOpenMemHandle`, `cuMemImportFromShareableHandle`),
-/// but cannot restore it, in place or anywhere else; and nothing outside the process tells such a process from
-/// one that shares nothing (measured: docs/GPU-TESTING.md, issue 29). So the plugin cannot know; the user can.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum MultiProcess {
-    /// Dump them, with a warning that names the risk (the default: most multi-process trees share nothing).
-    Warn,
-    /// Refuse before any checkpoint: every process is unlocked and runs on.
-    Refuse,
-}
-
 /// What the plugin knows about CRIU's `--leave-running`, which the plugin ABI does not expose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum LeaveRunning {
@@ -84,6 +65,7 @@ impl LeaveRunning {
 use ccm_identity::map::UsableGpus;
 use ccm_identity::GpuUuid;
 use ccm_settings::options::GivenOption;
+use ccm_settings::value::{self, DeviceMapSetting, ValueError};
 use ccm_settings::{self as settings, Setting};
 
 pub const ENV_DISABLE: &str = settings::DISABLE.env;
@@ -108,45 +90,38 @@ impl ConfigError {
     }
 }
 
-/// A library path setting: an empty value is no setting.
-fn library_setting(value: Option<String>) -> Option<String> {
-    value.filter(|v| !v.trim().is_empty())
+/// A setting's value read by its syntax ([`ccm_settings::value`], the functions the plugin-option reader checks
+/// with); an error names where the value came from.
+fn read<T>(
+    got: Option<(String, String)>,
+    parse: impl Fn(&str) -> Result<T, ValueError>,
+) -> Result<Option<Sourced<T>>, ConfigError> {
+    got.map(|(v, from)| match parse(&v) {
+        Ok(value) => Ok(Sourced { value, from }),
+        Err(e) => Err(ConfigError::Invalid { name: from, value: v, expected: e.expected }),
+    })
+    .transpose()
 }
 
 /// Explicit (dump GPU, restore GPU) pairs, as a device map setting gives them.
 pub type DevicePairs = Vec<(GpuUuid, GpuUuid)>;
 
-/// Parses a device map setting (`auto` or nothing: the automatic map), naming its source.
+/// Parses a device map setting (`auto` or nothing: the automatic map) by [`value::parse_device_map`], naming its
+/// source.
 pub fn parse_device_map(text: &str, from: &str) -> Result<Option<Sourced<DevicePairs>>, ConfigError> {
-    let t = text.trim();
-    if t.is_empty() || t.eq_ignore_ascii_case("auto") {
-        return Ok(None);
+    match value::parse_device_map(text) {
+        Ok(DeviceMapSetting::Auto) => Ok(None),
+        Ok(DeviceMapSetting::Pairs(pairs)) => Ok(Some(Sourced { value: pairs, from: from.to_string() })),
+        Err(e) => Err(ConfigError::invalid(from, text.trim(), e.expected)),
     }
-    let pairs = ccm_identity::map::parse_pairs(t)
-        .map_err(|e| ConfigError::invalid(from, t, format!("GPU-<uuid>=GPU-<uuid>[,...] or auto ({e})")))?;
-    Ok(Some(Sourced { value: pairs, from: from.to_string() }))
 }
 
 /// Longest lock timeout taken from CRIU's `--timeout` (the driver takes milliseconds in 32 bits).
 const MAX_LOCK_TIMEOUT_S: u64 = (u32::MAX / 1000) as u64;
-/// Longest `CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT`: a day.
-const MAX_DRIVER_TIMEOUT_S: u64 = 86_400;
 /// The default deadline of one checkpoint or restore call: this much, plus [`DEADLINE_PER_GIB`]
 /// for every GiB of the process's device memory (the driver copies 2-6 GB/s: ten times margin).
 const DEADLINE_BASE: Duration = Duration::from_secs(60);
 const DEADLINE_PER_GIB: Duration = Duration::from_secs(5);
-
-/// The one reading of an on/off setting, for every switch: `1`, `yes`, `true`, `on` and `0`,
-/// `no`, `false`, `off`, in any case; `None` for anything else.
-pub fn switch(v: &str) -> Option<bool> {
-    match v.trim().to_ascii_lowercase().as_str() {
-        "1" | "yes" | "true" | "on" => Some(true),
-        "0" | "no" | "false" | "off" => Some(false),
-        _ => None,
-    }
-}
-
-const SWITCH_FORMS: &str = "`on` or `off` (also 1/0, yes/no, true/false)";
 
 impl Config {
     /// Builds the configuration from an environment lookup, CRIU's own command line and the
@@ -156,49 +131,28 @@ impl Config {
         criu_args: &[String],
         plugin_options: &[GivenOption],
     ) -> Result<Config, ConfigError> {
-        // A plugin option overrides the environment; each value keeps where it came from.
+        // A plugin option overrides the environment; each value keeps where it came from. An empty environment
+        // variable is no setting; an option of ours always has a value (the device map's empty value is `auto`).
         let get = |s: &Setting| -> Option<(String, String)> {
             plugin_options
                 .iter()
                 .rev()
                 .find(|g| g.setting == *s)
                 .map(|g| (g.value.clone(), format!("--plugin-option {}", g.given_as)))
-                .or_else(|| env(s.env).map(|v| (v, s.env.to_string())))
+                .or_else(|| env(s.env).filter(|v| !v.trim().is_empty()).map(|v| (v, s.env.to_string())))
         };
+        // Each value is parsed here, once, by its setting's syntax: a malformed one is the setting's error, named
+        // by its source, before any node is asked.
         let device_map = match get(&settings::DEVICE_MAP) {
             Some((v, from)) => parse_device_map(&v, &from)?,
             None => None,
         };
-        // Parsed here, once: a malformed list is the setting's error, named by its source, before any node is asked.
-        let usable_gpus = match get(&settings::USABLE_GPUS).filter(|(v, _)| !v.trim().is_empty()) {
-            None => None,
-            Some((v, from)) => match v.parse::<UsableGpus>() {
-                Ok(value) => Some(Sourced { value, from }),
-                Err(e) => {
-                    return Err(ConfigError::invalid(
-                        from,
-                        v,
-                        format!("GPU UUIDs or NVML indices from `nvidia-smi -L`, comma-separated, or `all`: {e}"),
-                    ))
-                }
-            },
-        };
-        let libcuda = library_setting(get(&settings::LIBCUDA).map(|(v, _)| v));
-        let libnvml = library_setting(get(&settings::LIBNVML).map(|(v, _)| v));
-        let strictness = match get(&settings::MODE) {
-            None => Strictness::Strict,
-            Some((v, from)) => match v.trim() {
-                "" | "strict" => Strictness::Strict,
-                "permissive" => Strictness::Permissive,
-                other => return Err(ConfigError::invalid(from, other, "`strict` or `permissive`")),
-            },
-        };
-        // Every switch reads the same forms; an empty value is the default.
+        let usable_gpus = read(get(&settings::USABLE_GPUS), value::parse_usable_gpus)?;
+        let libcuda = read(get(&settings::LIBCUDA), value::parse_path)?.map(|s| s.value);
+        let libnvml = read(get(&settings::LIBNVML), value::parse_path)?.map(|s| s.value);
+        let strictness = read(get(&settings::MODE), value::parse_mode)?.map_or(Strictness::Strict, |s| s.value);
         let on_off = |s: &Setting, default: bool| -> Result<bool, ConfigError> {
-            match get(s).filter(|(v, _)| !v.trim().is_empty()) {
-                None => Ok(default),
-                Some((v, from)) => switch(&v).ok_or_else(|| ConfigError::invalid(from, v, SWITCH_FORMS)),
-            }
+            Ok(read(get(s), value::parse_switch)?.map_or(default, |s| s.value))
         };
         let reconcile = on_off(&settings::RECONCILE, true)?;
         let memory_check = on_off(&settings::MEMORY_CHECK, true)?;
@@ -206,43 +160,16 @@ impl Config {
         let args = parse_criu_args(criu_args).map_err(|v| {
             ConfigError::invalid("CRIU's --timeout", v, "a whole number of seconds CRIU can use (at most 4294967)")
         })?;
-        let leave_running = match get(&settings::LEAVE_RUNNING).filter(|(v, _)| !v.trim().is_empty()) {
+        let leave_running = match read(get(&settings::LEAVE_RUNNING), value::parse_leave_running)? {
             _ if args.leave_running => LeaveRunning::Yes,
-            Some((v, from)) => match switch(&v) {
-                Some(true) => LeaveRunning::Yes,
-                Some(false) => LeaveRunning::No,
-                None => {
-                    return Err(ConfigError::invalid(
-                        from,
-                        v,
-                        "`1` (the dump leaves the processes running) or `0` (it ends them)",
-                    ))
-                }
-            },
+            Some(Sourced { value: true, .. }) => LeaveRunning::Yes,
+            Some(Sourced { value: false, .. }) => LeaveRunning::No,
             None if args.over_rpc => LeaveRunning::Unknown,
             None => LeaveRunning::No,
         };
-        let multi_process = match get(&settings::MULTI_PROCESS).filter(|(v, _)| !v.trim().is_empty()) {
-            None => MultiProcess::Warn,
-            Some((v, from)) => match v.trim() {
-                "warn" => MultiProcess::Warn,
-                "refuse" => MultiProcess::Refuse,
-                _ => {
-                    return Err(ConfigError::invalid(
-                        from,
-                        v,
-                        "`warn` (dump several CUDA processes, saying what IPC would do) or `refuse` (fail such a dump before any checkpoint)",
-                    ))
-                }
-            },
-        };
-        let driver_timeout = match get(&settings::DRIVER_TIMEOUT).filter(|(v, _)| !v.trim().is_empty()) {
-            None => None,
-            Some((v, from)) => match v.trim().parse::<u64>() {
-                Ok(n) if (1..=MAX_DRIVER_TIMEOUT_S).contains(&n) => Some(Duration::from_secs(n)),
-                _ => return Err(ConfigError::invalid(from, v, "a whole number of seconds from 1 to 86400")),
-            },
-        };
+        let multi_process =
+            read(get(&settings::MULTI_PROCESS), value::parse_multi_process)?.map_or(MultiProcess::Warn, |s| s.value);
+        let driver_timeout = read(get(&settings::DRIVER_TIMEOUT), value::parse_timeout)?.map(|s| s.value);
         Ok(Config {
             disabled,
             device_map,
@@ -273,7 +200,7 @@ impl Config {
     /// The driver libraries the environment's settings name, by the rule [`Config::from_sources`] reads them
     /// with, for the CLI's commands that need no other setting (the driver crate reads no environment).
     pub fn driver_libs_in_env() -> ccm_agent::DriverLibs {
-        let get = |s: &Setting| library_setting(std::env::var(s.env).ok());
+        let get = |s: &Setting| std::env::var(s.env).ok().and_then(|v| value::parse_path(&v).ok());
         ccm_agent::DriverLibs { libcuda: get(&settings::LIBCUDA), libnvml: get(&settings::LIBNVML) }
     }
 
@@ -425,6 +352,63 @@ mod tests {
         for v in ["0", "-1", "1e3", "86401", "99999999999999999999"] {
             assert!(with(settings::DRIVER_TIMEOUT.env, v).is_err(), "{v}");
         }
+    }
+
+    /// The option reader checks a value by the same functions the configuration reads it with: an option is
+    /// valid exactly when the same value in the environment is, and their errors expect the same.
+    #[test]
+    fn an_option_is_valid_exactly_when_the_same_environment_value_is() {
+        const A: &str = "GPU-aaaaaaaa-0000-0000-0000-000000000000";
+        const B: &str = "GPU-bbbbbbbb-0000-0000-0000-000000000000";
+        let map = format!("{A}={B}");
+        let values = [
+            "auto",
+            "0=1",
+            "GPU-x=GPU-y",
+            &map,
+            "all",
+            "0,1",
+            "x",
+            "strict",
+            "permissive",
+            "loose",
+            "on",
+            "OFF",
+            "1",
+            "0",
+            "no",
+            "maybe",
+            "warn",
+            "refuse",
+            " 90 ",
+            "86401",
+            "/x.so",
+        ];
+        for s in settings::ALL {
+            for v in values {
+                let argv = vec!["criu-plugin".to_string(), format!("--{}={v}", s.option_name())];
+                let by_option = ccm_settings::options::parse(&argv);
+                let by_env = Config::from_sources(|k| (k == s.env).then(|| v.to_string()), &[], &[]);
+                match (&by_option, &by_env) {
+                    (Ok(given), Ok(_)) => {
+                        assert!(Config::from_sources(|_| None, &[], given).is_ok(), "{}={v}", s.option)
+                    }
+                    (
+                        Err(ccm_settings::options::OptionError::Invalid { expected: o, .. }),
+                        Err(ConfigError::Invalid { name, expected: e, .. }),
+                    ) => {
+                        assert_eq!(name, s.env);
+                        assert!(o.starts_with(e.as_str()), "{}={v}: {o} / {e}", s.option);
+                    }
+                    _ => panic!("{}={v}: option {by_option:?}, environment {by_env:?}", s.option),
+                }
+            }
+        }
+        // The environment's map refuses ordinal pairs like the option, named by the variable.
+        let e = Config::from_sources(|k| (k == ENV_DEVICE_MAP).then(|| "0=1".to_string()), &[], &[]).unwrap_err();
+        assert!(e.to_string().starts_with("CRIU_CUDA_MIGRATE_DEVICE_MAP=\"0=1\"") && e.to_string().contains("ordinal"));
+        // And so does the CLI's --device-map, by the same function.
+        assert!(parse_device_map("0=1", "--device-map").unwrap_err().to_string().starts_with("--device-map=\"0=1\""));
     }
 
     #[test]

@@ -1,6 +1,7 @@
 //! What criu-cuda-migrate is told, read without I/O: every setting of the plugin, once (its environment
-//! variable, its plugin-option key, when it applies, its default and what it does: this file); CRIU's plugin
-//! options ([`options`]); and the GPUs a container runtime's OCI spec gives a restored container ([`spec`]), the restore's other
+//! variable, its plugin-option key, when it applies, its default and what it does: this file); the syntax of
+//! their values, each read by one function into its type ([`value`]); CRIU's plugin options ([`options`]); and
+//! the GPUs a container runtime's OCI spec gives a restored container ([`spec`]), the restore's other
 //! source of its usable GPUs. The configuration reader, the `settings:` log line, the driver's library paths,
 //! error messages and the documentation tables all take the names from here (a test holds the user guide's and
 //! the architecture's tables to this list).
@@ -9,6 +10,7 @@
 
 pub mod options;
 pub mod spec;
+pub mod value;
 
 /// One setting.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

@@ -6,7 +6,8 @@
 //! synthetic `argv[0]`, then each option as given, prefixed with `--` (`--criu-cuda-migrate.mode=permissive`),
 //! in the order CRIU read them (configuration files first, then the command line or the RPC request). This
 //! module reads that array, pure: which options are ours, which setting each one sets, and whether its value
-//! is valid. The last one given for a setting wins; an option overrides the setting's environment variable.
+//! is valid (by [`crate::value`], the syntax the configuration reads it with, so a bad option fails early and
+//! named as given). The last one given for a setting wins; an option overrides the setting's environment variable.
 //!
 //! Besides our own names, the device map is also accepted under the names of CRIU's own CUDA plugin (CRIU PR
 //! #3076): `cuda_plugin.device-map` and the earlier `cuda.device-map`. Its other options (`cuda_plugin.backend`,
@@ -14,9 +15,7 @@
 //! what no map means here: the automatic map) and UUID pairs are the same; ordinal pairs (`0=1`) are refused with
 //! what to write instead, because an ordinal names a GPU only relative to one node's enumeration.
 
-use ccm_identity::map;
-
-use crate::{self as settings, Setting, OPTION_PREFIX};
+use crate::{self as settings, value, Setting, OPTION_PREFIX};
 
 /// Names under which CRIU's own CUDA plugin (CRIU PR #3076) takes its device map, accepted as ours.
 pub const CUDA_PLUGIN_DEVICE_MAP: [&str; 2] = ["cuda_plugin.device-map", "cuda.device-map"];
@@ -25,8 +24,8 @@ pub const CUDA_PLUGIN_DEVICE_MAP: [&str; 2] = ["cuda_plugin.device-map", "cuda.d
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct GivenOption {
     pub setting: Setting,
-    /// The value as the configuration takes it (a flag becomes `1`, the device map `auto` becomes empty, which
-    /// means the automatic map).
+    /// The value as given, trimmed and checked by the function the configuration reads it with
+    /// ([`crate::value`]); a bare flag becomes `1`.
     pub value: String,
     /// The name it was given under, without `--` (`criu-cuda-migrate.mode`, `cuda_plugin.device-map`).
     pub given_as: String,
@@ -55,21 +54,10 @@ fn setting_of(name: &str) -> Option<Result<Setting, OptionError>> {
     }))
 }
 
-fn boolean(value: &str) -> Option<&'static str> {
-    match value.trim().to_ascii_lowercase().as_str() {
-        "1" | "yes" | "true" | "on" => Some("1"),
-        "0" | "no" | "false" | "off" => Some("0"),
-        _ => None,
-    }
-}
-
-/// Checks one value and puts it in the form the configuration reads.
+/// Checks one value by its setting's syntax ([`crate::value`], the functions the configuration reads it with),
+/// and gives it trimmed (a bare flag becomes `1`).
 fn checked(setting: Setting, name: &str, value: Option<&str>) -> Result<String, OptionError> {
-    let invalid = |expected: &str| OptionError::Invalid {
-        name: name.to_string(),
-        value: value.unwrap_or_default().to_string(),
-        expected: expected.to_string(),
-    };
+    // The switches a bare name turns on.
     let flag = setting == settings::LEAVE_RUNNING || setting == settings::DISABLE;
     let Some(value) = value else {
         if flag {
@@ -79,56 +67,30 @@ fn checked(setting: Setting, name: &str, value: Option<&str>) -> Result<String, 
             s if s == settings::DEVICE_MAP => "GPU-<uuid>=GPU-<uuid>[,...] or auto",
             s if s == settings::USABLE_GPUS => "UUIDs or NVML indices, comma-separated, or all",
             s if s == settings::MODE => "strict or permissive",
-            s if s.default == "on" => "on or off",
+            s if s == settings::MULTI_PROCESS => "warn or refuse",
+            s if s == settings::RECONCILE || s == settings::MEMORY_CHECK => "on or off",
             s if s == settings::DRIVER_TIMEOUT => "a number of seconds",
             _ => "a path",
         };
         return Err(OptionError::NeedsValue { name: name.to_string(), expected });
     };
-    let trimmed = value.trim();
-    if flag {
-        return boolean(trimmed)
-            .map(str::to_string)
-            .ok_or_else(|| invalid("1 (yes, true, on) or 0 (no, false, off), or the bare name for 1"));
-    }
-    match setting {
-        s if s == settings::DEVICE_MAP => {
-            if trimmed.eq_ignore_ascii_case("auto") || trimmed.is_empty() {
-                return Ok(String::new());
-            }
-            let ordinal = |side: &str| !side.trim().is_empty() && side.trim().bytes().all(|b| b.is_ascii_digit());
-            if trimmed
-                .split(',')
-                .filter(|i| !i.trim().is_empty())
-                .any(|item| item.split_once('=').is_some_and(|(old, new)| ordinal(old) || ordinal(new)))
-            {
-                return Err(invalid(
-                    "GPU UUID pairs GPU-<uuid>=GPU-<uuid>[,...] (UUIDs from `nvidia-smi -L` on this node and \
-                     `criu-cuda-migrate inspect` of the images), or auto; ordinal pairs such as 0=1 (CRIU \
-                     cuda_plugin's form) are not taken, since an ordinal names a GPU only within one node's \
-                     enumeration",
-                ));
-            }
-            map::parse_pairs(trimmed).map_err(|e| invalid(&format!("GPU-<uuid>=GPU-<uuid>[,...] or auto ({e})")))?;
-            Ok(trimmed.to_string())
+    let valid = match setting {
+        s if s == settings::DEVICE_MAP => value::parse_device_map(value).map(drop),
+        s if s == settings::USABLE_GPUS => value::parse_usable_gpus(value).map(drop),
+        s if s == settings::MODE => value::parse_mode(value).map(drop),
+        s if s == settings::MULTI_PROCESS => value::parse_multi_process(value).map(drop),
+        s if s == settings::DRIVER_TIMEOUT => value::parse_timeout(value).map(drop),
+        s if s == settings::LEAVE_RUNNING => value::parse_leave_running(value).map(drop),
+        s if s == settings::DISABLE || s == settings::RECONCILE || s == settings::MEMORY_CHECK => {
+            value::parse_switch(value).map(drop)
         }
-        s if s == settings::MODE => match trimmed {
-            "strict" | "permissive" => Ok(trimmed.to_string()),
-            _ => Err(invalid("strict or permissive")),
-        },
-        s if s == settings::DRIVER_TIMEOUT => match trimmed.parse::<u64>() {
-            Ok(n) if (1..=86_400).contains(&n) => Ok(n.to_string()),
-            _ => Err(invalid("a whole number of seconds from 1 to 86400")),
-        },
-        // The switches that are on unless turned off (reconcile, memory-check).
-        s if s.default == "on" => match boolean(trimmed) {
-            Some("1") => Ok("on".to_string()),
-            Some(_) => Ok("off".to_string()),
-            None => Err(invalid("on or off")),
-        },
-        _ if trimmed.is_empty() => Err(invalid("a non-empty value")),
-        _ => Ok(trimmed.to_string()),
-    }
+        _ => value::parse_path(value).map(drop),
+    };
+    valid.map(|()| value.trim().to_string()).map_err(|e| OptionError::Invalid {
+        name: name.to_string(),
+        value: value.to_string(),
+        expected: if flag { format!("{}, or the bare name for 1", e.expected) } else { e.expected },
+    })
 }
 
 /// Our options out of the array `criu_plugin_get_options` gives (the synthetic `argv[0]` first), in the order
@@ -202,7 +164,7 @@ mod tests {
     }
 
     #[test]
-    fn every_setting_has_an_option_and_the_values_are_normalised() {
+    fn every_setting_has_an_option_and_the_values_are_trimmed() {
         // One option per setting, each with a value of its kind.
         let given: Vec<String> = settings::ALL
             .iter()
@@ -213,8 +175,9 @@ mod tests {
                     "mode" => "=permissive".to_string(),
                     "leave-running" => String::new(),
                     "disable" => "=no".to_string(),
+                    "multi-process" => "= refuse".to_string(),
                     "driver-timeout" => "= 90 ".to_string(),
-                    _ if s.default == "on" => "=0".to_string(),
+                    "reconcile" | "memory-check" => "=0".to_string(),
                     _ => format!("= /opt/nv/{}.so.1 ", s.option),
                 };
                 format!("--{}{value}", s.option_name())
@@ -229,10 +192,10 @@ mod tests {
                 "usable-gpus" => "0,1".to_string(),
                 "mode" => "permissive".to_string(),
                 "leave-running" => "1".to_string(),
-                "disable" => "0".to_string(),
-                "reconcile" => "off".to_string(),
+                "disable" => "no".to_string(),
+                "multi-process" => "refuse".to_string(),
+                "reconcile" | "memory-check" => "0".to_string(),
                 "driver-timeout" => "90".to_string(),
-                _ if value == "off" => "off".to_string(),
                 other => format!("/opt/nv/{other}.so.1"),
             };
             assert_eq!(value, &expected, "{key}");
@@ -274,9 +237,11 @@ mod tests {
             assert_eq!(given[0].value, format!("{A}={B}"));
             assert_eq!(given[0].given_as, name);
         }
-        // `auto` is the automatic map, which is what no map means: empty, and it overrides the environment's map.
-        assert_eq!(pairs(&["--cuda_plugin.device-map=auto"]).unwrap(), [p("device-map", "")]);
-        assert_eq!(pairs(&["--criu-cuda-migrate.device-map=AUTO"]).unwrap(), [p("device-map", "")]);
+        // `auto` is the automatic map, which is what no map means (the configuration reads it so, and it overrides
+        // the environment's map).
+        assert_eq!(pairs(&["--cuda_plugin.device-map=auto"]).unwrap(), [p("device-map", "auto")]);
+        assert_eq!(pairs(&["--criu-cuda-migrate.device-map=AUTO"]).unwrap(), [p("device-map", "AUTO")]);
+        assert_eq!(pairs(&["--criu-cuda-migrate.device-map="]).unwrap(), [p("device-map", "")]);
         let ordinal = pairs(&["--cuda_plugin.device-map=0=1,1=0"]).unwrap_err().to_string();
         assert!(ordinal.contains("cuda_plugin.device-map") && ordinal.contains("nvidia-smi -L"), "{ordinal}");
         let mixed = pairs(&[&format!("--cuda_plugin.device-map={A}=1")]).unwrap_err().to_string();
@@ -301,6 +266,15 @@ mod tests {
         assert!(matches!(reconcile, OptionError::Invalid { .. }));
         let empty = pairs(&["--criu-cuda-migrate.libcuda="]).unwrap_err().to_string();
         assert!(empty.contains("non-empty"), "{empty}");
+        // Every value is checked here by the syntax the configuration reads it with.
+        let timeout = pairs(&["--criu-cuda-migrate.driver-timeout=86401"]).unwrap_err().to_string();
+        assert!(timeout.contains("from 1 to 86400"), "{timeout}");
+        let usable = pairs(&["--criu-cuda-migrate.usable-gpus=x"]).unwrap_err().to_string();
+        assert!(usable.contains("criu-cuda-migrate.usable-gpus") && usable.contains("nvidia-smi -L"), "{usable}");
+        let multi = pairs(&["--criu-cuda-migrate.multi-process=sometimes"]).unwrap_err().to_string();
+        assert!(multi.contains("`refuse`"), "{multi}");
+        let bare = pairs(&["--criu-cuda-migrate.multi-process"]).unwrap_err().to_string();
+        assert!(bare.contains("criu-cuda-migrate.multi-process=warn or refuse"), "{bare}");
     }
 
     #[test]
