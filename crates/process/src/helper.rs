@@ -12,8 +12,10 @@
 //! CRIU treats the exit of any child as a failed restore, and at dump compel's SIGCHLD handler
 //! complains about children it did not make. The middle process exits at once and is reaped here.
 
-use std::os::fd::{AsRawFd, OwnedFd, RawFd};
+use std::os::fd::{OwnedFd, RawFd};
 use std::time::Duration;
+
+use rustix::fs::{Mode, OFlags};
 
 use crate::ProcessError;
 
@@ -46,7 +48,7 @@ impl Helper {
             }
             // A kernel without pidfds (before 5.3): by pid, as the best left.
             None => {
-                if let Some(p) = rustix::process::Pid::from_raw(self.pid as i32) {
+                if let Some(p) = i32::try_from(self.pid).ok().and_then(rustix::process::Pid::from_raw) {
                     let _ = rustix::process::kill_process(p, rustix::process::Signal::KILL);
                 }
             }
@@ -59,7 +61,8 @@ impl Helper {
             Some(fd) => {
                 let mut fds = [rustix::event::PollFd::new(fd, rustix::event::PollFlags::IN)];
                 let t = rustix::event::Timespec {
-                    tv_sec: timeout.as_secs() as i64,
+                    // Past i64::MAX seconds is forever either way.
+                    tv_sec: i64::try_from(timeout.as_secs()).unwrap_or(i64::MAX),
                     tv_nsec: i64::from(timeout.subsec_nanos()),
                 };
                 matches!(rustix::event::poll(&mut fds, Some(&t)), Ok(n) if n > 0)
@@ -128,18 +131,15 @@ pub fn spawn_detached(name: &str, keep: &[RawFd], body: impl FnOnce() -> i32) ->
         // SAFETY: as above; the middle process forks once more, names the helper and exits.
         let helper = unsafe { libc::fork() };
         if helper != 0 {
-            let fd = theirs.as_raw_fd();
-            let pid = helper.to_le_bytes();
-            let mut go = [0u8; 1];
-            // SAFETY: write and read on our own socket with buffers of this frame, then _exit, which
-            // ends this process without running atexit handlers or destructors (CRIU's).
-            unsafe {
-                if helper > 0 {
-                    libc::write(fd, pid.as_ptr().cast(), pid.len());
-                    libc::read(fd, go.as_mut_ptr().cast(), 1);
-                }
-                libc::_exit(if helper > 0 { 0 } else { 1 });
+            if helper > 0 {
+                // Plain write and read syscalls on our own socket with buffers of this frame: no
+                // allocation, no lock.
+                let _ = rustix::io::write(&theirs, &helper.to_le_bytes());
+                let _ = rustix::io::read(&theirs, &mut [0u8; 1]);
             }
+            // SAFETY: _exit ends this process without running atexit handlers or destructors
+            // (CRIU's).
+            unsafe { libc::_exit(if helper > 0 { 0 } else { 1 }) };
         }
         prepare_helper(name, keep);
         let code = std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)).unwrap_or(101);
@@ -152,34 +152,40 @@ pub fn spawn_detached(name: &str, keep: &[RawFd], body: impl FnOnce() -> i32) ->
     // Let the middle process go (a closed socket does the same if the write fails).
     let _ = std::io::Write::write_all(&mut &ours, &[1]);
     drop(ours);
-    let mut status: libc::c_int = 0;
-    loop {
-        // SAFETY: waits for our own child; `status` is a live int of this frame.
-        let r = unsafe { libc::waitpid(middle, &mut status, 0) };
-        if r == middle {
-            break;
+    let wait_error = |source: std::io::Error| ProcessError::Io {
+        pid: std::process::id(),
+        action: "wait for the helper's middle process of",
+        path: "/proc/self".into(),
+        source,
+    };
+    // `middle` is positive here (below zero returned above, zero is the child).
+    let middle = rustix::process::Pid::from_raw(middle)
+        .ok_or_else(|| wait_error(std::io::Error::from(std::io::ErrorKind::InvalidInput)))?;
+    // None: a SIGCHLD handler of the host reaped it first: it exited, which is all we wait for.
+    let status = loop {
+        match rustix::process::waitpid(Some(middle), rustix::process::WaitOptions::empty()) {
+            Ok(Some((_, status))) => break Some(status),
+            // Only WNOHANG answers "nothing yet", and it is not asked for.
+            Ok(None) | Err(rustix::io::Errno::INTR) => continue,
+            Err(rustix::io::Errno::CHILD) => break None,
+            Err(e) => return Err(wait_error(e.into())),
         }
-        let e = std::io::Error::last_os_error();
-        match e.raw_os_error() {
-            Some(libc::EINTR) => continue,
-            // A SIGCHLD handler of the host reaped it first: it exited, which is all we wait for.
-            Some(libc::ECHILD) => {
-                status = 0;
-                break;
-            }
-            _ => return Err(io("wait for the helper's middle process of")()),
+    };
+    let exited_clean = match status {
+        Some(s) => s.exit_status() == Some(0),
+        None => true,
+    };
+    match pid.and_then(|p| u32::try_from(p.as_raw_nonzero().get()).ok()) {
+        Some(pid) if exited_clean => Ok(Helper { pid, pidfd }),
+        _ => {
+            let status = status.map_or(0, rustix::process::WaitStatus::as_raw);
+            Err(ProcessError::Io {
+                pid: std::process::id(),
+                action: "fork a helper (the second fork failed) from",
+                path: "/proc/self".into(),
+                source: std::io::Error::other(format!("middle process status {status:#x}")),
+            })
         }
-    }
-    match pid {
-        Some(pid) if libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0 => {
-            Ok(Helper { pid: pid.as_raw_nonzero().get() as u32, pidfd })
-        }
-        _ => Err(ProcessError::Io {
-            pid: std::process::id(),
-            action: "fork a helper (the second fork failed) from",
-            path: "/proc/self".into(),
-            source: std::io::Error::other(format!("middle process status {status:#x}")),
-        }),
     }
 }
 
@@ -188,20 +194,25 @@ fn read_helper_pid(sock: &std::os::unix::net::UnixStream) -> Option<rustix::proc
     sock.set_read_timeout(Some(HANDSHAKE_WAIT)).ok()?;
     let mut b = [0u8; 4];
     std::io::Read::read_exact(&mut &*sock, &mut b).ok()?;
-    rustix::process::Pid::from_raw(i32::from_le_bytes(b))
+    let raw = i32::from_le_bytes(b);
+    if raw > 0 {
+        rustix::process::Pid::from_raw(raw)
+    } else {
+        None
+    }
 }
 
 /// Makes the freshly forked helper independent of the process it came from.
 fn prepare_helper(name: &str, keep: &[RawFd]) {
-    // SAFETY: setsid and prctl(PR_SET_NAME) take no pointers into Rust memory except the name,
-    // a NUL-terminated buffer that outlives the call.
-    unsafe {
-        libc::setsid();
-        let mut comm = [0u8; 16];
-        for (d, s) in comm.iter_mut().zip(name.bytes().take(15)) {
-            *d = s;
-        }
-        libc::prctl(libc::PR_SET_NAME, comm.as_ptr() as libc::c_ulong, 0, 0, 0);
+    let _ = rustix::process::setsid();
+    // The kernel keeps 15 bytes and a NUL; a name with a NUL of its own ends there, as it would
+    // for prctl(PR_SET_NAME) itself.
+    let mut comm = [0u8; 16];
+    for (d, s) in comm.iter_mut().zip(name.bytes().take(15)) {
+        *d = s;
+    }
+    if let Ok(comm) = std::ffi::CStr::from_bytes_until_nul(&comm) {
+        let _ = rustix::thread::set_name(comm);
     }
     for sig in 1..=64 {
         if sig == libc::SIGKILL || sig == libc::SIGSTOP {
@@ -222,23 +233,28 @@ fn prepare_helper(name: &str, keep: &[RawFd]) {
 }
 
 fn close_fds_except(keep: &[RawFd]) {
-    // SAFETY: opens /dev/null with a NUL-terminated literal path.
-    let null = unsafe { libc::open(c"/dev/null".as_ptr(), libc::O_RDWR | libc::O_CLOEXEC) };
-    for fd in 0..FIRST_NON_STDIO_FD {
-        if null >= 0 && !keep.contains(&fd) {
-            // SAFETY: dup2 onto a stdio number; both are plain fd numbers.
-            unsafe { libc::dup2(null, fd) };
+    // Closed again before the close_range below, which must find no fd that Rust owns.
+    if let Ok(null) = rustix::fs::open(c"/dev/null", OFlags::RDWR | OFlags::CLOEXEC, Mode::empty()) {
+        for fd in 0..FIRST_NON_STDIO_FD {
+            if !keep.contains(&fd) {
+                let _ = match fd {
+                    0 => rustix::stdio::dup2_stdin(&null),
+                    1 => rustix::stdio::dup2_stdout(&null),
+                    _ => rustix::stdio::dup2_stderr(&null),
+                };
+            }
         }
     }
     // Everything from 3 up, but the kept fds: close_range over the gaps between them (Linux 5.9);
     // without it, what /proc/self/fd lists; without that, every number below RLIMIT_NOFILE.
-    let mut kept: Vec<RawFd> = keep.iter().copied().filter(|fd| *fd >= FIRST_NON_STDIO_FD).collect();
+    let first: libc::c_uint = FIRST_NON_STDIO_FD.unsigned_abs();
+    let mut kept: Vec<libc::c_uint> =
+        keep.iter().filter_map(|fd| libc::c_uint::try_from(*fd).ok()).filter(|fd| *fd >= first).collect();
     kept.sort_unstable();
     kept.dedup();
-    let mut from = FIRST_NON_STDIO_FD as libc::c_uint;
+    let mut from = first;
     let mut ranges = Vec::new();
-    for k in &kept {
-        let k = *k as libc::c_uint;
+    for &k in &kept {
         if k > from {
             ranges.push((from, k - 1));
         }
@@ -256,21 +272,18 @@ fn close_fds_except(keep: &[RawFd]) {
     let open: Vec<RawFd> = match std::fs::read_dir("/proc/self/fd") {
         Ok(d) => d.flatten().filter_map(|e| e.file_name().to_str().and_then(|s| s.parse().ok())).collect(),
         Err(_) => {
-            let mut lim = libc::rlimit { rlim_cur: 0, rlim_max: 0 };
-            // SAFETY: getrlimit writes the struct of this frame.
-            let max = if unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut lim) } == 0 {
-                lim.rlim_cur.min(1 << 20)
-            } else {
-                1 << 16
-            };
-            (FIRST_NON_STDIO_FD..max as RawFd).collect()
+            // No limit (RLIM_INFINITY) counts as the cap, 2^20, which fits an fd number.
+            let lim = rustix::process::getrlimit(rustix::process::Resource::Nofile);
+            let max = lim.current.map_or(1 << 20, |cur| RawFd::try_from(cur.min(1 << 20)).unwrap_or(1 << 20));
+            (FIRST_NON_STDIO_FD..max).collect()
         }
     };
     for fd in open {
         if fd < FIRST_NON_STDIO_FD || keep.contains(&fd) {
             continue;
         }
-        // SAFETY: closing an fd this freshly forked process inherited and no code of its own uses.
-        unsafe { libc::close(fd) };
+        // SAFETY: closing an fd this freshly forked process inherited and no code of its own uses
+        // (no OwnedFd of this process holds it).
+        unsafe { rustix::io::close(fd) };
     }
 }

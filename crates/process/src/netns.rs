@@ -39,7 +39,10 @@ pub fn bring_loopback_up(pid: HostPid) -> Result<Loopback, LoopbackError> {
     // The pidfd pins the process: a pid reused by another process between the check and the
     // setns cannot be entered by mistake.
     let pidfd = rustix::process::pidfd_open(
-        rustix::process::Pid::from_raw(pid.get() as i32).ok_or(LoopbackError::Gone { pid: pid.get() })?,
+        i32::try_from(pid.get())
+            .ok()
+            .and_then(rustix::process::Pid::from_raw)
+            .ok_or(LoopbackError::Gone { pid: pid.get() })?,
         rustix::process::PidfdFlags::empty(),
     )
     .map_err(|e| match e {
@@ -92,10 +95,10 @@ fn in_namespace_of(pid: HostPid, pidfd: &OwnedFd) -> Result<Loopback, LoopbackEr
     }
     // SAFETY: after SIOCGIFFLAGS the flags member of the union is the one the kernel wrote.
     let flags = unsafe { req.ifr_ifru.ifru_flags };
-    if flags & libc::IFF_UP as libc::c_short != 0 {
+    if flags & IFF_UP != 0 {
         return Ok(Loopback::AlreadyUp);
     }
-    req.ifr_ifru.ifru_flags = flags | libc::IFF_UP as libc::c_short;
+    req.ifr_ifru.ifru_flags = flags | IFF_UP;
     // SAFETY: as above; SIOCSIFFLAGS only reads `req`.
     if unsafe { libc::ioctl(sock.as_raw_fd(), libc::SIOCSIFFLAGS, &req) } == -1 {
         return Err(failed(pid, "set lo up in the network namespace of")(std::io::Error::last_os_error()));
@@ -103,13 +106,22 @@ fn in_namespace_of(pid: HostPid, pidfd: &OwnedFd) -> Result<Loopback, LoopbackEr
     Ok(Loopback::BroughtUp)
 }
 
+/// `IFF_UP` as `ifr_flags` holds it (a `c_short`).
+// libc declares IFF_UP a c_int; it is bit 0, so it fits.
+#[allow(clippy::cast_possible_truncation)]
+const IFF_UP: libc::c_short = libc::IFF_UP as libc::c_short;
+
 /// An `ifreq` naming `lo`, every other byte zero.
 fn ifreq_lo() -> libc::ifreq {
     // SAFETY: `ifreq` is plain old data (a name array and a union of integers and structs of
     // integers), for which all zero bytes are a valid value.
     let mut req: libc::ifreq = unsafe { std::mem::zeroed() };
     for (dst, src) in req.ifr_name.iter_mut().zip(b"lo\0") {
-        *dst = *src as libc::c_char;
+        // ASCII: the same value as a c_char of either sign.
+        #[allow(clippy::cast_possible_wrap)]
+        {
+            *dst = *src as libc::c_char;
+        }
     }
     req
 }

@@ -45,8 +45,14 @@ fn request_error(tid: u32, request: &'static str) -> impl FnOnce(Errno) -> Ptrac
     move |errno| PtraceError::Request { tid, request, errno }
 }
 
+/// A thread id as the kernel's `pid_t`. Linux hands out ids up to 2^22 (`HostTid` holds no more);
+/// a number past `pid_t` would name no thread, and `pid_t::MAX` names none either (ESRCH).
+fn raw_tid(tid: u32) -> libc::pid_t {
+    libc::pid_t::try_from(tid).unwrap_or(libc::pid_t::MAX)
+}
+
 fn pid_of(tid: u32) -> Pid {
-    Pid::from_raw(tid as libc::pid_t)
+    Pid::from_raw(raw_tid(tid))
 }
 
 fn get_sigmask(tid: u32) -> Result<KernelSigset, PtraceError> {
@@ -57,9 +63,9 @@ fn get_sigmask(tid: u32) -> Result<KernelSigset, PtraceError> {
     let rc = unsafe {
         libc::ptrace(
             PTRACE_GETSIGMASK as _,
-            tid as libc::pid_t,
+            raw_tid(tid),
             KERNEL_SIGSET_BYTES as *mut libc::c_void,
-            &mut set as *mut KernelSigset as *mut libc::c_void,
+            std::ptr::from_mut(&mut set).cast::<libc::c_void>(),
         )
     };
     if rc == -1 {
@@ -74,7 +80,7 @@ fn set_sigmask(tid: u32, set: KernelSigset) -> Result<(), PtraceError> {
     let rc = unsafe {
         libc::ptrace(
             PTRACE_SETSIGMASK as _,
-            tid as libc::pid_t,
+            raw_tid(tid),
             KERNEL_SIGSET_BYTES as *mut libc::c_void,
             &set as *const KernelSigset as *mut libc::c_void,
         )

@@ -1,5 +1,8 @@
 //! Device nodes in use, the process tree, namespace pids and liveness, on real children.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use ccm_identity::PciSignature;
@@ -110,7 +113,10 @@ fn tree_is_breadth_first_from_the_root() {
     }
 
     for &pid in &tree[1..] {
-        let _ = nix::sys::signal::kill(nix::unistd::Pid::from_raw(pid as i32), nix::sys::signal::Signal::SIGKILL);
+        let _ = nix::sys::signal::kill(
+            nix::unistd::Pid::from_raw(i32::try_from(pid).expect("pid")),
+            nix::sys::signal::Signal::SIGKILL,
+        );
     }
     let _ = sh.kill();
     let _ = sh.wait();

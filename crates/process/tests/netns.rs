@@ -1,6 +1,9 @@
 //! [`bring_loopback_up`] on real network namespaces: a fresh one (what runc's restore gets from
 //! CRIU: loopback down), one already up, this process's own, and a process that is gone.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use ccm_identity::HostPid;
 use ccm_process::netns::{bring_loopback_up, Loopback};
 use ccm_process::LoopbackError;

@@ -3,6 +3,9 @@
 //!
 //! All ptrace requests run on the test's own thread, which is the tracer (the threads rule).
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use ccm_process::resume_restore_thread;
@@ -77,7 +80,7 @@ fn restore_thread_resumes_and_stops_again() {
     wait_for_ticks(&ticks, 3);
 
     // Be CRIU: seize the thread and stop it.
-    let tracee = Pid::from_raw(tid as i32);
+    let tracee = Pid::from_raw(i32::try_from(tid).expect("tid"));
     ptrace::seize(tracee, ptrace::Options::PTRACE_O_TRACESYSGOOD).expect("seize");
     ptrace::interrupt(tracee).expect("interrupt");
     loop {
@@ -129,7 +132,7 @@ fn a_thread_that_cannot_stop_is_reported_at_the_deadline_instead_of_waited_for()
     let mut child = TestChild::spawn("vforker", &[]);
     let pid = child.pid();
     let tid: u32 = child.expect("TID").parse().expect("tid");
-    let tracee = Pid::from_raw(tid as i32);
+    let tracee = Pid::from_raw(i32::try_from(tid).expect("tid"));
     ptrace::seize(tracee, ptrace::Options::PTRACE_O_TRACESYSGOOD).expect("seize");
     ptrace::interrupt(tracee).expect("interrupt");
     match waitpid(tracee, Some(WaitPidFlag::__WALL)).expect("wait") {

@@ -71,13 +71,13 @@ fn holder() -> ! {
             (Some("put"), Some(addr)) => {
                 // Place the signature at an absolute address inside `big`.
                 let addr = u64::from_str_radix(addr, 16).expect("hex addr");
-                let offset = (addr - big_addr) as usize;
+                let offset = usize::try_from(addr - big_addr).expect("offset");
                 big[offset..offset + 24].copy_from_slice(&sig.to_bytes());
                 say("OK");
             }
             (Some("getbig"), Some(addr)) => {
                 let addr = u64::from_str_radix(addr, 16).expect("hex addr");
-                let offset = (addr - big_addr) as usize;
+                let offset = usize::try_from(addr - big_addr).expect("offset");
                 say(&format!("BIGSIG {}", hex(&big[offset..offset + 24])));
             }
             (Some("open"), Some(path)) => {
@@ -148,7 +148,7 @@ fn vforker() -> ! {
             // (as after fork), so nothing it does can touch this process; it makes only the raw
             // nanosleep and exit_group system calls, which need no lock of the copied threads.
             unsafe {
-                let flags = (libc::CLONE_VFORK | libc::SIGCHLD) as libc::c_long;
+                let flags = libc::c_long::from(libc::CLONE_VFORK | libc::SIGCHLD);
                 if libc::syscall(libc::SYS_clone, flags, 0, 0, 0, 0) == 0 {
                     libc::syscall(libc::SYS_nanosleep, &two_seconds, std::ptr::null_mut::<libc::timespec>());
                     libc::syscall(libc::SYS_exit_group, 0);
@@ -249,7 +249,7 @@ impl TestChild {
             .map(|dir| dir.filter_map(|e| e.ok()?.file_name().to_str()?.parse().ok()).collect())
             .unwrap_or_default();
         let _ = self.child.kill();
-        for tid in threads.into_iter().filter(|&t| t != pid as i32) {
+        for tid in threads.into_iter().filter(|&t| i64::from(t) != i64::from(pid)) {
             // ECHILD for a thread nobody here traces; a traced one returns once it has died.
             let _ = nix::sys::wait::waitpid(nix::unistd::Pid::from_raw(tid), Some(nix::sys::wait::WaitPidFlag::__WALL));
         }
