@@ -177,8 +177,10 @@ pub fn write_frame<T: Serialize>(w: &mut impl Write, msg: &T) -> std::io::Result
     if body.len() > MAX_FRAME {
         return Err(std::io::Error::other(format!("frame of {} bytes is over {MAX_FRAME}", body.len())));
     }
+    // At most MAX_FRAME (checked above), which fits the u32 length word.
+    let len = u32::try_from(body.len()).map_err(std::io::Error::other)?;
     let mut frame = Vec::with_capacity(4 + body.len());
-    frame.extend_from_slice(&(body.len() as u32).to_le_bytes());
+    frame.extend_from_slice(&len.to_le_bytes());
     frame.extend_from_slice(&body);
     w.write_all(&frame)
 }
@@ -249,14 +251,14 @@ mod tests {
         }
         assert_eq!(got, vec![1, 2]);
         assert!(buf.is_empty());
-        let mut huge = (MAX_FRAME as u32 + 1).to_le_bytes().to_vec();
+        let mut huge = (u32::try_from(MAX_FRAME).unwrap() + 1).to_le_bytes().to_vec();
         assert!(take_frame::<Reply>(&mut huge).is_err());
     }
 
     #[test]
     fn an_oversized_frame_is_refused() {
         let mut buf = Vec::new();
-        buf.extend_from_slice(&(MAX_FRAME as u32 + 1).to_le_bytes());
+        buf.extend_from_slice(&(u32::try_from(MAX_FRAME).unwrap() + 1).to_le_bytes());
         assert!(read_frame::<Reply>(&mut &buf[..]).is_err());
     }
 }

@@ -5,6 +5,9 @@
 //! Without libtest's harness (`harness = false`): the agent is forked only from a process of one
 //! thread, as CRIU's is, and libtest runs every test on a thread of its own.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -108,7 +111,7 @@ fn the_agent_serves_the_doubles_and_exits() {
 
 fn signal(pid: u32, sig: i32) {
     // SAFETY: kill(2) with a pid of the agent this test started.
-    assert_eq!(unsafe { libc::kill(pid as i32, sig) }, 0);
+    assert_eq!(unsafe { libc::kill(i32::try_from(pid).expect("pid"), sig) }, 0);
 }
 
 fn a_stopped_agent_misses_its_deadline_and_is_killed() {

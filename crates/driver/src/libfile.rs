@@ -108,7 +108,10 @@ pub fn open_library(path: &str) -> Result<Option<TrustedLibrary>, String> {
             }
             continue;
         }
-        let (dir, dir_shown) = walked.last().expect("the walk holds / at least");
+        // The walk holds / at least (`..` never pops it).
+        let Some((dir, dir_shown)) = walked.last() else {
+            return Err(format!("{path}: the walk lost /"));
+        };
         let shown = dir_shown.join(&name);
         let fd = at(dir, &name, OFlags::PATH).map_err(|e| format!("cannot open {}: {e}", shown.display()))?;
         let st = rustix::fs::fstat(&fd).map_err(|e| format!("cannot stat {}: {e}", shown.display()))?;
