@@ -370,7 +370,7 @@ mod tests {
         // Apply the plan to the stale bytes: they become the new GPU's copy, byte for byte.
         let mut bytes = props(&old, L13);
         for w in plan_prop_rewrites(&site, &old, &new) {
-            let at = (w.addr - site.addr) as usize;
+            let at = usize::try_from(w.addr - site.addr).unwrap();
             assert_eq!(bytes[at..at + w.expect.len()], w.expect[..]);
             bytes[at..at + w.write.len()].copy_from_slice(&w.write);
         }

@@ -49,14 +49,15 @@ pub fn targets(processes: &[ProcessNeed<'_>], free: &[(GpuUuid, Option<u64>)]) -
         };
         for u in uses.iter().filter(|u| u.bytes > 0) {
             let target = p.map.new_for(&u.gpu).unwrap_or(u.gpu);
-            let entry = match out.iter_mut().position(|t| t.gpu == target) {
-                Some(i) => &mut out[i],
+            let at = match out.iter().position(|t| t.gpu == target) {
+                Some(i) => i,
                 None => {
                     let free = free.iter().find(|(g, _)| *g == target).and_then(|(_, f)| *f);
                     out.push(TargetNeed { gpu: target, need: 0, free, pids: Vec::new() });
-                    out.last_mut().expect("just pushed")
+                    out.len() - 1
                 }
             };
+            let entry = &mut out[at];
             entry.need = entry.need.saturating_add(u.bytes);
             if !entry.pids.contains(&p.pid) {
                 entry.pids.push(p.pid);

@@ -476,7 +476,7 @@ mod tests {
         let g1 = h200(1, 7);
         let mut buf = vec![0u8; 60 << 20];
         for (i, b) in buf.iter_mut().enumerate() {
-            *b = (i.wrapping_mul(2_654_435_761) >> 13) as u8;
+            *b = (i.wrapping_mul(2_654_435_761) >> 13).to_le_bytes()[0];
         }
         buf[1 << 20..(1 << 20) + 24].copy_from_slice(&g1.signature().to_bytes());
         let wanted = [(g0.uuid, g0.signature()), (g1.uuid, g1.signature())];
@@ -511,7 +511,7 @@ mod tests {
             }
             for (_, addr) in hits {
                 prop_assert_eq!(addr % 4, 0);
-                let off = (addr - base) as usize;
+                let off = usize::try_from(addr - base).unwrap();
                 prop_assert_eq!(&buf[off..off + 24], &g0.signature().to_bytes()[..]);
             }
         }

@@ -24,6 +24,8 @@ const PID_MAX_LIMIT: u32 = 1 << 22;
 impl HostPid {
     /// A pid as a CRIU hook or the driver passes it: positive and at most `PID_MAX_LIMIT`, else
     /// `None` (0 and negative values name process groups in kill(2), never one process).
+    // The cast follows the range check (a const fn has no try_from): 1..=2^22 fits u32.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
     pub const fn new(raw: i64) -> Option<HostPid> {
         if raw >= 1 && raw <= PID_MAX_LIMIT as i64 {
             Some(HostPid(raw as u32))
@@ -36,6 +38,8 @@ impl HostPid {
         self.0
     }
     /// The number as the driver's C API takes it (`int`; it always fits).
+    // At most PID_MAX_LIMIT (2^22) by construction (`new`), so it fits i32.
+    #[allow(clippy::cast_possible_wrap)]
     pub fn driver(self) -> i32 {
         self.0 as i32
     }

@@ -125,7 +125,7 @@ pub(crate) mod tests {
         let mut out = MAGIC.to_vec();
         out.extend_from_slice(&1u16.to_le_bytes());
         out.extend_from_slice(&0u16.to_le_bytes());
-        out.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+        out.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_le_bytes());
         out.extend_from_slice(payload);
         let crc = crc32fast::hash(&out);
         out.extend_from_slice(&crc.to_le_bytes());
@@ -226,7 +226,7 @@ pub(crate) mod tests {
         let mut bytes = img.encode();
         let body = bytes.len() - TRAILER_LEN;
         bytes.insert(body, 0);
-        let len = (body + 1 - HEADER_LEN) as u32;
+        let len = u32::try_from(body + 1 - HEADER_LEN).unwrap();
         bytes[12..16].copy_from_slice(&len.to_le_bytes());
         reseal(&mut bytes);
         assert!(matches!(IdentityImage::decode(&bytes), Err(ImageError::TrailingBytes { .. })));
@@ -372,7 +372,7 @@ pub(crate) mod tests {
             let mut bytes = MAGIC.to_vec();
             bytes.extend_from_slice(&1u16.to_le_bytes());
             bytes.extend_from_slice(&0u16.to_le_bytes());
-            bytes.extend_from_slice(&(payload.len() as u32).to_le_bytes());
+            bytes.extend_from_slice(&u32::try_from(payload.len()).unwrap().to_le_bytes());
             bytes.extend_from_slice(&payload);
             let crc = crc32fast::hash(&bytes);
             bytes.extend_from_slice(&crc.to_le_bytes());
