@@ -60,7 +60,7 @@ pub(crate) struct BlobMember {
 }
 
 /// Bytes read of `dump.log`: CRIU names its version on one of the first lines.
-const DUMP_LOG_HEAD: u64 = 16 * 1024;
+const DUMP_LOG_HEAD: usize = 16 * 1024;
 /// Most blobs an `oci-archive` may hold (a checkpoint image has three: manifest, config, layer).
 pub(crate) const MAX_BLOBS: usize = 4096;
 /// Largest `oci-layout` or `index.json` kept (the same bound as any image JSON).
@@ -113,7 +113,7 @@ impl<'a, 'l> Walk<'a, 'l> {
             let offset = self.pos;
             self.budget(BLOCK)?;
             let n = self.fill(header.as_mut_bytes())?;
-            if n < BLOCK as usize {
+            if (n as u64) < BLOCK {
                 return Err(self.short_header(offset, n, header.as_bytes()));
             }
             if header.as_bytes().iter().all(|&b| b == 0) {
@@ -502,7 +502,7 @@ impl<'a, 'l> Walk<'a, 'l> {
         while extended {
             let at = self.pos;
             self.budget(BLOCK)?;
-            if self.fill(ext.as_mut_bytes())? < BLOCK as usize {
+            if (self.fill(ext.as_mut_bytes())? as u64) < BLOCK {
                 return Err(self.truncated(Truncation::InHeader { offset: at }));
             }
             extended = ext.is_extended();
@@ -534,11 +534,12 @@ impl<'a, 'l> Walk<'a, 'l> {
 
     /// Reads the first `head` bytes of a member's data (all of a shorter one) and steps over the
     /// rest and its padding.
-    fn read_head(&mut self, member: &str, offset: u64, size: u64, head: u64) -> Result<Vec<u8>, ArchiveError> {
+    fn read_head(&mut self, member: &str, offset: u64, size: u64, head: usize) -> Result<Vec<u8>, ArchiveError> {
         let record = self.record(offset, size)?;
         self.budget(record)?;
-        let take = size.min(head);
-        let mut data = vec![0; take as usize];
+        let take = size.min(head as u64);
+        // At most `head`, a usize.
+        let mut data = vec![0; usize::try_from(take).unwrap_or(head)];
         let got = self.fill(&mut data)? as u64;
         let rest = if got == take { self.skip_bytes(record - take)? } else { 0 };
         if got + rest < record {
@@ -611,7 +612,8 @@ impl<'a, 'l> Walk<'a, 'l> {
         chunk.resize(SKIP_CHUNK, 0);
         let mut done = 0;
         while done < n {
-            let want = (n - done).min(SKIP_CHUNK as u64) as usize;
+            // At most SKIP_CHUNK, a usize.
+            let want = usize::try_from((n - done).min(SKIP_CHUNK as u64)).unwrap_or(SKIP_CHUNK);
             let got = self.fill(&mut chunk[..want])?;
             done += got as u64;
             if got < want {
@@ -728,7 +730,7 @@ fn checksum_ok(header: &Header) -> bool {
     for (i, &b) in header.as_bytes().iter().enumerate() {
         let b = if (148..156).contains(&i) { b' ' } else { b };
         unsigned += u32::from(b);
-        signed += i32::from(b as i8);
+        signed += i32::from(i8::from_ne_bytes([b]));
     }
     stored == unsigned || i64::from(stored) == i64::from(signed)
 }
@@ -804,7 +806,7 @@ mod tests {
             .as_bytes()
             .iter()
             .enumerate()
-            .map(|(i, &b)| if (148..156).contains(&i) { 32 } else { i32::from(b as i8) })
+            .map(|(i, &b)| if (148..156).contains(&i) { 32 } else { i32::from(i8::from_ne_bytes([b])) })
             .sum();
         let field = format!("{signed:06o}\0 ");
         h.as_mut_bytes()[148..156].copy_from_slice(field.as_bytes());

@@ -1,6 +1,9 @@
 //! Well-formed checkpoint archives: Podman's and the kubelet's layouts, every compression, the tar
 //! dialects real writers use. Each must read back exactly.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::path::Path;
@@ -74,7 +77,7 @@ fn kubelet_archive_with_dot_slash_names() {
     raw("./checkpoint/", EntryType::Directory, b"");
     raw("./checkpoint/inventory.img", reg, b"inv");
     raw("./checkpoint/cuda-migrate-12.img", reg, &image_bytes(12));
-    raw("./checkpoint/pages-1.img", reg, &vec![0; 3 * MIB as usize]);
+    raw("./checkpoint/pages-1.img", reg, &vec![0; 3 * usize::try_from(MIB).unwrap()]);
     raw("./checkpoint/cuda-migrate-3.img", reg, &image_bytes(3));
     raw("./checkpoint/cuda-migrate-restore-3.txt", reg, b"restored pid 3 onto GPU-1\n");
     // Not images: a leading zero, a subdirectory, the wrong directory.

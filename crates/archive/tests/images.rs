@@ -2,6 +2,9 @@
 //! each with its own error: blobs by digest only, verified while they stream, no link followed, every size
 //! bounded, the layer held to every archive rule.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod common;
 
 use std::os::unix::fs::symlink;
@@ -231,7 +234,7 @@ fn two_blobs_of_one_name_in_an_oci_archive_are_refused() {
 fn a_huge_index_is_refused_without_reading_it() {
     let (mut image, _) = one_layer();
     let mut huge = b"{\"schemaVersion\":2,\"manifests\":[],\"x\":\"".to_vec();
-    huge.resize(MAX_JSON_BYTES as usize + 10, b'a');
+    huge.resize(usize::try_from(MAX_JSON_BYTES).unwrap() + 10, b'a');
     huge.extend(b"\"}");
     image.index = huge;
     let dir = tempfile::tempdir().unwrap();

@@ -23,7 +23,7 @@ pub const QUICK: Duration = Duration::from_secs(2);
 /// that shifted or cut them would show.
 pub fn image_bytes(seed: u8) -> Vec<u8> {
     let mut out = b"CCMIDIMG".to_vec();
-    out.extend((0..3000u32).map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed)));
+    out.extend((0..3000u32).map(|i| i.to_le_bytes()[0].wrapping_mul(31).wrapping_add(seed)));
     out
 }
 
