@@ -44,10 +44,10 @@ fn dump(name: &str, pids: &[u32]) -> Dump {
 
 impl Dump {
     fn pause(&mut self, pid: u32) -> HookOutcome {
-        self.session.pause_devices(pid as i32, &self.criu)
+        self.session.pause_devices(i32::try_from(pid).unwrap(), &self.criu)
     }
     fn checkpoint(&mut self, pid: u32) -> HookOutcome {
-        self.session.checkpoint_devices(pid as i32, &self.criu)
+        self.session.checkpoint_devices(i32::try_from(pid).unwrap(), &self.criu)
     }
     fn finish(&mut self, ret: i32) {
         self.session.finish(ret, &self.criu)

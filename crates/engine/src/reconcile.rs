@@ -335,7 +335,7 @@ fn validate(pid: u32, plan: &ProcessPlan, node: &Node, changed: &[(GpuUuid, GpuU
         if let Verdict::Mismatch(m) = &verdict {
             s.failures.push(ReconcileFailure::Mismatch { old: *old, new: *new, why: m.clone() });
         }
-        let ordinal = plan.image.used.iter().position(|u| u == old).map(|i| i as u32);
+        let ordinal = plan.image.used.iter().position(|u| u == old).and_then(|i| u32::try_from(i).ok());
         report.rows.push(ReportRow::from_verdict(ordinal, old_gpu, new_gpu, sites, &verdict));
     }
     s.table = report.render_table();

@@ -92,7 +92,7 @@ impl Setup {
 
 impl Restore {
     fn resume(&mut self, pid: u32) -> (HookOutcome, bool) {
-        self.session.resume_devices_late(pid as i32)
+        self.session.resume_devices_late(i32::try_from(pid).unwrap())
     }
     fn report(&self, ns: u32) -> Option<String> {
         std::fs::read_to_string(self.criu.path().join(ccm_identity::image::report_file_name(ns))).ok()

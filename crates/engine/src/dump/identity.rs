@@ -297,7 +297,7 @@ mod tests {
         let dir = std::env::temp_dir().join(format!("ccm-dump-test-{}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
         let d = Dir::open(&dir).unwrap();
-        let err = write_image(&d, &image(ccm_identity::image::MAX_GPUS as u32 + 1)).unwrap_err();
+        let err = write_image(&d, &image(u32::try_from(ccm_identity::image::MAX_GPUS).unwrap() + 1)).unwrap_err();
         assert!(err.to_string().contains("cannot be written"), "{err}");
         assert!(!dir.join(IdentityImage::file_name(7)).exists(), "nothing may be written");
         write_image(&d, &image(2)).unwrap();
