@@ -24,6 +24,12 @@ const BUS_ID_LEN: usize = 64;
 /// Room for `cuDeviceGetName`'s answer.
 const NAME_LEN: usize = 256;
 
+/// A buffer's length as the driver's `int` argument; a longer buffer is offered as `c_int::MAX`
+/// bytes, still within it.
+fn c_len(len: usize) -> c_int {
+    c_int::try_from(len).unwrap_or(c_int::MAX)
+}
+
 /// Failures of the app-side calls.
 #[derive(Debug, thiserror::Error)]
 pub enum AppError {
@@ -189,7 +195,7 @@ impl CudaApp {
     pub fn device_name(&self, dev: Device) -> Result<String, AppError> {
         let mut buf = [0 as c_char; NAME_LEN];
         // SAFETY: the driver writes at most `len` bytes including the NUL.
-        let r = unsafe { (self.fns.device_get_name)(buf.as_mut_ptr(), NAME_LEN as c_int, dev.0) };
+        let r = unsafe { (self.fns.device_get_name)(buf.as_mut_ptr(), c_len(NAME_LEN), dev.0) };
         self.lib.check("cuDeviceGetName", r)?;
         Ok(c_buf_to_string(&buf))
     }
@@ -209,7 +215,7 @@ impl CudaApp {
     pub fn device_pci_bus_id_text(&self, dev: Device) -> Result<String, AppError> {
         let mut buf = [0 as c_char; BUS_ID_LEN];
         // SAFETY: the driver writes at most `len` bytes including the NUL.
-        let r = unsafe { (self.fns.device_get_pci_bus_id)(buf.as_mut_ptr(), BUS_ID_LEN as c_int, dev.0) };
+        let r = unsafe { (self.fns.device_get_pci_bus_id)(buf.as_mut_ptr(), c_len(BUS_ID_LEN), dev.0) };
         self.lib.check("cuDeviceGetPCIBusId", r)?;
         Ok(c_buf_to_string(&buf))
     }
@@ -234,7 +240,8 @@ impl CudaApp {
 
     /// The PCI domain, bus and device attributes (33, 34, 50).
     pub fn device_pci_attributes(&self, dev: Device) -> Result<PciAttributes, AppError> {
-        let word = |attr| self.device_attribute(dev, attr).map(|v| v as u32);
+        // The driver's int, bit for bit (PCI numbers are never negative).
+        let word = |attr| self.device_attribute(dev, attr).map(|v| u32::from_ne_bytes(v.to_ne_bytes()));
         Ok(PciAttributes {
             domain: word(CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID)?,
             bus: word(CU_DEVICE_ATTRIBUTE_PCI_BUS_ID)?,
@@ -383,10 +390,10 @@ mod tests {
     fn c_buffers_become_strings() {
         let mut buf = [0 as c_char; 16];
         for (slot, b) in buf.iter_mut().zip(b"0000:00:06.0") {
-            *slot = *b as c_char;
+            *slot = c_char::from_ne_bytes([*b]);
         }
         assert_eq!(c_buf_to_string(&buf), "0000:00:06.0");
-        let full = [b'a' as c_char; 4];
+        let full = [c_char::from_ne_bytes([b'a']); 4];
         assert_eq!(c_buf_to_string(&full), "aaaa");
     }
 

@@ -19,6 +19,8 @@ pub fn fill_word(ordinal: u32) -> u32 {
 
 /// The stamp at the start of block `block` of `ordinal`'s buffer.
 pub fn stamp(ordinal: u32, block: usize) -> [u32; STAMP_WORDS] {
+    // The low 32 bits of the block number: 2^32 blocks is far past any buffer this makes.
+    #[allow(clippy::cast_possible_truncation)]
     let b = block as u32;
     [STAMP_MAGIC, ordinal, b, !b]
 }

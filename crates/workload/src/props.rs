@@ -94,7 +94,7 @@ impl PropCache {
     pub fn report(&self, app: &CudaApp) -> PropsReport {
         let l13 = LAYOUTS[0];
         let mut copies = Vec::new();
-        for (ordinal, words) in self.copies.iter().enumerate() {
+        for (ordinal, words) in (0u32..).zip(&self.copies) {
             let b = to_bytes(words);
             let name_end = b[..NAME_BYTES].iter().position(|c| *c == 0).unwrap_or(NAME_BYTES);
             let mut u = [0u8; 16];
@@ -104,11 +104,11 @@ impl PropCache {
             let pci = PciAddress { domain: int(o + 8), bus: int(o), device: int(o + 4), function: 0 };
             let uuid = GpuUuid::from_bytes(u);
             let driver = app
-                .device(ordinal as u32)
+                .device(ordinal)
                 .ok()
                 .and_then(|d| Some((app.device_uuid(d).ok()?, app.device_pci_attributes(d).ok()?.to_address())));
             copies.push(PropCopyReport {
-                ordinal: ordinal as u32,
+                ordinal,
                 name: String::from_utf8_lossy(&b[..name_end]).into_owned(),
                 uuid: uuid.to_string(),
                 pci: pci.to_short_string(),

@@ -5,6 +5,9 @@
 //! Without them these tests say so on stderr and pass, unless `CCM_REQUIRE_TEST_DOUBLES=1` (CI),
 //! which makes a missing double a failure.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};

@@ -32,6 +32,8 @@ fn main() -> ExitCode {
         eprintln!("ccm-reaper: cannot become a child subreaper ({e}); running the command without");
     }
     let child = match Command::new(&cmd).args(args).spawn() {
+        // std hands out the kernel's pid_t as u32: it fits back.
+        #[allow(clippy::cast_possible_wrap)]
         Ok(c) => Pid::from_raw(c.id() as i32),
         Err(e) => {
             eprintln!("ccm-reaper: cannot run {}: {e}", cmd.to_string_lossy());
