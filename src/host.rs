@@ -104,7 +104,7 @@ pub fn plugin_option_argv() -> Option<Vec<String>> {
         return Some(Vec::new());
     }
     let mut out = Vec::new();
-    for i in 0..argc.max(0) as usize {
+    for i in 0..usize::try_from(argc).unwrap_or(0) {
         // SAFETY: CRIU returns `argc` valid pointers to NUL-terminated strings it owns (the array is also
         // NULL-terminated at `argc`).
         let s = unsafe { *argv.add(i) };

@@ -136,7 +136,8 @@ fn outcome_code(pid: c_int, hook: &str, o: HookOutcome, worked: bool, started: s
 }
 
 fn stage_name(stage: c_int) -> &'static str {
-    match stage as c_uint {
+    // A negative stage is no stage: c_uint::MAX matches none.
+    match c_uint::try_from(stage).unwrap_or(c_uint::MAX) {
         sys::CR_PLUGIN_STAGE__DUMP => "dump",
         sys::CR_PLUGIN_STAGE__PRE_DUMP => "pre-dump",
         sys::CR_PLUGIN_STAGE__RESTORE => "restore",
@@ -182,7 +183,7 @@ fn plugin_init_inner(stage: c_int) -> c_int {
             warn!("disabled: {}=1", ccm_engine::config::ENV_DISABLE);
             return 0;
         }
-        match stage as c_uint {
+        match c_uint::try_from(stage).unwrap_or(c_uint::MAX) {
             sys::CR_PLUGIN_STAGE__DUMP => {
                 // Without a driver (logged by the session) CUDA processes are left to CRIU: hosts
                 // without the NVIDIA driver must dump as before.

@@ -39,6 +39,9 @@
 //! - containerd 2.1 CRI with `CDI_devices` (tests/container/cri-cdi-flow.sh): the restored container's spec is built
 //!   from the new request, whose CDI device is the other GPU, and the plugin moves the process there by itself.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::fs;

@@ -7,6 +7,9 @@
 //!
 //! These tests need root; they skip loudly without it, and fail under CI instead of skipping.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::fs;

@@ -2,6 +2,9 @@
 //! and exit many times over (tests/ffi/init_exit.c). valgrind must see no invalid access and no
 //! definite or indirect leak. Without a driver or CRIU around, every hook must answer -ENOTSUP.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::path::Path;

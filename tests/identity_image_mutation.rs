@@ -8,6 +8,9 @@
 //!
 //! `CCM_MUTATION_RUNS=N` changes the number of mutated inputs (default 60 000; a few seconds).
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 #[path = "../fuzz/src/oracle.rs"]
 mod oracle;
 
@@ -64,7 +67,7 @@ impl Rng {
         if n == 0 {
             0
         } else {
-            (self.next() % n as u64) as usize
+            usize::try_from(self.next() % n as u64).unwrap()
         }
     }
 }
@@ -84,7 +87,7 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>], input: &mut Vec<u8>) {
             // set a byte
             1 if len > 0 => {
                 let at = rng.below(len);
-                input[at] = rng.next() as u8;
+                input[at] = rng.next().to_le_bytes()[0];
             }
             // an interesting little-endian u32
             2 if len >= 4 => {
@@ -98,7 +101,7 @@ fn mutate(rng: &mut Rng, seeds: &[Vec<u8>], input: &mut Vec<u8>) {
             4 => {
                 let at = rng.below(len + 1);
                 let n = 1 + rng.below(16);
-                let bytes: Vec<u8> = (0..n).map(|_| rng.next() as u8).collect();
+                let bytes: Vec<u8> = (0..n).map(|_| rng.next().to_le_bytes()[0]).collect();
                 input.splice(at..at, bytes);
             }
             // remove a range

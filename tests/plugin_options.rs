@@ -8,6 +8,9 @@
 //!
 //! Needs root like every real-CRIU test; without the patched root it skips loudly, and under CI it fails.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 use std::fs;

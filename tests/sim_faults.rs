@@ -3,6 +3,9 @@
 //! image, a bad configuration, a killed CRIU) and checks what the user sees in CRIU's log and the CUDA
 //! state of every process afterwards. The table of outcomes is `docs/RELIABILITY.md`.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 fn run_case(case: &str) {

@@ -2,6 +2,9 @@
 //! GPU): one test per case of `tests/sim/plugin-flow.sh`. The doubles model driver 580's checkpoint
 //! semantics and the stale PCI identity; GPU proof of the same flows is `tests/gpu/run.sh`.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support;
 
 fn run_case(case: &str) {
