@@ -1,6 +1,9 @@
 //! criu-cuda-migrate and each of its subcommands answer `--help`: usage, exit 0, quickly, no file
 //! made. (The other binaries of the workspace have the same test in their own package.)
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 mod support {
     pub mod help_check;
 }

@@ -1,6 +1,9 @@
 //! `criu-cuda-migrate` on hostile input: every case ends with a clear message naming the problem,
 //! the documented exit code, and no panic.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::ffi::OsStrExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
@@ -457,7 +460,7 @@ fn recover_refuses_a_process_that_criu_or_another_tracer_holds() {
         ("some-debugger", &["is traced by pid ", "(some-debugger", "Detach or end the tracer"][..]),
     ] {
         let mut target = Command::new("sleep").arg("30").spawn().expect("sleep");
-        let pid = target.id() as i32;
+        let pid = i32::try_from(target.id()).unwrap();
         let (seized_tx, seized_rx) = std::sync::mpsc::channel();
         let (done_tx, done_rx) = std::sync::mpsc::channel::<()>();
         // A thread named like the tracer (its comm), as CRIU's main thread traces what it dumps.

@@ -7,6 +7,9 @@
 //! first test builds them (`cargo build -p cuda-test-double -p nvml-test-double`). If that fails,
 //! the tests say so and pass, unless `CCM_REQUIRE_TEST_DOUBLES=1` (CI).
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};

@@ -4,6 +4,9 @@
 //! Needs root and a prepared root (`tests/criu-root.sh prepare`). Without them the test says why
 //! and passes, unless `CCM_REQUIRE_CRIU=1` (CI), where it fails.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::PathBuf;
 use std::process::Command;
 

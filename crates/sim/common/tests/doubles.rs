@@ -3,6 +3,9 @@
 //!
 //! The doubles are cdylibs of other packages, so these tests build them first with the same cargo.
 
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::OnceLock;
@@ -196,7 +199,7 @@ fn identity_restore_keeps_everything_consistent() {
     if unsafe { libc::geteuid() } == 0 {
         // The state comes from the process's memory (as after a CRIU restore from an older dump), not from the
         // file it wrote last. (Reading another process's memory needs root where Yama restricts ptrace.)
-        let key = ccm_sim_common::pidns::key_of(t.pid() as i32).unwrap();
+        let key = ccm_sim_common::pidns::key_of(i32::try_from(t.pid()).unwrap()).unwrap();
         let reg = sim.state().follow(&key).expect("no index entry");
         std::fs::write(reg.state(), "0").unwrap();
         let (_, out) = sim.ctl(t.pid(), &["state"]);
@@ -243,7 +246,7 @@ fn a_stopped_restore_thread_makes_calls_time_out() {
     let tid: i32 = line(&out, "CTL restore_tid=").trim_start_matches("CTL restore_tid=").parse().unwrap();
     // Stop the whole process, as CRIU's seize does; the restore thread cannot answer.
     // SAFETY: signalling our own child.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGSTOP) }, 0);
+    assert_eq!(unsafe { libc::kill(i32::try_from(pid).unwrap(), libc::SIGSTOP) }, 0);
     let (rc, out) = sim.ctl(pid, &["lock", "100"]);
     assert_eq!(rc, 1);
     assert!(out.contains("-> 600 CUDA_ERROR_NOT_READY"), "{out}");
@@ -251,7 +254,7 @@ fn a_stopped_restore_thread_makes_calls_time_out() {
     let (_, out) = sim.ctl(pid, &["tid"]);
     assert!(out.contains(&format!("CTL restore_tid={tid}")), "{out}");
     // SAFETY: as above.
-    assert_eq!(unsafe { libc::kill(pid as i32, libc::SIGCONT) }, 0);
+    assert_eq!(unsafe { libc::kill(i32::try_from(pid).unwrap(), libc::SIGCONT) }, 0);
     // The abandoned request was withdrawn: the process is still RUNNING and can be locked now.
     let (_, out) = sim.ctl(pid, &["state"]);
     assert!(out.contains("CTL state=0"), "{out}");
@@ -401,7 +404,7 @@ fn a_target_in_its_own_pid_namespace_is_driven_by_its_host_pid() {
     let ns_tid = tstatus.lines().find(|l| l.starts_with("NSpid:")).unwrap().split_whitespace().last().unwrap();
     assert_ne!(ns_tid, tid.to_string(), "the host and namespace tids should differ: {tstatus}");
     // The registration holds the namespace tid; the answer is the host one.
-    let key = ccm_sim_common::pidns::key_of(host as i32).unwrap();
+    let key = ccm_sim_common::pidns::key_of(i32::try_from(host).unwrap()).unwrap();
     assert_eq!(key.ns_pid, 1);
     let reg = sim.state().follow(&key).expect("no index entry for the namespace key");
     assert_eq!(reg.ns_tid().unwrap().to_string(), ns_tid);

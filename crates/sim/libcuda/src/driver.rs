@@ -153,7 +153,7 @@ impl Driver {
             let words = gpu.pci_words();
             // SAFETY: a fresh malloc of PCI_OBJECT_SIZE bytes; checked for NULL before use. It is
             // never freed: the driver's objects live as long as the process.
-            let object = unsafe { libc::calloc(1, PCI_OBJECT_SIZE) } as *mut u8;
+            let object = unsafe { libc::calloc(1, PCI_OBJECT_SIZE) }.cast::<u8>();
             if object.is_null() {
                 return Err(StartError::Os("out of host memory for the device objects".into()));
             }
@@ -303,7 +303,7 @@ impl Driver {
         for (i, w) in words.iter_mut().enumerate() {
             // SAFETY: the object was allocated in start() with PCI_OBJECT_SIZE bytes and is never
             // freed; volatile because another process may rewrite it through /proc/PID/mem.
-            *w = unsafe { std::ptr::read_volatile(object.add(PCI_OBJECT_WORDS_AT + 4 * i) as *const u32) };
+            *w = unsafe { std::ptr::read_volatile(object.add(PCI_OBJECT_WORDS_AT + 4 * i).cast::<u32>()) };
         }
         Ok(words)
     }
@@ -684,7 +684,7 @@ fn anonymous_map(len: usize) -> Result<*mut u8, StartError> {
     if p == libc::MAP_FAILED {
         return Err(StartError::Os(format!("mmap of {len} bytes failed: {}", std::io::Error::last_os_error())));
     }
-    Ok(p as *mut u8)
+    Ok(p.cast::<u8>())
 }
 
 /// Writes the six PCI words and the revision word at `at`.
@@ -694,6 +694,6 @@ fn anonymous_map(len: usize) -> Result<*mut u8, StartError> {
 unsafe fn write_words(at: *mut u8, words: &[u32; 6]) {
     for (i, w) in words.iter().chain(std::iter::once(&PCI_REVISION)).enumerate() {
         // SAFETY: guaranteed by the caller; unaligned writes are allowed for any offset.
-        unsafe { std::ptr::write_unaligned(at.add(4 * i) as *mut u32, *w) };
+        unsafe { std::ptr::write_unaligned(at.add(4 * i).cast::<u32>(), *w) };
     }
 }

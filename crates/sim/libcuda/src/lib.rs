@@ -15,6 +15,10 @@
 //! - after a remapped restore, UUID answers follow the new GPU while the cached PCI object keeps
 //!   the old location: the bug the plugin fixes.
 
+// A test double of a C library: its casts are the C ABI's ints, sizes and counts of a few simulated
+// GPUs, and it is never packaged; the workspace's cast lints are for the product.
+#![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+
 mod driver;
 
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
@@ -63,7 +67,7 @@ fn put_str(out: *mut c_char, len: c_int, text: &str) -> Result<(), i32> {
     let n = text.len().min(len - 1);
     // SAFETY: the caller's buffer holds `len` bytes; we write n + 1 <= len of them.
     unsafe {
-        std::ptr::copy_nonoverlapping(text.as_ptr() as *const c_char, out, n);
+        std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), out, n);
         out.add(n).write(0);
     }
     Ok(())
@@ -328,7 +332,7 @@ pub extern "C" fn cuMemcpyDtoH_v2(dst: *mut c_void, src: CuDevicePtr, bytes: usi
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the caller passes a writable host buffer of `bytes` bytes, per cuda.h.
-        let host = unsafe { std::slice::from_raw_parts_mut(dst as *mut u8, bytes) };
+        let host = unsafe { std::slice::from_raw_parts_mut(dst.cast::<u8>(), bytes) };
         d.copy_to_host(&g, host, src)
     })
 }
@@ -346,7 +350,7 @@ pub extern "C" fn cuMemcpyHtoD_v2(dst: CuDevicePtr, src: *const c_void, bytes: u
             return Err(CUDA_ERROR_INVALID_VALUE);
         }
         // SAFETY: the caller passes a readable host buffer of `bytes` bytes, per cuda.h.
-        let host = unsafe { std::slice::from_raw_parts(src as *const u8, bytes) };
+        let host = unsafe { std::slice::from_raw_parts(src.cast::<u8>(), bytes) };
         d.copy_from_host(&g, dst, host)
     })
 }

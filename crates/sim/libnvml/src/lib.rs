@@ -11,6 +11,10 @@
 //! CUDA state: after a remapped restore it keeps telling the truth about the machine, which is
 //! how the stale PCI location in libcuda shows. See `docs/TEST-DOUBLES.md`.
 
+// A test double of a C library: its casts are the C ABI's ints, sizes and counts of a few simulated
+// GPUs, and it is never packaged; the workspace's cast lints are for the product.
+#![allow(clippy::cast_possible_truncation, clippy::cast_possible_wrap, clippy::cast_sign_loss)]
+
 use std::ffi::{c_char, c_int, c_uint, CStr};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Mutex;
@@ -156,7 +160,7 @@ fn put_str(out: *mut c_char, len: c_uint, text: &str) -> Result<(), NvmlReturn> 
     }
     // SAFETY: the buffer holds `len` >= text.len() + 1 bytes.
     unsafe {
-        std::ptr::copy_nonoverlapping(text.as_ptr() as *const c_char, out, text.len());
+        std::ptr::copy_nonoverlapping(text.as_ptr().cast::<c_char>(), out, text.len());
         out.add(text.len()).write(0);
     }
     Ok(())
@@ -237,7 +241,7 @@ pub extern "C" fn nvmlErrorString(code: NvmlReturn) -> *const c_char {
         NVML_ERROR_DRIVER_NOT_LOADED => "Driver Not Loaded\0",
         _ => "Unknown Error\0",
     };
-    text.as_ptr() as *const c_char
+    text.as_ptr().cast::<c_char>()
 }
 
 // ---- system -------------------------------------------------------------------------------

@@ -172,7 +172,7 @@ fn run(go: PathBuf, bytes: usize) -> Result<bool, String> {
     let agree = report("AFTER", &cuda, nvml.as_ref())?;
     let mut host = vec![0u8; words * 4];
     // SAFETY: `host` holds words * 4 bytes.
-    cuda.check("cuMemcpyDtoH_v2", unsafe { (cuda.dtoh)(host.as_mut_ptr() as *mut c_void, dptr, host.len()) })?;
+    cuda.check("cuMemcpyDtoH_v2", unsafe { (cuda.dtoh)(host.as_mut_ptr().cast::<c_void>(), dptr, host.len()) })?;
     let intact = host.chunks_exact(4).all(|c| u32::from_ne_bytes([c[0], c[1], c[2], c[3]]) == FILL);
     println!("DATA {}", if intact { "intact" } else { "CORRUPT" });
     println!("IDENTITY {}", if agree { "agree" } else { "DISAGREE" });
