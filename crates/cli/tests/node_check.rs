@@ -286,3 +286,25 @@ fn hostile_files_are_refused_unread_and_output_escaped() {
     assert!(text.contains("fifo.yaml not read"), "{text}");
     assert!(text.contains("config.toml not read"), "{text}");
 }
+
+/// The check runs the commands it finds, as root: one that another user could change (group- or world-writable,
+/// or in such a directory) is not run, is named on stderr, and counts as absent.
+#[test]
+fn a_command_others_can_change_is_not_run() {
+    use std::os::unix::fs::PermissionsExt;
+    let Some(n) = Node::good() else { return };
+    let marker = n.sim.join("ran");
+    n.command("usr/sbin/criu", &format!("touch {}; echo 'Version: 4.1.1'", marker.display()));
+    std::fs::set_permissions(n.root.join("usr/sbin/criu"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = n.check(false);
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!marker.exists(), "a world-writable criu was run: {text}");
+    assert!(text.contains("criu is not installed"), "{text}");
+    assert!(err.contains("usr/sbin/criu: not run") && err.contains("other users"), "{err}");
+    // The same file, writable by its owner only, in a directory others can write (no sticky bit): not run either.
+    std::fs::set_permissions(n.root.join("usr/sbin/criu"), std::fs::Permissions::from_mode(0o755)).unwrap();
+    std::fs::set_permissions(n.root.join("usr/sbin"), std::fs::Permissions::from_mode(0o777)).unwrap();
+    let out = n.check(false);
+    assert!(!marker.exists(), "criu in a world-writable directory was run");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("not run"), "{}", String::from_utf8_lossy(&out.stderr));
+}

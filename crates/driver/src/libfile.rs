@@ -164,6 +164,16 @@ pub fn open_library(path: &str) -> Result<Option<TrustedLibrary>, String> {
     Err(format!("{path} names a directory, not a library file"))
 }
 
+/// Whether the file at the absolute `path` may be run by root: the walk of [`open_library`] (every
+/// directory and the file owned by root or this user, writable by nobody else, links only when theirs),
+/// so that nobody else can swap what runs between this check and the run.
+pub fn check_runnable(path: &str) -> Result<(), String> {
+    match open_library(path)? {
+        Some(_) => Ok(()),
+        None => Err(format!("{path}: not an absolute path")),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -11,6 +11,11 @@ fn parse_ns_pid(status: &str) -> Option<u32> {
     line.split_ascii_whitespace().last()?.parse().ok()
 }
 
+/// This process's effective uid (a syscall: no file read).
+pub fn effective_uid() -> u32 {
+    rustix::process::geteuid().as_raw()
+}
+
 /// The pid of `pid` as seen inside its innermost pid namespace (its own `getpid()`).
 ///
 /// On a kernel without `NSpid` (before 4.1) there are no nested views to report, so `pid` itself

@@ -122,9 +122,20 @@ impl Root {
         } else {
             dirs.extend(SYSTEM_BIN_DIRS.iter().map(|d| self.path.join(d.trim_start_matches('/'))));
         }
+        // The check runs what it finds, as root: only a file nobody else can change or swap, found by the walk
+        // of ccm_driver::libfile (fd-relative, no link of another user followed). One that others could change is
+        // named on stderr and taken as absent, and the search goes on.
         dirs.into_iter().filter(|d| d.is_absolute()).map(|d| d.join(name)).find(|p| {
             use std::os::unix::fs::PermissionsExt;
-            std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0)
+            let Some(text) = p.to_str() else { return false };
+            match ccm_driver::libfile::check_runnable(text) {
+                Ok(()) => std::fs::metadata(p).is_ok_and(|m| m.is_file() && m.permissions().mode() & 0o111 != 0),
+                Err(_) if std::fs::symlink_metadata(p).is_err() => false,
+                Err(why) => {
+                    eprintln!("warning: {}: not run: {why}", p.display());
+                    false
+                }
+            }
         })
     }
 
@@ -208,9 +219,7 @@ pub fn run_command(prog: &Path, args: &[&str], deadline: Duration) -> CmdFact {
 }
 
 fn is_root() -> bool {
-    use std::os::unix::fs::MetadataExt;
-    // /proc/self belongs to the process's effective uid.
-    std::fs::metadata("/proc/self").is_ok_and(|m| m.uid() == 0)
+    ccm_process::tree::effective_uid() == 0
 }
 
 /// The driver as the command-line tool sees it: NVML and libcuda loaded in this process (the
