@@ -142,22 +142,9 @@ fn images_that_are_links_fifos_or_too_large_are_refused_unread_and_quickly() {
 
 #[test]
 fn an_image_with_control_characters_is_refused_and_prints_none() {
-    use ccm_identity::image::{IdentityImage, ProcessEnv};
-    let img = IdentityImage {
-        pid: 5,
-        host_pid: 5,
-        dumped_at_unix: 0,
-        hostname: "node\u{1b}[2J\r\ncriu-cuda-migrate: Error: forged".into(),
-        driver_version: "580.159.04".into(),
-        cuda_driver_version: 13000,
-        node_gpus: Vec::new(),
-        enumerated: Vec::new(),
-        used: Vec::new(),
-        env: ProcessEnv::default(),
-        sites: Vec::new(),
-        prop_sites: Vec::new(),
-        device_memory: None,
-    };
+    use ccm_identity::image::IdentityImage;
+    let img =
+        IdentityImage { hostname: "node\u{1b}[2J\r\ncriu-cuda-migrate: Error: forged".into(), ..image_of(5, 0, 0) };
     assert!(img.try_encode().is_err(), "the dump side never writes one");
     let dir = tempfile::tempdir().unwrap();
     std::fs::write(dir.path().join("cuda-migrate-5.img"), img.encode()).unwrap();
@@ -298,25 +285,9 @@ fn preflight_without_nvml_names_its_load_error() {
     assert!(!stdout.contains("NVML lists no GPU"), "{stdout}");
 }
 
-/// A valid identity image of `pid` (no GPU, no site).
+/// A valid identity image of `pid` (no GPU, no site), encoded.
 fn identity_image(pid: u32) -> Vec<u8> {
-    ccm_identity::image::IdentityImage {
-        pid,
-        host_pid: pid,
-        dumped_at_unix: 0,
-        hostname: "node".into(),
-        driver_version: "580.159.04".into(),
-        cuda_driver_version: 13000,
-        node_gpus: Vec::new(),
-        enumerated: Vec::new(),
-        used: Vec::new(),
-        env: ccm_identity::image::ProcessEnv::default(),
-        sites: Vec::new(),
-        prop_sites: Vec::new(),
-        device_memory: None,
-    }
-    .try_encode()
-    .expect("a clean image encodes")
+    image_of(pid, 0, 0).try_encode().expect("a clean image encodes")
 }
 
 #[test]
@@ -421,23 +392,9 @@ fn foreign_values_reach_the_terminal_escaped_and_shortened() {
     }
     // An image's strings: control characters are refused at decode; format characters are not
     // (a hostname may be any text), so they are escaped on output, and JSON still decodes to them.
-    use ccm_identity::image::{IdentityImage, ProcessEnv};
+    use ccm_identity::image::IdentityImage;
     let host = "node-\u{202e}1-\u{2066}\u{200b}\u{2028}";
-    let img = IdentityImage {
-        pid: 5,
-        host_pid: 5,
-        dumped_at_unix: 0,
-        hostname: host.into(),
-        driver_version: "580.159.04".into(),
-        cuda_driver_version: 13000,
-        node_gpus: Vec::new(),
-        enumerated: Vec::new(),
-        used: Vec::new(),
-        env: ProcessEnv::default(),
-        sites: Vec::new(),
-        prop_sites: Vec::new(),
-        device_memory: None,
-    };
+    let img = IdentityImage { hostname: host.into(), ..image_of(5, 0, 0) };
     std::fs::write(images.path().join("cuda-migrate-5.img"), img.try_encode().expect("format characters encode"))
         .unwrap();
     let out = run(&["inspect".as_ref(), images.path().as_os_str()]);
