@@ -86,6 +86,9 @@ pub enum ProcessFailure {
     Inconsistent(Vec<reconcile::ReconcileFailure>),
     #[error("its CUDA state cannot be read: {0}")]
     State(AgentError),
+    /// CHECKPOINTED at restore, but its identity image is not in the image directory (strict mode kills the tree).
+    #[error("it is a CHECKPOINTED CUDA process, but its identity image {image} is missing: its GPUs cannot be mapped nor its identity checked")]
+    NoIdentityImage { image: String },
     /// The driver answered NOT_SUPPORTED to its checkpoint (managed memory, MPS, MIG).
     #[error("{0}; {cause}", cause = sharing::checkpoint_failure_cause(Some(ccm_driver::abi::CudaCode::NotSupported)).unwrap_or_default())]
     Unsupported(AgentError),

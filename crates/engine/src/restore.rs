@@ -490,7 +490,16 @@ fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, targets: &dyn 
         }
     }
     if job.plan.is_none() {
-        warn!("pid {pid}: CHECKPOINTED CUDA process without identity image; restoring it onto the same GPUs");
+        // Its image is gone (a hostile checkpoint image's whiteout deletes one at unpack): no device map, no
+        // reconciliation, no validation. Strict mode does not let such a process run.
+        let image = ccm_identity::image::IdentityImage::file_name(ns_pid_of(targets, pid).0);
+        match config.strictness {
+            Strictness::Strict => {
+                error!("pid {pid}: CHECKPOINTED CUDA process without identity image ({image} is not in the image directory): its GPUs cannot be mapped nor its identity checked, so strict mode kills the restored tree. Restore from a complete checkpoint (criu-cuda-migrate preflight names each process's image), or set CRIU_CUDA_MIGRATE_MODE=permissive to restore it onto the same GPUs unchecked");
+                return Ended::Doomed(ProcessFailure::NoIdentityImage { image });
+            }
+            Strictness::Permissive => warn!("pid {pid}: CHECKPOINTED CUDA process without identity image ({image}); restoring it onto the same GPUs, unchecked (permissive mode)"),
+        }
     }
     let pairs: Vec<(GpuUuid, GpuUuid)> = match job.plan {
         Some(p) if !p.map.is_identity() => p.map.driver_pairs(),

@@ -386,16 +386,40 @@ fn a_non_cuda_root_does_the_whole_tree_s_work() {
     assert!(!seen(&["were never handed to the plugin", "4601"]));
 }
 
+/// A CUDA process CHECKPOINTED at restore whose identity image is gone (a whiteout in a checkpoint image deletes
+/// it at unpack; issue 35): strict mode kills the restored tree before it runs, unmapped and unchecked; permissive
+/// mode restores it onto the same GPUs with a warning.
 #[test]
-fn a_cuda_process_without_an_image_is_restored_onto_the_same_gpus() {
+fn a_cuda_process_without_an_image_kills_the_tree_in_strict_mode_and_is_restored_in_place_in_permissive_mode() {
     let mut r = Setup::new("rnoimage", &[6701]).ready();
     r.agent.cuda(6702, Checkpointed);
     r.targets.cuda(6702);
+    r.targets.script().ns_pids.insert(6702, 5702);
     r.targets.script().children.insert(6701, vec![6702]);
     assert!(matches!(r.resume(6701), (HookOutcome::Done, true)));
-    assert!(matches!(r.resume(6702), (HookOutcome::Done, false)));
-    assert_eq!(r.agent.state_of(6702), Running);
-    assert!(seen(&["pid 6702: CHECKPOINTED CUDA process without identity image; restoring it onto the same GPUs"]));
+    assert!(matches!(
+        failed(r.resume(6702).0),
+        ProcessFailure::NoIdentityImage { ref image } if image == "cuda-migrate-5702.img"
+    ));
+    assert_eq!(r.agent.state_of(6702), Checkpointed, "never restored by the driver");
+    assert!(!r.agent.called("restore 6702"), "{:?}", r.agent.calls());
+    assert_eq!(r.killed(), vec![6701, 6702], "the whole restored tree");
+    assert!(seen(&[
+        "pid 6702: CHECKPOINTED CUDA process without identity image (cuda-migrate-5702.img is not in the image directory)",
+        "strict mode kills the restored tree",
+        "CRIU_CUDA_MIGRATE_MODE=permissive",
+    ]));
+    assert!(seen(&["killed the restored tree (2 process(es)) because pid(s) [6702]"]));
+
+    let mut r = Setup::new("rnoimageperm", &[6711]).config(&[("CRIU_CUDA_MIGRATE_MODE", "permissive")]).ready();
+    r.agent.cuda(6712, Checkpointed);
+    r.targets.cuda(6712);
+    r.targets.script().children.insert(6711, vec![6712]);
+    assert!(matches!(r.resume(6711), (HookOutcome::Done, true)));
+    assert!(matches!(r.resume(6712), (HookOutcome::Done, false)));
+    assert_eq!(r.agent.state_of(6712), Running);
+    assert!(r.killed().is_empty());
+    assert!(seen(&["pid 6712: CHECKPOINTED CUDA process without identity image (cuda-migrate-6712.img); restoring it onto the same GPUs, unchecked (permissive mode)"]));
 }
 
 #[test]
