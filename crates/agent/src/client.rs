@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use ccm_driver::abi::CudaCode;
 use ccm_driver::checkpoint::ProcessState;
+use ccm_driver::rm::PidMemoryReport;
 use ccm_driver::CudaError;
 use ccm_identity::{GpuUuid, HostPid, HostTid, PciAddress};
 use ccm_process::helper::Helper;
@@ -34,6 +35,9 @@ const EXIT_WAIT: Duration = Duration::from_secs(2);
 pub const WARM_UP_DEADLINE: Duration = Duration::from_secs(60);
 /// Deadline of the short driver and NVML queries (state, restore thread id, unlock, lookups).
 pub const QUERY_DEADLINE: Duration = Duration::from_secs(30);
+/// How much longer than the resource manager query's own deadline the plugin waits for its reply:
+/// the agent answers `Rm` at that deadline, so only a stopped agent gets here.
+const RM_REPLY_GRACE: Duration = Duration::from_secs(5);
 /// How long one read of the socket waits before the reader lets other callers check their
 /// deadlines.
 const READ_SLICE: Duration = Duration::from_millis(50);
@@ -63,6 +67,9 @@ pub enum AgentError {
     NoDriver(String),
     #[error("NVML: {0}")]
     Nvml(String),
+    /// The kernel driver's resource manager could not be asked (its error's text).
+    #[error("the resource manager: {0}")]
+    Rm(String),
     #[error("the driver agent (the helper process that makes the plugin's driver calls) failed: {0}")]
     Agent(String),
     #[error("{}", lost_text(*agent_pid, lost))]
@@ -116,6 +123,7 @@ impl AgentError {
             }
             WireError::NoDriver(m) => AgentError::NoDriver(m),
             WireError::Nvml(m) => AgentError::Nvml(m),
+            WireError::Rm(m) => AgentError::Rm(m),
             WireError::Agent(m) => AgentError::Agent(m),
         }
     }
@@ -380,6 +388,20 @@ impl Agent {
     pub fn device_memory(&self) -> Result<Vec<ccm_driver::nvml::GpuMemory>, AgentError> {
         match self.call(Call::DeviceMemory, QUERY_DEADLINE)? {
             Answer::DeviceMemory(m) => Ok(m),
+            a => Err(Self::unexpected(a)),
+        }
+    }
+
+    /// What each of `pids` holds on every attached GPU, by the kernel driver's resource manager
+    /// ([`ccm_driver::rm`]), answered by the agent within `deadline` (then [`AgentError::Rm`]); the
+    /// plugin waits a little longer for the reply itself, so a slow driver never costs the agent.
+    pub fn video_memory(&self, pids: &[HostPid], deadline: Duration) -> Result<PidMemoryReport, AgentError> {
+        let call = Call::VideoMemory {
+            pids: pids.iter().map(|p| p.get()).collect(),
+            deadline_ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX),
+        };
+        match self.call(call, deadline + RM_REPLY_GRACE)? {
+            Answer::VideoMemory(r) => Ok(r),
             a => Err(Self::unexpected(a)),
         }
     }

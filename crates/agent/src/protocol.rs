@@ -5,6 +5,7 @@
 use std::io::{Read, Write};
 
 use ccm_driver::nvml::GpuMemory;
+use ccm_driver::rm::PidMemoryReport;
 use ccm_driver::CudaError;
 use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -47,6 +48,12 @@ pub enum Call {
     },
     /// NVML's free memory and compute processes of every GPU, now.
     DeviceMemory,
+    /// The kernel driver's resource manager: what each pid holds on every attached GPU, its memory
+    /// dup'd from other processes (CUDA IPC imports) included; answered within `deadline_ms`.
+    VideoMemory {
+        pids: Vec<u32>,
+        deadline_ms: u64,
+    },
     /// The plugin is done: exit without touching any process.
     Exit,
 }
@@ -66,6 +73,7 @@ impl Call {
             Call::Unlock { .. } => "cuCheckpointProcessUnlock",
             Call::UuidAtPci { .. } => "nvmlDeviceGetHandleByPciBusId",
             Call::DeviceMemory => "NVML's memory query",
+            Call::VideoMemory { .. } => "the resource manager's process memory query",
             Call::Exit => "exit",
         }
     }
@@ -137,6 +145,7 @@ pub enum Answer {
     State(i32),
     Uuid(Option<GpuUuid>),
     DeviceMemory(Vec<GpuMemory>),
+    VideoMemory(PidMemoryReport),
 }
 
 /// A failure as it crosses the socket.
@@ -150,6 +159,8 @@ pub enum WireError {
     },
     NoDriver(String),
     Nvml(String),
+    /// The resource manager could not be asked (`ccm_driver::rm::RmError`'s text).
+    Rm(String),
     Agent(String),
 }
 

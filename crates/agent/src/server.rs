@@ -359,6 +359,14 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
             Ok(n) => n.device_memory().map(Answer::DeviceMemory).map_err(|e| WireError::Nvml(e.to_string())),
             Err(e) => Err(WireError::Nvml(e.clone())),
         },
+        // No libcuda needed: ioctls on /dev/nvidiactl, on a thread of their own with a deadline, so
+        // that a wedged driver answers `Rm` here (the dump goes on without the check) and the
+        // plugin's own deadline for the call, longer, never kills the agent for it.
+        Call::VideoMemory { pids, deadline_ms } => {
+            ccm_driver::rm::video_memory_within(pids, std::time::Duration::from_millis(*deadline_ms))
+                .map(Answer::VideoMemory)
+                .map_err(|e| WireError::Rm(e.to_string()))
+        }
         Call::Exit => Ok(Answer::Done),
     }
 }

@@ -9,5 +9,6 @@ pub mod cuda;
 pub mod libfile;
 pub mod nvml;
 pub mod procfs;
+pub mod rm;
 
 pub use cuda::{CuResult, CudaError, Libcuda};

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-pub use ccm_settings::value::{MultiProcess, Strictness};
+pub use ccm_settings::value::{IpcImporters, MultiProcess, Strictness};
 
 /// A setting's value and where it came from (`CRIU_CUDA_MIGRATE_DEVICE_MAP`,
 /// `--plugin-option criu-cuda-migrate.device-map`, the CLI's `--device-map`), so that an error
@@ -35,6 +35,8 @@ pub struct Config {
     pub leave_running: LeaveRunning,
     /// `CRIU_CUDA_MIGRATE_MULTI_PROCESS`: what a dump of several CUDA processes does.
     pub multi_process: MultiProcess,
+    /// `CRIU_CUDA_MIGRATE_IPC`: what a dump whose tree holds a CUDA IPC importer does.
+    pub ipc: IpcImporters,
     /// `CRIU_CUDA_MIGRATE_LIBCUDA` / `_LIBNVML` (the driver agent reads them from the same
     /// environment); shown in the `settings:` line.
     pub libcuda: Option<String>,
@@ -169,6 +171,7 @@ impl Config {
         };
         let multi_process =
             read(get(&settings::MULTI_PROCESS), value::parse_multi_process)?.map_or(MultiProcess::Warn, |s| s.value);
+        let ipc = read(get(&settings::IPC), value::parse_ipc)?.map_or(IpcImporters::Refuse, |s| s.value);
         let driver_timeout = read(get(&settings::DRIVER_TIMEOUT), value::parse_timeout)?.map(|s| s.value);
         Ok(Config {
             disabled,
@@ -181,6 +184,7 @@ impl Config {
             driver_timeout,
             leave_running,
             multi_process,
+            ipc,
             libcuda,
             libnvml,
         })
@@ -222,7 +226,7 @@ impl std::fmt::Display for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, multi-process {}, lock timeout {} s, libcuda {}, NVML {}",
+            "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, ipc {}, multi-process {}, lock timeout {} s, libcuda {}, NVML {}",
             self.device_map
                 .as_ref()
                 .map(|m| m.value.iter().map(|(o, n)| format!("{o}={n}")).collect::<Vec<_>>().join(","))
@@ -237,6 +241,10 @@ impl std::fmt::Display for Config {
                 LeaveRunning::Yes => "yes",
                 LeaveRunning::No => "no",
                 LeaveRunning::Unknown => "unknown (CRIU over RPC; devices restored after the dump)",
+            },
+            match self.ipc {
+                IpcImporters::Refuse => "refuse",
+                IpcImporters::Allow => "allow",
             },
             match self.multi_process {
                 MultiProcess::Warn => "warn",
@@ -497,7 +505,7 @@ mod tests {
         assert_eq!(c.lock_timeout, Duration::from_secs(10));
         assert_eq!(
             c.to_string(),
-            format!("device map {C}={D}, usable GPUs all, mode permissive, reconcile on, leave-running no, multi-process warn, lock timeout 10 s, libcuda default, NVML default")
+            format!("device map {C}={D}, usable GPUs all, mode permissive, reconcile on, leave-running no, ipc refuse, multi-process warn, lock timeout 10 s, libcuda default, NVML default")
         );
         let bad = Config::from_sources(|k| (k == ENV_MODE).then(|| "loose".to_string()), &[], &[]);
         assert!(bad.unwrap_err().to_string().contains("strict"));
@@ -530,6 +538,13 @@ mod tests {
         );
         let refuse = |k: &str| (k == settings::MULTI_PROCESS.env).then(|| "refuse".to_string());
         assert_eq!(Config::from_sources(refuse, &[], &[]).unwrap().multi_process, MultiProcess::Refuse);
+        assert_eq!(Config::from_sources(|_| None, &[], &[]).unwrap().ipc, IpcImporters::Refuse);
+        assert_eq!(Config::from_sources(|_| None, &[], &[opt("ipc", "allow")]).unwrap().ipc, IpcImporters::Allow);
+        let allow = |k: &str| (k == settings::IPC.env).then(|| "allow".to_string());
+        assert_eq!(Config::from_sources(allow, &[], &[]).unwrap().ipc, IpcImporters::Allow);
+        let bad_ipc = |k: &str| (k == settings::IPC.env).then(|| "warn".to_string());
+        let e = Config::from_sources(bad_ipc, &[], &[]).unwrap_err().to_string();
+        assert!(e.contains("CRIU_CUDA_MIGRATE_IPC") && e.contains("`allow`"), "{e}");
         let bad = |k: &str| (k == settings::MULTI_PROCESS.env).then(|| "sometimes".to_string());
         let e = Config::from_sources(bad, &[], &[]).unwrap_err().to_string();
         assert!(e.contains("CRIU_CUDA_MIGRATE_MULTI_PROCESS") && e.contains("`refuse`"), "{e}");

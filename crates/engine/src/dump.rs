@@ -27,7 +27,11 @@ use crate::batch::{with_restore_threads_running, BatchError, OnResumeError};
 use crate::host::CriuHost;
 use crate::node::Node;
 use crate::seam::{DriverAgent, Seams, Targets, ThawedCgroup};
-use crate::{Config, EngineError, HookOutcome, LeaveRunning, MultiProcess, ProcessFailure, LIBCUDA_FILE, PLUGIN_NAME};
+use crate::sharing::{importers_in, Importer, SharingFacts};
+use crate::{
+    Config, EngineError, HookOutcome, IpcImporters, LeaveRunning, MultiProcess, ProcessFailure, LIBCUDA_FILE,
+    PLUGIN_NAME,
+};
 
 /// One CUDA process this dump touched.
 #[derive(Debug)]
@@ -76,7 +80,27 @@ pub struct DumpSession {
     alarm_end: Instant,
     /// Frozen cgroups the dump thawed for the driver, frozen again at exit(DUMP).
     thawed: Vec<Box<dyn ThawedCgroup>>,
+    /// The dump's root task: the first pid of PAUSE_DEVICES (CRIU seizes the root before its children).
+    root: Option<HostPid>,
+    /// What the importer check of the whole tree, before the first lock, found.
+    tree_check: TreeCheck,
 }
+
+/// The importer check of the tree at the first CUDA process's PAUSE_DEVICES.
+#[derive(Debug)]
+enum TreeCheck {
+    NotAsked,
+    /// The resource manager answered (importers allowed by `ipc allow`, if any).
+    Asked(SharingFacts),
+    /// It could not be asked: why.
+    Unavailable(String),
+}
+
+/// How long the resource manager may take to answer the importer check (measured: 1-2 ms for 14 pids);
+/// past it the dump goes on without the check, as when the driver cannot be asked.
+const RM_DEADLINE: Duration = Duration::from_secs(2);
+/// The most processes of a tree asked about before the first lock (a query answers 200 at a time).
+const MAX_TREE_PIDS: usize = 4096;
 
 /// Why `init(DUMP)` set up no dump session (logged there): CUDA processes are then left to CRIU.
 #[derive(Debug)]
@@ -168,6 +192,8 @@ impl DumpSession {
             batch_done: false,
             alarm_end: Instant::now() + config_lock_timeout,
             thawed: Vec::new(),
+            root: None,
+            tree_check: TreeCheck::NotAsked,
         }
     }
 
@@ -194,6 +220,7 @@ impl DumpSession {
     /// state and lock it.
     pub fn pause_devices(&mut self, pid: i32, host: &dyn CriuHost) -> HookOutcome {
         let Some(pid) = HostPid::new(pid.into()) else { return HookOutcome::NotMine };
+        self.root.get_or_insert(pid);
         if self.tracked.contains_key(&pid) {
             return HookOutcome::NotMine;
         }
@@ -232,6 +259,10 @@ impl DumpSession {
             }
             Err(e) => return HookOutcome::Failed(e),
         };
+        // Before the first lock: a tree holding a CUDA IPC importer is refused while nothing is locked.
+        if let Err(e) = self.check_tree_for_importers(&node, pid) {
+            return HookOutcome::Failed(e);
+        }
         if !self.inventory_added {
             self.inventory_added = host.add_inventory_plugin(PLUGIN_NAME);
             debug!(
@@ -270,6 +301,63 @@ impl DumpSession {
         }
         info!("pid {pid}: CUDA process, restore thread {restore_tid}, initial state {initial}");
         HookOutcome::Done
+    }
+
+    /// The importer check of the whole tree, once, at the first CUDA process (before its lock): the
+    /// kernel driver's resource manager is asked about the root and every descendant (and `pid`),
+    /// whoever exported the memory. An importer fails the hook under `ipc refuse` (CRIU then ends the
+    /// dump; nothing was locked or checkpointed); `ipc allow` warns. When the resource manager cannot
+    /// be asked, the reason is kept for the warning at CHECKPOINT_DEVICES.
+    fn check_tree_for_importers(&mut self, node: &Node, pid: HostPid) -> Result<(), EngineError> {
+        if !matches!(self.tree_check, TreeCheck::NotAsked) {
+            return Ok(());
+        }
+        let root = self.root.unwrap_or(pid);
+        let mut pids: Vec<HostPid> = std::iter::once(root.get())
+            .chain(self.seams.targets.children_recursive(root.get()))
+            .chain(std::iter::once(pid.get()))
+            .filter_map(|p| HostPid::new(p.into()))
+            .collect();
+        pids.sort();
+        pids.dedup();
+        pids.truncate(MAX_TREE_PIDS);
+        let deadline = RM_DEADLINE.min(self.alarm_budget()).max(Duration::from_millis(50));
+        match node.agent.video_memory(&pids, deadline) {
+            Err(e) => {
+                debug!("importer check of the tree could not run: {e}");
+                self.tree_check = TreeCheck::Unavailable(e.to_string());
+            }
+            Ok(report) => {
+                let facts = self.facts_of(&report);
+                info!(
+                    "importer check before the first lock: the kernel driver's resource manager was asked about {} \
+                     process(es) of the tree ({:.1} ms): {}",
+                    facts.asked,
+                    facts.seconds * 1e3,
+                    if facts.importers.is_empty() {
+                        "no imported device memory".to_string()
+                    } else {
+                        format!("{} importer(s)", crate::sharing::importer_pids(&facts.importers).len())
+                    }
+                );
+                if !facts.importers.is_empty() {
+                    match self.config.ipc {
+                        IpcImporters::Refuse => return Err(EngineError::IpcImporters(facts.importers)),
+                        IpcImporters::Allow => warn!("{}", crate::sharing::importers_allowed_warning(&facts.importers)),
+                    }
+                }
+                self.tree_check = TreeCheck::Asked(facts);
+            }
+        }
+        Ok(())
+    }
+
+    /// The importers of a resource manager report, their GPUs named from the kernel driver's list.
+    fn facts_of(&self, report: &ccm_driver::rm::PidMemoryReport) -> SharingFacts {
+        let has_importer = report.gpus.iter().any(|g| g.pids.iter().any(|p| p.memory.shared_duped > 0));
+        // The GPU list costs a read of /proc only when a line will name a GPU.
+        let gpus = if has_importer { self.seams.targets.kernel_gpus().unwrap_or_default() } else { Vec::new() };
+        importers_in(report, |pci| gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid))
     }
 
     /// A process of a frozen cgroup (containerd pauses a task before its checkpoint) cannot answer
@@ -361,7 +449,7 @@ impl DumpSession {
             .filter(|t| t.initial != ProcessState::Checkpointed && t.checkpoint_result.is_none())
             .map(|t| (t.pid, t.restore_tid))
             .collect();
-        if self.refuse_several_processes() {
+        if self.refuse_for_sharing(&node) {
             return;
         }
         let started = Instant::now();
@@ -378,26 +466,67 @@ impl DumpSession {
         info!("checkpoint of {} CUDA process(es) took {:.3} s (parallel)", todo.len(), t0.elapsed().as_secs_f64());
     }
 
-    /// Several CUDA processes may share device memory through CUDA IPC, which driver 580
-    /// checkpoints but cannot restore, and which nothing outside them shows (crate::sharing): said,
-    /// or refused, here, while every process is only locked (an unlock undoes that; a checkpoint of
-    /// an importer cannot be undone). Whether the dump is refused.
-    fn refuse_several_processes(&mut self) -> bool {
+    /// The last word on sharing, while every process is only locked (an unlock undoes that; a checkpoint of an
+    /// importer cannot be undone): `multi-process refuse` refuses any dump of several CUDA processes; then the
+    /// resource manager is asked again about the locked processes (a locked process makes no CUDA call, so nothing
+    /// they import can change before the checkpoint: this closes the window between the tree's check and the
+    /// last lock). An importer refuses the dump under `ipc refuse`; a check that cannot run leaves the warning
+    /// of a dump of several processes, naming why. Whether the dump is refused.
+    fn refuse_for_sharing(&mut self, node: &Node) -> bool {
         let cuda_pids: Vec<HostPid> = self.tracked.keys().copied().collect();
-        if cuda_pids.len() <= 1 {
-            return false;
+        if cuda_pids.len() > 1 && self.config.multi_process == MultiProcess::Refuse {
+            self.refuse_all(|| ProcessFailure::SeveralProcessesRefused(cuda_pids.clone()));
+            return true;
         }
-        match self.config.multi_process {
-            MultiProcess::Warn => {
-                warn!("{}", crate::sharing::several_processes_warning(&cuda_pids));
-                false
-            }
-            MultiProcess::Refuse => {
-                for t in self.tracked.values_mut() {
-                    t.checkpoint_result = Some(Err(ProcessFailure::SeveralProcessesRefused(cuda_pids.clone())));
+        let checked = match &self.tree_check {
+            // The tree's check could not run: asking again would meet the same (and might wait as long).
+            TreeCheck::Unavailable(why) => Err(why.clone()),
+            _ => node.agent.video_memory(&cuda_pids, RM_DEADLINE).map(|r| self.facts_of(&r)).map_err(|e| e.to_string()),
+        };
+        let facts = match checked {
+            Ok(f) => f,
+            Err(why) => {
+                if cuda_pids.len() > 1 {
+                    warn!("{}", crate::sharing::unchecked_processes_warning(&cuda_pids, &why));
+                } else {
+                    info!("the importer check could not run ({why}); one CUDA process, dumped unchecked");
                 }
-                true
+                return false;
             }
+        };
+        if !facts.importers.is_empty() {
+            match self.config.ipc {
+                IpcImporters::Refuse => {
+                    let importers: Vec<Importer> = facts.importers;
+                    self.refuse_all(|| ProcessFailure::IpcImportersRefused(importers.clone()));
+                    return true;
+                }
+                IpcImporters::Allow => {
+                    let warned_before =
+                        matches!(&self.tree_check, TreeCheck::Asked(t) if t.importers == facts.importers);
+                    if !warned_before {
+                        warn!("{}", crate::sharing::importers_allowed_warning(&facts.importers));
+                    }
+                }
+            }
+        } else if !facts.unanswered.is_empty() && cuda_pids.len() > 1 {
+            warn!(
+                "{}",
+                crate::sharing::unchecked_processes_warning(
+                    &cuda_pids,
+                    &crate::sharing::unanswered_text(&facts.unanswered)
+                )
+            );
+        } else {
+            info!("{}", crate::sharing::no_importer_line(&cuda_pids, &facts));
+        }
+        false
+    }
+
+    /// Every tracked process fails its CHECKPOINT_DEVICES with `why` (nothing is checkpointed).
+    fn refuse_all(&mut self, why: impl Fn() -> ProcessFailure) {
+        for t in self.tracked.values_mut() {
+            t.checkpoint_result = Some(Err(why()));
         }
     }
 

@@ -364,7 +364,9 @@ fn a_checkpoint_failing_mid_batch_fails_that_process_and_the_rollback_puts_all_b
     d.finish(1);
     assert_eq!(d.states(&pids), vec![Running; 3]);
     assert_eq!(logged(&["rolling back 3 CUDA process(es): the dump failed"]).len(), 1);
-    assert!(logged(&["this dump holds 3 CUDA processes (pids 2401, 2402, 2403)"]).len() == 1);
+    // The resource manager cleared the tree: no warning about sharing, one line that says so.
+    assert!(logged(&["this dump holds 3 CUDA processes"]).is_empty());
+    assert_eq!(logged(&["reports no device memory imported", "pids 2401, 2402, 2403"]).len(), 1);
 }
 
 #[test]
@@ -578,4 +580,148 @@ fn without_nvml_the_image_records_no_gpu_identity() {
     assert!(done(&d.checkpoint(3701)));
     assert!(d.image(3701).unwrap().node_gpus.is_empty());
     assert_eq!(logged(&["pid 3701: NVML is unavailable, so its image records no GPU identity"]).len(), 1);
+}
+
+// ----- CUDA IPC importers (the kernel driver's resource manager) -------------------------------
+
+/// A tree: root `pids[0]` with the others as its children.
+fn tree(d: &Dump, pids: &[u32]) {
+    d.targets.script().children.insert(pids[0], pids[1..].to_vec());
+}
+
+#[test]
+fn a_tree_holding_an_importer_is_refused_before_the_first_lock_and_every_process_runs_on() {
+    let pids = [3601, 3602, 3603];
+    let mut d = dump("ipc-refuse", &pids);
+    tree(&d, &pids);
+    d.targets.script().kernel_gpus = Some(vec![gpu(0), gpu(1)]);
+    d.agent.script().imported.insert(3603, 64 << 20);
+    let e = failure(d.pause(3601));
+    assert!(matches!(e, EngineError::IpcImporters(_)), "{e}");
+    let text = e.to_string();
+    for needle in [
+        "refused before any checkpoint",
+        "pid 3603 has 64 MiB",
+        "GPU 0000:00:00.0",
+        "GPU-00000000-",
+        "CRIU_CUDA_MIGRATE_IPC=allow",
+    ] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+    // The whole tree was asked about, before anything was locked.
+    assert_eq!(d.agent.script().rm_queries, vec![vec![3601, 3602, 3603]]);
+    assert!(!d.agent.calls().iter().any(|c| c.starts_with("lock") || c.starts_with("checkpoint")));
+    d.finish(1);
+    assert_eq!(d.states(&pids), vec![Running; 3]);
+    assert!(d.image(3601).is_none());
+}
+
+#[test]
+fn a_single_process_importing_from_outside_the_tree_is_refused_too() {
+    let mut d = dump("ipc-alone", &[3611]);
+    d.agent.script().imported.insert(3611, 4 << 20);
+    assert!(matches!(failure(d.pause(3611)), EngineError::IpcImporters(_)));
+    d.finish(1);
+    assert_eq!(d.states(&[3611]), vec![Running]);
+}
+
+#[test]
+fn a_tree_the_resource_manager_clears_dumps_without_a_warning() {
+    let pids = [3621, 3622];
+    let mut d = dump("ipc-clear", &pids);
+    tree(&d, &pids);
+    for p in pids {
+        assert!(done(&d.pause(p)));
+    }
+    let calls = d.agent.calls();
+    let first_rm = calls.iter().position(|c| c == "video_memory").unwrap();
+    let first_lock = calls.iter().position(|c| c.starts_with("lock")).unwrap();
+    assert!(first_rm < first_lock, "{calls:?}");
+    for p in pids {
+        assert!(done(&d.checkpoint(p)));
+    }
+    // Asked once for the tree before the first lock, once more for the locked processes before the checkpoint.
+    assert_eq!(d.agent.script().rm_queries, vec![vec![3621, 3622], vec![3621, 3622]]);
+    assert_eq!(d.states(&pids), vec![Checkpointed; 2]);
+    assert!(logged(&["this dump holds 2 CUDA processes (pids 3621, 3622)"]).is_empty());
+    assert_eq!(logged(&["reports no device memory imported", "pids 3621, 3622"]).len(), 1);
+    assert_eq!(
+        logged(&["importer check before the first lock", "2 process(es) of the tree", "no imported device memory"])
+            .len(),
+        1
+    );
+}
+
+#[test]
+fn an_import_between_the_tree_check_and_the_checkpoint_is_caught_while_all_are_only_locked() {
+    let pids = [3631, 3632];
+    let mut d = dump("ipc-late", &pids);
+    tree(&d, &pids);
+    assert!(done(&d.pause(3631)));
+    // 3632 imports before CRIU reaches it (it was not locked yet when the tree was asked about).
+    d.agent.script().imported.insert(3632, 256 << 20);
+    assert!(done(&d.pause(3632)));
+    for p in pids {
+        let f = process_failure(d.checkpoint(p));
+        assert!(matches!(f, ProcessFailure::IpcImportersRefused(_)), "{f}");
+        assert!(f.to_string().contains("pid 3632 has 256 MiB"), "{f}");
+    }
+    assert!(!d.agent.calls().iter().any(|c| c.starts_with("checkpoint")));
+    // The same for a leave-running dump and a failed one: only locks to undo.
+    d.finish(1);
+    assert_eq!(d.states(&pids), vec![Running; 2]);
+}
+
+#[test]
+fn when_the_resource_manager_cannot_be_asked_the_dump_goes_on_with_the_warning_and_why() {
+    let pids = [3641, 3642];
+    let mut d = dump("ipc-unavailable", &pids);
+    tree(&d, &pids);
+    d.agent.script().rm_error =
+        Some(ccm_agent::AgentError::Rm("/dev/nvidiactl cannot be opened (No such file or directory)".into()));
+    for p in pids {
+        assert!(done(&d.pause(p)));
+    }
+    for p in pids {
+        assert!(done(&d.checkpoint(p)));
+    }
+    assert_eq!(d.states(&pids), vec![Checkpointed; 2]);
+    // Not asked again after it failed once.
+    assert_eq!(d.agent.script().rm_queries.len(), 1);
+    let w = logged(&[
+        "this dump holds 2 CUDA processes (pids 3641, 3642)",
+        "the importer check could not run (the resource manager: /dev/nvidiactl cannot be opened",
+    ]);
+    assert_eq!(w.len(), 1, "{w:?}");
+    assert!(w[0].contains("cudaIpcOpenMemHandle") && w[0].contains("unchecked"), "{}", w[0]);
+}
+
+#[test]
+fn ipc_allow_dumps_an_importer_with_a_warning_that_its_restore_will_fail() {
+    let pids = [3651, 3652];
+    let mut d = dump_with("ipc-allow", config(&[("CRIU_CUDA_MIGRATE_IPC", "allow")]), &pids, 1);
+    tree(&d, &pids);
+    d.agent.script().imported.insert(3652, 64 << 20);
+    for p in pids {
+        assert!(done(&d.pause(p)));
+    }
+    for p in pids {
+        assert!(done(&d.checkpoint(p)));
+    }
+    assert_eq!(d.states(&pids), vec![Checkpointed; 2]);
+    // Warned once, although both checks saw it.
+    assert_eq!(logged(&["CRIU_CUDA_MIGRATE_IPC=allow: dumping although pid 3652 has 64 MiB"]).len(), 1);
+}
+
+#[test]
+fn multi_process_refuse_still_refuses_a_tree_the_resource_manager_clears() {
+    let pids = [3661, 3662];
+    let mut d = dump_with("ipc-multi", config(&[("CRIU_CUDA_MIGRATE_MULTI_PROCESS", "refuse")]), &pids, 1);
+    tree(&d, &pids);
+    for p in pids {
+        assert!(done(&d.pause(p)));
+    }
+    assert!(matches!(process_failure(d.checkpoint(3661)), ProcessFailure::SeveralProcessesRefused(_)));
+    d.finish(1);
+    assert_eq!(d.states(&pids), vec![Running; 2]);
 }

@@ -64,6 +64,9 @@ pub enum EngineError {
          resume the container (`ctr task resume`, `podman unpause`) and checkpoint again"
     )]
     FrozenCgroup { pid: ccm_identity::HostPid, path: String, why: String },
+    /// The tree holds a CUDA IPC importer and `CRIU_CUDA_MIGRATE_IPC=refuse` (the default).
+    #[error("{}", sharing::importer_refusal(.0))]
+    IpcImporters(Vec<sharing::Importer>),
 }
 
 /// Why one CUDA process's checkpoint or restore failed.
@@ -95,4 +98,7 @@ pub enum ProcessFailure {
     /// `CRIU_CUDA_MIGRATE_MULTI_PROCESS=refuse` and the dump holds several CUDA processes.
     #[error("{}", sharing::several_processes_refusal(.0))]
     SeveralProcessesRefused(Vec<ccm_identity::HostPid>),
+    /// A CUDA process of the dump imports another's device memory (`CRIU_CUDA_MIGRATE_IPC=refuse`).
+    #[error("{}", sharing::importer_refusal(.0))]
+    IpcImportersRefused(Vec<sharing::Importer>),
 }

@@ -15,6 +15,7 @@ use ccm_driver::abi::CudaCode;
 use ccm_driver::checkpoint::ProcessState;
 use ccm_driver::cuda::CudaError;
 use ccm_driver::nvml::GpuMemory;
+use ccm_driver::rm::{GpuPidMemory, PidMemory, PidMemoryReport, RmStatus, VideoMemory};
 use ccm_identity::image::{PciSite, ProcessEnv};
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, PciAddress, PciSignature};
 use ccm_process::container::{ForeignDev, NodeEditError, RuntimeSpec};
@@ -100,6 +101,12 @@ pub struct AgentScript {
     pub exit_without_waiting: bool,
     /// The pairs each restore was given.
     pub restore_pairs: BTreeMap<u32, Vec<(GpuUuid, GpuUuid)>>,
+    /// Memory each pid imported from another process on GPU 0, as the resource manager reports it (bytes).
+    pub imported: BTreeMap<u32, u64>,
+    /// The resource manager cannot be asked: the agent's answer.
+    pub rm_error: Option<AgentError>,
+    /// The pids of each resource manager query, in order.
+    pub rm_queries: Vec<Vec<u32>>,
 }
 
 /// One agent on the node's driver: agents started one after the other share the driver's state
@@ -263,6 +270,36 @@ impl DriverAgent for FakeAgent {
     }
     fn uuid_at_pci(&self, pci: PciAddress) -> Result<Option<GpuUuid>, AgentError> {
         Ok(self.script().gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid))
+    }
+    fn video_memory(&self, pids: &[HostPid], _deadline: Duration) -> Result<PidMemoryReport, AgentError> {
+        let mut s = self.script();
+        s.calls.push("video_memory".into());
+        s.rm_queries.push(pids.iter().map(|p| p.get()).collect());
+        if let Some(e) = s.rm_error.clone() {
+            return Err(e);
+        }
+        let gpus = s
+            .gpus
+            .iter()
+            .enumerate()
+            .map(|(i, g)| GpuPidMemory {
+                pci: g.pci,
+                minor: g.minor,
+                pids: pids
+                    .iter()
+                    .map(|p| PidMemory {
+                        pid: p.get(),
+                        status: RmStatus::OK,
+                        memory: VideoMemory {
+                            private: 0,
+                            shared_owned: if s.cuda.contains_key(&p.get()) { 512 << 20 } else { 0 },
+                            shared_duped: if i == 0 { s.imported.get(&p.get()).copied().unwrap_or(0) } else { 0 },
+                        },
+                    })
+                    .collect(),
+            })
+            .collect();
+        Ok(PidMemoryReport { driver_version: "580.159.04".into(), gpus, seconds: 0.001 })
     }
     fn device_memory(&self) -> Result<Vec<GpuMemory>, AgentError> {
         let s = self.script();

@@ -37,7 +37,7 @@ mod restore_tests;
 #[cfg(test)]
 mod seam_tests;
 
-pub use config::{Config, LeaveRunning, MultiProcess, Strictness};
+pub use config::{Config, IpcImporters, LeaveRunning, MultiProcess, Strictness};
 pub use error::{EngineError, ProcessFailure};
 pub use host::{CriuHost, NoCriu};
 

@@ -14,6 +14,7 @@ use std::time::Duration;
 use ccm_agent::{Agent, AgentError, CuInitInfo, DriverInfo, Lost, NodeInfo, WarmUp};
 use ccm_driver::checkpoint::ProcessState;
 use ccm_driver::nvml::GpuMemory;
+use ccm_driver::rm::PidMemoryReport;
 use ccm_identity::image::ProcessEnv;
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, PciAddress, PciSignature};
 use ccm_process::container::{ForeignDev, NodeEditError, RuntimeSpec};
@@ -117,6 +118,9 @@ pub trait DriverAgent: Send + Sync {
     fn unlock(&self, pid: HostPid) -> Result<(), AgentError>;
     fn uuid_at_pci(&self, pci: PciAddress) -> Result<Option<GpuUuid>, AgentError>;
     fn device_memory(&self) -> Result<Vec<GpuMemory>, AgentError>;
+    /// What each of `pids` holds on every GPU by the kernel driver's resource manager (CUDA IPC imports
+    /// included), answered within `deadline`.
+    fn video_memory(&self, pids: &[HostPid], deadline: Duration) -> Result<PidMemoryReport, AgentError>;
     /// Why the agent is no longer usable, once it is not.
     fn lost(&self) -> Option<Lost>;
     /// Lets the agent end by itself once told to exit.
@@ -299,6 +303,9 @@ impl DriverAgent for Agent {
     }
     fn device_memory(&self) -> Result<Vec<GpuMemory>, AgentError> {
         Agent::device_memory(self)
+    }
+    fn video_memory(&self, pids: &[HostPid], deadline: Duration) -> Result<PidMemoryReport, AgentError> {
+        Agent::video_memory(self, pids, deadline)
     }
     fn lost(&self) -> Option<Lost> {
         Agent::lost(self)

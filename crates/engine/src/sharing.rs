@@ -1,56 +1,184 @@
-//! What the plugin can and cannot know about CUDA processes that share device memory, and what it
-//! says about it.
+//! CUDA processes that share device memory: what the kernel driver shows of it, what the plugin
+//! decides, and what it says.
 //!
-//! Measured on driver 580.159.04 (`tests/gpu/ipc-probe.sh`, docs/GPU-TESTING.md): a process that has another
-//! process's device memory open, through legacy CUDA IPC (`cudaIpcOpenMemHandle`: torch.multiprocessing CUDA
-//! tensors, vLLM/SGLang custom all-reduce) or a cuMem POSIX-fd handle (`cuMemImportFromShareableHandle`: NCCL's
-//! P2P transport), locks and checkpoints without an error, but its restore fails (`CUDA_ERROR_INVALID_VALUE`
-//! for legacy IPC, `CUDA_ERROR_NOT_SUPPORTED` for cuMem), in place too and in either order, and a retry answers
-//! `CUDA_ERROR_OPERATING_SYSTEM`: the process stays CHECKPOINTED for good. The exporter restores fine.
-//! Nothing outside the importer shows the sharing: its fds, their fdinfo, its mappings and NVML's view are
-//! those of a process that shares nothing (the cuMem fd is a `/dev/nvidiactl` fd that the importer closes
-//! after the import), and libcuda keeps no copy of the IPC handle in its heap. So no dump can be refused for
-//! it with certainty: the plugin warns on every dump of more than one CUDA process, refuses such dumps
-//! before any checkpoint when told to (`CRIU_CUDA_MIGRATE_MULTI_PROCESS=refuse`), and names IPC as the
-//! likely cause where a restore then fails the way an importer's does.
+//! Measured on driver 580.159.04 (`tests/gpu/ipc-probe.sh`, `tests/gpu/ipc-criu.sh`, docs/GPU-TESTING.md): a
+//! process that has another process's device memory open, through legacy CUDA IPC (`cudaIpcOpenMemHandle`:
+//! torch.multiprocessing CUDA tensors, vLLM/SGLang custom all-reduce) or a cuMem POSIX-fd handle
+//! (`cuMemImportFromShareableHandle`: NCCL's P2P transport), locks and checkpoints without an error, but its
+//! restore fails (`CUDA_ERROR_INVALID_VALUE` for legacy IPC, `CUDA_ERROR_NOT_SUPPORTED` for cuMem), in place too
+//! and in either order, and a retry answers `CUDA_ERROR_OPERATING_SYSTEM`: the process stays CHECKPOINTED for
+//! good. The exporter restores fine. So a checkpoint of an importer loses the job.
+//!
+//! The process's fds, mappings and NVML's view look like those of a process that shares nothing, but the kernel
+//! driver's resource manager does not (GPU-FACTS.md, "The resource manager sees CUDA IPC importers"): it keeps,
+//! per process and GPU, the memory the process dup'd from another process's allocation, which is exactly what an
+//! import is; no single process showed any (plain, exporters, managed memory, torch's caching allocator and
+//! expandable segments, a one-rank NCCL communicator, a CUDA graph). `ccm_driver::rm` asks it from the driver
+//! agent; [`importers_in`] reads the answer, and the dump refuses a tree with an importer before any checkpoint
+//! (`CRIU_CUDA_MIGRATE_IPC=refuse`, the default), names every importer, and says how to get out. When the
+//! resource manager cannot be asked, the dump goes on as before, with a warning for a tree of several CUDA
+//! processes that says why the check could not run.
 //!
 //! No I/O here: texts and rules, unit-tested.
 
 use ccm_driver::abi::CudaCode;
-use ccm_identity::HostPid;
-use ccm_settings::MULTI_PROCESS;
+use ccm_driver::rm::{PidMemoryReport, RmStatus};
+use ccm_identity::{GpuUuid, HostPid, PciAddress};
+use ccm_settings::{IPC, MULTI_PROCESS};
 
 /// The ways of sharing device memory users meet, for the lines below.
 const IPC_KINDS: &str = "CUDA IPC (cudaIpcOpenMemHandle, or cuMemImportFromShareableHandle: torch.multiprocessing \
                          CUDA tensors, vLLM/SGLang custom all-reduce, NCCL's P2P transport between ranks of one node)";
 
 /// The ways out, for every line that names IPC.
-const IPC_WAYS_OUT: &str = "tear the IPC down before the checkpoint, or use driver r610 or newer, which checkpoints \
-                            CUDA IPC for jobs started with `cuda-checkpoint --launch-job`";
+const IPC_WAYS_OUT: &str = "release the IPC before the checkpoint (drop the torch.multiprocessing CUDA tensors a \
+                            process received, destroy NCCL communicators or suspend them with ncclCommSuspend, turn \
+                            custom all-reduce off, e.g. vLLM's --disable-custom-all-reduce), or use a driver with \
+                            job checkpointing (r610 or newer, jobs started with `cuda-checkpoint --launch-job`)";
 
 fn pid_list(pids: &[HostPid]) -> String {
     pids.iter().map(|p| p.to_string()).collect::<Vec<_>>().join(", ")
 }
 
-/// The warning of a dump of several CUDA processes (`multi-process warn`, the default).
-pub fn several_processes_warning(pids: &[HostPid]) -> String {
+/// Mebibytes, never 0 for memory that is there.
+fn mib(bytes: u64) -> u64 {
+    bytes.div_ceil(1 << 20)
+}
+
+/// A process the resource manager reports holding device memory dup'd from another process's allocation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Importer {
+    pub pid: HostPid,
+    pub gpu: PciAddress,
+    /// The GPU's UUID, where the node's GPU list names the PCI location.
+    pub gpu_uuid: Option<GpuUuid>,
+    /// The imported memory (RM's `memSharedDuped`).
+    pub imported_bytes: u64,
+}
+
+impl std::fmt::Display for Importer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "pid {} has {} MiB of another process's device memory open on GPU {}",
+            self.pid,
+            mib(self.imported_bytes),
+            self.gpu
+        )?;
+        if let Some(u) = self.gpu_uuid {
+            write!(f, " ({u})")?;
+        }
+        Ok(())
+    }
+}
+
+/// What the resource manager said of the processes it was asked about.
+#[derive(Debug, Clone, PartialEq)]
+pub struct SharingFacts {
+    /// Every process with imported memory, one entry per GPU it imported on.
+    pub importers: Vec<Importer>,
+    /// Processes the RM gave no answer for on a GPU (its status), which the check could not clear.
+    pub unanswered: Vec<(HostPid, PciAddress, RmStatus)>,
+    /// How many processes were asked about.
+    pub asked: usize,
+    pub seconds: f64,
+}
+
+/// The importers among the report's answers; `uuid_of` names a GPU by its PCI location.
+pub fn importers_in(report: &PidMemoryReport, uuid_of: impl Fn(PciAddress) -> Option<GpuUuid>) -> SharingFacts {
+    let mut importers = Vec::new();
+    let mut unanswered = Vec::new();
+    let mut asked = std::collections::BTreeSet::new();
+    for gpu in &report.gpus {
+        for p in &gpu.pids {
+            let Some(pid) = HostPid::new(p.pid.into()) else { continue };
+            asked.insert(pid);
+            if p.status != RmStatus::OK {
+                unanswered.push((pid, gpu.pci, p.status));
+            } else if p.memory.shared_duped > 0 {
+                importers.push(Importer {
+                    pid,
+                    gpu: gpu.pci,
+                    gpu_uuid: uuid_of(gpu.pci),
+                    imported_bytes: p.memory.shared_duped,
+                });
+            }
+        }
+    }
+    SharingFacts { importers, unanswered, asked: asked.len(), seconds: report.seconds }
+}
+
+/// The importers' pids, each once, in order.
+pub fn importer_pids(importers: &[Importer]) -> Vec<HostPid> {
+    let mut pids: Vec<HostPid> = importers.iter().map(|i| i.pid).collect();
+    pids.sort();
+    pids.dedup();
+    pids
+}
+
+fn importer_list(importers: &[Importer]) -> String {
+    importers.iter().map(|i| i.to_string()).collect::<Vec<_>>().join("; ")
+}
+
+/// Why a dump holding an importer is refused (`ipc refuse`, the default).
+pub fn importer_refusal(importers: &[Importer]) -> String {
     format!(
-        "this dump holds {} CUDA processes (pids {}). If one of them has another's device memory open through {IPC_KINDS}, \
-         driver 580 checkpoints it but cannot restore it, not even in place, and that job is lost; nothing visible from \
-         outside a process shows such sharing, so this dump goes on. If they share device memory: {IPC_WAYS_OUT}; \
-         set {}=refuse to have dumps of several CUDA processes refused before any checkpoint",
+        "refused before any checkpoint: {} (a CUDA IPC import, as the kernel driver's resource manager reports it). \
+         Driver 580 checkpoints such a process but cannot restore it, not even in place, so this dump would lose the \
+         job. Nothing was checkpointed; every process of the tree is unlocked and runs on with its data. To \
+         checkpoint it: {IPC_WAYS_OUT}. {}=allow dumps it anyway (its restore will fail on driver 580)",
+        importer_list(importers),
+        IPC.env
+    )
+}
+
+/// The warning of a dump that holds an importer and was told to go on (`ipc allow`).
+pub fn importers_allowed_warning(importers: &[Importer]) -> String {
+    format!(
+        "{}=allow: dumping although {} (a CUDA IPC import). Driver 580 cannot restore such a process, not even in \
+         place: unless this driver can, the restore of these images will fail and the job is lost",
+        IPC.env,
+        importer_list(importers)
+    )
+}
+
+/// The line of a dump the resource manager cleared.
+pub fn no_importer_line(cuda_pids: &[HostPid], facts: &SharingFacts) -> String {
+    format!(
+        "the kernel driver's resource manager reports no device memory imported from another process by the {} CUDA \
+         process(es) of this dump (pids {}; {} process(es) of the tree asked, {:.1} ms)",
+        cuda_pids.len(),
+        pid_list(cuda_pids),
+        facts.asked,
+        facts.seconds * 1e3
+    )
+}
+
+/// The warning of a dump of several CUDA processes whose importer check could not run (`why`).
+pub fn unchecked_processes_warning(pids: &[HostPid], why: &str) -> String {
+    format!(
+        "this dump holds {} CUDA processes (pids {}), and the importer check could not run ({why}). If one of them \
+         has another's device memory open through {IPC_KINDS}, driver 580 checkpoints it but cannot restore it, not \
+         even in place, and that job is lost; this dump goes on unchecked. If they share device memory: \
+         {IPC_WAYS_OUT}; set {}=refuse to have dumps of several CUDA processes refused before any checkpoint",
         pids.len(),
         pid_list(pids),
         MULTI_PROCESS.env
     )
 }
 
+/// Why the check could not clear some processes: those the RM gave no answer for.
+pub fn unanswered_text(unanswered: &[(HostPid, PciAddress, RmStatus)]) -> String {
+    let each: Vec<String> = unanswered.iter().map(|(p, g, s)| format!("pid {p} on GPU {g}: {s}")).collect();
+    format!("the resource manager gave no answer for {}", each.join("; "))
+}
+
 /// Why a dump of several CUDA processes was refused (`multi-process refuse`).
 pub fn several_processes_refusal(pids: &[HostPid]) -> String {
     format!(
-        "refused before any checkpoint ({}=refuse): this dump holds {} CUDA processes (pids {}), and driver 580 \
-         cannot restore one that has another's device memory open through {IPC_KINDS}. Every process is unlocked \
-         and runs on. If they share no device memory, dump with {}=warn; if they do, {IPC_WAYS_OUT}",
+        "refused before any checkpoint ({}=refuse): this dump holds {} CUDA processes (pids {}), and such dumps are \
+         refused whatever the importer check finds. Every process is unlocked and runs on. To dump them, set {}=warn \
+         (the default: a tree is refused only when the kernel driver reports a CUDA IPC importer in it)",
         MULTI_PROCESS.env,
         pids.len(),
         pid_list(pids),
@@ -133,10 +261,102 @@ mod tests {
         n.iter().map(|&p| HostPid::new(p.into()).unwrap()).collect()
     }
 
+    fn report(entries: &[(u32, u32, u64, u32)]) -> PidMemoryReport {
+        // (gpu bus, pid, duped bytes, status)
+        let mut gpus: Vec<ccm_driver::rm::GpuPidMemory> = Vec::new();
+        for &(bus, pid, duped, status) in entries {
+            let pci = PciAddress { domain: 0, bus, device: 0, function: 0 };
+            if !gpus.iter().any(|g| g.pci == pci) {
+                gpus.push(ccm_driver::rm::GpuPidMemory { pci, minor: bus, pids: Vec::new() });
+            }
+            let g = gpus.iter_mut().find(|g| g.pci == pci).unwrap();
+            g.pids.push(ccm_driver::rm::PidMemory {
+                pid,
+                status: RmStatus(status),
+                memory: ccm_driver::rm::VideoMemory { private: 0, shared_owned: 582 << 20, shared_duped: duped },
+            });
+        }
+        PidMemoryReport { driver_version: "580.159.04".into(), gpus, seconds: 0.0012 }
+    }
+
     #[test]
-    fn the_warning_and_the_refusal_name_every_pid_the_risk_and_the_way_out() {
-        let w = several_processes_warning(&pids(&[41, 42]));
-        for needle in ["2 CUDA processes", "pids 41, 42", "cudaIpcOpenMemHandle", "cannot restore", "=refuse", "r610"] {
+    fn importers_are_the_processes_with_duped_memory_on_any_gpu() {
+        let r = report(&[
+            (6, 41, 0, 0),
+            (6, 42, 64 << 20, 0),
+            (7, 41, 0, 0),
+            (7, 42, 0, 0),
+            (7, 43, 4 << 20, 0),
+            (7, 44, 0, 0x5e),
+        ]);
+        let uuid: GpuUuid = "GPU-00000006-0000-0000-0000-000000000000".parse().unwrap();
+        let f = importers_in(&r, |pci| (pci.bus == 6).then_some(uuid));
+        assert_eq!(f.asked, 4);
+        assert_eq!(importer_pids(&f.importers), pids(&[42, 43]));
+        assert_eq!(f.importers[0].imported_bytes, 64 << 20);
+        assert_eq!(f.importers[0].gpu_uuid, Some(uuid));
+        assert_eq!(f.importers[1].gpu_uuid, None);
+        assert_eq!(f.unanswered.len(), 1);
+        assert!(unanswered_text(&f.unanswered).contains("pid 44 on GPU 0000:07:00.0: NV_ERR_PID_NOT_FOUND"));
+        let none = importers_in(&report(&[(6, 41, 0, 0), (6, 42, 0, 0)]), |_| None);
+        assert!(none.importers.is_empty() && none.unanswered.is_empty());
+        let line = no_importer_line(&pids(&[41, 42]), &none);
+        assert!(
+            line.contains("no device memory imported") && line.contains("pids 41, 42") && line.contains("1.2 ms"),
+            "{line}"
+        );
+    }
+
+    #[test]
+    fn the_refusal_names_each_importer_its_gpu_and_size_why_and_the_ways_out() {
+        let imp = vec![
+            Importer {
+                pid: pids(&[42])[0],
+                gpu: PciAddress { domain: 0, bus: 6, device: 0, function: 0 },
+                gpu_uuid: None,
+                imported_bytes: 64 << 20,
+            },
+            Importer {
+                pid: pids(&[43])[0],
+                gpu: PciAddress { domain: 0, bus: 7, device: 0, function: 0 },
+                gpu_uuid: None,
+                imported_bytes: 1,
+            },
+        ];
+        let r = importer_refusal(&imp);
+        for needle in [
+            "refused before any checkpoint",
+            "pid 42 has 64 MiB of another process's device memory open on GPU 0000:06:00.0",
+            "pid 43 has 1 MiB",
+            "cannot restore it, not even in place",
+            "Nothing was checkpointed",
+            "runs on",
+            "torch.multiprocessing",
+            "ncclCommSuspend",
+            "custom all-reduce",
+            "r610",
+            "--launch-job",
+            "CRIU_CUDA_MIGRATE_IPC=allow",
+        ] {
+            assert!(r.contains(needle), "{needle}: {r}");
+        }
+        let w = importers_allowed_warning(&imp);
+        assert!(w.contains("CRIU_CUDA_MIGRATE_IPC=allow") && w.contains("pid 42") && w.contains("will fail"), "{w}");
+    }
+
+    #[test]
+    fn the_unchecked_warning_and_the_multi_process_refusal_say_what_happened() {
+        let w = unchecked_processes_warning(&pids(&[41, 42]), "/dev/nvidiactl cannot be opened");
+        for needle in [
+            "2 CUDA processes",
+            "pids 41, 42",
+            "could not run (/dev/nvidiactl cannot be opened)",
+            "cudaIpcOpenMemHandle",
+            "cannot restore",
+            "unchecked",
+            "=refuse",
+            "r610",
+        ] {
             assert!(w.contains(needle), "{needle}: {w}");
         }
         let r = several_processes_refusal(&pids(&[7, 8, 9]));

@@ -77,12 +77,20 @@ pub const LEAVE_RUNNING: Setting = Setting {
     help: "1: the dump leaves the tree running; 0: the dump ends it",
 };
 
+pub const IPC: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_IPC",
+    option: "ipc",
+    at: "dump",
+    default: "refuse",
+    help: "refuse: a dump whose tree holds a CUDA IPC importer (a process with another process's device memory open, as the kernel driver's resource manager reports it) fails before any checkpoint, every process running on, because driver 580 cannot restore such a process; allow: dump it anyway (its restore will fail)",
+};
+
 pub const MULTI_PROCESS: Setting = Setting {
     env: "CRIU_CUDA_MIGRATE_MULTI_PROCESS",
     option: "multi-process",
     at: "dump",
     default: "warn",
-    help: "refuse: a dump of more than one CUDA process fails before any checkpoint, every process running on (driver 580 cannot restore a process that opened another's device memory through CUDA IPC, and nothing outside it shows that); warn: dump them and say so",
+    help: "refuse: every dump of more than one CUDA process fails before any checkpoint, every process running on, whatever the importer check says; warn: dump them (warning only when the importer check cannot run)",
 };
 
 pub const DRIVER_TIMEOUT: Setting = Setting {
@@ -118,13 +126,14 @@ pub const LIBNVML: Setting = Setting {
 };
 
 /// All of them, in the order of the documentation tables.
-pub const ALL: [Setting; 11] = [
+pub const ALL: [Setting; 12] = [
     DEVICE_MAP,
     USABLE_GPUS,
     MODE,
     RECONCILE,
     MEMORY_CHECK,
     LEAVE_RUNNING,
+    IPC,
     MULTI_PROCESS,
     DRIVER_TIMEOUT,
     DISABLE,

@@ -101,14 +101,35 @@ pub fn parse_leave_running(text: &str) -> Result<bool, ValueError> {
     })
 }
 
-/// What a dump of more than one CUDA process does (`CRIU_CUDA_MIGRATE_MULTI_PROCESS`). Driver 580 checkpoints a
-/// process that has another process's device memory open through CUDA IPC (`cudaIpcOpenMemHandle`,
-/// `cuMemImportFromShareableHandle`), but cannot restore it, in place or anywhere else; and nothing outside the
-/// process tells such a process from one that shares nothing (measured: docs/GPU-TESTING.md, issue 29). So the
-/// plugin cannot know; the user can.
+/// What a dump does with a CUDA IPC importer (`CRIU_CUDA_MIGRATE_IPC`): a process that has another process's
+/// device memory open (`cudaIpcOpenMemHandle`, `cuMemImportFromShareableHandle`), which the kernel driver's resource
+/// manager reports as memory it dup'd. Driver 580 checkpoints such a process but cannot restore it, in place or
+/// anywhere else (measured: docs/GPU-TESTING.md), so its dump loses the job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum IpcImporters {
+    /// Refuse the dump before any checkpoint, every process unlocked and running on (the default).
+    Refuse,
+    /// Dump it anyway, with a warning that its restore will fail (for a driver that can restore importers).
+    Allow,
+}
+
+/// `refuse` or `allow`.
+pub fn parse_ipc(text: &str) -> Result<IpcImporters, ValueError> {
+    match text.trim() {
+        "refuse" => Ok(IpcImporters::Refuse),
+        "allow" => Ok(IpcImporters::Allow),
+        _ => Err(expected(
+            "`refuse` (fail a dump holding a CUDA IPC importer before any checkpoint) or `allow` (dump it anyway; \
+             driver 580 cannot restore it)",
+        )),
+    }
+}
+
+/// What a dump of more than one CUDA process does (`CRIU_CUDA_MIGRATE_MULTI_PROCESS`), whatever the importer check
+/// ([`IpcImporters`]) finds: for those who want every multi-process dump refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MultiProcess {
-    /// Dump them, with a warning that names the risk (the default: most multi-process trees share nothing).
+    /// Dump them (the default); a warning names the IPC risk only when the importer check cannot run.
     Warn,
     /// Refuse before any checkpoint: every process is unlocked and runs on.
     Refuse,
@@ -120,8 +141,8 @@ pub fn parse_multi_process(text: &str) -> Result<MultiProcess, ValueError> {
         "warn" => Ok(MultiProcess::Warn),
         "refuse" => Ok(MultiProcess::Refuse),
         _ => Err(expected(
-            "`warn` (dump several CUDA processes, saying what IPC would do) or `refuse` (fail such a dump before \
-             any checkpoint)",
+            "`warn` (dump several CUDA processes; a warning when the importer check cannot run) or `refuse` (fail \
+             every such dump before any checkpoint)",
         )),
     }
 }
@@ -186,6 +207,9 @@ mod tests {
         assert_eq!(parse_mode("loose").unwrap_err().expected, "strict or permissive");
         assert!(parse_mode("").is_err() && parse_mode("Strict").is_err());
         assert_eq!(parse_multi_process("refuse"), Ok(MultiProcess::Refuse));
+        assert_eq!(parse_ipc(" refuse"), Ok(IpcImporters::Refuse));
+        assert_eq!(parse_ipc("allow"), Ok(IpcImporters::Allow));
+        assert!(parse_ipc("warn").unwrap_err().expected.contains("`allow`"));
         assert!(parse_multi_process("sometimes").unwrap_err().expected.contains("`refuse`"));
         assert_eq!(parse_timeout(" 90 "), Ok(Duration::from_secs(90)));
         assert_eq!(parse_timeout("86400"), Ok(Duration::from_secs(86_400)));
