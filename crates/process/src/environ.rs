@@ -7,12 +7,21 @@
 //! pointer array, but unchanged strings keep pointing into this block).
 
 use crate::mem::ProcessMemory;
-use crate::procfs::{proc_path, read_text, stat_field};
+use crate::procfs::{proc_path, read_text, stat_field, MAX_SMALL_PROC_FILE};
 use crate::ProcessError;
 
 /// Field numbers (1-based, `proc(5)`) of the environ bounds in `/proc/PID/stat`.
 const STAT_FIELD_ENV_START: usize = 50;
 const STAT_FIELD_ENV_END: usize = 51;
+
+/// The largest environ block read: what `execve` can give a process. Since Linux 4.18 the kernel
+/// takes at most 3/4 of `_STK_LIM` (8 MiB), so 6 MiB, for argv and envp together, strings and
+/// pointers (`fs/exec.c`, `bprm_stack_limits`), whatever the stack rlimit. A larger
+/// `env_start..env_end` was not made by exec: the process set it with `prctl(PR_SET_MM,
+/// PR_SET_MM_MAP)`, which needs no capability and accepts any ordered range of its address space
+/// (a 2 GiB span cost root's CRIU 2.1 GB and 11.6 s; a 1 TiB one aborted it), so it is refused
+/// before any byte is allocated or read.
+pub const MAX_ENVIRON_BYTES: u64 = 6 << 20;
 
 /// A copy of a process's environ block and where it lives in that process.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -68,18 +77,26 @@ fn parse_env_bounds(pid: u32, stat: &str) -> Result<(u64, u64), ProcessError> {
     Ok((start, end))
 }
 
-fn env_bounds(pid: u32) -> Result<(u64, u64), ProcessError> {
-    parse_env_bounds(pid, &read_text(pid, "stat")?)
+/// The length of the block `start..end` (ordered, see [`parse_env_bounds`]) as a buffer size, when
+/// it is no more than [`MAX_ENVIRON_BYTES`]: the size comes from the target, so it is checked
+/// before anything is allocated from it.
+fn checked_environ_len(pid: u32, start: u64, end: u64) -> Result<usize, ProcessError> {
+    let span = end - start;
+    if span > MAX_ENVIRON_BYTES {
+        return Err(ProcessError::EnvironTooLarge { pid, start, end, span, max: MAX_ENVIRON_BYTES });
+    }
+    usize::try_from(span).map_err(|_| ProcessError::EnvironTooLarge { pid, start, end, span, max: MAX_ENVIRON_BYTES })
 }
 
-/// Reads the live environ block of `pid` through `/proc/PID/mem`.
+fn env_bounds(pid: u32) -> Result<(u64, u64), ProcessError> {
+    parse_env_bounds(pid, &read_text(pid, "stat", MAX_SMALL_PROC_FILE)?)
+}
+
+/// Reads the live environ block of `pid` through `/proc/PID/mem`: at most
+/// [`MAX_ENVIRON_BYTES`]; a larger span is [`ProcessError::EnvironTooLarge`], nothing read.
 pub fn read_environ_block(pid: u32) -> Result<EnvBlock, ProcessError> {
     let (start, end) = env_bounds(pid)?;
-    let len = usize::try_from(end - start).map_err(|_| ProcessError::Parse {
-        pid,
-        path: proc_path(pid, "stat"),
-        detail: format!("environ block {start:#x}..{end:#x} is too large"),
-    })?;
+    let len = checked_environ_len(pid, start, end)?;
     let mem = ProcessMemory::open_read_only(pid)?;
     let mut bytes = vec![0u8; len];
     mem.read_exact_at(start, &mut bytes)?;
@@ -168,5 +185,17 @@ mod tests {
         let hidden = format!("77 (x) {}\n", fields.join(" "));
         assert!(matches!(parse_env_bounds(77, &hidden), Err(ProcessError::EnvironHidden { pid: 77 })));
         assert!(matches!(parse_env_bounds(77, "77 (x) S 1"), Err(ProcessError::Parse { .. })));
+    }
+
+    #[test]
+    fn a_span_over_what_exec_can_give_is_refused_before_any_allocation() {
+        let start = 0x7ffd_0000_0000;
+        assert_eq!(checked_environ_len(77, start, start + MAX_ENVIRON_BYTES).unwrap(), 6 << 20);
+        for span in [MAX_ENVIRON_BYTES + 1, 2 << 30, 1 << 40] {
+            let e = checked_environ_len(77, start, start + span).unwrap_err();
+            assert!(matches!(e, ProcessError::EnvironTooLarge { pid: 77, span: s, .. } if s == span), "{e:?}");
+            let m = e.to_string();
+            assert!(m.contains("PR_SET_MM") && m.contains("not read") && m.contains("6291456"), "{m}");
+        }
     }
 }

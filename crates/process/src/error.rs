@@ -46,6 +46,12 @@ pub enum ProcessError {
     )]
     Short { pid: u32, action: &'static str, addr: u64, wanted: usize, done: usize },
 
+    #[error(
+        "{path} of process {pid} is larger than {limit} bytes, more than criu-cuda-migrate reads of it: the process \
+         made it so (tens of thousands of mappings under long file names, say); it is not read"
+    )]
+    ProcFileTooLarge { pid: u32, path: PathBuf, limit: u64 },
+
     #[error("cannot parse {path} of process {pid}: {detail}; this kernel's format is not supported")]
     Parse { pid: u32, path: PathBuf, detail: String },
 
@@ -54,6 +60,13 @@ pub enum ProcessError {
          run as root with CAP_SYS_PTRACE over it; a kernel thread has no environ"
     )]
     EnvironHidden { pid: u32 },
+
+    #[error(
+        "process {pid} reports an environ block of {span} bytes ({start:#x}..{end:#x}, env_start..env_end in \
+         /proc/{pid}/stat), more than the {max} bytes exec can give a process: the process set that range itself \
+         (prctl PR_SET_MM), so it is not read and its environment is taken as unknown"
+    )]
+    EnvironTooLarge { pid: u32, start: u64, end: u64, span: u64, max: u64 },
 
     #[error(
         "environ edit at offset {offset} ({len} bytes) of process {pid} is outside its environ block \

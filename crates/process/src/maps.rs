@@ -123,7 +123,7 @@ fn parse_line(line: &str) -> Option<Mapping> {
 
 /// Reads and parses `/proc/PID/maps`.
 pub fn read_maps(pid: u32) -> Result<Vec<Mapping>, ProcessError> {
-    Ok(parse_maps(&procfs::read_text(pid, "maps")?))
+    Ok(parse_maps(&procfs::read_text(pid, "maps", procfs::MAX_MAPS_BYTES)?))
 }
 
 /// Kernel pseudo-mappings that are never the process's own data (and some cannot be read

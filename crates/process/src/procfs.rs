@@ -25,10 +25,31 @@ pub(crate) fn io_error(pid: u32, action: &'static str, path: &Path, err: io::Err
     }
 }
 
-/// Reads a `/proc/<pid>/...` text file (lossily: `maps` paths need not be UTF-8).
-pub(crate) fn read_text(pid: u32, rest: &str) -> Result<String, ProcessError> {
+/// The most read of a small `/proc/PID` file (`stat`, `status`, `comm`): the kernel writes a few
+/// KiB; `status`'s `Groups:` line is the longest part, at most 65536 groups (NGROUPS_MAX) of up to
+/// 10 digits and a space.
+pub(crate) const MAX_SMALL_PROC_FILE: u64 = 1 << 20;
+/// The most read of `/proc/PID/maps`. Its size is the process's choice: it can map one file
+/// 65530 times (`vm.max_map_count`) under a name of 4095 bytes, about 270 MB of text (and as much
+/// again parsed); a real process, a PyTorch job included, has a few thousand lines of about 100
+/// bytes, and even a `vm.max_map_count` of 262144 of such lines is 26 MB.
+pub(crate) const MAX_MAPS_BYTES: u64 = 64 << 20;
+/// The most read of `/proc/PID/task/TID/children`: pids of up to 8 characters and a space, so
+/// about half a million children of one thread.
+pub(crate) const MAX_CHILDREN_BYTES: u64 = 4 << 20;
+
+/// Reads a `/proc/<pid>/...` text file (lossily: `maps` paths need not be UTF-8), at most `limit`
+/// bytes: the kernel makes these files as large as the process's state is, which the process
+/// controls, so a larger one is refused ([`ProcessError::ProcFileTooLarge`]), not read whole.
+pub(crate) fn read_text(pid: u32, rest: &str, limit: u64) -> Result<String, ProcessError> {
+    use std::io::Read;
     let path = proc_path(pid, rest);
-    let bytes = std::fs::read(&path).map_err(|e| io_error(pid, "reading", &path, e))?;
+    let file = std::fs::File::open(&path).map_err(|e| io_error(pid, "reading", &path, e))?;
+    let mut bytes = Vec::new();
+    file.take(limit.saturating_add(1)).read_to_end(&mut bytes).map_err(|e| io_error(pid, "reading", &path, e))?;
+    if u64::try_from(bytes.len()).map_or(true, |n| n > limit) {
+        return Err(ProcessError::ProcFileTooLarge { pid, path, limit });
+    }
     Ok(String::from_utf8_lossy(&bytes).into_owned())
 }
 
@@ -50,6 +71,18 @@ pub(crate) fn stat_field(stat: &str, number: usize) -> Option<&str> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_proc_file_over_its_limit_is_refused() {
+        let me = std::process::id();
+        assert!(read_text(me, "stat", MAX_SMALL_PROC_FILE).unwrap().starts_with(&format!("{me} (")));
+        match read_text(me, "maps", 64) {
+            Err(e @ ProcessError::ProcFileTooLarge { limit: 64, .. }) => {
+                assert!(e.to_string().contains(&format!("/proc/{me}/maps")), "{e}");
+            }
+            other => panic!("{other:?}"),
+        }
+    }
 
     #[test]
     fn stat_fields_survive_odd_comm() {

@@ -1,6 +1,6 @@
 //! Pids, threads and the process tree, from `/proc`.
 
-use crate::procfs::{io_error, proc_path, read_text, stat_field};
+use crate::procfs::{io_error, proc_path, read_text, stat_field, MAX_CHILDREN_BYTES, MAX_SMALL_PROC_FILE};
 use crate::ProcessError;
 use std::collections::{BTreeSet, VecDeque};
 
@@ -21,7 +21,7 @@ pub fn effective_uid() -> u32 {
 /// On a kernel without `NSpid` (before 4.1) there are no nested views to report, so `pid` itself
 /// is returned.
 pub fn ns_pid(pid: u32) -> Result<u32, ProcessError> {
-    let status = read_text(pid, "status")?;
+    let status = read_text(pid, "status", MAX_SMALL_PROC_FILE)?;
     if !status.lines().any(|l| l.starts_with("NSpid:")) {
         return Ok(pid);
     }
@@ -65,7 +65,7 @@ pub fn children_recursive(root: u32) -> Vec<u32> {
     while let Some(pid) = queue.pop_front() {
         order.push(pid);
         for tid in threads(pid) {
-            let Ok(text) = read_text(pid, &format!("task/{tid}/children")) else {
+            let Ok(text) = read_text(pid, &format!("task/{tid}/children"), MAX_CHILDREN_BYTES) else {
                 continue;
             };
             for child in parse_children(&text) {
@@ -80,7 +80,7 @@ pub fn children_recursive(root: u32) -> Vec<u32> {
 
 /// The state letter of `/proc/PID/stat` (`R`, `S`, `T` stopped, `t` traced, `Z` zombie...).
 pub fn state_letter(pid: u32) -> Option<char> {
-    let stat = read_text(pid, "stat").ok()?;
+    let stat = read_text(pid, "stat", MAX_SMALL_PROC_FILE).ok()?;
     stat_field(&stat, 3)?.chars().next()
 }
 
@@ -113,9 +113,10 @@ fn parse_tracer_pid(status: &str) -> Option<u32> {
 
 /// Who traces `pid` now, if anyone (`None`: not traced).
 pub fn tracer(pid: u32) -> Result<Option<Tracer>, ProcessError> {
-    let status = read_text(pid, "status")?;
+    let status = read_text(pid, "status", MAX_SMALL_PROC_FILE)?;
     let Some(t) = parse_tracer_pid(&status).filter(|t| *t != 0) else { return Ok(None) };
-    let comm = read_text(t, "comm").map(|c| c.trim_end_matches('\n').to_string()).unwrap_or_default();
+    let comm =
+        read_text(t, "comm", MAX_SMALL_PROC_FILE).map(|c| c.trim_end_matches('\n').to_string()).unwrap_or_default();
     let exe = std::fs::read_link(proc_path(t, "exe")).ok();
     Ok(Some(Tracer { pid: t, comm, exe }))
 }
@@ -159,7 +160,7 @@ impl ProcessHandle {
 
 /// Whether `pid` exists and is not a zombie (`Z`) or dead (`X`/`x`).
 pub fn is_alive(pid: u32) -> bool {
-    let Ok(stat) = read_text(pid, "stat") else {
+    let Ok(stat) = read_text(pid, "stat", MAX_SMALL_PROC_FILE) else {
         return false;
     };
     !matches!(stat_field(&stat, 3), Some("Z" | "X" | "x") | None)

@@ -25,6 +25,8 @@ pub fn run_child_if_requested() {
         Ok("holder") => holder(),
         Ok("ticker") => ticker(),
         Ok("vforker") => vforker(),
+        Ok("env-span") => env_span(),
+        Ok("many-maps") => many_maps(),
         _ => {}
     }
 }
@@ -161,6 +163,126 @@ fn vforker() -> ! {
     std::process::exit(0)
 }
 
+/// The env span a hostile process sets: `CCM_TEST_ENV_SPAN` bytes ending where its real environ
+/// block ends.
+pub const ENV_SPAN_ENV: &str = "CCM_TEST_ENV_SPAN";
+
+/// `struct prctl_mm_map` of `<linux/prctl.h>` (the libc crate lacks it).
+#[repr(C)]
+struct PrctlMmMap {
+    start_code: u64,
+    end_code: u64,
+    start_data: u64,
+    end_data: u64,
+    start_brk: u64,
+    brk: u64,
+    start_stack: u64,
+    arg_start: u64,
+    arg_end: u64,
+    env_start: u64,
+    env_end: u64,
+    auxv: *mut u64,
+    auxv_size: u32,
+    exe_fd: u32,
+}
+
+/// Becomes an unprivileged user (uid and gid 65534, no supplementary groups, no capability left)
+/// when started as root, then moves its `env_start..env_end` to span `CCM_TEST_ENV_SPAN` bytes
+/// with `prctl(PR_SET_MM, PR_SET_MM_MAP)`, which needs no capability: says `UID n`, `CAPEFF hex`,
+/// `SPAN start end` (or `PRCTL errno`), then waits until stdin closes.
+fn env_span() -> ! {
+    let span: u64 = std::env::var(ENV_SPAN_ENV).expect("env-span needs CCM_TEST_ENV_SPAN").parse().expect("bytes");
+    if rustix::process::geteuid().is_root() {
+        let nobody: libc::uid_t = 65534;
+        // SAFETY: plain system calls on this process's credentials, no memory handed over but an
+        // empty group list; a failure is checked at once.
+        let dropped = unsafe {
+            libc::setgroups(0, std::ptr::null()) == 0 && libc::setgid(nobody) == 0 && libc::setuid(nobody) == 0
+        };
+        assert!(dropped, "dropping root: {}", std::io::Error::last_os_error());
+    }
+    let status = std::fs::read_to_string("/proc/self/status").expect("status");
+    let field = |k: &str| status.lines().find_map(|l| l.strip_prefix(k)).unwrap_or("?").trim().to_string();
+    say(&format!("UID {}", field("Uid:")));
+    say(&format!("CAPEFF {}", field("CapEff:")));
+    let stat = std::fs::read_to_string("/proc/self/stat").expect("stat");
+    let after_comm: Vec<u64> =
+        stat[stat.rfind(')').expect("comm") + 1..].split_whitespace().map(|f| f.parse().unwrap_or(0)).collect();
+    // proc(5) field numbers, from field 3 on.
+    let f = |n: usize| after_comm[n - 3];
+    // SAFETY: brk(0) changes nothing and returns the current program break.
+    let brk = unsafe { libc::syscall(libc::SYS_brk, 0) };
+    let env_end = f(51);
+    let mut map = PrctlMmMap {
+        start_code: f(26),
+        end_code: f(27),
+        start_data: f(45),
+        end_data: f(46),
+        start_brk: f(47),
+        brk: u64::try_from(brk).expect("brk"),
+        start_stack: f(28),
+        arg_start: f(48),
+        arg_end: f(49),
+        env_start: env_end - span,
+        env_end,
+        auxv: std::ptr::null_mut(),
+        auxv_size: 0,
+        exe_fd: u32::MAX,
+    };
+    let size = libc::c_ulong::try_from(std::mem::size_of::<PrctlMmMap>()).expect("size");
+    // SAFETY: PR_SET_MM_MAP reads `size` bytes of the struct, which lives on this stack for the
+    // call; it changes only the reported bounds of this process's own memory areas.
+    let r = unsafe { libc::prctl(libc::PR_SET_MM, libc::PR_SET_MM_MAP, std::ptr::addr_of_mut!(map), size, 0) };
+    if r != 0 {
+        say(&format!("PRCTL {}", std::io::Error::last_os_error()));
+    } else {
+        say(&format!("SPAN {:x} {:x}", map.env_start, map.env_end));
+    }
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+        line.clear();
+    }
+    std::process::exit(0)
+}
+
+/// The file a `many-maps` child maps, and how many times.
+pub const MAPS_FILE_ENV: &str = "CCM_TEST_MAPS_FILE";
+pub const MAPS_COUNT_ENV: &str = "CCM_TEST_MAPS_COUNT";
+
+/// Maps one page of `CCM_TEST_MAPS_FILE` `CCM_TEST_MAPS_COUNT` times (each its own mapping: the
+/// same offset at every address, so the kernel merges none), says `MAPPED n`, then waits until
+/// stdin closes. With a name of 4 KB that is 4 KB of `/proc/PID/maps` a mapping.
+fn many_maps() -> ! {
+    let path = std::env::var(MAPS_FILE_ENV).expect("many-maps needs CCM_TEST_MAPS_FILE");
+    let count: usize = std::env::var(MAPS_COUNT_ENV).expect("count").parse().expect("count");
+    let file = std::fs::File::open(&path).expect("open");
+    let mut mapped = 0;
+    for _ in 0..count {
+        // SAFETY: a new one-page read-only mapping at an address the kernel picks; nothing of this
+        // process is touched and the mapping is never accessed.
+        let addr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                4096,
+                libc::PROT_READ,
+                libc::MAP_PRIVATE,
+                std::os::fd::AsRawFd::as_raw_fd(&file),
+                0,
+            )
+        };
+        if addr == libc::MAP_FAILED {
+            break;
+        }
+        mapped += 1;
+    }
+    say(&format!("MAPPED {mapped}"));
+    let mut line = String::new();
+    while std::io::stdin().read_line(&mut line).map(|n| n > 0).unwrap_or(false) {
+        line.clear();
+    }
+    std::process::exit(0)
+}
+
 /// Whether the test runs as root (the namespace tests need it, and skip loudly without).
 pub fn is_root() -> bool {
     std::fs::read_to_string("/proc/self/status")
@@ -225,6 +347,21 @@ impl TestChild {
             }
             if let Some(rest) = text.strip_prefix(tag).and_then(|r| r.strip_prefix(' ')) {
                 return rest.to_string();
+            }
+        }
+    }
+
+    /// Reads lines until one starts with one of `tags` (then a space or the end); returns the line.
+    pub fn expect_any(&mut self, tags: &[&str]) -> String {
+        let stdout = self.stdout.as_mut().expect("stdout taken");
+        let mut line = String::new();
+        loop {
+            line.clear();
+            let n = stdout.read_line(&mut line).expect("read child stdout");
+            assert!(n > 0, "child closed stdout while waiting for {tags:?}");
+            let text = line.trim_end();
+            if tags.iter().any(|t| text == *t || text.strip_prefix(t).is_some_and(|r| r.starts_with(' '))) {
+                return text.to_string();
             }
         }
     }
