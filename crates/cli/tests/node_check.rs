@@ -308,3 +308,51 @@ fn a_command_others_can_change_is_not_run() {
     assert!(!marker.exists(), "criu in a world-writable directory was run");
     assert!(String::from_utf8_lossy(&out.stderr).contains("not run"), "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// A search directory through `/proc/PID/root` (issue 35 item 6): the check walked the link by its text (`/`),
+/// vouched for the host's file and then ran, by name, the one in PID's mount namespace. Here the stand-in root is
+/// named through such a link, and PID's namespace has another `criu` over the host's: the check must run neither
+/// (a path through a /proc link is refused, named on stderr), and the namespace's file never runs.
+#[test]
+fn a_command_reached_through_a_proc_link_is_not_run() {
+    if !rustix::process::geteuid().is_root() {
+        eprintln!("SKIPPED: a mount namespace of its own needs root");
+        return;
+    }
+    let Some(n) = Node::good() else { return };
+    let marker = n.sim.join("namespace-criu-ran");
+    // The namespace's criu: a tmpfs over usr/sbin, only in the namespace, with a criu that leaves a marker.
+    let sbin = n.root.join("usr/sbin");
+    let script = format!(
+        "mount -t tmpfs -o mode=0755 none '{sbin}' && printf '#!/bin/sh\\ntouch {marker}\\necho Version: 9.9.9\\n' > \
+         '{sbin}/criu' && chmod 0755 '{sbin}/criu' && echo READY && exec sleep 120",
+        sbin = sbin.display(),
+        marker = marker.display()
+    );
+    let mut ns = Command::new("unshare")
+        .args(["--mount", "--propagation", "private", "sh", "-c", &script])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .expect("unshare");
+    let mut ready = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(ns.stdout.take().unwrap()), &mut ready).unwrap();
+    assert_eq!(ready.trim(), "READY", "the namespace was not set up");
+    let via = PathBuf::from(format!("/proc/{}/root{}", ns.id(), n.root.display()));
+    let out = Command::new(cli())
+        .args(["node", "--check", "--root"])
+        .arg(&via)
+        .env("CCM_SIM_CONFIG", n.sim.join("gpus.json"))
+        .env("CCM_SIM_STATE_DIR", n.sim.join("state"))
+        .env("CRIU_CUDA_MIGRATE_LIBCUDA", &n.libcuda)
+        .env("CRIU_CUDA_MIGRATE_LIBNVML", &n.libnvml)
+        .env_remove("CCM_SIM_VISIBLE")
+        .output()
+        .expect("run criu-cuda-migrate");
+    let _ = ns.kill();
+    let _ = ns.wait();
+    let (text, err) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(!marker.exists(), "the other namespace's criu was run after the host's was checked:\n{text}");
+    assert!(!text.contains("9.9.9"), "{text}");
+    assert!(text.contains("criu is not installed"), "{text}");
+    assert!(err.contains("usr/sbin/criu: not run") && err.contains("a link in /proc"), "{err}");
+}

@@ -74,6 +74,26 @@ fn check(st: &Stat, me: u32, what: &str, shown: &Path) -> Result<(), String> {
     Ok(())
 }
 
+/// Whether the link `fd` (an `O_PATH` descriptor) lives in `/proc` (`/proc/self`, `/proc/PID/root`,
+/// `/proc/PID/cwd`, `/proc/PID/fd/N`, `/dev/fd` through `/proc/self/fd`): such a link is refused.
+///
+/// The walk follows a link by its text, as the kernel follows every other link; a `/proc` link is a
+/// "magic" link that the kernel follows to the object it stands for, not to its text:
+/// `/proc/PID/root` reads as `/` but leads into process PID's mount namespace. Walking its text
+/// vouched for the host's file (and a library load mapped that one, not the named one), while
+/// `Command::new` of the name ran the other namespace's file. Two fixes were possible: run the checked descriptor (`/proc/self/fd/N`, `fexecve`),
+/// or refuse such links. Refusing is the robust one: with every link left one whose text is what
+/// the kernel follows, the walk checks exactly the file the name reaches, for every caller (a
+/// library whose loader gets the descriptor, and a command run by name); running the descriptor
+/// would still vouch for a file the path does not name (the host's `criu` reported as the one in
+/// PATH), and it breaks what runs by name: a script's interpreter cannot open a close-on-exec
+/// descriptor, and a multi-call program (`iptables-restore` as `xtables-nft-multi`) reads its
+/// `argv[0]`. A path through `/proc` is no way to name a library or a command; the fix is the real
+/// path.
+fn on_procfs(fd: &OwnedFd) -> rustix::io::Result<bool> {
+    Ok(rustix::fs::fstatfs(fd)?.f_type == rustix::fs::PROC_SUPER_MAGIC)
+}
+
 fn components(path: &str) -> impl Iterator<Item = String> + '_ {
     path.split('/').filter(|c| !c.is_empty() && *c != ".").map(str::to_string)
 }
@@ -120,6 +140,21 @@ pub fn open_library(path: &str) -> Result<Option<TrustedLibrary>, String> {
                 links += 1;
                 if links > MAX_LINKS {
                     return Err(format!("{path} goes through more than {MAX_LINKS} symbolic links"));
+                }
+                match on_procfs(&fd) {
+                    Ok(false) => {}
+                    Ok(true) => {
+                        return Err(format!(
+                            "{path} goes through {}, a link in /proc: the kernel follows /proc's links to what they \
+                             stand for (a process's root, working directory or open files, in its own mount \
+                             namespace), not by their text, so what was checked would not be what runs; name the \
+                             file by its real path",
+                            shown.display()
+                        ))
+                    }
+                    Err(e) => {
+                        return Err(format!("cannot stat the file system of {}: {e}", shown.display()));
+                    }
                 }
                 if !owner_ok(&st, me) {
                     return Err(format!(
@@ -282,6 +317,33 @@ mod tests {
         std::os::unix::fs::chown(f.parent().unwrap(), Some(other), None).unwrap();
         let e = refused(&f);
         assert!(e.contains("the directory") && e.contains("owned by uid 4242"), "{e}");
+    }
+
+    /// `/proc/self/root/...` reads as `/`, `/dev/fd/N` as `/proc/self/fd/N`: the walk took their text,
+    /// and `check_runnable` vouched for a file of the host where the kernel follows the link into
+    /// another mount namespace or an open descriptor (issue 35 item 6). Every way through /proc is
+    /// refused, naming the link.
+    #[test]
+    fn paths_through_proc_links_are_refused() {
+        let (_tmp, f) = scratch();
+        assert!(open_library(f.to_str().unwrap()).unwrap().is_some(), "the real path is fine");
+        let via_root = format!("/proc/self/root{}", f.display());
+        let pid = std::process::id();
+        let via_pid_root = format!("/proc/{pid}/root{}", f.display());
+        let file = std::fs::File::open(&f).unwrap();
+        let via_fd = format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+        let via_dev_fd = format!("/dev/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&file));
+        for (path, link) in [
+            (via_root.as_str(), "/proc/self".to_string()),
+            (via_pid_root.as_str(), format!("/proc/{pid}/root")),
+            (via_fd.as_str(), "/proc/self".to_string()),
+            (via_dev_fd.as_str(), "/proc/self".to_string()),
+        ] {
+            let e = check_runnable(path).expect_err(path);
+            assert!(e.contains(&format!("goes through {link}, a link in /proc")), "{path}: {e}");
+            assert!(e.contains("real path"), "{e}");
+            assert!(open_library(path).is_err(), "{path}");
+        }
     }
 
     #[test]
