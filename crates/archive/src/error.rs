@@ -96,6 +96,17 @@ pub enum ArchiveError {
     )]
     NotRegularMember { archive: String, member: String, kind: &'static str },
 
+    /// A member whose name has a component starting `.wh.`: an OCI whiteout, which containerd's unpack
+    /// (`archive.Apply`, for an image's layer and for a checkpoint archive alike) does not write but takes
+    /// as an order to delete the file it names, so what a restore finds is not what this reader read.
+    #[error(
+        "`{archive}`: member `{member}` is an OCI whiteout (a name starting `.wh.`): containerd's unpack does not \
+         write it but deletes the file it names (`.wh..wh..opq` empties its directory), so a restore would not find \
+         what this tool reads; no checkpoint writer makes one: export the checkpoint again, and build the image \
+         from that archive"
+    )]
+    Whiteout { archive: String, member: String },
+
     /// A member this crate would keep in memory is larger than its cap; refused from its header.
     #[error("`{archive}`: member `{member}` is {}; {what} may be {} at most (refused without reading it)",
         Bytes(*.size), Bytes(*.max))]

@@ -16,7 +16,8 @@ use std::fmt;
 
 use serde::de::{self, DeserializeSeed, MapAccess, SeqAccess, Visitor};
 
-/// The keys of the image format's objects (OCI image spec 1.1, Docker's v2 schema 2).
+/// The keys of the image format's objects (OCI image spec 1.1, Docker's v2 schema 2), and schema 1's `fsLayers`,
+/// which containerd looks for to refuse it.
 const KNOWN_KEYS: &[&str] = &[
     "schemaVersion",
     "mediaType",
@@ -36,6 +37,8 @@ const KNOWN_KEYS: &[&str] = &[
     "os",
     "rootfs",
     "diff_ids",
+    "type",
+    "fsLayers",
 ];
 
 /// Object keys whose values are free-form maps.

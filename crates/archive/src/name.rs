@@ -52,6 +52,11 @@ impl Role {
     }
 }
 
+/// The prefix of an OCI (AUFS) whiteout's name: `.wh.NAME` deletes `NAME` from the layers below when a layer is
+/// applied (containerd's `archive.Apply`, which the CRI restore uses for a checkpoint archive and for an image's
+/// layer), and `.wh..wh..opq` empties its directory.
+pub(crate) const WHITEOUT: &[u8] = b".wh.";
+
 /// Linux's PATH_MAX: a path is shorter, with room for its NUL.
 pub(crate) const PATH_MAX: usize = 4096;
 
@@ -97,9 +102,11 @@ pub(crate) fn role(components: &[&[u8]], is_dir: bool) -> Role {
         [b"checkpoint", _, ..] => Role::InCheckpoint,
         [b"spec.dump"] => Role::Spec,
         [b"dump.log"] if !is_dir => Role::DumpLog { in_checkpoint: false },
-        [b"oci-layout"] if !is_dir => Role::OciLayout,
-        [b"index.json"] if !is_dir => Role::OciIndex,
-        [b"blobs", _, _] if !is_dir => Role::Blob,
+        // A directory under these names too: `index.json/` after `index.json` would be a second `index.json`
+        // to an extractor (a directory replacing the file), so it is held to the rules of the file's name.
+        [b"oci-layout"] => Role::OciLayout,
+        [b"index.json"] => Role::OciIndex,
+        [b"blobs", _, _] => Role::Blob,
         _ => Role::Other,
     }
 }
@@ -165,6 +172,8 @@ mod tests {
         assert_eq!(role_of("index.json", false), Role::OciIndex);
         assert_eq!(role_of("blobs/sha256/ab", false), Role::Blob);
         assert_eq!(role_of("blobs/sha256", true), Role::Other);
+        assert_eq!(role_of("index.json", true), Role::OciIndex);
+        assert_eq!(role_of("blobs/sha256/ab", true), Role::Blob);
         assert_eq!(role_of("checkpoint/index.json", false), Role::InCheckpoint);
     }
 

@@ -29,6 +29,7 @@
 //! - An `oci-archive` must be a plain tar (as skopeo and buildah write it): its blobs are read where
 //!   they lie, so a manifest is read before the layer it names, in one pass over the layer.
 
+use std::cell::Cell;
 use std::collections::{BTreeMap, HashMap, HashSet};
 use std::fmt;
 use std::fs::File;
@@ -45,6 +46,10 @@ use crate::{input, walk, ArchiveError, CheckpointArchive, Compression, Limits};
 
 /// Largest `oci-layout`, `index.json`, nested index, manifest or config read.
 pub const MAX_JSON_BYTES: u64 = 4 << 20;
+/// Most image JSON read in all: `oci-layout`, `index.json`, every nested index, the manifest and the config
+/// together (a checkpoint image's are a few KiB). Each blob is counted from its descriptor's size before it is
+/// read, so 48 nested indexes of 3.8 MB each are refused after the second, not after 184 MB (1.64 GB resident).
+pub const MAX_TOTAL_JSON_BYTES: u64 = 2 * MAX_JSON_BYTES;
 /// Most levels of indexes, `index.json` counted.
 pub const MAX_INDEX_DEPTH: usize = 4;
 /// Most descriptors looked at in all the indexes together.
@@ -106,6 +111,13 @@ pub struct CheckpointImage {
     pub ref_names: Vec<String>,
     /// The manifest's annotations, unescaped (where buildah's `config --annotation` puts them).
     pub annotations: BTreeMap<String, String>,
+    /// `sha256:...` of the blob `index.json`'s entry names: the image's target in containerd (`ctr images
+    /// import`, a pull), the manifest itself or a nested index above it.
+    pub target_digest: String,
+    /// The target's own annotations, unescaped: the ones containerd 2.x reads to take the image for a
+    /// checkpoint (`checkIfCheckpointOCIImage` reads the target's blob as an index): the manifest's where
+    /// `index.json` names the manifest, the nested index's where it names one.
+    pub target_annotations: BTreeMap<String, String>,
     pub layer_digest: String,
     pub layer_media_type: String,
     pub layer_size: u64,
@@ -114,11 +126,11 @@ pub struct CheckpointImage {
 }
 
 impl CheckpointImage {
-    /// The container name CRI-O's annotation gives, else containerd's.
+    /// The container name CRI-O's annotation gives (on the manifest), else containerd's (on the target).
     pub fn checkpoint_name(&self) -> Option<&str> {
         self.annotations
             .get(CRIO_CHECKPOINT_ANNOTATION)
-            .or_else(|| self.annotations.get(CONTAINERD_CHECKPOINT_ANNOTATION))
+            .or_else(|| self.target_annotations.get(CONTAINERD_CHECKPOINT_ANNOTATION))
             .map(String::as_str)
     }
 }
@@ -168,6 +180,16 @@ pub enum ImageRule {
     CompressedArchive { compression: Compression },
     /// A tar with both an OCI layout and a `checkpoint/`.
     Both,
+    /// More image JSON in all than [`MAX_TOTAL_JSON_BYTES`].
+    JsonTotal,
+    /// A config without `rootfs.type` `layers` and one `rootfs.diff_ids` entry per layer.
+    RootFs { config: String, reason: String },
+    /// `rootfs.diff_ids` names other content than the layer's, uncompressed.
+    DiffId { declared: String, actual: String },
+    /// The layer's compressed stream goes on after its tar with data the decoder refuses.
+    TrailingData { compression: Compression, reason: String },
+    /// `index.json` reaches the image through entries whose annotations differ.
+    Targets { targets: Vec<String> },
 }
 
 impl fmt::Display for ImageRule {
@@ -222,10 +244,10 @@ impl fmt::Display for ImageRule {
                  of the blob; {REBUILD}"
             ),
             Images { count: 0, .. } => write!(f, "its index names no image manifest"),
-            Images { count, refs } => write!(
+            Images { refs, .. } => write!(
                 f,
-                "it holds {count} images ({}), and a checkpoint image is one: copy the one out with `skopeo copy \
-                 oci:DIR:REF oci-archive:FILE`",
+                "it holds more than one image ({}), and a checkpoint image is one: copy the one out with `skopeo \
+                 copy oci:DIR:REF oci-archive:FILE`",
                 if refs.is_empty() { "untagged".to_string() } else { refs.join(", ") }
             ),
             Layers { count } => write!(
@@ -253,6 +275,36 @@ impl fmt::Display for ImageRule {
                  skopeo and buildah write: decompress it first"
             ),
             Both => write!(f, "it holds both an OCI image layout and a checkpoint/ directory: it is neither, refused"),
+            JsonTotal => write!(
+                f,
+                "its image JSON (oci-layout, index.json, nested indexes, manifest, config) is more than \
+                 {MAX_TOTAL_JSON_BYTES} bytes together, and a checkpoint image's is a few KiB (refused before reading \
+                 more): this is no checkpoint image"
+            ),
+            RootFs { config, reason } => write!(
+                f,
+                "the config {config} is refused: {reason}; containerd unpacks and restores the layer its \
+                 rootfs.diff_ids name (`rootfs.type` `layers`, one sha256 of the uncompressed layer per layer); {REBUILD}"
+            ),
+            DiffId { declared, actual } => write!(
+                f,
+                "the config's rootfs.diff_ids names the layer content {declared}, but this layer's uncompressed content \
+                 is {actual}: containerd restores the snapshot diff_ids name, and on a node that already has that \
+                 snapshot restores it without unpacking this layer, so what it restores is not what this tool read; \
+                 {REBUILD}"
+            ),
+            TrailingData { compression, reason } => write!(
+                f,
+                "after its tar, the layer's {compression} stream holds data that is no {compression} frame ({reason}): \
+                 containerd reads a layer to its end to verify it and refuses this one; {REBUILD}"
+            ),
+            Targets { targets } => write!(
+                f,
+                "index.json reaches its image through entries whose annotations differ ({}): containerd reads the \
+                 annotations of the entry the restored name stands for, so whether it takes the image for a checkpoint \
+                 depends on that name; {REBUILD}",
+                targets.join(", ")
+            ),
         }
     }
 }
@@ -277,6 +329,12 @@ struct Descriptor {
     data: Option<serde::de::IgnoredAny>,
 }
 
+/// Whether a key is there, whatever its value (`null` too): what containerd's `validateMediaType` asks of the
+/// keys that tell an index from a manifest (a `json.RawMessage` of any value is not empty there).
+fn present<'de, D: serde::Deserializer<'de>>(d: D) -> Result<bool, D::Error> {
+    serde::de::IgnoredAny::deserialize(d).map(|_| true)
+}
+
 #[derive(Deserialize)]
 #[serde(rename_all = "camelCase")]
 struct Index {
@@ -285,6 +343,15 @@ struct Index {
     media_type: Option<String>,
     #[serde(default)]
     manifests: Option<Vec<Descriptor>>,
+    #[serde(default)]
+    annotations: Option<BTreeMap<String, String>>,
+    /// A manifest's keys, which make it no index to containerd.
+    #[serde(default, deserialize_with = "present")]
+    config: bool,
+    #[serde(default, deserialize_with = "present")]
+    layers: bool,
+    #[serde(default, rename = "fsLayers", deserialize_with = "present")]
+    fs_layers: bool,
 }
 
 #[derive(Deserialize)]
@@ -298,6 +365,43 @@ struct Manifest {
     layers: Option<Vec<Descriptor>>,
     #[serde(default)]
     annotations: Option<BTreeMap<String, String>>,
+    /// An index's key, which makes it no manifest to containerd.
+    #[serde(default, deserialize_with = "present")]
+    manifests: bool,
+    #[serde(default, rename = "fsLayers", deserialize_with = "present")]
+    fs_layers: bool,
+}
+
+/// The part of an image config containerd's unpack reads (`unpackConfig`, `images.RootFS`).
+#[derive(Deserialize)]
+struct ImageConfig {
+    #[serde(default)]
+    rootfs: Option<RootFs>,
+}
+
+#[derive(Deserialize)]
+struct RootFs {
+    #[serde(rename = "type")]
+    kind: String,
+    #[serde(default)]
+    diff_ids: Option<Vec<String>>,
+}
+
+/// The blob containerd takes for an image (its target): the entry of `index.json` the image descends from.
+#[derive(Clone, PartialEq, Eq)]
+enum Target {
+    /// `index.json` names the manifest itself.
+    Manifest,
+    /// `index.json` names a nested index, with these annotations of its own.
+    Index { digest: String, annotations: BTreeMap<String, String> },
+}
+
+/// The image's one manifest, as the indexes name it.
+struct FoundManifest {
+    desc: Descriptor,
+    tags: Vec<String>,
+    /// Every distinct entry of `index.json` it is reached through.
+    targets: Vec<Target>,
 }
 
 /// A digest for messages: escaped, cut.
@@ -366,11 +470,23 @@ struct Reader<'a> {
     path: &'a Path,
     blobs: Blobs<'a>,
     limits: &'a Limits,
+    /// Image JSON read so far, against [`MAX_TOTAL_JSON_BYTES`].
+    json_read: Cell<u64>,
 }
 
 impl Reader<'_> {
     fn refuse(&self, rule: ImageRule) -> ArchiveError {
         ArchiveError::Image { image: self.image.clone(), rule }
+    }
+
+    /// Counts `size` more bytes of image JSON, before they are read.
+    fn count_json(&self, size: u64) -> Result<(), ArchiveError> {
+        let total = self.json_read.get().saturating_add(size);
+        if total > MAX_TOTAL_JSON_BYTES {
+            return Err(self.refuse(ImageRule::JsonTotal));
+        }
+        self.json_read.set(total);
+        Ok(())
     }
 
     /// The blob's bytes, at most `size`, unhashed.
@@ -405,6 +521,7 @@ impl Reader<'_> {
         if d.size > MAX_JSON_BYTES {
             return Err(self.refuse(ImageRule::TooLarge { what: format!("{what} {}", d.digest), size: d.size }));
         }
+        self.count_json(d.size)?;
         let mut reader = Hashing::new(self.open(hex, &d.digest, d.size)?);
         let mut bytes = Vec::new();
         reader
@@ -435,25 +552,53 @@ impl Reader<'_> {
         Ok(())
     }
 
-    /// Follows the indexes from `index.json` down to the image manifests: their descriptors, each
-    /// once, with the tags that name them.
-    fn manifests(&self, index: &[u8]) -> Result<Vec<(Descriptor, Vec<String>)>, ArchiveError> {
-        let mut found: Vec<(Descriptor, Vec<String>)> = Vec::new();
+    /// Parses an index (`index.json` or a nested one) and holds it to what containerd takes for one.
+    fn index(&self, bytes: &[u8], what: &str) -> Result<Index, ArchiveError> {
+        let idx: Index = parse(bytes, what).map_err(|r| self.refuse(r))?;
+        let json = |reason: String| self.refuse(ImageRule::Json { what: what.to_string(), reason });
+        if idx.schema_version != 2 {
+            return Err(json(format!("its schemaVersion is {}, not 2", idx.schema_version)));
+        }
+        if let Some(t) = idx.media_type.as_deref().filter(|t| !INDEX_TYPES.contains(t)) {
+            return Err(self.refuse(ImageRule::MediaType {
+                what: what.to_string(),
+                media_type: crate::name::shown(t.as_bytes()),
+            }));
+        }
+        // containerd's validateMediaType: an index with a manifest's keys is refused (`expected index but found
+        // manifest`), and so is Docker's schema 1.
+        if let Some(key) = [(idx.config, "config"), (idx.layers, "layers"), (idx.fs_layers, "fsLayers")]
+            .iter()
+            .find_map(|&(there, key)| there.then_some(key))
+        {
+            return Err(json(format!(
+                "it is an index with a `{key}` key, which only a manifest has: containerd refuses it (media-type: \
+                 expected index but found manifest)"
+            )));
+        }
+        Ok(idx)
+    }
+
+    /// Follows the indexes from `index.json` down to the image's manifest: its descriptor, the tags that name it
+    /// and the entries of `index.json` it is reached through. A second manifest ends the walk at once.
+    fn manifest_descriptor(&self, index: &[u8]) -> Result<FoundManifest, ArchiveError> {
+        let mut found: Option<FoundManifest> = None;
         let mut visited = HashSet::new();
         let mut count = 0usize;
-        // (bytes, what, depth): a stack instead of recursion.
-        let mut todo = vec![(index.to_vec(), "index.json".to_string(), 1usize)];
-        while let Some((bytes, what, depth)) = todo.pop() {
-            let idx: Index = parse(&bytes, &what).map_err(|r| self.refuse(r))?;
-            if idx.schema_version != 2 {
-                return Err(self.refuse(ImageRule::Json {
-                    what,
-                    reason: format!("its schemaVersion is {}, not 2", idx.schema_version),
-                }));
-            }
-            if let Some(t) = idx.media_type.as_deref().filter(|t| !INDEX_TYPES.contains(t)) {
-                return Err(self.refuse(ImageRule::MediaType { what, media_type: crate::name::shown(t.as_bytes()) }));
-            }
+        // (bytes, what, depth, the target its manifests descend from): a stack instead of recursion. An
+        // index below index.json is the target of what lies below it.
+        let mut todo: Vec<(Vec<u8>, String, usize, Option<Target>)> =
+            vec![(index.to_vec(), "index.json".to_string(), 1usize, None)];
+        while let Some((bytes, what, depth, target)) = todo.pop() {
+            let idx = self.index(&bytes, &what)?;
+            drop(bytes);
+            let target = match (depth, target) {
+                (2, _) => Some(Target::Index {
+                    digest: what.trim_start_matches("index ").to_string(),
+                    annotations: idx.annotations.clone().unwrap_or_default(),
+                }),
+                (_, target) => target,
+            };
             for d in idx.manifests.unwrap_or_default() {
                 count += 1;
                 if count > MAX_DESCRIPTORS {
@@ -468,20 +613,32 @@ impl Reader<'_> {
                         return Err(self.refuse(ImageRule::Loop { digest: shown_digest(&d.digest) }));
                     }
                     let bytes = self.small(&d, "the index")?;
-                    todo.push((bytes, format!("index {}", d.digest), depth + 1));
+                    todo.push((bytes, format!("index {}", d.digest), depth + 1, target.clone()));
                 } else if MANIFEST_TYPES.contains(&d.media_type.as_str()) {
                     let tag = d.annotations.as_ref().and_then(|a| a.get(REF_NAME)).cloned();
-                    match found.iter_mut().find(|(f, _)| f.digest == d.digest) {
-                        Some((f, tags)) => {
-                            if f.size != d.size || f.media_type != d.media_type {
+                    let via = target.clone().unwrap_or(Target::Manifest);
+                    match &mut found {
+                        Some(f) if f.desc.digest != d.digest => {
+                            // A second image: which one a runtime takes is a matter of tags. Refused here,
+                            // before any more of the indexes is read.
+                            let refs = f.tags.iter().chain(&tag).map(|t| crate::name::shown(t.as_bytes())).collect();
+                            return Err(self.refuse(ImageRule::Images { count: 2, refs }));
+                        }
+                        Some(f) => {
+                            if f.desc.size != d.size || f.desc.media_type != d.media_type {
                                 return Err(self.refuse(ImageRule::Json {
                                     what,
                                     reason: format!("two descriptors of {} disagree on its size or type", d.digest),
                                 }));
                             }
-                            tags.extend(tag);
+                            f.tags.extend(tag);
+                            if !f.targets.contains(&via) {
+                                f.targets.push(via);
+                            }
                         }
-                        None => found.push((d, tag.into_iter().collect())),
+                        None => {
+                            found = Some(FoundManifest { desc: d, tags: tag.into_iter().collect(), targets: vec![via] })
+                        }
                     }
                 } else {
                     return Err(self.refuse(ImageRule::MediaType {
@@ -491,10 +648,39 @@ impl Reader<'_> {
                 }
             }
         }
-        Ok(found)
+        found.ok_or_else(|| self.refuse(ImageRule::Images { count: 0, refs: Vec::new() }))
+    }
+
+    /// The one `rootfs.diff_ids` entry of the config, as its hex: what containerd unpacks the layer as.
+    fn diff_id(&self, config: &[u8], digest: &str, layers: usize) -> Result<String, ArchiveError> {
+        let what = format!("config {digest}");
+        let c: ImageConfig = parse(config, &what).map_err(|r| self.refuse(r))?;
+        let refuse = |reason: String| self.refuse(ImageRule::RootFs { config: digest.to_string(), reason });
+        let Some(rootfs) = c.rootfs else {
+            return Err(refuse(format!(
+                "it has no rootfs (containerd: number of layers and diffIDs don't match: {layers} != 0)"
+            )));
+        };
+        if rootfs.kind != "layers" {
+            return Err(refuse(format!(
+                "its rootfs.type is `{}`, not `layers`",
+                crate::name::shown(rootfs.kind.as_bytes())
+            )));
+        }
+        let ids = rootfs.diff_ids.unwrap_or_default();
+        if ids.len() != layers {
+            return Err(refuse(format!(
+                "its rootfs.diff_ids names {} layer(s), and its manifest has {layers} (containerd: number of layers \
+                 and diffIDs don't match)",
+                ids.len()
+            )));
+        }
+        let id = &ids[0];
+        Ok(sha256_hex(id).map_err(|r| self.refuse(r))?.to_string())
     }
 
     fn read(&self, format: ImageFormat, layout: &[u8], index: &[u8]) -> Result<CheckpointImage, ArchiveError> {
+        self.count_json(u64::try_from(layout.len() + index.len()).unwrap_or(u64::MAX))?;
         let l: LayoutFile = parse(layout, "oci-layout").map_err(|r| self.refuse(r))?;
         if l.image_layout_version != "1.0.0" {
             return Err(self.refuse(ImageRule::NotLayout {
@@ -504,13 +690,7 @@ impl Reader<'_> {
                 ),
             }));
         }
-        let mut manifests = self.manifests(index)?;
-        if manifests.len() != 1 {
-            let refs =
-                manifests.iter().flat_map(|(_, tags)| tags.iter().map(|t| crate::name::shown(t.as_bytes()))).collect();
-            return Err(self.refuse(ImageRule::Images { count: manifests.len(), refs }));
-        }
-        let (desc, ref_names) = manifests.remove(0);
+        let FoundManifest { desc, tags: ref_names, targets } = self.manifest_descriptor(index)?;
         let what = format!("manifest {}", desc.digest);
         let m: Manifest = parse(&self.small(&desc, "the manifest")?, &what).map_err(|r| self.refuse(r))?;
         if m.schema_version != 2 {
@@ -525,25 +705,45 @@ impl Reader<'_> {
                 media_type: crate::name::shown(t.as_bytes()),
             }));
         }
+        // containerd's validateMediaType: a manifest with an index's key is refused (`expected manifest but
+        // found index`), and so is Docker's schema 1.
+        if let Some(key) = [(m.manifests, "manifests"), (m.fs_layers, "fsLayers")]
+            .iter()
+            .find_map(|&(there, key)| there.then_some(key))
+        {
+            return Err(self.refuse(ImageRule::Json {
+                what,
+                reason: format!(
+                    "it is a manifest with a `{key}` key, which only an index has: containerd refuses it (media-type: \
+                     expected manifest but found index)"
+                ),
+            }));
+        }
         if !CONFIG_TYPES.contains(&m.config.media_type.as_str()) {
             return Err(self.refuse(ImageRule::MediaType {
                 what: format!("the config of {what}"),
                 media_type: crate::name::shown(m.config.media_type.as_bytes()),
             }));
         }
-        self.small(&m.config, "the config")?;
+        let config = self.small(&m.config, "the config")?;
         let mut layers = m.layers.unwrap_or_default();
         if layers.len() != 1 {
             return Err(self.refuse(ImageRule::Layers { count: layers.len() }));
         }
+        let diff_id = self.diff_id(&config, &m.config.digest, layers.len())?;
+        drop(config);
+        let annotations = m.annotations.unwrap_or_default();
+        let (target_digest, target_annotations) = self.target(&desc.digest, &annotations, &targets)?;
         let layer = layers.remove(0);
-        let checkpoint = self.layer(&layer)?;
+        let checkpoint = self.layer(&layer, &diff_id)?;
         Ok(CheckpointImage {
             path: self.path.to_path_buf(),
             format,
             manifest_digest: desc.digest,
             ref_names,
-            annotations: m.annotations.unwrap_or_default(),
+            annotations,
+            target_digest,
+            target_annotations,
             layer_digest: layer.digest,
             layer_media_type: layer.media_type,
             layer_size: layer.size,
@@ -551,8 +751,35 @@ impl Reader<'_> {
         })
     }
 
-    /// Streams the layer through the archive reader, hashing it on the way.
-    fn layer(&self, d: &Descriptor) -> Result<CheckpointArchive, ArchiveError> {
+    /// The target containerd reads the annotations of, and those annotations; refused where `index.json` reaches
+    /// the manifest through entries that say different things.
+    fn target(
+        &self,
+        manifest: &str,
+        annotations: &BTreeMap<String, String>,
+        targets: &[Target],
+    ) -> Result<(String, BTreeMap<String, String>), ArchiveError> {
+        let resolved: Vec<(&str, &BTreeMap<String, String>)> = targets
+            .iter()
+            .map(|t| match t {
+                Target::Manifest => (manifest, annotations),
+                Target::Index { digest, annotations } => (digest.as_str(), annotations),
+            })
+            .collect();
+        let Some(&(digest, first)) = resolved.first() else {
+            return Ok((manifest.to_string(), annotations.clone()));
+        };
+        if resolved.iter().any(|(_, a)| *a != first) {
+            return Err(
+                self.refuse(ImageRule::Targets { targets: resolved.iter().map(|(d, _)| shown_digest(d)).collect() })
+            );
+        }
+        Ok((digest.to_string(), first.clone()))
+    }
+
+    /// Streams the layer through the archive reader, hashing it on the way: the blob as stored (its digest)
+    /// and its uncompressed tar, to its end (its diff_id, `diff_id`'s hex).
+    fn layer(&self, d: &Descriptor, diff_id: &str) -> Result<CheckpointArchive, ArchiveError> {
         let hex = sha256_hex(&d.digest).map_err(|r| self.refuse(r))?;
         if d.data.is_some() || d.urls.as_ref().is_some_and(|u| !u.is_empty()) {
             return Err(self.refuse(ImageRule::Embedded { digest: shown_digest(&d.digest) }));
@@ -565,6 +792,7 @@ impl Reader<'_> {
         };
         let mut reader = Hashing::new(self.open(hex, &d.digest, d.size)?);
         let layer_path = PathBuf::from(format!("{}:blobs/sha256/{hex}", self.path.display()));
+        let shown_layer = input::shown_path(&layer_path);
         let walked = (|| {
             let (stream, compression) = input::from_reader(&layer_path, &mut reader)?;
             if compression != expected {
@@ -573,20 +801,47 @@ impl Reader<'_> {
                     found: compression,
                 }));
             }
-            let found = walk::Walk::new(stream, compression, input::shown_path(&layer_path), self.limits).run()?;
-            Ok((compression, found))
+            let mut tar = Hashing::new(stream);
+            let found = walk::Walk::new(
+                input::Input::Stream(Box::new(&mut tar)),
+                compression,
+                shown_layer.clone(),
+                self.limits,
+            )
+            .run()?;
+            // containerd hashes the whole uncompressed stream, after the tar's end too (its padding, and
+            // whatever follows), and its decoder refuses trailing data that is no frame: so is it read here,
+            // within what is left of the scan limit.
+            let left = self.limits.max_scanned_bytes.saturating_sub(tar.count);
+            let tar_digest = match tar.finish_within(left) {
+                Ok(Some((digest, _))) => digest,
+                Ok(None) => {
+                    return Err(ArchiveError::ScanLimit {
+                        archive: shown_layer.clone(),
+                        max: self.limits.max_scanned_bytes,
+                    })
+                }
+                Err(e) => return Err(self.refuse(ImageRule::TrailingData { compression, reason: e.to_string() })),
+            };
+            Ok((compression, found, tar_digest))
         })();
         // The blob is verified whatever the walk said: a damaged or altered layer is named as one, not by
         // the tar error its damage made. What is left to hash is at most the blob's size on disk (a
         // decompression bomb is small there), never its decompressed data.
         let verified = self.verify(reader, &d.digest, hex, d.size);
-        let (compression, found) = match (walked, verified) {
+        let (compression, found, tar_digest) = match (walked, verified) {
             (_, Err(e)) => return Err(e),
             (Err(e), Ok(())) => return Err(e),
             (Ok(w), Ok(())) => w,
         };
         if !found.has_checkpoint {
             return Err(self.refuse(ImageRule::NoCheckpoint));
+        }
+        if tar_digest != diff_id {
+            return Err(self.refuse(ImageRule::DiffId {
+                declared: format!("sha256:{diff_id}"),
+                actual: format!("sha256:{tar_digest}"),
+            }));
         }
         crate::finish(&layer_path, compression, found)
     }
@@ -620,7 +875,11 @@ pub fn read_image_layout(path: &Path, limits: &Limits) -> Result<CheckpointImage
         Err(FileError::Missing { .. }) => None,
         Err(e) => return Err(refuse(file_rule(e))),
     };
-    Reader { image, path, blobs: Blobs::Layout(blobs), limits }.read(ImageFormat::Layout, &layout, &index)
+    Reader { image, path, blobs: Blobs::Layout(blobs), limits, json_read: Cell::new(0) }.read(
+        ImageFormat::Layout,
+        &layout,
+        &index,
+    )
 }
 
 /// Reads an `oci-archive` whose outer tar was walked into `found`; `file` is the same file, for the
@@ -647,7 +906,7 @@ pub(crate) fn read_oci_archive(
         return Err(refuse(ImageRule::Missing { what: "index.json".into() }));
     };
     let members = found.blobs.into_iter().map(|b| (b.key, (b.offset, b.size))).collect();
-    Reader { image, path, blobs: Blobs::Archive { file, members }, limits }.read(
+    Reader { image, path, blobs: Blobs::Archive { file, members }, limits, json_read: Cell::new(0) }.read(
         ImageFormat::OciArchive,
         &layout.bytes,
         &index.bytes,

@@ -41,6 +41,19 @@ impl<R: Read> Hashing<R> {
     }
 }
 
+impl<R: Read> Hashing<R> {
+    /// Reads the rest of a stream that is not bounded otherwise, at most `max` more bytes: the digest and the
+    /// byte count, or `None` where more than `max` were left.
+    pub(crate) fn finish_within(mut self, max: u64) -> io::Result<Option<(String, u64)>> {
+        let start = self.count;
+        io::copy(&mut (&mut self).take(max.saturating_add(1)), &mut io::sink())?;
+        if self.count - start > max {
+            return Ok(None);
+        }
+        Ok(Some((self.hash.hex(), self.count)))
+    }
+}
+
 impl<R: Read> Read for Hashing<R> {
     fn read(&mut self, buf: &mut [u8]) -> io::Result<usize> {
         let n = self.inner.read(buf)?;

@@ -117,12 +117,14 @@ impl<'a, 'l> Walk<'a, 'l> {
                 return Err(self.short_header(offset, n, header.as_bytes()));
             }
             if header.as_bytes().iter().all(|&b| b == 0) {
-                // The end-of-archive block. Writers add a second one and padding; nothing after the
-                // first is part of the archive, so it is not read.
+                // The end-of-archive block. Writers add a second one and padding; nothing after that
+                // second block is part of the archive, so it is not read.
                 if let Some(at) = pending.offset {
                     return Err(self.corrupt(at, "extension headers that no member follows".into()));
                 }
-                break;
+                found.bytes_scanned = self.pos;
+                self.second_end_block(&mut header)?;
+                return Ok(found);
             }
             if !checksum_ok(&header) {
                 return Err(if offset == 0 {
@@ -182,6 +184,14 @@ impl<'a, 'l> Walk<'a, 'l> {
                         archive: self.archive.clone(),
                         member: name::shown(candidate),
                         rule,
+                    });
+                }
+            }
+            for candidate in [Some(&header_name[..]), long_name.as_deref(), pax_path.as_deref()].into_iter().flatten() {
+                if name::components(candidate).unwrap_or_default().iter().any(|c| c.starts_with(name::WHITEOUT)) {
+                    return Err(ArchiveError::Whiteout {
+                        archive: self.archive.clone(),
+                        member: name::shown(candidate),
                     });
                 }
             }
@@ -359,8 +369,26 @@ impl<'a, 'l> Walk<'a, 'l> {
                 _ => found.spec = Some(file),
             }
         }
-        found.bytes_scanned = self.pos;
-        Ok(found)
+    }
+
+    /// After the first zero block: the second one, or the end of the stream. Go's archive/tar (the reader of
+    /// containerd's unpack and Podman's import) refuses a zero block followed by anything else (`ErrHeader`),
+    /// or by a part of a block; GNU tar and Python's `tarfile` stop at the first zero block, and `tar -i` reads
+    /// the members after it. So a lone zero block followed by data is refused: what follows it is an archive
+    /// to some readers and nothing to others.
+    fn second_end_block(&mut self, block: &mut Header) -> Result<(), ArchiveError> {
+        let offset = self.pos;
+        self.budget(BLOCK)?;
+        match self.fill(block.as_mut_bytes())? {
+            0 => Ok(()),
+            n if (n as u64) < BLOCK => Err(self.truncated(Truncation::InHeader { offset })),
+            _ if block.as_bytes().iter().all(|&b| b == 0) => Ok(()),
+            _ => Err(self.ambiguous(
+                offset,
+                "a lone zero block (the end of the archive to GNU tar and Python's tarfile) followed by more data, \
+                 which Go's archive/tar of containerd and Podman refuses and `tar --ignore-zeros` reads as members",
+            )),
+        }
     }
 
     /// Reads a GNU long name/link or PAX header into `pending`.

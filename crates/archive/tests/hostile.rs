@@ -870,3 +870,100 @@ fn identity_images_are_counted() {
     assert!(matches!(err, ArchiveError::TooManyImages { max: 4096, .. }), "{err}");
     assert!(err.to_string().contains("one per CUDA process"), "{err}");
 }
+
+// --- what containerd's unpack reads otherwise (issue 35) ---
+
+/// An OCI whiteout anywhere in a checkpoint archive: containerd's CRI restore applies the archive (and an image's
+/// layer) with `archive.Apply`, which deletes the file `.wh.NAME` names instead of writing the member.
+#[test]
+fn whiteouts_are_refused() {
+    for (name, dir) in [
+        ("checkpoint/.wh.cuda-migrate-1.img", false),
+        ("./checkpoint/.wh..wh..opq", false),
+        (".wh.checkpoint", true),
+        ("checkpoint/.wh.x/pages-1.img", false),
+    ] {
+        let err = refuse(&around(|t| {
+            if dir {
+                t.dir(name);
+            } else {
+                t.file(name, b"");
+            }
+        }));
+        match &err {
+            ArchiveError::Whiteout { member, .. } => {
+                assert_eq!(normalized(member.as_bytes()), normalized(name.as_bytes()), "{member}")
+            }
+            other => panic!("{name}: {other}"),
+        }
+        assert!(
+            err.to_string().contains("containerd's unpack does not write it but deletes the file it names"),
+            "{err}"
+        );
+    }
+    // `.wh` inside a name is only a name.
+    let dir = tempfile::tempdir().unwrap();
+    let ok = around(|t| {
+        t.file("checkpoint/x.wh.y", b"").file("checkpoint/wh.z", b"");
+    });
+    read_archive(&write(dir.path(), "ok.tar", &ok), &Limits::default()).unwrap();
+}
+
+/// A lone zero block followed by more members: GNU tar ("A lone zero block") and Python stop there, `tar
+/// --ignore-zeros` reads on and finds the member after it, Go's archive/tar (containerd, Podman) refuses the
+/// archive (`archive/tar: invalid tar header`). Refused; two zero blocks end the archive as before, and one
+/// zero block at the end of the file is the end too (Go accepts it).
+#[test]
+fn a_lone_zero_block_followed_by_members_is_refused() {
+    let mut t = Tar::new();
+    t.dir("checkpoint").file("checkpoint/inventory.img", b"inv");
+    let head = t.unfinished();
+    let mut hidden = Tar::new();
+    hidden.file("checkpoint/cuda-migrate-1.img", &image_bytes(1));
+    let hidden = hidden.finish();
+    let mut lone = head.clone();
+    lone.extend([0; 512]);
+    lone.extend(&hidden);
+    for c in [Compression::None, Compression::Gzip] {
+        match refuse(&compress(&lone, c)) {
+            ArchiveError::Ambiguous { offset, reason, .. } => {
+                assert_eq!(offset, head.len() as u64 + 512, "{c}");
+                assert!(reason.contains("lone zero block"), "{reason}");
+            }
+            other => panic!("{c}: {other}"),
+        }
+    }
+    // Half a block after the zero block: Go's reader fails there too (unexpected EOF).
+    let mut half = head.clone();
+    half.extend([0; 512 + 256]);
+    assert!(matches!(refuse(&half), ArchiveError::Truncated { what: Truncation::InHeader { .. }, .. }));
+
+    let dir = tempfile::tempdir().unwrap();
+    let mut one = head.clone();
+    one.extend([0; 512]);
+    let mut two_then_more = head.clone();
+    two_then_more.extend([0; 1024]);
+    two_then_more.extend(&hidden);
+    for (what, bytes) in [("one zero block at the end", one), ("two zero blocks, then a member", two_then_more)] {
+        let a = read_archive(&write(dir.path(), "end.tar", &bytes), &Limits::default())
+            .unwrap_or_else(|e| panic!("{what}: {e}"));
+        assert!(a.images.is_empty() && a.has_inventory, "{what}");
+        assert_eq!(a.bytes_scanned, head.len() as u64 + 512, "{what}");
+    }
+
+    // What the real readers make of the lone block.
+    if !oracles_present() {
+        return;
+    }
+    let path = write(dir.path(), "lone.tar", &lone);
+    let listing = |args: &[&str]| {
+        let out = std::process::Command::new(GNU_TAR).args(args).arg(&path).output().unwrap();
+        (String::from_utf8_lossy(&out.stdout).into_owned(), String::from_utf8_lossy(&out.stderr).into_owned())
+    };
+    let (plain, warned) = listing(&["-tf"]);
+    assert!(!plain.contains("cuda-migrate-1.img") && warned.contains("lone zero block"), "{plain} {warned}");
+    let (ignoring, _) = listing(&["--ignore-zeros", "-tf"]);
+    assert!(ignoring.contains("checkpoint/cuda-migrate-1.img"), "tar -i: {ignoring}");
+    let python = python_names(&path).unwrap();
+    assert!(!python.iter().any(|n| n.ends_with(b"cuda-migrate-1.img")), "Python stops at the zero block");
+}

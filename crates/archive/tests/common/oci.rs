@@ -24,6 +24,13 @@ pub fn digest(data: &[u8]) -> String {
     format!("sha256:{}", hex_digest(data))
 }
 
+/// An image config whose `rootfs.diff_ids` are `diff_ids`.
+pub fn config_of(diff_ids: &[&str]) -> Vec<u8> {
+    let ids = diff_ids.iter().map(|d| format!("\"{d}\"")).collect::<Vec<_>>().join(",");
+    format!(r#"{{"architecture":"amd64","os":"linux","config":{{}},"rootfs":{{"type":"layers","diff_ids":[{ids}]}}}}"#)
+        .into_bytes()
+}
+
 pub fn descriptor(media_type: &str, data: &[u8]) -> String {
     format!(r#"{{"mediaType":"{media_type}","digest":"{}","size":{}}}"#, digest(data), data.len())
 }
@@ -38,17 +45,12 @@ pub struct Image {
 }
 
 impl Image {
-    /// A checkpoint image of `layer` (a tar, compressed as `compression`), annotated as the user guide says.
+    /// A checkpoint image of `layer` (a tar, compressed as `compression`), annotated as the user guide says, its
+    /// config's `rootfs.diff_ids` the SHA-256 of the uncompressed tar (what buildah writes and containerd checks).
     pub fn of(layer: &[u8], compression: Compression) -> (Image, Parts) {
+        let config = config_of(&[&digest(layer)]);
         let layer = compress(layer, compression);
-        let config = br#"{"architecture":"amd64","os":"linux","rootfs":{"type":"layers","diff_ids":[]}}"#.to_vec();
-        let manifest = format!(
-            r#"{{"schemaVersion":2,"mediaType":"{MANIFEST}","config":{},"layers":[{}],"annotations":{{"io.kubernetes.cri-o.annotations.checkpoint.name":"counter","org.criu.checkpoint.container.name":"counter"}}}}"#,
-            descriptor(CONFIG, &config),
-            descriptor(layer_type(compression), &layer)
-        )
-        .into_bytes();
-        let parts = Parts { layer, config, manifest };
+        let parts = Parts::of(layer, layer_type(compression), config);
         (parts.image(), parts)
     }
 
@@ -106,7 +108,23 @@ pub struct Parts {
     pub manifest: Vec<u8>,
 }
 
+/// The annotations the user guide's buildah lines put on a checkpoint image's manifest.
+pub const CHECKPOINT_ANNOTATIONS: &str =
+    r#"{"io.kubernetes.cri-o.annotations.checkpoint.name":"counter","org.criu.checkpoint.container.name":"counter"}"#;
+
 impl Parts {
+    /// The parts of an image of the blob `layer` (of `media_type`) and `config`, its manifest annotated as the user
+    /// guide says.
+    pub fn of(layer: Vec<u8>, media_type: &str, config: Vec<u8>) -> Parts {
+        let manifest = format!(
+            r#"{{"schemaVersion":2,"mediaType":"{MANIFEST}","config":{},"layers":[{}],"annotations":{CHECKPOINT_ANNOTATIONS}}}"#,
+            descriptor(CONFIG, &config),
+            descriptor(media_type, &layer)
+        )
+        .into_bytes();
+        Parts { layer, config, manifest }
+    }
+
     pub fn image(&self) -> Image {
         let mut i =
             Image { layout: br#"{"imageLayoutVersion":"1.0.0"}"#.to_vec(), index: Vec::new(), blobs: Vec::new() };
