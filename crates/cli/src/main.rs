@@ -12,6 +12,7 @@
 // First: its println!/eprintln! (escaping every foreign character) are the ones every module after it uses.
 #[macro_use]
 mod out;
+mod job;
 mod readiness;
 mod recover;
 
@@ -74,6 +75,15 @@ enum Command {
     /// List the GPUs NVML sees on this node; with --check, check whether this node is ready for GPU
     /// checkpoint/restore.
     Node(readiness::NodeArgs),
+    /// Can this process tree be checkpointed and restored now? Each process's CUDA use, its GPUs and device
+    /// memory, whether it has another process's device memory open (a CUDA IPC importer, which driver 580 cannot
+    /// restore), and the verdict the plugin would give, in its words. Exit 0: a dump would go ahead; 1: it would
+    /// be refused. Run as root on the node, before `criu dump` or the kubelet's checkpoint API.
+    Job {
+        /// The tree's first process (for a container: its init's pid on this host).
+        #[arg(long)]
+        pid: i32,
+    },
     /// Bring a process left LOCKED or CHECKPOINTED back to RUNNING (restore onto the same GPUs, then unlock).
     Recover {
         /// The process's pid (as `ps` shows it on this host).
@@ -154,6 +164,7 @@ fn main() -> ExitCode {
         ),
         Command::Node(a) if a.check => ("node", readiness::run(a, cli.json)),
         Command::Node(_) => ("node", node(cli.json)),
+        Command::Job { pid } => ("job", job::run(*pid, cli.json)),
         Command::Recover { pid } => ("recover", recover::run(*pid, cli.json)),
         Command::ActionScript => ("action-script", action_script()),
     };

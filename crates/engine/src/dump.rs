@@ -27,7 +27,7 @@ use crate::batch::{with_restore_threads_running, BatchError, OnResumeError};
 use crate::host::CriuHost;
 use crate::node::Node;
 use crate::seam::{DriverAgent, Seams, Targets, ThawedCgroup};
-use crate::sharing::{importers_in, Importer, SharingFacts};
+use crate::sharing::{importers_in, SharingFacts, SharingVerdict};
 use crate::{
     Config, EngineError, HookOutcome, IpcImporters, LeaveRunning, MultiProcess, ProcessFailure, LIBCUDA_FILE,
     PLUGIN_NAME,
@@ -474,53 +474,40 @@ impl DumpSession {
     /// of a dump of several processes, naming why. Whether the dump is refused.
     fn refuse_for_sharing(&mut self, node: &Node) -> bool {
         let cuda_pids: Vec<HostPid> = self.tracked.keys().copied().collect();
-        if cuda_pids.len() > 1 && self.config.multi_process == MultiProcess::Refuse {
-            self.refuse_all(|| ProcessFailure::SeveralProcessesRefused(cuda_pids.clone()));
-            return true;
-        }
+        let ask_again = !(cuda_pids.len() > 1 && self.config.multi_process == MultiProcess::Refuse);
         let checked = match &self.tree_check {
+            _ if !ask_again => Err(String::new()),
             // The tree's check could not run: asking again would meet the same (and might wait as long).
             TreeCheck::Unavailable(why) => Err(why.clone()),
             _ => node.agent.video_memory(&cuda_pids, RM_DEADLINE).map(|r| self.facts_of(&r)).map_err(|e| e.to_string()),
         };
-        let facts = match checked {
-            Ok(f) => f,
-            Err(why) => {
-                if cuda_pids.len() > 1 {
-                    warn!("{}", crate::sharing::unchecked_processes_warning(&cuda_pids, &why));
-                } else {
-                    info!("the importer check could not run ({why}); one CUDA process, dumped unchecked");
-                }
-                return false;
+        let verdict = crate::sharing::verdict(
+            &cuda_pids,
+            checked.as_ref().map_err(String::as_str),
+            self.config.ipc,
+            self.config.multi_process,
+        );
+        match verdict {
+            SharingVerdict::Importers(importers) => {
+                self.refuse_all(|| ProcessFailure::IpcImportersRefused(importers.clone()));
+                true
             }
-        };
-        if !facts.importers.is_empty() {
-            match self.config.ipc {
-                IpcImporters::Refuse => {
-                    let importers: Vec<Importer> = facts.importers;
-                    self.refuse_all(|| ProcessFailure::IpcImportersRefused(importers.clone()));
-                    return true;
-                }
-                IpcImporters::Allow => {
-                    let warned_before =
-                        matches!(&self.tree_check, TreeCheck::Asked(t) if t.importers == facts.importers);
-                    if !warned_before {
-                        warn!("{}", crate::sharing::importers_allowed_warning(&facts.importers));
-                    }
-                }
+            SharingVerdict::SeveralProcesses(pids) => {
+                self.refuse_all(|| ProcessFailure::SeveralProcessesRefused(pids.clone()));
+                true
             }
-        } else if !facts.unanswered.is_empty() && cuda_pids.len() > 1 {
-            warn!(
-                "{}",
-                crate::sharing::unchecked_processes_warning(
-                    &cuda_pids,
-                    &crate::sharing::unanswered_text(&facts.unanswered)
-                )
-            );
-        } else {
-            info!("{}", crate::sharing::no_importer_line(&cuda_pids, &facts));
+            SharingVerdict::Proceed { info, warning } => {
+                if let Some(i) = info {
+                    info!("{i}");
+                }
+                // `ipc allow` said so at the tree's check already when it saw the same importers.
+                let said = matches!((&self.tree_check, &checked), (TreeCheck::Asked(t), Ok(f)) if !t.importers.is_empty() && t.importers == f.importers);
+                if let Some(w) = warning.filter(|_| !said) {
+                    warn!("{w}");
+                }
+                false
+            }
         }
-        false
     }
 
     /// Every tracked process fails its CHECKPOINT_DEVICES with `why` (nothing is checkpointed).

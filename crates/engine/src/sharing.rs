@@ -24,6 +24,7 @@
 use ccm_driver::abi::CudaCode;
 use ccm_driver::rm::{PidMemoryReport, RmStatus};
 use ccm_identity::{GpuUuid, HostPid, PciAddress};
+use ccm_settings::value::{IpcImporters, MultiProcess};
 use ccm_settings::{IPC, MULTI_PROCESS};
 
 /// The ways of sharing device memory users meet, for the lines below.
@@ -171,6 +172,66 @@ pub fn unchecked_processes_warning(pids: &[HostPid], why: &str) -> String {
 pub fn unanswered_text(unanswered: &[(HostPid, PciAddress, RmStatus)]) -> String {
     let each: Vec<String> = unanswered.iter().map(|(p, g, s)| format!("pid {p} on GPU {g}: {s}")).collect();
     format!("the resource manager gave no answer for {}", each.join("; "))
+}
+
+/// What a dump does about sharing, given its CUDA processes, the importer check's answer (or why it could not
+/// run) and the settings: the plugin acts on it before the first checkpoint, and `criu-cuda-migrate job` reports
+/// it in the same words.
+#[derive(Debug, Clone, PartialEq)]
+pub enum SharingVerdict {
+    /// Refused before any checkpoint: importers (`ipc refuse`).
+    Importers(Vec<Importer>),
+    /// Refused before any checkpoint: several CUDA processes (`multi-process refuse`).
+    SeveralProcesses(Vec<HostPid>),
+    /// The dump goes on, with a line for the log and a warning when there is one.
+    Proceed { info: Option<String>, warning: Option<String> },
+}
+
+impl SharingVerdict {
+    /// The refusal's text, when the dump is refused.
+    pub fn refusal(&self) -> Option<String> {
+        match self {
+            SharingVerdict::Importers(i) => Some(importer_refusal(i)),
+            SharingVerdict::SeveralProcesses(p) => Some(several_processes_refusal(p)),
+            SharingVerdict::Proceed { .. } => None,
+        }
+    }
+}
+
+/// The rule (see [`SharingVerdict`]).
+pub fn verdict(
+    cuda_pids: &[HostPid],
+    check: Result<&SharingFacts, &str>,
+    ipc: IpcImporters,
+    multi_process: MultiProcess,
+) -> SharingVerdict {
+    if cuda_pids.len() > 1 && multi_process == MultiProcess::Refuse {
+        return SharingVerdict::SeveralProcesses(cuda_pids.to_vec());
+    }
+    let facts = match check {
+        Err(why) if cuda_pids.len() > 1 => {
+            return SharingVerdict::Proceed { info: None, warning: Some(unchecked_processes_warning(cuda_pids, why)) }
+        }
+        Err(why) => {
+            let info = (!cuda_pids.is_empty())
+                .then(|| format!("the importer check could not run ({why}); one CUDA process, dumped unchecked"));
+            return SharingVerdict::Proceed { info, warning: None };
+        }
+        Ok(f) => f,
+    };
+    if !facts.importers.is_empty() {
+        return match ipc {
+            IpcImporters::Refuse => SharingVerdict::Importers(facts.importers.clone()),
+            IpcImporters::Allow => {
+                SharingVerdict::Proceed { info: None, warning: Some(importers_allowed_warning(&facts.importers)) }
+            }
+        };
+    }
+    if !facts.unanswered.is_empty() && cuda_pids.len() > 1 {
+        let why = unanswered_text(&facts.unanswered);
+        return SharingVerdict::Proceed { info: None, warning: Some(unchecked_processes_warning(cuda_pids, &why)) };
+    }
+    SharingVerdict::Proceed { info: (!cuda_pids.is_empty()).then(|| no_importer_line(cuda_pids, facts)), warning: None }
 }
 
 /// Why a dump of several CUDA processes was refused (`multi-process refuse`).
@@ -363,6 +424,34 @@ mod tests {
         for needle in ["before any checkpoint", "pids 7, 8, 9", "runs on", "CRIU_CUDA_MIGRATE_MULTI_PROCESS=warn"] {
             assert!(r.contains(needle), "{needle}: {r}");
         }
+    }
+
+    #[test]
+    fn the_verdict_refuses_importers_or_several_processes_as_told_and_warns_only_when_unchecked() {
+        let two = pids(&[41, 42]);
+        let clear = importers_in(&report(&[(6, 41, 0, 0), (6, 42, 0, 0)]), |_| None);
+        let importer = importers_in(&report(&[(6, 41, 0, 0), (6, 42, 8 << 20, 0)]), |_| None);
+        let (r, a) = (IpcImporters::Refuse, IpcImporters::Allow);
+        let (w, m) = (MultiProcess::Warn, MultiProcess::Refuse);
+        assert!(matches!(verdict(&two, Ok(&importer), r, w), SharingVerdict::Importers(i) if i.len() == 1));
+        let allowed = verdict(&two, Ok(&importer), a, w);
+        assert!(
+            matches!(&allowed, SharingVerdict::Proceed { warning: Some(t), .. } if t.contains("=allow")),
+            "{allowed:?}"
+        );
+        assert!(matches!(verdict(&two, Ok(&clear), r, m), SharingVerdict::SeveralProcesses(_)));
+        let cleared = verdict(&two, Ok(&clear), r, w);
+        assert!(matches!(&cleared, SharingVerdict::Proceed { info: Some(_), warning: None }), "{cleared:?}");
+        assert_eq!(cleared.refusal(), None);
+        let unchecked = verdict(&two, Err("no /dev/nvidiactl"), r, w);
+        assert!(
+            matches!(&unchecked, SharingVerdict::Proceed { warning: Some(t), .. } if t.contains("no /dev/nvidiactl"))
+        );
+        let one = verdict(&two[..1], Err("no /dev/nvidiactl"), r, w);
+        assert!(matches!(&one, SharingVerdict::Proceed { info: Some(_), warning: None }), "{one:?}");
+        let partly = importers_in(&report(&[(6, 41, 0, 0), (6, 42, 0, 0x5e)]), |_| None);
+        assert!(matches!(verdict(&two, Ok(&partly), r, w), SharingVerdict::Proceed { warning: Some(_), .. }));
+        assert!(verdict(&two, Ok(&importer), r, w).refusal().unwrap().contains("pid 42 has 8 MiB"));
     }
 
     #[test]

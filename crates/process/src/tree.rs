@@ -78,6 +78,11 @@ pub fn children_recursive(root: u32) -> Vec<u32> {
     order
 }
 
+/// The command name of `pid` (`/proc/PID/comm`, at most 16 bytes), `None` when it cannot be read.
+pub fn comm(pid: u32) -> Option<String> {
+    read_text(pid, "comm", MAX_SMALL_PROC_FILE).ok().map(|c| c.trim_end_matches('\n').to_string())
+}
+
 /// The state letter of `/proc/PID/stat` (`R`, `S`, `T` stopped, `t` traced, `Z` zombie...).
 pub fn state_letter(pid: u32) -> Option<char> {
     let stat = read_text(pid, "stat", MAX_SMALL_PROC_FILE).ok()?;

@@ -1,0 +1,89 @@
+//! `criu-cuda-migrate job --pid N`: the tree, its CUDA processes and the verdict, exit 0 ready / 1 refused / 2
+//! usage. Machines without the NVIDIA kernel driver (CI) prove the path where the importer check cannot run: it
+//! says why, and a tree without CUDA processes is ready. The verdict's rules themselves are unit-tested in
+//! `ccm_engine::sharing`; the GPU machine proves the importer and the refusal (tests/gpu/ipc-refuse.sh).
+
+// Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::process::{Command, Stdio};
+
+fn cli() -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_criu-cuda-migrate"));
+    // The settings come from the environment, as the plugin's.
+    c.env_remove("CRIU_CUDA_MIGRATE_IPC").env_remove("CRIU_CUDA_MIGRATE_MULTI_PROCESS");
+    c
+}
+
+/// A small tree of its own: a shell with a sleeping child.
+fn tree() -> std::process::Child {
+    let child =
+        Command::new("sh").args(["-c", "sleep 30 & wait"]).stdin(Stdio::null()).stdout(Stdio::null()).spawn().unwrap();
+    // Until the child exists.
+    for _ in 0..100 {
+        let children = std::fs::read_to_string(format!("/proc/{0}/task/{0}/children", child.id())).unwrap_or_default();
+        if !children.trim().is_empty() {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child
+}
+
+#[test]
+fn a_tree_without_cuda_processes_is_ready_and_the_report_lists_it() {
+    let mut t = tree();
+    let out = cli().args(["job", "--pid", &t.id().to_string()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{text}\n{}", String::from_utf8_lossy(&out.stderr));
+    assert!(text.starts_with(&format!("job of pid {}: 2 process(es), 0 CUDA process(es)", t.id())), "{text}");
+    assert!(text.contains("sleep"), "{text}");
+    assert!(text.contains("verdict: ready: no CUDA process in this tree"), "{text}");
+    if !std::path::Path::new("/proc/driver/nvidia/version").exists() {
+        assert!(text.contains("importer check: could not run: /proc/driver/nvidia/version"), "{text}");
+    }
+    t.kill().unwrap();
+    t.wait().unwrap();
+}
+
+#[test]
+fn the_json_report_holds_every_process_the_check_and_the_verdict() {
+    let mut t = tree();
+    let out = cli().args(["--json", "job", "--pid", &t.id().to_string()]).output().unwrap();
+    assert_eq!(out.status.code(), Some(0));
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(v["pid"], t.id());
+    assert_eq!(v["processes"].as_array().unwrap().len(), 2);
+    assert_eq!(v["cuda_processes"].as_array().unwrap().len(), 0);
+    assert_eq!(v["verdict"], "ready");
+    assert_eq!(v["exit_code"], 0);
+    let check = &v["importer_check"];
+    assert!(check["ran"].is_boolean());
+    if check["ran"] == false {
+        assert!(check["why"].as_str().unwrap().len() > 10, "{check}");
+    }
+    t.kill().unwrap();
+    t.wait().unwrap();
+}
+
+#[test]
+fn a_pid_that_is_not_there_or_no_pid_is_a_usage_error() {
+    let out = cli().args(["job", "--pid", "0"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("is no process id"));
+    // Below pid_max's ceiling (2^22), and far above what a test machine hands out.
+    let out = cli().args(["job", "--pid", "4194000"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("does not exist on this host") && err.contains("podman inspect"), "{err}");
+    let out = cli().args(["job"]).output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn a_bad_setting_in_the_environment_is_named() {
+    let out = cli().args(["job", "--pid", "1"]).env("CRIU_CUDA_MIGRATE_IPC", "sometimes").output().unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("CRIU_CUDA_MIGRATE_IPC") && err.contains("`allow`"), "{err}");
+}
