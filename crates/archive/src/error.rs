@@ -89,10 +89,13 @@ pub enum ArchiveError {
     Ambiguous { archive: String, offset: u64, reason: &'static str },
 
     /// A member named like one this crate reads (identity image, restore report, `spec.dump`,
-    /// `inventory.img`) is a link, directory or special file.
+    /// `inventory.img`, an OCI layout's `oci-layout`, `index.json` and blobs) is a link, directory or
+    /// special file.
     #[error(
         "`{archive}`: member `{member}` is {kind}, but a member of this name must be a regular file \
-         (links and special files under the names this tool reads are refused)"
+         (links, directories and special files under the names this tool reads are refused: an extractor would \
+         put them where the file is); no checkpoint or image writer makes one: export the checkpoint again, or \
+         copy the image again with skopeo"
     )]
     NotRegularMember { archive: String, member: String, kind: &'static str },
 

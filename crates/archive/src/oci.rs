@@ -279,7 +279,7 @@ impl fmt::Display for ImageRule {
                 f,
                 "its image JSON (oci-layout, index.json, nested indexes, manifest, config) is more than \
                  {MAX_TOTAL_JSON_BYTES} bytes together, and a checkpoint image's is a few KiB (refused before reading \
-                 more): this is no checkpoint image"
+                 more): this is no checkpoint image; {REBUILD}"
             ),
             RootFs { config, reason } => write!(
                 f,

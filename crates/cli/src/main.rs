@@ -246,6 +246,10 @@ struct ImageFacts {
     /// Tags and annotations, escaped.
     ref_names: Vec<String>,
     annotations: Vec<(String, String)>,
+    /// The blob containerd takes for the image (index.json's entry: the manifest or a nested index) and its own
+    /// annotations, escaped: where containerd looks for its checkpoint annotation.
+    target_digest: String,
+    target_annotations: Vec<(String, String)>,
 }
 
 /// Largest restore report read (the plugin writes a few KiB).
@@ -301,6 +305,8 @@ fn checkpoint_of_image(path: &Path, image: ccm_archive::CheckpointImage) -> Resu
         layer_size: image.layer_size,
         ref_names: image.ref_names.iter().map(|r| esc(r)).collect(),
         annotations: image.annotations.iter().map(|(k, v)| (esc(k), esc(v))).collect(),
+        target_digest: image.target_digest.clone(),
+        target_annotations: image.target_annotations.iter().map(|(k, v)| (esc(k), esc(v))).collect(),
     };
     let mut c = checkpoint_of_archive(path, &image.checkpoint)?;
     if let Some(a) = &mut c.archive {
@@ -479,6 +485,7 @@ fn needs(c: &Checkpoint) -> serde_json::Value {
 /// The JSON of a checkpoint image around an archive.
 fn image_json(i: &ImageFacts) -> serde_json::Value {
     let ann = |k: &str| i.annotations.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
+    let target = |k: &str| i.target_annotations.iter().find(|(key, _)| key == k).map(|(_, v)| v.clone());
     serde_json::json!({
         "format": i.format.to_string(),
         "manifest_digest": i.manifest_digest,
@@ -488,24 +495,33 @@ fn image_json(i: &ImageFacts) -> serde_json::Value {
         "layer_size": i.layer_size,
         "digests_verified": true,
         "annotations": i.annotations.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
+        "target_digest": i.target_digest,
+        "target_annotations": i.target_annotations.iter().cloned().collect::<std::collections::BTreeMap<_, _>>(),
         "checkpoint_name_cri_o": ann(ccm_archive::oci::CRIO_CHECKPOINT_ANNOTATION),
-        "checkpoint_name_containerd": ann(ccm_archive::oci::CONTAINERD_CHECKPOINT_ANNOTATION),
+        "checkpoint_name_containerd": target(ccm_archive::oci::CONTAINERD_CHECKPOINT_ANNOTATION),
     })
 }
 
-/// What each runtime makes of an image's annotations.
+/// What each runtime makes of an image's annotations: containerd reads its target's (index.json's entry), CRI-O
+/// the manifest's.
 fn image_runtime_notes(i: &ImageFacts) -> Vec<String> {
-    let has = |k: &str| i.annotations.iter().any(|(key, _)| key == k);
+    let has = |of: &[(String, String)], k: &str| of.iter().any(|(key, _)| key == k);
     let mut notes = Vec::new();
-    for (key, runtime) in [
-        (ccm_archive::oci::CONTAINERD_CHECKPOINT_ANNOTATION, "containerd 2.x"),
-        (ccm_archive::oci::CRIO_CHECKPOINT_ANNOTATION, "CRI-O"),
+    for (key, runtime, of) in [
+        (ccm_archive::oci::CONTAINERD_CHECKPOINT_ANNOTATION, "containerd 2.x", &i.target_annotations),
+        (ccm_archive::oci::CRIO_CHECKPOINT_ANNOTATION, "CRI-O", &i.annotations),
     ] {
-        notes.push(if has(key) {
+        notes.push(if has(of, key) {
             format!("{runtime} restores from it (annotation {key})")
         } else {
             format!("{runtime} takes it for a plain image, not a checkpoint: it lacks the annotation {key}")
         });
+    }
+    if i.target_digest != i.manifest_digest {
+        notes.push(format!(
+            "containerd reads the annotations of the index {} that index.json names, not the manifest's",
+            i.target_digest
+        ));
     }
     notes
 }

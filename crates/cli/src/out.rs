@@ -1,5 +1,5 @@
-//! The one way the command writes to its terminal: every `println!` and `eprintln!` of this crate
-//! (the macros below shadow the standard ones for every module declared after this one) and every
+//! The one way the command writes to its terminal: every `println!`, `print!` and `eprintln!` of this
+//! crate (the macros below shadow the standard ones for every module declared after this one) and every
 //! log line go through [`safe`], so a value from a checkpoint, an archive, a bundle's spec or a
 //! process that a message forgot to escape still cannot move a terminal's cursor, forge a line
 //! (`\r`, ESC, BEL, C1) or reverse one (U+202E and the other format characters).
@@ -56,16 +56,49 @@ pub fn init_logger() {
         .init();
 }
 
-/// `println!` through [`safe`].
-macro_rules! println {
-    () => { ::std::println!() };
-    ($($arg:tt)*) => { ::std::println!("{}", $crate::out::safe(&::std::format!($($arg)*))) };
+/// The exit status of a command whose standard output was closed under it (`inspect ... | head`): what a shell
+/// reports for tar, cat or grep there, which die of SIGPIPE (128 + 13).
+pub const CLOSED_STDOUT_STATUS: i32 = 141;
+
+/// Writes `s` (through [`safe`]) to standard output. A reader that went away (`| head`) ends the command at once,
+/// quietly, with [`CLOSED_STDOUT_STATUS`], as the tools that die of SIGPIPE end (Rust ignores SIGPIPE, so the
+/// write fails with EPIPE, and `std::println!` would panic); any other write error is said on stderr (exit 2).
+pub fn print(s: &str, newline: bool) {
+    use std::io::Write;
+    let text = safe(s);
+    let mut out = std::io::stdout().lock();
+    let written = if newline { writeln!(out, "{text}") } else { write!(out, "{text}").and_then(|()| out.flush()) };
+    if let Err(e) = written {
+        if e.kind() == std::io::ErrorKind::BrokenPipe {
+            std::process::exit(CLOSED_STDOUT_STATUS);
+        }
+        let _ = writeln!(std::io::stderr(), "criu-cuda-migrate: cannot write to standard output: {e}");
+        std::process::exit(2);
+    }
 }
 
-/// `eprintln!` through [`safe`].
+/// Writes `s` (through [`safe`]) to standard error, if it can: a closed stderr loses the message, it does not
+/// end the command.
+pub fn eprint(s: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{}", safe(s));
+}
+
+/// `println!` through [`safe`] and [`print`].
+macro_rules! println {
+    () => { $crate::out::print("", true) };
+    ($($arg:tt)*) => { $crate::out::print(&::std::format!($($arg)*), true) };
+}
+
+/// `print!` through [`safe`] and [`print`].
+macro_rules! print {
+    ($($arg:tt)*) => { $crate::out::print(&::std::format!($($arg)*), false) };
+}
+
+/// `eprintln!` through [`safe`] and [`eprint`].
 macro_rules! eprintln {
-    () => { ::std::eprintln!() };
-    ($($arg:tt)*) => { ::std::eprintln!("{}", $crate::out::safe(&::std::format!($($arg)*))) };
+    () => { $crate::out::eprint("") };
+    ($($arg:tt)*) => { $crate::out::eprint(&::std::format!($($arg)*)) };
 }
 
 #[cfg(test)]

@@ -392,3 +392,225 @@ fn a_damaged_or_hostile_checkpoint_image_is_refused_naming_the_fix() {
     let out = run(&["inspect", &path], QUICK);
     assert_clean_failure(&out, 2, &["blobs/sha256/", "../../etc/cron.d/x", "`..` component"]);
 }
+
+/// Every checkpoint image containerd 2.1 would refuse or read otherwise (issue 35): `inspect` and `preflight`
+/// (text and `--json`) exit 2 with one line that says what is wrong and what to do.
+#[test]
+fn an_image_containerd_reads_otherwise_is_refused_by_inspect_and_preflight_naming_the_fix() {
+    use common::oci::{config_of, descriptor, digest, layer_type, Parts, INDEX, MANIFEST};
+    use std::fmt::Write as _;
+    let dir = tempfile::tempdir().unwrap();
+    let plain = kubelet_layer();
+    let none = ccm_archive::Compression::None;
+    let gz = ccm_archive::Compression::Gzip;
+    let image_of = |layer: Vec<u8>, c, config: Vec<u8>| Parts::of(compress(&layer, c), layer_type(c), config).image();
+    let good = |layer: &[u8], c| image_of(layer.to_vec(), c, config_of(&[&digest(layer)]));
+    let mut other = Tar::new();
+    other.dir("checkpoint").file("checkpoint/inventory.img", b"another checkpoint");
+    let (_, parts) = common::oci::Image::of(&plain, none);
+    let layer_desc = descriptor(layer_type(none), &parts.layer);
+    let config_desc = descriptor(common::oci::CONFIG, &parts.config);
+
+    let mut cases: Vec<(&str, common::oci::Image, Vec<&str>)> = vec![
+        (
+            "diff_ids naming another layer",
+            image_of(plain.clone(), none, config_of(&[&digest(&other.finish())])),
+            vec!["rootfs.diff_ids names the layer content", "containerd restores the snapshot", "rebuild the image"],
+        ),
+        (
+            "diff_ids: []",
+            image_of(plain.clone(), gz, config_of(&[])),
+            vec!["diff_ids names 0 layer(s)", "rebuild the image"],
+        ),
+        (
+            "a config of [1,2,3]",
+            image_of(plain.clone(), none, b"[1,2,3]".to_vec()),
+            vec!["config sha256:", "rebuild the image"],
+        ),
+        (
+            "a config of {}",
+            image_of(plain.clone(), none, b"{}".to_vec()),
+            vec!["it has no rootfs", "rebuild the image"],
+        ),
+        (
+            "a manifest with manifests",
+            Parts {
+                manifest: format!(
+                    r#"{{"schemaVersion":2,"config":{config_desc},"layers":[{layer_desc}],"manifests":[]}}"#
+                )
+                .into_bytes(),
+                ..parts.clone()
+            }
+            .image(),
+            vec!["expected manifest but found index", "rebuild the image"],
+        ),
+    ];
+    let mut index_with_layers = parts.image();
+    index_with_layers.index =
+        format!(r#"{{"schemaVersion":2,"manifests":[{}],"layers":[]}}"#, descriptor(MANIFEST, &parts.manifest))
+            .into_bytes();
+    cases.push((
+        "an index with layers",
+        index_with_layers,
+        vec!["expected index but found manifest", "rebuild the image"],
+    ));
+    let mut lone = Tar::new();
+    lone.dir("checkpoint").file("checkpoint/inventory.img", b"inv");
+    let mut lone = lone.unfinished();
+    lone.extend([0; 512]);
+    let mut hidden = Tar::new();
+    hidden.file("checkpoint/cuda-migrate-7.img", &image(7));
+    lone.extend(hidden.finish());
+    cases.push((
+        "a zero block followed by more members",
+        good(&lone, none),
+        vec!["lone zero block", "re-export the checkpoint"],
+    ));
+    let mut garbage = compress(&plain, gz);
+    garbage.extend(b"trailing garbage");
+    cases.push((
+        "gzip trailing garbage",
+        Parts::of(garbage, layer_type(gz), config_of(&[&digest(&plain)])).image(),
+        vec!["holds data that is no gzip frame", "rebuild the image"],
+    ));
+    let mut wh = Tar::new();
+    wh.dir("checkpoint")
+        .file("checkpoint/inventory.img", b"inv")
+        .file("checkpoint/cuda-migrate-7.img", &image(7))
+        .file("checkpoint/.wh.cuda-migrate-8.img", b"");
+    cases.push(("a whiteout", good(&wh.finish(), gz), vec!["is an OCI whiteout", "export the checkpoint again"]));
+    let mut two = parts.image();
+    let other_manifest = String::from_utf8(parts.manifest.clone()).unwrap().replace("counter", "other");
+    two.blob(other_manifest.as_bytes());
+    two.index = format!(
+        r#"{{"schemaVersion":2,"manifests":[{},{}]}}"#,
+        descriptor(MANIFEST, &parts.manifest),
+        descriptor(MANIFEST, other_manifest.as_bytes())
+    )
+    .into_bytes();
+    cases.push(("two images", two, vec!["more than one image", "skopeo copy"]));
+    let mut nested = parts.image();
+    let mut descs = String::new();
+    for i in 0..3 {
+        let pad = "x".repeat(4_000_000);
+        let idx = format!(
+            r#"{{"schemaVersion":2,"manifests":[{}],"annotations":{{"pad{i}":"{pad}"}}}}"#,
+            descriptor(MANIFEST, &parts.manifest)
+        );
+        let _ = write!(descs, "{}{}", if i == 0 { "" } else { "," }, descriptor(INDEX, idx.as_bytes()));
+        nested.blob(idx.as_bytes());
+    }
+    nested.index = format!(r#"{{"schemaVersion":2,"manifests":[{descs}]}}"#).into_bytes();
+    cases.push(("nested indexes of 12 MB", nested, vec!["bytes together", "this is no checkpoint image"]));
+
+    for (n, (what, image, needles)) in cases.into_iter().enumerate() {
+        let layout = dir.path().join(format!("layout-{n}"));
+        image.write_layout(&layout);
+        let layout = layout.to_str().unwrap().to_string();
+        let archive = write(dir.path(), &format!("image-{n}.tar"), &image.archive());
+        for path in [&layout, &archive] {
+            for cmd in ["inspect", "preflight"] {
+                let out = run(&[cmd, path], QUICK);
+                assert_clean_failure(&out, 2, &needles);
+                // Named: the image, or its layer's blob (the archive rules).
+                assert!(text(&out).contains("checkpoint image `") || text(&out).contains(":blobs/sha256/"), "{what}");
+                assert!(out.stdout.is_empty(), "{what}: {cmd} printed {}", text(&out));
+                assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1, "{what}: one line: {}", text(&out));
+                let out = run(&["--json", cmd, path], QUICK);
+                let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+                assert_eq!((v["ok"].clone(), v["exit_code"].clone()), (false.into(), 2.into()), "{what}: {v}");
+                assert!(v["error"].as_str().unwrap().contains(needles[0]), "{what}: {v}");
+            }
+        }
+    }
+
+    // `index.json/` as a directory after the file, in an oci-archive.
+    let image = parts.image();
+    let mut t = Tar::new();
+    t.dir("blobs").dir("blobs/sha256");
+    for (hex, data) in &image.blobs {
+        t.file(&format!("blobs/sha256/{hex}"), data);
+    }
+    t.file("index.json", &image.index).file("oci-layout", &image.layout).dir("index.json/");
+    let path = write(dir.path(), "index-dir.tar", &t.finish());
+    for cmd in ["inspect", "preflight"] {
+        let out = run(&[cmd, &path], QUICK);
+        assert_clean_failure(
+            &out,
+            2,
+            &["member `index.json/` is a directory", "must be a regular file", "copy the image again"],
+        );
+    }
+}
+
+/// index.json → nested index → manifest: containerd takes the nested index for the image and reads its
+/// annotations (`checkIfCheckpointOCIImage`), so `inspect` reports those for containerd, the manifest's for CRI-O.
+#[test]
+fn inspect_reports_the_annotations_containerd_reads_on_a_nested_index() {
+    use common::oci::{descriptor, digest, INDEX, MANIFEST};
+    let dir = tempfile::tempdir().unwrap();
+    let (_, parts) = common::oci::Image::of(&kubelet_layer(), ccm_archive::Compression::None);
+    for (annotations, containerd) in [
+        (r#"{"org.criu.checkpoint.container.name":"from-the-index"}"#, "containerd 2.x restores from it"),
+        ("{}", "containerd 2.x takes it for a plain image, not a checkpoint"),
+    ] {
+        let inner = format!(
+            r#"{{"schemaVersion":2,"manifests":[{}],"annotations":{annotations}}}"#,
+            descriptor(MANIFEST, &parts.manifest)
+        );
+        let mut image = parts.image();
+        image.blob(inner.as_bytes());
+        image.index =
+            format!(r#"{{"schemaVersion":2,"manifests":[{}]}}"#, descriptor(INDEX, inner.as_bytes())).into_bytes();
+        let layout = dir.path().join("nested");
+        let _ = std::fs::remove_dir_all(&layout);
+        image.write_layout(&layout);
+        let out = run(&["inspect", layout.to_str().unwrap()], QUICK);
+        let all = text(&out);
+        assert_eq!(out.status.code(), Some(0), "{all}");
+        for needle in [
+            containerd,
+            "CRI-O restores from it",
+            &format!(
+                "containerd reads the annotations of the index {} that index.json names",
+                digest(inner.as_bytes())
+            ),
+        ] {
+            assert!(all.contains(needle), "{needle:?} in {all}");
+        }
+        let out = run(&["--json", "inspect", layout.to_str().unwrap()], QUICK);
+        let v: serde_json::Value = serde_json::from_slice(&out.stdout).expect("one JSON document");
+        assert_eq!(v["image"]["target_digest"], digest(inner.as_bytes()));
+        assert_eq!(v["image"]["checkpoint_name_cri_o"], "counter");
+        let expected = if annotations == "{}" { serde_json::Value::Null } else { "from-the-index".into() };
+        assert_eq!(v["image"]["checkpoint_name_containerd"], expected, "{v}");
+    }
+}
+
+/// `inspect ... | head`: the reader goes away, the command ends at its next write, quietly (no panic, nothing on
+/// stderr), with the status a shell reports for tar or cat there (141, SIGPIPE's).
+#[test]
+fn a_closed_stdout_ends_inspect_quietly() {
+    let dir = tempfile::tempdir().unwrap();
+    // A restore report of 300 KiB: more than a pipe holds, so the command writes after head is gone.
+    let report: String =
+        (0..6000).map(|i| format!("reconciliation line {i:05} of a long report ...........\n")).collect();
+    let mut t = Tar::new();
+    t.dir("checkpoint")
+        .file("checkpoint/inventory.img", b"inv")
+        .file("checkpoint/cuda-migrate-7.img", &image(7))
+        .file("checkpoint/cuda-migrate-restore-7.txt", report.as_bytes());
+    let archive = write(dir.path(), "long.tar", &t.finish());
+    for json in [false, true] {
+        let script = format!(
+            "'{}' {} inspect '{archive}' | head -n 1 >/dev/null; echo \"status ${{PIPESTATUS[0]}}\"",
+            cli().display(),
+            if json { "--json" } else { "" }
+        );
+        let out = Command::new("bash").args(["-c", &script]).env("RUST_BACKTRACE", "1").output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(stdout.trim(), "status 141", "json {json}: {stdout} {stderr}");
+        assert!(stderr.is_empty(), "json {json}: quiet, no panic: {stderr}");
+    }
+}
