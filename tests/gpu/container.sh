@@ -555,4 +555,7 @@ main() {
     ! grep -q $'\tFAIL\t' "$RESULTS"
 }
 
-main "$@"
+# Sourced (tests/gpu/ipc-refuse.sh takes its runc setup and bundles): the functions only.
+if [[ ${BASH_SOURCE[0]} == "$0" ]]; then
+    main "$@"
+fi
