@@ -356,3 +356,106 @@ fn a_command_reached_through_a_proc_link_is_not_run() {
     assert!(text.contains("criu is not installed"), "{text}");
     assert!(err.contains("usr/sbin/criu: not run") && err.contains("a link in /proc"), "{err}");
 }
+
+/// Whether `pid` is a live process (not gone, not a zombie waiting for its reaper).
+fn alive(pid: u32) -> bool {
+    std::fs::read_to_string(format!("/proc/{pid}/stat"))
+        .ok()
+        .and_then(|s| s.rsplit_once(')').map(|(_, rest)| !rest.trim_start().starts_with('Z')))
+        .unwrap_or(false)
+}
+
+/// The pid a stand-in command wrote into `file` (waits for it a little: the command runs in the background).
+fn pid_in(file: &Path) -> u32 {
+    for _ in 0..100 {
+        if let Some(pid) = std::fs::read_to_string(file).ok().and_then(|t| t.trim().parse().ok()) {
+            return pid;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    panic!("no pid in {}", file.display());
+}
+
+impl Node {
+    /// The check with its hidden `--deadline` and extra environment; its text output and how long it took.
+    fn check_with(&self, deadline: u64, env: &[(&str, &str)]) -> (Output, std::time::Duration) {
+        let mut c = Command::new(cli());
+        c.args(["node", "--check", "--deadline", &deadline.to_string(), "--root"])
+            .arg(&self.root)
+            .env("CCM_SIM_CONFIG", self.sim.join("gpus.json"))
+            .env("CCM_SIM_STATE_DIR", self.sim.join("state"))
+            .env("CRIU_CUDA_MIGRATE_LIBCUDA", &self.libcuda)
+            .env("CRIU_CUDA_MIGRATE_LIBNVML", &self.libnvml)
+            .env_remove("CCM_SIM_VISIBLE")
+            .env_remove("CCM_SIM_FAULTS")
+            .env_remove("LD_LIBRARY_PATH");
+        for (k, v) in env {
+            c.env(k, v);
+        }
+        // Waited for at most a minute: a check that hangs fails the test instead of holding it.
+        let t0 = std::time::Instant::now();
+        let mut child = c
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run criu-cuda-migrate");
+        while child.try_wait().expect("wait").is_none() {
+            if t0.elapsed() > std::time::Duration::from_secs(60) {
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("node --check --deadline {deadline} still ran after 60 s");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+        let out = child.wait_with_output().expect("output");
+        (out, t0.elapsed())
+    }
+}
+
+/// An NVML whose init never returns (the double's `nvml-init-hang`): before, `node --check` waited without end
+/// (past 90 s) because it called NVML on its own thread. Now the driver's calls run on threads of their own, and the
+/// check ends at its deadline with a FAIL line naming what did not answer; libcuda, asked on its own thread, still
+/// answers.
+#[test]
+fn a_driver_that_never_answers_ends_at_the_deadline() {
+    let Some(n) = Node::good() else { return };
+    let (out, took) = n.check_with(2, &[("CCM_SIM_FAULTS", "nvml-init-hang")]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert!(took < std::time::Duration::from_secs(15), "took {took:?}:\n{text}");
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    assert!(
+        text.lines().any(|l| l.starts_with("FAIL") && l.contains("driver") && l.contains("did not answer within 2 s")),
+        "{text}"
+    );
+    assert!(text.lines().any(|l| l.starts_with("ok") && l.contains("checkpoint-api")), "{text}");
+}
+
+/// A command that outlives its deadline and has a child that ignores the end of its parent (SIGTERM and SIGHUP
+/// ignored, in the background), and one that exits at once but leaves a child holding its output: before, the check
+/// killed only the command itself, and both children ran on, reparented. Now each command runs in a process group
+/// of its own and the whole group is killed, at the deadline or once the command exited.
+#[test]
+fn a_commands_children_end_with_it() {
+    let Some(n) = Node::good() else { return };
+    let (stuck, lingering) = (n.sim.join("stuck-child.pid"), n.sim.join("lingering-child.pid"));
+    n.command(
+        "usr/sbin/criu",
+        &format!(
+            "case \"$1\" in\n--version) sh -c 'trap \"\" TERM HUP INT; exec sleep 300' & echo $! > {stuck}; sleep 300;;\n\
+             check) echo 'Looks good.'; sleep 300 & echo $! > {lingering};;\nesac",
+            stuck = stuck.display(),
+            lingering = lingering.display()
+        ),
+    );
+    // criu --version hangs: `criu check` is still run (its version unknown is no "not installed").
+    let (out, took) = n.check_with(2, &[]);
+    let text = String::from_utf8_lossy(&out.stdout);
+    let (stuck_pid, lingering_pid) = (pid_in(&stuck), pid_in(&lingering));
+    let survivors: Vec<u32> = [stuck_pid, lingering_pid].into_iter().filter(|p| alive(*p)).collect();
+    for p in &survivors {
+        let _ = Command::new("kill").args(["-KILL", &p.to_string()]).status();
+    }
+    assert!(survivors.is_empty(), "children of the check's commands outlived it: {survivors:?}\n{text}");
+    assert!(text.contains("killed after 2 s"), "{text}");
+    assert!(took < std::time::Duration::from_secs(15), "took {took:?}");
+}

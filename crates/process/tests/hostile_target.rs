@@ -48,6 +48,7 @@ fn a_huge_environ_span_set_by_an_unprivileged_process_is_refused_unread() {
             }
             other => panic!("a {span}-byte environ span was read: {other:?}"),
         }
+        eprintln!("a {span}-byte span refused after {took:?}");
         assert!(took < Duration::from_millis(500), "the refusal took {took:?}");
     }
 }

@@ -24,6 +24,9 @@ const MAX_FILES_PER_DIR: usize = 64;
 const MAX_OUTPUT_BYTES: u64 = 64 << 10;
 /// How long a command may take (`criu check` takes about a second).
 const COMMAND_DEADLINE: Duration = Duration::from_secs(20);
+/// How long NVML's init and GPU list, and libcuda's load, may take (an init of 8 GPUs without
+/// persistence mode takes seconds; one that never returns is a stuck driver).
+const DRIVER_DEADLINE: Duration = Duration::from_secs(30);
 
 /// Where the commands are looked for on the real root besides `$PATH` (sudo's and root's usual
 /// directories: iptables-restore lives in /usr/sbin, which a user's PATH may lack).
@@ -36,12 +39,14 @@ pub struct Root {
     /// Whether it is the real `/` (commands from `$PATH`) or a stand-in (commands from its own bin
     /// directories only).
     real: bool,
+    /// How long a command may run.
+    deadline: Duration,
 }
 
 impl Root {
-    pub fn open(path: &Path) -> Result<Root, FileError> {
+    pub fn open(path: &Path, deadlines: Deadlines) -> Result<Root, FileError> {
         let real = path == Path::new("/");
-        Ok(Root { dir: Dir::open(path)?, path: path.to_path_buf(), real })
+        Ok(Root { dir: Dir::open(path)?, path: path.to_path_buf(), real, deadline: deadlines.command })
     }
 
     /// The directory at `abs` (an absolute path, `/etc/criu`) below the root, each component opened
@@ -142,20 +147,29 @@ impl Root {
     fn run(&self, name: &str, args: &[&str]) -> CmdFact {
         match self.command(name) {
             None => CmdFact::NotFound,
-            Some(p) => run_command(&p, args, COMMAND_DEADLINE),
+            Some(p) => run_command(&p, args, self.deadline),
         }
     }
 }
 
 /// Runs `prog` with no input and `LC_ALL=C`, keeping at most [`MAX_OUTPUT_BYTES`] of its stdout
 /// and of its stderr; killed at the deadline (its status is then `None`).
+///
+/// It runs in a process group of its own, and the whole group is killed once the command has
+/// exited or at the deadline: a command's children (a helper it forked, one that ignores the
+/// end of its parent) end with it instead of outliving the check. The group is killed while the
+/// command is still unreaped (seen exited through `WNOWAIT`), so its pid, which is the group's id,
+/// cannot have been reused by then. A child that made a session or group of its own
+/// (`setsid`) has left the group and is beyond this.
 pub fn run_command(prog: &Path, args: &[&str], deadline: Duration) -> CmdFact {
+    use std::os::unix::process::CommandExt;
     let mut child = match Command::new(prog)
         .args(args)
         .env("LC_ALL", "C")
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
+        .process_group(0)
         .spawn()
     {
         Ok(c) => c,
@@ -184,17 +198,32 @@ pub fn run_command(prog: &Path, args: &[&str], deadline: Duration) -> CmdFact {
         });
     }
     drop(tx);
+    let group = rustix::process::Pid::from_child(&child);
+    let kill_group = || {
+        let _ = rustix::process::kill_process_group(group, rustix::process::Signal::KILL);
+    };
     let start = Instant::now();
-    let status = loop {
-        match child.try_wait() {
-            Ok(Some(s)) => break s.code(),
+    let exited = rustix::process::WaitIdOptions::EXITED
+        | rustix::process::WaitIdOptions::NOHANG
+        | rustix::process::WaitIdOptions::NOWAIT;
+    let (status, timed_out) = loop {
+        match rustix::process::waitid(rustix::process::WaitId::Pid(group), exited) {
+            Ok(Some(_)) => {
+                kill_group();
+                break (child.wait().ok().and_then(|s| s.code()), false);
+            }
             Ok(None) if start.elapsed() >= deadline => {
-                let _ = child.kill();
+                kill_group();
                 let _ = child.wait();
-                break None;
+                break (None, true);
             }
             Ok(None) => std::thread::sleep(Duration::from_millis(10)),
-            Err(e) => return CmdFact::Failed(format!("waiting for {}: {e}", prog.display())),
+            Err(rustix::io::Errno::INTR) => {}
+            Err(e) => {
+                kill_group();
+                let _ = child.wait();
+                return CmdFact::Failed(format!("waiting for {}: {e}", prog.display()));
+            }
         }
     };
     let mut parts = [Vec::new(), Vec::new()];
@@ -212,7 +241,7 @@ pub fn run_command(prog: &Path, args: &[&str], deadline: Duration) -> CmdFact {
         }
         output.push_str(&String::from_utf8_lossy(&parts[1]));
     }
-    if status.is_none() {
+    if timed_out {
         output.push_str(&format!("\n(killed after {} s)", deadline.as_secs()));
     }
     CmdFact::Ran { status, output }
@@ -224,20 +253,85 @@ fn is_root() -> bool {
 
 /// The driver as the command-line tool sees it: NVML and libcuda loaded in this process (the
 /// libraries `CRIU_CUDA_MIGRATE_LIBNVML` / `_LIBCUDA` name, else the loader's), as `node` does.
-fn driver_facts() -> (Result<NvmlFacts, String>, Result<String, String>) {
+type DriverFacts = (Result<NvmlFacts, String>, Result<String, String>);
+
+fn nvml_facts() -> Result<NvmlFacts, String> {
     let libs = ccm_engine::Config::driver_libs_in_env();
-    let nvml = ccm_driver::nvml::Nvml::init(libs.libnvml.as_deref()).map_err(|e| e.to_string()).and_then(|n| {
+    ccm_driver::nvml::Nvml::init(libs.libnvml.as_deref()).map_err(|e| e.to_string()).and_then(|n| {
         let gpus = n.gpus().map_err(|e| e.to_string())?;
         Ok(NvmlFacts { driver_version: n.driver_version().unwrap_or_default(), gpus })
-    });
-    let api = ccm_driver::Libcuda::load(libs.libcuda.as_deref()).map_err(|e| e.to_string()).and_then(|lib| {
+    })
+}
+
+fn checkpoint_api_fact() -> Result<String, String> {
+    let libs = ccm_engine::Config::driver_libs_in_env();
+    ccm_driver::Libcuda::load(libs.libcuda.as_deref()).map_err(|e| e.to_string()).and_then(|lib| {
         ccm_driver::checkpoint::CheckpointApi::new(&lib).map(|_| lib.path().to_string()).map_err(|e| e.to_string())
-    });
-    (nvml, api)
+    })
+}
+
+/// The driver's answers, asked on threads of their own as soon as the check starts (as `recover`
+/// does): an NVML whose init never returns, or a library whose load hangs, cannot hold the check,
+/// which takes what came by the deadline and names what did not. A thread still stuck in the
+/// driver is left behind; the process's exit ends it.
+pub struct DriverProbe {
+    nvml: mpsc::Receiver<Result<NvmlFacts, String>>,
+    api: mpsc::Receiver<Result<String, String>>,
+    until: Instant,
+    deadline: Duration,
+}
+
+impl DriverProbe {
+    pub fn start(deadline: Duration) -> DriverProbe {
+        let (nvml_tx, nvml) = mpsc::channel();
+        let (api_tx, api) = mpsc::channel();
+        // A thread that cannot start drops its sender: its answer reads as none.
+        let _ = std::thread::Builder::new().name("nvml".into()).spawn(move || {
+            let _ = nvml_tx.send(nvml_facts());
+        });
+        let _ = std::thread::Builder::new().name("libcuda".into()).spawn(move || {
+            let _ = api_tx.send(checkpoint_api_fact());
+        });
+        DriverProbe { nvml, api, until: Instant::now() + deadline, deadline }
+    }
+
+    fn wait<T>(&self, rx: &mpsc::Receiver<Result<T, String>>, what: &str) -> Result<T, String> {
+        match rx.recv_timeout(self.until.saturating_duration_since(Instant::now())) {
+            Ok(r) => r,
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(format!(
+                "{what} did not answer within {} s: the driver is stuck (a GPU in a bad state, or a driver \
+                 update under way); see `dmesg` for NVRM lines and `nvidia-smi`",
+                self.deadline.as_secs()
+            )),
+            Err(mpsc::RecvTimeoutError::Disconnected) => {
+                Err(format!("{what}: no answer (the thread asking the driver could not start or ended)"))
+            }
+        }
+    }
+
+    /// What the driver answered by the deadline.
+    pub fn facts(&self) -> DriverFacts {
+        (self.wait(&self.nvml, "nvmlInit and the GPU list"), self.wait(&self.api, "loading libcuda"))
+    }
+}
+
+/// How long the check waits for each command and for the driver.
+#[derive(Debug, Clone, Copy)]
+pub struct Deadlines {
+    pub command: Duration,
+    pub driver: Duration,
+}
+
+impl Default for Deadlines {
+    fn default() -> Deadlines {
+        Deadlines { command: COMMAND_DEADLINE, driver: DRIVER_DEADLINE }
+    }
 }
 
 /// Everything `node --check` looks at on the node under `root`.
-pub fn gather(root: &Root) -> Facts {
+pub fn gather(root: &Root, deadlines: Deadlines) -> Facts {
+    // The driver first, on its own threads, so its time runs beside the commands'.
+    let driver = DriverProbe::start(deadlines.driver);
     let mut criu_conf = BTreeMap::new();
     for name in eval::CRIU_CONF_FILES {
         criu_conf.insert(name.to_string(), root.read("/etc/criu", name, MAX_CONFIG_BYTES));
@@ -256,11 +350,10 @@ pub fn gather(root: &Root) -> Facts {
         CmdFact::NotFound => CmdFact::NotFound,
         _ => root.run("criu", &["check"]),
     };
-    let (nvml, checkpoint_api) = driver_facts();
     let persistence = root.run("nvidia-smi", &["--query-gpu=uuid,persistence_mode", "--format=csv,noheader"]);
     let containerd = root.command("containerd").map(|p| {
         (
-            run_command(&p, &["--version"], COMMAND_DEADLINE),
+            run_command(&p, &["--version"], deadlines.command),
             root.read("/etc/containerd", "config.toml", MAX_CONFIG_BYTES),
         )
     });
@@ -268,7 +361,7 @@ pub fn gather(root: &Root) -> Facts {
         let mut files =
             vec![("/etc/crio/crio.conf".to_string(), root.read("/etc/crio", "crio.conf", MAX_CONFIG_BYTES))];
         files.extend(root.files("/etc/crio/crio.conf.d", |n| n.ends_with(".conf"), MAX_CONFIG_BYTES, false));
-        (run_command(&p, &["--version"], COMMAND_DEADLINE), files)
+        (run_command(&p, &["--version"], deadlines.command), files)
     });
     let mut cdi = Vec::new();
     let spec = |n: &str| n.ends_with(".yaml") || n.ends_with(".yml") || n.ends_with(".json");
@@ -276,6 +369,7 @@ pub fn gather(root: &Root) -> Facts {
     for dir in ["/etc/cdi", "/run/cdi", "/var/run/cdi"] {
         cdi.extend(root.files(dir, spec, MAX_CDI_BYTES, dir == "/var/run/cdi"));
     }
+    let (nvml, checkpoint_api) = driver.facts();
     Facts {
         is_root: is_root(),
         criu_conf,

@@ -11,6 +11,7 @@ pub mod gather;
 
 use std::io::Write;
 use std::path::PathBuf;
+use std::time::Duration;
 
 use crate::Failure;
 use eval::{Line, Verdict};
@@ -27,13 +28,21 @@ pub struct NodeArgs {
     /// Read the node's files below DIR instead of `/`, and its commands from DIR's bin directories (tests).
     #[arg(long, value_name = "DIR", hide = true, requires = "check")]
     pub root: Option<PathBuf>,
+    /// How long each command and the driver's answers may take, in seconds, instead of 20 s a command and 30 s
+    /// the driver (tests).
+    #[arg(long, value_name = "SECONDS", hide = true, requires = "check", value_parser = clap::value_parser!(u64).range(1..=600))]
+    pub deadline: Option<u64>,
 }
 
 /// Runs the check and prints it; a node that is not ready is a refusal (exit 1).
 pub fn run(args: &NodeArgs, json: bool) -> Result<(), Failure> {
     let root_path = args.root.clone().unwrap_or_else(|| PathBuf::from("/"));
-    let root = gather::Root::open(&root_path).map_err(|e| Failure::Input(format!("--root: {e}")))?;
-    let facts = gather::gather(&root);
+    let deadlines = match args.deadline {
+        Some(s) => gather::Deadlines { command: Duration::from_secs(s), driver: Duration::from_secs(s) },
+        None => gather::Deadlines::default(),
+    };
+    let root = gather::Root::open(&root_path, deadlines).map_err(|e| Failure::Input(format!("--root: {e}")))?;
+    let facts = gather::gather(&root, deadlines);
     let lines = eval::evaluate(&facts);
     let ready = eval::ready(&lines);
     let count = |v: Verdict| lines.iter().filter(|l| l.verdict == v).count();

@@ -14,6 +14,7 @@
 //! | `restore-fail[=CODE]` | `cuCheckpointProcessRestore` fails (default 304), process stays CHECKPOINTED |
 //! | `unlock-fail[=CODE]` | `cuCheckpointProcessUnlock` fails (default 999), process stays LOCKED |
 //! | `nvml-missing` | `nvmlInit*` fails with NVML_ERROR_DRIVER_NOT_LOADED (9) |
+//! | `nvml-init-hang[=MS]` | `nvmlInit*` sleeps MS milliseconds before it answers; without MS it never returns (a stuck driver) |
 //! | `restore-thread-stall` | the restore thread stops answering (as if it were ptrace-stopped) |
 //! | `restore-slow[=MS]` | the restore waits MS (2000) before it does anything |
 //! | `agent-stop=CALL` | the CALLER (the plugin's driver agent) stops itself with SIGSTOP once it has posted CALL (`lock`, `checkpoint`, `restore`, `unlock`): the target works on, the caller never answers |
@@ -33,6 +34,9 @@ pub struct Faults {
     pub restore_fail: Option<i32>,
     pub unlock_fail: Option<i32>,
     pub nvml_missing: bool,
+    /// `nvmlInit*` hangs (`nvml-init-hang[=MS]`): `Some(Some(ms))` sleeps that long first,
+    /// `Some(None)` never returns.
+    pub nvml_init_hang_ms: Option<Option<u64>>,
     pub restore_thread_stall: bool,
     /// The restore takes this many milliseconds before it does anything (`restore-slow[=MS]`, 2000).
     pub restore_slow_ms: Option<u64>,
@@ -67,6 +71,7 @@ impl Faults {
                     "restore-fail" => self.restore_fail = Some(code(cuda::CUDA_ERROR_OPERATING_SYSTEM)),
                     "unlock-fail" => self.unlock_fail = Some(code(cuda::CUDA_ERROR_UNKNOWN)),
                     "nvml-missing" => self.nvml_missing = true,
+                    "nvml-init-hang" => self.nvml_init_hang_ms = Some(value.and_then(|v| v.parse().ok())),
                     "restore-thread-stall" => self.restore_thread_stall = true,
                     "restore-slow" => self.restore_slow_ms = Some(value.and_then(|v| v.parse().ok()).unwrap_or(2000)),
                     "agent-stop" => self.agent_stop = value.map(str::to_string),
@@ -104,7 +109,10 @@ mod tests {
         assert_eq!(f.checkpoint_fail, None);
         assert_eq!(f.unlock_fail, Some(999));
         assert!(!f.nvml_missing);
+        assert_eq!(f.nvml_init_hang_ms, None);
         assert_eq!(f.unknown, vec!["bogus".to_string()]);
+        assert_eq!(Faults::parse("nvml-init-hang").nvml_init_hang_ms, Some(None));
+        assert_eq!(Faults::parse("nvml-init-hang=250").nvml_init_hang_ms, Some(Some(250)));
     }
 
     #[test]

@@ -189,6 +189,15 @@ fn init() -> Result<(), NvmlReturn> {
     if faults.nvml_missing {
         return Err(NVML_ERROR_DRIVER_NOT_LOADED);
     }
+    if let Some(ms) = faults.nvml_init_hang_ms {
+        // A driver stuck in its init: the call returns after `ms`, or never (`None` inside).
+        match ms {
+            Some(ms) => std::thread::sleep(std::time::Duration::from_millis(ms)),
+            None => loop {
+                std::thread::sleep(std::time::Duration::from_secs(3600));
+            },
+        }
+    }
     let mut l = NVML.lock().unwrap_or_else(|p| p.into_inner());
     if l.count == 0 {
         match load() {
