@@ -44,6 +44,24 @@ const KNOWN_KEYS: &[&str] = &[
 /// Object keys whose values are free-form maps.
 const FREE_MAPS: &[&str] = &["annotations", "labels", "Labels"];
 
+/// Keys whose value is an object in the image format (a Go struct), and keys whose value is an array of them. serde
+/// reads a struct from an array too (its fields in order: `[1,2,3]` as a config, a descriptor as `["type","sha256:..",
+/// 1]`); Go's encoding/json refuses anything but an object (or `null`) there, and so does this check.
+const OBJECT_KEYS: &[&str] = &["config", "rootfs", "platform", "subject"];
+const OBJECT_ARRAY_KEYS: &[&str] = &["manifests", "layers", "history"];
+
+/// What a value must be.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Shape {
+    Any,
+    /// An object or `null` (the key named, for messages: `None` at the top).
+    Object(Option<&'static str>),
+    /// An array of objects (or `null`).
+    ObjectArray(&'static str),
+    /// An element of such an array: an object.
+    Element(&'static str),
+}
+
 /// A key as Go's `encoding/json` compares it with a field name: ASCII case folded, and the two
 /// non-ASCII letters that fold to ASCII ones (U+212A KELVIN SIGN to `k`, U+017F LONG S to `s`).
 fn folded(key: &str) -> String {
@@ -59,7 +77,7 @@ fn folded(key: &str) -> String {
 /// Checks `bytes` by the rules above; the error says what differs.
 pub(crate) fn check(bytes: &[u8]) -> Result<(), String> {
     let mut de = serde_json::Deserializer::from_slice(bytes);
-    Checker { free: false }.deserialize(&mut de).map_err(|e| e.to_string())?;
+    Checker { free: false, shape: Shape::Object(None) }.deserialize(&mut de).map_err(|e| e.to_string())?;
     de.end().map_err(|e| e.to_string())
 }
 
@@ -67,6 +85,30 @@ pub(crate) fn check(bytes: &[u8]) -> Result<(), String> {
 struct Checker {
     /// The object is a free-form map (its keys need not be the format's names).
     free: bool,
+    /// What the value must be.
+    shape: Shape,
+}
+
+impl Checker {
+    /// Refuses a value of another kind than [`Checker::shape`] allows.
+    fn kind<E: de::Error>(&self, found: &str) -> Result<(), E> {
+        let object = match self.shape {
+            Shape::Object(Some(k)) => format!("the value of `{k}`"),
+            Shape::Element(k) => format!("an element of `{k}`"),
+            _ => "the document".to_string(),
+        };
+        match self.shape {
+            Shape::Any => Ok(()),
+            Shape::Object(_) | Shape::Element(_) if found != "an object" && found != "null" => Err(E::custom(format!(
+                "{object} is {found}, and Go's encoding/json (the runtimes' reader) takes nothing but an object there"
+            ))),
+            Shape::ObjectArray(key) if found != "an array" && found != "null" => Err(E::custom(format!(
+                "the value of `{key}` is {found}, and Go's encoding/json (the runtimes' reader) takes nothing but an \
+                 array of objects there"
+            ))),
+            _ => Ok(()),
+        }
+    }
 }
 
 impl<'de> DeserializeSeed<'de> for Checker {
@@ -84,6 +126,7 @@ impl<'de> Visitor<'de> for Checker {
     }
 
     fn visit_map<A: MapAccess<'de>>(self, mut map: A) -> Result<(), A::Error> {
+        self.kind("an object")?;
         let mut seen = HashSet::new();
         while let Some(key) = map.next_key::<String>()? {
             let f = folded(&key);
@@ -103,33 +146,45 @@ impl<'de> Visitor<'de> for Checker {
                     )));
                 }
             }
-            map.next_value_seed(Checker { free: FREE_MAPS.contains(&key.as_str()) })?;
+            let object = OBJECT_KEYS.iter().find(|k| **k == key);
+            let array = OBJECT_ARRAY_KEYS.iter().find(|k| **k == key);
+            let shape = match (self.free, object, array) {
+                (false, Some(k), _) => Shape::Object(Some(k)),
+                (false, None, Some(k)) => Shape::ObjectArray(k),
+                _ => Shape::Any,
+            };
+            map.next_value_seed(Checker { free: FREE_MAPS.contains(&key.as_str()), shape })?;
         }
         Ok(())
     }
 
     fn visit_seq<A: SeqAccess<'de>>(self, mut seq: A) -> Result<(), A::Error> {
-        while seq.next_element_seed(Checker { free: false })?.is_some() {}
+        self.kind("an array")?;
+        let shape = match self.shape {
+            Shape::ObjectArray(key) => Shape::Element(key),
+            _ => Shape::Any,
+        };
+        while seq.next_element_seed(Checker { free: false, shape })?.is_some() {}
         Ok(())
     }
 
-    fn visit_bool<E>(self, _: bool) -> Result<(), E> {
-        Ok(())
+    fn visit_bool<E: de::Error>(self, _: bool) -> Result<(), E> {
+        self.kind("a boolean")
     }
-    fn visit_i64<E>(self, _: i64) -> Result<(), E> {
-        Ok(())
+    fn visit_i64<E: de::Error>(self, _: i64) -> Result<(), E> {
+        self.kind("a number")
     }
-    fn visit_u64<E>(self, _: u64) -> Result<(), E> {
-        Ok(())
+    fn visit_u64<E: de::Error>(self, _: u64) -> Result<(), E> {
+        self.kind("a number")
     }
-    fn visit_f64<E>(self, _: f64) -> Result<(), E> {
-        Ok(())
+    fn visit_f64<E: de::Error>(self, _: f64) -> Result<(), E> {
+        self.kind("a number")
     }
-    fn visit_str<E>(self, _: &str) -> Result<(), E> {
-        Ok(())
+    fn visit_str<E: de::Error>(self, _: &str) -> Result<(), E> {
+        self.kind("a string")
     }
-    fn visit_unit<E>(self) -> Result<(), E> {
-        Ok(())
+    fn visit_unit<E: de::Error>(self) -> Result<(), E> {
+        self.kind("null")
     }
 }
 
@@ -150,6 +205,17 @@ mod tests {
         assert!(check("{\"\u{17f}ize\":1}".as_bytes()).unwrap_err().contains("`size`"));
         assert!(check(br#"{"annotations":{"x":"1","x":"2"}}"#).unwrap_err().contains("twice"));
         check(br#"{"annotations":{"x":"1","X":"2"}}"#).unwrap();
+    }
+
+    #[test]
+    fn arrays_where_go_reads_a_struct_are_refused() {
+        assert!(check(b"[1,2,3]").unwrap_err().contains("the document is an array"));
+        assert!(check(br#"{"rootfs":["layers",[]]}"#).unwrap_err().contains("the value of `rootfs` is an array"));
+        assert!(check(br#"{"layers":[["t","sha256:x",1]]}"#)
+            .unwrap_err()
+            .contains("an element of `layers` is an array"));
+        assert!(check(br#"{"manifests":{}}"#).unwrap_err().contains("an array of objects"));
+        check(br#"{"config":null,"layers":null,"rootfs":{"diff_ids":["a"]},"annotations":{"config":"x"}}"#).unwrap();
     }
 
     #[test]

@@ -658,7 +658,7 @@ impl Reader<'_> {
         let refuse = |reason: String| self.refuse(ImageRule::RootFs { config: digest.to_string(), reason });
         let Some(rootfs) = c.rootfs else {
             return Err(refuse(format!(
-                "it has no rootfs (containerd: number of layers and diffIDs don't match: {layers} != 0)"
+                "it has no rootfs (containerd: mismatched image rootfs and manifest layers, {layers} != 0)"
             )));
         };
         if rootfs.kind != "layers" {
@@ -670,8 +670,8 @@ impl Reader<'_> {
         let ids = rootfs.diff_ids.unwrap_or_default();
         if ids.len() != layers {
             return Err(refuse(format!(
-                "its rootfs.diff_ids names {} layer(s), and its manifest has {layers} (containerd: number of layers \
-                 and diffIDs don't match)",
+                "its rootfs.diff_ids names {} layer(s), and its manifest has {layers} (containerd: mismatched image \
+                 rootfs and manifest layers)",
                 ids.len()
             )));
         }
