@@ -190,6 +190,42 @@ fn remapped_restore_changes_uuids_but_not_the_cached_pci_location() {
     assert!(after0.contains(&format!("nvml_uuid_at_bus_id={}", sim.uuid(0))), "{after0}");
 }
 
+/// Another node: the GPU set file rewritten between checkpoint and restore (same bus ids, other UUIDs), as a
+/// test switches nodes. The driver's restore runs the process on the GPUs the file names then; its cached PCI
+/// words stay those of the dump node.
+#[test]
+fn a_restore_after_the_gpu_set_file_changed_runs_on_the_new_nodes_gpus() {
+    let sim = Sim::new();
+    let t = sim.target(&[]);
+    let pid = t.pid();
+    assert_eq!(sim.ctl(pid, &["lockckpt"]).0, 0);
+    let mut node_b = sim.config.clone();
+    for g in &mut node_b.gpus {
+        g.uuid.0[0] = 0xb0;
+    }
+    std::fs::write(sim.root.join("gpus.json"), node_b.to_json()).unwrap();
+    // Without a map the dump node's GPUs are not on this node: refused, still CHECKPOINTED.
+    let (rc, out) = sim.ctl(pid, &["restore"]);
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.contains("-> 1 CUDA_ERROR_INVALID_VALUE") && out.contains("CTL state=2"), "{out}");
+    // Node A's GPU 0 onto node B's GPU 1 and back: the other node's UUIDs, the old bus ids.
+    let (a0, a1) = (sim.uuid(0), sim.uuid(1));
+    let (b0, b1) = (node_b.gpus[0].uuid.to_string(), node_b.gpus[1].uuid.to_string());
+    let (rc, out) = sim.ctl(pid, &["restore", &format!("{a0}={b1},{a1}={b0}")]);
+    assert_eq!(rc, 0, "{out}");
+    assert!(sim.state().used_bytes(&node_b.gpus[1].uuid) > 0, "the device memory is not on node B's GPU 1");
+    assert_eq!(sim.ctl(pid, &["unlock"]).0, 0);
+    let (rc, out) = t.finish();
+    assert_eq!(rc, 0, "{out}");
+    assert_eq!(line(&out, "DATA"), "DATA intact");
+    let after0 = line(&out, "AFTER ordinal=0");
+    assert!(after0.contains(&format!("cuda_uuid={b1}")), "{after0}");
+    assert!(after0.contains("cuda_bus_id=0000:06:00.0"), "{after0}");
+    // (This target's NVML was started on node A and keeps that enumeration; the workload's reports start NVML
+    // afresh each time.)
+    assert!(after0.contains("agree=no"), "{after0}");
+}
+
 #[test]
 fn identity_restore_keeps_everything_consistent() {
     let sim = Sim::new();

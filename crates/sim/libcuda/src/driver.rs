@@ -13,7 +13,7 @@ use ccm_sim_common::cuda::*;
 use ccm_sim_common::pidns::{self, ProcKey};
 use ccm_sim_common::protocol::{self, Op, Response};
 use ccm_sim_common::registry::Registration;
-use ccm_sim_common::{cuda_ordinals, process_view, Faults, SimConfig, SimError, SimUuid, StateDir};
+use ccm_sim_common::{cuda_ordinals, process_view, Faults, SimConfig, SimError, SimGpu, SimUuid, StateDir};
 
 /// Size of the heap object that caches one device's PCI location, and where the six words sit in
 /// it. The real driver's object is bigger and holds a revision word after the six; so does this one.
@@ -36,7 +36,6 @@ const DPTR_STRIDE: u64 = 1 << 36;
 const ENV_TRACE: &str = "CCM_SIM_TRACE";
 
 pub struct Driver {
-    pub config: SimConfig,
     pub state_dir: StateDir,
     /// getpid() at cuInit: the pid in this process's own pid namespace (for messages).
     pub pid: i32,
@@ -67,7 +66,11 @@ struct Slot {
 
 pub struct Inner {
     state: i32,
-    /// Slot → index into `config.gpus`: the GPU the slot runs on now (a remapped restore changes it).
+    /// The GPU set of the machine this process runs on: read at `cuInit`, and again at each driver
+    /// restore (a process restored on another node runs on that node's GPUs; a test switches nodes by
+    /// rewriting the GPU set file between dump and restore).
+    config: SimConfig,
+    /// Slot → index into `config.gpus`: the GPU the slot runs on now (a restore changes it).
     current: Vec<usize>,
     allocations: BTreeMap<u64, Allocation>,
     next_handle: u64,
@@ -178,13 +181,13 @@ impl Driver {
             state_word: AtomicI32::new(STATE_RUNNING),
             inner: Mutex::new(Inner {
                 state: STATE_RUNNING,
+                config,
                 current: view.clone(),
                 allocations: BTreeMap::new(),
                 next_handle: 1,
                 node_fds: Vec::new(),
                 saved: BTreeMap::new(),
             }),
-            config,
             state_dir,
             pid,
             slots,
@@ -308,9 +311,14 @@ impl Driver {
         Ok(words)
     }
 
-    /// The GPU an ordinal runs on now.
+    /// The GPU an ordinal runs on now (an index into `inner.config.gpus`).
     pub fn current_gpu(&self, inner: &Inner, ordinal: i32) -> Result<usize, i32> {
         Ok(inner.current[self.slot_of(ordinal)?])
+    }
+
+    /// The GPU an ordinal runs on now, as the GPU set of its machine describes it.
+    pub fn current<'a>(&self, inner: &'a Inner, ordinal: i32) -> Result<&'a SimGpu, i32> {
+        Ok(&inner.config.gpus[self.current_gpu(inner, ordinal)?])
     }
 
     fn open_nodes(&self, inner: &mut Inner) -> Result<(), String> {
@@ -318,7 +326,7 @@ impl Driver {
         std::fs::create_dir_all(&dev).map_err(|e| format!("cannot create {}: {e}", dev.display()))?;
         inner.node_fds.clear();
         for &slot in &self.ordinals {
-            let minor = self.config.gpus[inner.current[slot]].minor;
+            let minor = inner.config.gpus[inner.current[slot]].minor;
             let path = self.state_dir.dev_node(minor);
             let file = OpenOptions::new()
                 .read(true)
@@ -344,7 +352,7 @@ impl Driver {
 
     fn allocation_path(&self, inner: &Inner, handle: u64, a: &Allocation) -> Result<std::path::PathBuf, i32> {
         let gpu = self.current_gpu(inner, a.ordinal as i32)?;
-        Ok(self.state_dir.allocation(&self.config.gpus[gpu].uuid, &self.owner, handle))
+        Ok(self.state_dir.allocation(&inner.config.gpus[gpu].uuid, &self.owner, handle))
     }
 
     pub fn mem_alloc(&self, inner: &mut Inner, ordinal: usize, size: u64) -> Result<u64, i32> {
@@ -354,7 +362,7 @@ impl Driver {
         if size > DPTR_STRIDE {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
-        let gpu = &self.config.gpus[self.current_gpu(inner, ordinal as i32)?];
+        let gpu = &inner.config.gpus[self.current_gpu(inner, ordinal as i32)?];
         if self.state_dir.used_bytes(&gpu.uuid).saturating_add(size) > gpu.memory_total {
             return Err(CUDA_ERROR_OUT_OF_MEMORY);
         }
@@ -549,22 +557,33 @@ impl Driver {
         CUDA_SUCCESS
     }
 
-    /// The new GPU of every slot under `pairs`, or `CUDA_ERROR_INVALID_VALUE` if the map does
-    /// not cover every enumerated GPU with distinct GPUs of the same chip.
-    fn plan_restore(&self, inner: &Inner, pairs: Option<&[(SimUuid, SimUuid)]>) -> Result<Vec<usize>, i32> {
-        let Some(pairs) = pairs.filter(|p| !p.is_empty()) else {
-            return Ok(inner.current.clone());
-        };
+    /// The new GPU (an index into `node.gpus`, the GPU set of the machine the process is restored
+    /// on) of every slot under `pairs`, or `CUDA_ERROR_INVALID_VALUE` if the map does not cover every
+    /// enumerated GPU with distinct GPUs of the same chip. Without pairs every GPU must be there again.
+    fn plan_restore(
+        &self,
+        inner: &Inner,
+        node: &SimConfig,
+        pairs: Option<&[(SimUuid, SimUuid)]>,
+    ) -> Result<Vec<usize>, i32> {
         let mut next = Vec::with_capacity(inner.current.len());
         for &old in &inner.current {
-            let old_gpu = &self.config.gpus[old];
-            let mut matching = pairs.iter().filter(|(o, _)| *o == old_gpu.uuid);
-            let (_, new_uuid) = matching.next().ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            if matching.next().is_some() {
-                return Err(CUDA_ERROR_INVALID_VALUE);
-            }
-            let new = self.config.gpu_by_uuid(new_uuid).ok_or(CUDA_ERROR_INVALID_VALUE)?;
-            if self.config.gpus[new].pci_device_id != old_gpu.pci_device_id || next.contains(&new) {
+            let old_gpu = &inner.config.gpus[old];
+            let new_uuid = match pairs.filter(|p| !p.is_empty()) {
+                // Not measured: what the real driver answers for a restore without pairs on a machine
+                // that lacks one of the process's GPUs.
+                None => old_gpu.uuid,
+                Some(pairs) => {
+                    let mut matching = pairs.iter().filter(|(o, _)| *o == old_gpu.uuid);
+                    let (_, new_uuid) = matching.next().ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                    if matching.next().is_some() {
+                        return Err(CUDA_ERROR_INVALID_VALUE);
+                    }
+                    *new_uuid
+                }
+            };
+            let new = node.gpu_by_uuid(&new_uuid).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+            if node.gpus[new].pci_device_id != old_gpu.pci_device_id || next.contains(&new) {
                 return Err(CUDA_ERROR_INVALID_VALUE);
             }
             next.push(new);
@@ -580,14 +599,22 @@ impl Driver {
         if let Some(code) = forced_failure {
             return code;
         }
-        let next = match self.plan_restore(&inner, pairs) {
+        // The machine the process is restored on: the GPU set file as it is now.
+        let node = match SimConfig::from_env() {
+            Ok(c) => c,
+            Err(e) => {
+                eprintln!("cuda-test-double: restore cannot read the GPU set ({e}); keeping the one of cuInit");
+                inner.config.clone()
+            }
+        };
+        let next = match self.plan_restore(&inner, &node, pairs) {
             Ok(n) => n,
             Err(code) => {
                 self.trace(format_args!("restore refused the device map (stays CHECKPOINTED)"));
                 return code;
             }
         };
-        let previous = std::mem::replace(&mut inner.current, next);
+        let previous = (std::mem::replace(&mut inner.current, next), std::mem::replace(&mut inner.config, node));
         let mut written = Vec::new();
         for (handle, a) in inner.allocations.clone() {
             let Some(bytes) = inner.saved.get(&handle) else { continue };
@@ -613,12 +640,18 @@ impl Driver {
         CUDA_SUCCESS
     }
 
-    fn undo_restore(&self, inner: &mut Inner, previous: Vec<usize>, written: &[std::path::PathBuf], code: i32) -> i32 {
+    fn undo_restore(
+        &self,
+        inner: &mut Inner,
+        previous: (Vec<usize>, SimConfig),
+        written: &[std::path::PathBuf],
+        code: i32,
+    ) -> i32 {
         for p in written {
             let _ = std::fs::remove_file(p);
         }
         inner.node_fds.clear();
-        inner.current = previous;
+        (inner.current, inner.config) = previous;
         code
     }
 

@@ -140,8 +140,7 @@ pub extern "C" fn cuDeviceGetName(name: *mut c_char, len: c_int, device: CuDevic
     guard(|| {
         let d = driver::get()?;
         let g = d.enter();
-        let gpu = d.current_gpu(&g, device)?;
-        put_str(name, len, &d.config.gpus[gpu].name)
+        put_str(name, len, &d.current(&g, device)?.name)
     })
 }
 
@@ -150,8 +149,7 @@ pub extern "C" fn cuDeviceTotalMem_v2(bytes: *mut usize, device: CuDevice) -> Cu
     guard(|| {
         let d = driver::get()?;
         let g = d.enter();
-        let gpu = d.current_gpu(&g, device)?;
-        put(bytes, d.config.gpus[gpu].memory_total as usize)
+        put(bytes, d.current(&g, device)?.memory_total as usize)
     })
 }
 
@@ -170,8 +168,7 @@ fn device_uuid(uuid: *mut [u8; 16], device: CuDevice) -> CuResult {
     guard(|| {
         let d = driver::get()?;
         let g = d.enter();
-        let gpu = d.current_gpu(&g, device)?;
-        put(uuid, d.config.gpus[gpu].uuid.0)
+        put(uuid, d.current(&g, device)?.uuid.0)
     })
 }
 
