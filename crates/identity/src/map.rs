@@ -10,7 +10,10 @@
 //!    an error, never silently dropped.
 //! 2. Every used GPU without an explicit pair keeps its own GPU when it is on this node, usable and
 //!    free; otherwise it gets a usable GPU of the same chip with at least as much memory,
-//!    preferring the same PCI location, then keeping the process's ordinal order.
+//!    preferring the same PCI location where that keeps the used GPUs in the PCI order they had at
+//!    dump, otherwise in the process's ordinal order. (A pod given 03/13/63/73 at dump and
+//!    63/83/E3/F3 at restore: 63 keeping its location would put cuda:2 before cuda:0 in PCI order,
+//!    unlike any container started there, so it goes 03→63, 13→83, 63→E3, 73→F3.)
 //! 3. The enumerated-but-unused GPUs get the rest: their own GPU where free, else the same chip
 //!    where possible, else any free GPU. They are placeholders the driver demands and need not be
 //!    usable.
@@ -21,7 +24,7 @@
 use std::collections::HashSet;
 use std::fmt;
 
-use crate::gpu::{GpuIdentity, GpuUuid};
+use crate::gpu::{GpuIdentity, GpuUuid, PciAddress};
 use crate::image::IdentityImage;
 use crate::table;
 
@@ -369,6 +372,7 @@ fn holds_as_much(new: &GpuIdentity, old: &GpuIdentity) -> bool {
 }
 
 /// Assignment state: enumerated index -> node index, and back.
+#[derive(Clone)]
 struct Assignment {
     of_old: Vec<Option<usize>>,
     of_new: Vec<Option<usize>>,
@@ -527,9 +531,10 @@ impl<'a> Planner<'a> {
     }
 
     /// Step 2, used GPUs without an explicit pair, in ordinal order: the same GPU where it is here,
-    /// usable and free; then the same PCI location; then the first free suitable GPU, moving an
-    /// earlier automatic choice along an augmenting path when needed (so a feasible assignment
-    /// is always found).
+    /// usable and free; then the same PCI location, where the result keeps the used GPUs' PCI order
+    /// of the dump (else without that preference); then the first free suitable GPU, moving an
+    /// earlier automatic choice along an augmenting path when needed (so a feasible assignment is
+    /// always found).
     fn place_used(&mut self) -> Result<(), MapError> {
         let (image, node, enumerated) = (self.image, self.node, self.enumerated());
         // `candidates[k]` lists the node GPUs that suit automatic used GPU k, in NVML index order
@@ -552,33 +557,12 @@ impl<'a> Planner<'a> {
                 }
             }
         }
-        for (k, &oi) in auto_used.iter().enumerate() {
-            if self.asg.of_old[oi].is_some() {
-                continue;
-            }
-            let pci = image.gpu(&enumerated[oi]).map(|g| g.pci);
-            if let Some(&ni) = candidates[k].iter().find(|&&ni| Some(node[ni].pci) == pci && self.asg.is_free(ni)) {
-                self.asg.take(oi, ni);
-            }
-        }
-        for k in 0..auto_used.len() {
-            let oi = auto_used[k];
-            if self.asg.of_old[oi].is_some() {
-                continue;
-            }
-            if let Some(&ni) = candidates[k].iter().find(|&&ni| self.asg.is_free(ni)) {
-                self.asg.take(oi, ni);
-                continue;
-            }
-            let mut visited = vec![false; node.len()];
-            if !augment(k, &auto_used, &candidates, &mut self.asg, &mut visited) {
-                let old = describe_old(image, &enumerated[oi]);
-                return Err(if candidates[k].is_empty() {
-                    MapError::NoSuitableGpu { old, usable: self.usable_text() }
-                } else {
-                    MapError::NotEnoughSuitable { old, used_count: image.used.len(), usable: self.usable_text() }
-                });
-            }
+        let before_location = self.asg.clone();
+        self.place_by_location(&auto_used, &candidates);
+        self.place_in_ordinal_order(&auto_used, &candidates)?;
+        if !self.keeps_pci_order(&auto_used) {
+            self.asg = before_location;
+            self.place_in_ordinal_order(&auto_used, &candidates)?;
         }
         for &oi in &auto_used {
             if let Some(ni) = self.asg.of_old[oi] {
@@ -593,6 +577,57 @@ impl<'a> Planner<'a> {
             }
         }
         Ok(())
+    }
+
+    /// Each automatic used GPU still without a target takes the free suitable GPU at its own PCI location.
+    fn place_by_location(&mut self, auto_used: &[usize], candidates: &[Vec<usize>]) {
+        let (image, node, enumerated) = (self.image, self.node, self.enumerated());
+        for (k, &oi) in auto_used.iter().enumerate() {
+            if self.asg.of_old[oi].is_some() {
+                continue;
+            }
+            let pci = image.gpu(&enumerated[oi]).map(|g| g.pci);
+            if let Some(&ni) = candidates[k].iter().find(|&&ni| Some(node[ni].pci) == pci && self.asg.is_free(ni)) {
+                self.asg.take(oi, ni);
+            }
+        }
+    }
+
+    /// Each automatic used GPU still without a target takes the first free suitable GPU, or one an
+    /// augmenting path frees.
+    fn place_in_ordinal_order(&mut self, auto_used: &[usize], candidates: &[Vec<usize>]) -> Result<(), MapError> {
+        let (image, node, enumerated) = (self.image, self.node, self.enumerated());
+        for k in 0..auto_used.len() {
+            let oi = auto_used[k];
+            if self.asg.of_old[oi].is_some() {
+                continue;
+            }
+            if let Some(&ni) = candidates[k].iter().find(|&&ni| self.asg.is_free(ni)) {
+                self.asg.take(oi, ni);
+                continue;
+            }
+            let mut visited = vec![false; node.len()];
+            if !augment(k, auto_used, candidates, &mut self.asg, &mut visited) {
+                let old = describe_old(image, &enumerated[oi]);
+                return Err(if candidates[k].is_empty() {
+                    MapError::NoSuitableGpu { old, usable: self.usable_text() }
+                } else {
+                    MapError::NotEnoughSuitable { old, used_count: image.used.len(), usable: self.usable_text() }
+                });
+            }
+        }
+        Ok(())
+    }
+
+    /// Whether the automatic used GPUs' targets lie in the same PCI order as the GPUs themselves did
+    /// at dump (ordinals map onto the node's GPUs the way a container started here would see them).
+    fn keeps_pci_order(&self, auto_used: &[usize]) -> bool {
+        let (image, node, enumerated) = (self.image, self.node, self.enumerated());
+        let placed: Vec<(PciAddress, PciAddress)> = auto_used
+            .iter()
+            .filter_map(|&oi| Some((image.gpu(&enumerated[oi])?.pci, node[self.asg.of_old[oi]?].pci)))
+            .collect();
+        placed.iter().enumerate().all(|(i, a)| placed[i + 1..].iter().all(|b| (a.0 < b.0) == (a.1 < b.1)))
     }
 
     /// Step 3, enumerated but unused GPUs: placeholders the driver demands, in enumerated order: their
@@ -799,6 +834,48 @@ mod tests {
             pairs(&map),
             vec![(uuid(0), node[1].uuid, PairReason::OrdinalOrder), (uuid(1), node[0].uuid, PairReason::OrdinalOrder)]
         );
+    }
+
+    /// The seed's pod: a container given the GPUs at 03/13/63/73 of an 8-GPU node, restored on another
+    /// node of the same layout into a container given 63/83/E3/F3. 63 keeping its location would put
+    /// cuda:2 before cuda:0 in PCI order; the ordinals keep their order instead. Back onto 83/93/E3/F3
+    /// of the first node, the same rule; with only three GPUs given, the fourth is named.
+    #[test]
+    fn a_pod_keeps_its_ordinals_in_pci_order_across_nodes_of_one_layout() {
+        let buses = [0x03, 0x13, 0x63, 0x73, 0x83, 0x93, 0xe3, 0xf3];
+        let at = |g: GpuIdentity, i: u8| GpuIdentity {
+            pci: PciAddress { domain: 0, bus: buses[usize::from(i)], device: 0, function: 0 },
+            ..g
+        };
+        let node_a: Vec<GpuIdentity> = (0u8..8).map(|i| at(h200(i, 0), i)).collect();
+        let node_b: Vec<GpuIdentity> = (0u8..8).map(|i| at(foreign(i, 0), i)).collect();
+        let given = |node: &[GpuIdentity], at: &[usize]| at.iter().map(|&i| node[i].uuid).collect::<Vec<_>>();
+        let dumped: Vec<GpuUuid> = given(&node_a, &[0, 1, 2, 3]);
+        let img = image(node_a.clone(), dumped.clone(), dumped.clone());
+        let usable = given(&node_b, &[2, 4, 6, 7]);
+        let map = plan(&MapRequest { image: &img, node_gpus: &node_b, usable: Some(&usable), explicit: &[] }).unwrap();
+        let news: Vec<GpuUuid> = dumped.iter().map(|u| map.new_for(u).unwrap()).collect();
+        assert_eq!(news, usable, "{:?}", pairs(&map));
+        assert!(map.pairs.iter().all(|p| p.reason == PairReason::OrdinalOrder), "{:?}", pairs(&map));
+
+        // Chained: from B's 63/83/E3/F3 onto A's 83/93/E3/F3 (E3 and F3 keep their places by the order).
+        let img = image(node_b.clone(), usable.clone(), usable.clone());
+        let back = given(&node_a, &[4, 5, 6, 7]);
+        let map = plan(&MapRequest { image: &img, node_gpus: &node_a, usable: Some(&back), explicit: &[] }).unwrap();
+        let news: Vec<GpuUuid> = usable.iter().map(|u| map.new_for(u).unwrap()).collect();
+        assert_eq!(news, back, "{:?}", pairs(&map));
+
+        // Only 63/83/E3 given: the fourth dump GPU (73) has no place, and the error names it.
+        let img = image(node_a.clone(), dumped.clone(), dumped.clone());
+        let three = given(&node_b, &[2, 4, 6]);
+        let e = plan(&MapRequest { image: &img, node_gpus: &node_b, usable: Some(&three), explicit: &[] }).unwrap_err();
+        assert!(matches!(e, MapError::NotEnoughSuitable { .. }), "{e}");
+        assert!(e.to_string().contains("0000:73:00.0"), "{e}");
+
+        // The same layout on both sides with every location given: each GPU keeps its location.
+        let same = given(&node_b, &[0, 1, 2, 3]);
+        let map = plan(&MapRequest { image: &img, node_gpus: &node_b, usable: Some(&same), explicit: &[] }).unwrap();
+        assert!(map.pairs.iter().all(|p| p.reason == PairReason::SameLocation), "{:?}", pairs(&map));
     }
 
     #[test]
