@@ -31,6 +31,11 @@
 //! it back with its device data and an agreeing identity, on the same simulated GPU and, with
 //! `CRIU_CUDA_MIGRATE_DEVICE_MAP` in runc's environment, on the other one.
 //!
+//! The seed's pod at its real size, on the test doubles (tests/container/runc-pod-flow.sh, issue 36): two simulated
+//! 8-GPU nodes of one PCI layout, a runc container of 4 ranks given 4 GPUs, moved from node A to node B and back with
+//! no setting, NCCL's init check on every ordinal of every rank; reconciliation off shows the seed's Not Found; too
+//! few GPUs given is refused before CRIU restores anything.
+//!
 //! CDI GPUs on the test doubles (issue 25), with a CDI spec of the doubles' two GPUs in `/etc/cdi`:
 //! - Podman `--device nvidia.com/gpu=0` (tests/container/podman-cdi-flow.sh, runc and crun): `--leave-running`,
 //!   export, a restore refused by the preflight with the archive intact, `restore --import` (Podman reuses the
@@ -525,6 +530,26 @@ impl Report {
             .and_then(|(_, u)| u.split_once('"'))
             .map(|(u, _)| u.to_string())
             .unwrap_or_else(|| panic!("{}: ordinal 0 has no uuid: {object}", self.name))
+    }
+
+    /// The object of ordinal `k` (flat: its only nested value is a list of strings).
+    fn ordinal(&self, k: usize) -> &str {
+        let at = self
+            .compact
+            .find(&format!("{{\"ordinal\":{k},"))
+            .unwrap_or_else(|| panic!("{}: no ordinal {k}: {}", self.name, self.compact));
+        let rest = &self.compact[at..];
+        &rest[..rest.find('}').map_or(rest.len(), |e| e + 1)]
+    }
+
+    /// The string `key` of ordinal `k` (`null` reads as empty).
+    fn ordinal_text(&self, k: usize, key: &str) -> String {
+        let object = self.ordinal(k);
+        object
+            .split_once(&format!("\"{key}\":\""))
+            .and_then(|(_, v)| v.split_once('"'))
+            .map(|(v, _)| v.to_string())
+            .unwrap_or_default()
     }
 
     /// Identity agrees (CUDA, its PCI attributes and NVML name the same GPU) and the device data is intact.
@@ -1201,4 +1226,237 @@ fn podman_runc_restores_established_loopback_tcp_with_the_packaged_action_script
         scratch.read("ptcp-script.state")
     );
     assert_eq!(scratch.read("ptcp-script.state").trim(), "running");
+}
+
+/// `NODE INDEX UUID BUS` lines of `rpod-gpus.txt`: the GPU at `index` (bus order) of node `node` (a or b).
+fn pod_gpu(gpus: &str, node: &str, index: usize) -> (String, String) {
+    gpus.lines()
+        .find_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            (f.len() == 4 && f[0] == node && f[1] == index.to_string()).then(|| (f[2].to_string(), f[3].to_string()))
+        })
+        .unwrap_or_else(|| panic!("rpod-gpus.txt names no GPU {index} of node {node}: {gpus}"))
+}
+
+/// Every rank's report `k` of pod case `case`: four ordinals, ordinal `o` on GPU `on[o]` of `node` by
+/// `cuDeviceGetUuid` and by `cuDeviceGetPCIBusId`, NVML's GPU at that bus id the same (NCCL's init check), the
+/// rank's data on `cuda:<local_rank>` intact.
+fn assert_pod_sound(scratch: &Scratch, case: &str, k: u32, node: &str, on: &[usize], context: &dyn Fn() -> String) {
+    let gpus = scratch.read("rpod-gpus.txt");
+    for rank in 0..4 {
+        let report = Report::read(scratch, &format!("{case}-rank{rank}-report{k}.json"));
+        let what = format!("{case} round {k}, rank {rank}");
+        assert!(report.compact.contains("\"device_count\":4,"), "{what}: not 4 GPUs: {}{}", report.compact, context());
+        assert!(
+            report.flag("all_agree") && report.flag("all_consistent") && report.flag("all_data_ok"),
+            "{what}: a disagreeing identity or damaged data: {}{}",
+            report.compact,
+            context()
+        );
+        for (ordinal, &index) in on.iter().enumerate() {
+            let (uuid, bus) = pod_gpu(&gpus, node, index);
+            assert_eq!(report.ordinal_text(ordinal, "uuid"), uuid, "{what}: cuda:{ordinal}'s UUID{}", context());
+            assert_eq!(
+                report.ordinal_text(ordinal, "cuda_bus_id"),
+                bus,
+                "{what}: cuda:{ordinal}'s bus id{}",
+                context()
+            );
+            assert_eq!(
+                report.ordinal_text(ordinal, "nvml_uuid_by_bus"),
+                uuid,
+                "{what}: NVML at cuda:{ordinal}'s bus id"
+            );
+        }
+        assert!(
+            report.ordinal(rank).contains("\"holds_data\":true"),
+            "{what}: the rank holds no data on cuda:{rank}: {}",
+            report.compact
+        );
+    }
+}
+
+/// The restore of a pod case onto `on` of `node`: no setting, the usable set from the restoring spec (`source`
+/// names its form), the automatic map, one parallel restore of the 4 ranks, each reconciled and validated, the
+/// restored `/dev` holding the new GPUs' nodes only.
+fn assert_pod_restored(scratch: &Scratch, case: &str, tag: &str, node: &str, on: &[usize], source: &str) {
+    let log = scratch.read(&format!("{case}-{tag}.log"));
+    let context = || format!("\n--- {case}-{tag}.log (plugin lines) ---\n{}", plugin_lines(&log));
+    assert_eq!(
+        scratch.rc(&format!("{case}-{tag}")),
+        Some(0),
+        "{case}: runc restore ({tag}) failed: {}{}",
+        scratch.read(&format!("{case}-{tag}.err")),
+        context()
+    );
+    let settings = scratch.settings(&format!("{case}-{tag}.log"));
+    assert!(
+        settings.contains("device map automatic, usable GPUs all"),
+        "{case}: the plugin was given a setting: {settings}"
+    );
+    let gpus = scratch.read("rpod-gpus.txt");
+    let given: Vec<String> = on.iter().map(|&i| pod_gpu(&gpus, node, i).0).collect();
+    assert!(
+        log.contains(&format!("usable GPUs: [{}], what the restoring runtime's spec", given.join(", ")))
+            && log.contains(source),
+        "{case} {tag}: the usable set did not come from the restoring spec ({source}){}",
+        context()
+    );
+    assert!(
+        log.contains("restore of 4 CUDA process(es) took"),
+        "{case} {tag}: not one restore of the 4 ranks{}",
+        context()
+    );
+    let reconciled = log.lines().filter(|l| l.contains("identity reconciliation: ")).count();
+    let off = log.contains("reconciliation is off");
+    assert!(off || reconciled == 4, "{case} {tag}: {reconciled} reconciliations, not 4{}", context());
+    assert!(!log.contains("inconsistent after restore"), "{case} {tag}: an identity check failed{}", context());
+    let dev = scratch.read(&format!("{case}-{tag}-dev.txt"));
+    let mut nodes: Vec<&str> =
+        dev.split_whitespace().filter(|n| n.strip_prefix("nvidia").is_some_and(|m| m.parse::<u32>().is_ok())).collect();
+    nodes.sort_unstable();
+    let wanted: Vec<String> = on.iter().map(|i| format!("nvidia{i}")).collect();
+    assert_eq!(nodes, wanted, "{case} {tag}: the restored container's /dev{}", context());
+}
+
+/// The registrations left after a pod case's ranks exited: none of the container's (the plugin's driver agents, in
+/// the host's pid namespace, are killed rather than exit and may stay).
+fn assert_pod_left_nothing(scratch: &Scratch, case: &str) {
+    let ns = scratch.read(&format!("{case}-pidns.txt"));
+    let ns = ns.trim();
+    assert!(ns.parse::<u64>().is_ok(), "{case}: no pid namespace of the restored container recorded: {ns:?}");
+    let left = scratch.read(&format!("{case}-left.txt"));
+    assert!(
+        !left.lines().any(|l| l.split_whitespace().nth(1).is_some_and(|k| k.starts_with(&format!("{ns}-")))),
+        "{case}: the ranks' registrations outlived them: {left}"
+    );
+}
+
+/// The problem this project exists for at its real size (issue 36; tests/container/runc-pod-flow.sh): two
+/// simulated 8-GPU nodes with the seed's PCI layout (bus ids 03/13/63/73/83/93/E3/F3 on both, other UUIDs on
+/// each, selected by the doubles' GPU set file between dump and restore), a runc container of a launcher and 4 rank
+/// processes that each see the container's 4 GPUs and hold data on `cuda:<local_rank>`, under real CRIU with the
+/// packaged plugin:
+/// - `seed`: given A's 03/13/63/73 by its spec's device nodes (what CDI writes), dumped on A; a restore on B into a
+///   container given only 63/83/E3 is refused before CRIU restores anything, naming the dump GPU without a place
+///   (73), the images unchanged; restored on B into one given 63/83/E3/F3 with no setting: the automatic map from
+///   the spec (03→63, 13→83, 63→E3, 73→F3), one parallel restore of the 4 ranks, every rank's bus ids rewritten
+///   and validated, NCCL's init check (`cuDeviceGetPCIBusId` → `nvmlDeviceGetHandleByPciBusId` → its UUID =
+///   `cuDeviceGetUuid`) passing on every ordinal of every rank, the data intact; then back to A onto 83/93/E3/F3;
+/// - `noreconcile`: the same move with `CRIU_CUDA_MIGRATE_RECONCILE=off`: the seed's failure, NVML Not Found at
+///   the stale bus id, so the check above can fail;
+/// - `legacy`: the move with the GPUs given by `NVIDIA_VISIBLE_DEVICES` UUIDs (the NVIDIA device plugin's form for
+///   the legacy hook) instead of device nodes.
+#[test]
+fn a_four_rank_pod_moves_between_eight_gpu_nodes_of_the_seeds_layout_on_the_test_doubles() {
+    let test = "a_four_rank_pod_moves_between_eight_gpu_nodes_of_the_seeds_layout_on_the_test_doubles";
+    let _one = ONE_FLOW.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(root) = criu_root_or_skip(test) else {
+        return;
+    };
+    let copy = RootCopy::of(&root, RootKind::Runtimes);
+    let scratch = scratch_with_sim("ccm-pod-test-");
+    let s = scratch.path().to_str().expect("UTF-8 scratch path");
+    let flow = repo_root().join("tests/container/runc-pod-flow.sh");
+    let runner = root.run(
+        &[scratch.path()],
+        &["bash", flow.to_str().expect("UTF-8 path"), s],
+        &[("CCM_TRIXIE_ROOT", copy.path().to_str().expect("UTF-8 root path"))],
+    );
+    assert!(runner.status.success(), "the pod flow failed to run: {}", describe_output(&runner));
+    scratch.assert_step("install", "dpkg -i of the package");
+    let gpus = scratch.read("rpod-gpus.txt");
+    let none = || String::new();
+
+    // seed: A (03/13/63/73), refused on B with three GPUs, B (63/83/E3/F3), back to A (83/93/E3/F3).
+    scratch.assert_step("seed-run", "runc run of the pod on node A");
+    assert_eq!(
+        scratch.rc("seed-ready"),
+        Some(0),
+        "seed: the ranks did not get ready: {}",
+        scratch.read("seed-run.err")
+    );
+    assert_eq!(scratch.rc("seed-round1"), Some(0), "seed: no report 1: {}", scratch.read("seed-run.err"));
+    assert_pod_sound(&scratch, "seed", 1, "a", &[0, 1, 2, 3], &none);
+    scratch.assert_step("seed-checkpoint1", "runc checkpoint of the pod on node A");
+    let images = scratch.read("seed-images1.txt");
+    assert_eq!(
+        images.lines().filter(|l| l.starts_with("cuda-migrate-") && l.ends_with(".img")).count(),
+        4,
+        "seed: not one identity image per rank: {images}"
+    );
+    let refused = scratch.read("seed-refused.log");
+    assert_ne!(scratch.rc("seed-refused"), Some(0), "seed: a restore into a container given 3 GPUs was not refused");
+    let (missing, missing_bus) = pod_gpu(&gpus, "a", 3);
+    assert!(
+        refused.lines().any(|l| l.contains(LOG_PREFIX) && l.contains(&missing) && l.contains(&missing_bus)),
+        "seed: the refusal does not name the dump GPU without a place ({missing}, {missing_bus}):\n{}",
+        plugin_lines(&refused)
+    );
+    assert!(
+        !refused.contains("Forking task"),
+        "seed: CRIU restored tasks before the refusal:\n{}",
+        plugin_lines(&refused)
+    );
+    let before = scratch.read("seed-images-before.sum");
+    assert!(before.contains("cuda-migrate-"), "seed: no checksums of the images: {before}");
+    assert_eq!(scratch.read("seed-images-after.sum"), before, "seed: the refused restore changed the images");
+    assert_pod_restored(&scratch, "seed", "restore1", "b", &[2, 4, 6, 7], "linux.devices /dev/nvidia2 (minor 2)");
+    let log = scratch.read("seed-restore1.log");
+    let context = || format!("\n--- seed-restore1.log ---\n{}", plugin_lines(&log));
+    assert_eq!(scratch.rc("seed-round2"), Some(0), "seed: no report after the restore on B{}", context());
+    assert_pod_sound(&scratch, "seed", 2, "b", &[2, 4, 6, 7], &context);
+    scratch.assert_step("seed-checkpoint2", "runc checkpoint of the pod on node B");
+    assert_pod_restored(&scratch, "seed", "restore2", "a", &[4, 5, 6, 7], "linux.devices /dev/nvidia4 (minor 4)");
+    let log2 = scratch.read("seed-restore2.log");
+    let context2 = || format!("\n--- seed-restore2.log ---\n{}", plugin_lines(&log2));
+    assert_eq!(scratch.rc("seed-round3"), Some(0), "seed: no report after the restore back on A{}", context2());
+    assert_pod_sound(&scratch, "seed", 3, "a", &[4, 5, 6, 7], &context2);
+    assert_pod_left_nothing(&scratch, "seed");
+
+    // noreconcile: the seed's failure, NVML Not Found at the stale bus id of cuda:0 (03 is not in the container).
+    scratch.assert_step("noreconcile-checkpoint1", "runc checkpoint of the pod on node A");
+    assert_pod_restored(&scratch, "noreconcile", "restore1", "b", &[2, 4, 6, 7], "linux.devices");
+    let log = scratch.read("noreconcile-restore1.log");
+    assert!(log.contains("reconciliation is off"), "noreconcile: {}", plugin_lines(&log));
+    assert_eq!(scratch.rc("noreconcile-round2"), Some(0), "noreconcile: no report after the restore");
+    for rank in 0..4 {
+        let r = Report::read(&scratch, &format!("noreconcile-rank{rank}-report2.json"));
+        assert!(!r.flag("all_agree") && r.flag("all_data_ok"), "noreconcile rank {rank}: {}", r.compact);
+        assert_eq!(r.ordinal_text(0, "uuid"), pod_gpu(&gpus, "b", 2).0, "noreconcile rank {rank}: {}", r.compact);
+        assert_eq!(
+            r.ordinal_text(0, "cuda_bus_id"),
+            pod_gpu(&gpus, "a", 0).1,
+            "noreconcile rank {rank}: {}",
+            r.compact
+        );
+        assert_eq!(
+            r.ordinal_text(0, "nvml_uuid_by_bus"),
+            "NVMLerror:NotFound", /* "NVML error: Not Found", whitespace removed */
+            "noreconcile rank {rank}: {}",
+            r.compact
+        );
+    }
+    // The check that passes the seed's move above fails on these reports: it can tell.
+    let check = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        assert_pod_sound(&scratch, "noreconcile", 2, "b", &[2, 4, 6, 7], &none)
+    }));
+    assert!(check.is_err(), "noreconcile: the NCCL-init check passed the seed's failure");
+    assert_pod_left_nothing(&scratch, "noreconcile");
+
+    // legacy: NVIDIA_VISIBLE_DEVICES instead of device nodes.
+    let config = scratch.read("legacy-run-config.json");
+    assert!(
+        config.contains("NVIDIA_VISIBLE_DEVICES=") && !config.contains("\"path\": \"/dev/nvidia0\""),
+        "legacy: the pod was given device nodes in its spec: {config}"
+    );
+    assert_eq!(scratch.rc("legacy-round1"), Some(0), "legacy: no report 1: {}", scratch.read("legacy-run.err"));
+    assert_pod_sound(&scratch, "legacy", 1, "a", &[0, 1, 2, 3], &none);
+    scratch.assert_step("legacy-checkpoint1", "runc checkpoint of the legacy-hook pod");
+    assert_pod_restored(&scratch, "legacy", "restore1", "b", &[2, 4, 6, 7], "NVIDIA_VISIBLE_DEVICES");
+    let log = scratch.read("legacy-restore1.log");
+    let context = || format!("\n--- legacy-restore1.log ---\n{}", plugin_lines(&log));
+    assert_eq!(scratch.rc("legacy-round2"), Some(0), "legacy: no report after the restore{}", context());
+    assert_pod_sound(&scratch, "legacy", 2, "b", &[2, 4, 6, 7], &context);
+    assert_pod_left_nothing(&scratch, "legacy");
 }

@@ -51,49 +51,8 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
 note() { printf '%s\n' "$*" >>"$S/flow.log"; }
-runc_() { runc --root "$RUNC_ROOT" "$@"; }
 
-cleanup() {
-    local id pid comm cg
-    for id in $(runc_ list -q 2>/dev/null); do runc_ delete -f "$id" >/dev/null 2>&1; done
-    # Whatever runc could not stop: kill it by cgroup, then remove the cgroups, deepest first.
-    cg=/sys/fs/cgroup$CGROUP_PARENT
-    if [ -d "$cg" ]; then
-        find "$cg" -name cgroup.procs -exec cat {} + 2>/dev/null | while read -r pid; do kill -9 "$pid" 2>/dev/null; done
-        sleep 0.3
-        find "$cg" -depth -type d -exec rmdir {} + 2>/dev/null
-    fi
-    # The stdio helpers, each by its pid, only while it still is the helper we started.
-    if [ -f "$HELPERS" ]; then
-        while read -r pid; do
-            comm=$(cat "/proc/$pid/comm" 2>/dev/null) || continue
-            case $comm in sleep | cat) kill "$pid" 2>/dev/null ;; esac
-        done <"$HELPERS"
-    fi
-    rm -rf "$RUNC_ROOT"
-}
-trap cleanup EXIT
-
-# piped_runc NAME ARGS...: runc ARGS with stdin, stdout and stderr on pipes whose far ends are a `sleep` and a `cat`
-# appending to S/NAME.err (runc hands its stdio to the container, at restore too); its status in S/NAME.rc, as `step`
-# records it. The helpers write their pids to HELPERS themselves.
-piped_runc() {
-    local name=$1 rc
-    shift
-    : >"$S/$name.out"
-    (
-        # Nothing of the caller's but the three pipes may reach the container (CRIU could not restore it).
-        for fd in /proc/self/fd/*; do
-            fd=${fd##*/}
-            [ "$fd" -gt 2 ] 2>/dev/null && eval "exec $fd>&-" 2>/dev/null
-        done
-        exec runc --root "$RUNC_ROOT" "$@" < <(exec sh -c 'echo $$ >>"$1"; exec sleep 100000' sh "$HELPERS") \
-            > >(exec sh -c 'echo $$ >>"$1"; exec cat >>"$2"' sh "$HELPERS" "$S/$name.err") 2>&1
-    )
-    rc=$?
-    echo "$rc" >"$S/$name.rc"
-    return "$rc"
-}
+trap runc_cleanup EXIT
 
 # round CTL K NAME: go<K>, then the report (copied to S/NAME-report<K>.json); status in S/NAME-round<K>.rc.
 round() {
@@ -104,9 +63,6 @@ round() {
     echo "$rc" >"$S/$name-round$k.rc"
     return "$rc"
 }
-
-# container_pid ID: the container's init as a pid of this (host) pid namespace.
-container_pid() { runc_ state "$1" 2>/dev/null | sed -n 's/^ *"pid": *\([0-9]*\),*$/\1/p'; }
 
 # key_of PID: the doubles' key of a host pid (<pid-namespace inode>-<namespace pid>) and the host pid.
 key_of() {
@@ -147,53 +103,7 @@ make_bundle() {
         ln -s "$SENT" "$dir/rootfs/dev"
     fi
     for d in bin lib lib64 sbin; do ln -s "usr/$d" "$dir/rootfs/$d"; done
-    cat >"$dir/config.json" <<EOF
-{
-  "ociVersion": "1.2.0",
-  "process": {
-    "terminal": false,
-    "user": { "uid": 0, "gid": 0 },
-    "args": [$args],
-    "env": [
-      "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
-      "HOME=/tmp",
-      "LD_LIBRARY_PATH=$W/lib",
-      "CCM_SIM_CONFIG=$W/gpus.json",
-      "CCM_SIM_STATE_DIR=$W/state"
-    ],
-    "cwd": "/tmp",
-    "capabilities": {
-      "bounding": ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"],
-      "effective": ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"],
-      "permitted": ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"],
-      "ambient": ["CAP_AUDIT_WRITE", "CAP_KILL", "CAP_NET_BIND_SERVICE"]
-    },
-    "rlimits": [{ "type": "RLIMIT_NOFILE", "hard": 1024, "soft": 1024 }],
-    "noNewPrivileges": true
-  },
-  "root": { "path": "rootfs", "readonly": true },
-  "hostname": "ccm-rcuda",
-  "mounts": [
-    { "destination": "/proc", "type": "proc", "source": "proc" },
-    $devmounts
-    { "destination": "/sys", "type": "sysfs", "source": "sysfs", "options": ["nosuid", "noexec", "nodev", "ro"] },
-    { "destination": "/tmp", "type": "tmpfs", "source": "tmpfs", "options": ["nosuid", "nodev", "mode=1777"] },
-    { "destination": "/usr", "type": "bind", "source": "/usr", "options": ["rbind", "ro", "nosuid", "nodev"] },
-    { "destination": "/etc", "type": "bind", "source": "/etc", "options": ["rbind", "ro", "nosuid", "nodev"] },
-    { "destination": "$W", "type": "bind", "source": "$W", "options": ["bind", "rw"] },
-    { "destination": "/ctl", "type": "bind", "source": "$ctl", "options": ["bind", "rw"] }
-  ],
-  "linux": {
-    "cgroupsPath": "$CGROUP_PARENT/$id",
-    $devices
-    "resources": { "devices": [{ "allow": false, "access": "rwm" }$allow] },
-    "namespaces": [{ "type": "pid" }, { "type": "ipc" }, { "type": "uts" }, { "type": "mount" }],
-    "maskedPaths": ["/proc/acpi", "/proc/asound", "/proc/kcore", "/proc/keys", "/proc/latency_stats", "/proc/timer_list",
-                    "/proc/timer_stats", "/proc/sched_debug", "/sys/firmware", "/proc/scsi"],
-    "readonlyPaths": ["/proc/bus", "/proc/fs", "/proc/irq", "/proc/sys", "/proc/sysrq-trigger"]
-  }
-}
-EOF
+    write_runc_config "$dir/config.json" "$id" "$ctl" "$args" "$devices" "$allow" "$devmounts"
 }
 
 # run_case NAME [ENV=VALUE...]: one container through run, round 1, checkpoint, restore (runc's environment plus the
