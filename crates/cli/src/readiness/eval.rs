@@ -21,8 +21,8 @@ pub const CRIU_CUDA_PLUGIN: &str = "cuda_plugin.so";
 pub const CRIU_DEFAULT_LIBDIR: &str = "/usr/lib/criu";
 /// The CRIU configuration files a node may have, in `/etc/criu`.
 pub const CRIU_CONF_FILES: [&str; 3] = ["default.conf", "runc.conf", "crun.conf"];
-/// The table containerd ≥ 2.2 reads its CRI restore switch from, quotes and spaces removed.
-pub const CONTAINERD_CRI_RUNTIME_TABLE: &str = "plugins.io.containerd.cri.v1.runtime";
+/// The plugin whose table containerd ≥ 2.2 reads its CRI restore switch from (`[plugins.'io.containerd.cri.v1.runtime']`).
+pub const CONTAINERD_CRI_RUNTIME_PLUGIN: &str = "io.containerd.cri.v1.runtime";
 /// containerd's switch that turns restore through CRI's `CreateContainer` back on (off by default since 2.2).
 pub const CONTAINERD_RESTORE_KEY: &str = "enable_experimental_restore_via_create";
 /// The oldest CRIU the plugin works with.
@@ -541,41 +541,90 @@ fn check_persistence(f: &Facts, out: &mut Vec<Line>) {
     }
 }
 
-/// A TOML file read as flat `table.key = value` pairs: `[table]` headers and `key = value` lines,
-/// names without quotes or spaces, values without their quotes. Arrays, inline tables and
-/// multi-line strings are skipped; a later pair overrides an earlier one.
-pub fn toml_pairs(text: &str) -> Vec<(String, String)> {
-    fn norm(s: &str) -> String {
-        s.chars().filter(|c| !matches!(c, '"' | '\'') && !c.is_whitespace()).collect()
+/// A TOML document parsed as containerd (go-toml v2) and CRI-O read theirs: TOML 1.0, every rule of
+/// it (a key inside a `"""` string is text, `"key "` is another name than `key`, a key set twice is an
+/// error). `Err` is why the file is no TOML, with its line and column: neither runtime starts with such
+/// a file.
+pub fn parse_toml(text: &str) -> Result<toml::Table, String> {
+    text.parse::<toml::Table>().map_err(|e| {
+        let at = e.span().map(|r| r.start).unwrap_or(0).min(text.len());
+        let before = text.get(..at).unwrap_or("");
+        let line = before.matches('\n').count() + 1;
+        let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
+        format!("line {line}, column {column}: {}", e.message().trim())
+    })
+}
+
+/// The value at `path` (table names, then the key), if every step is there.
+pub fn toml_get<'a>(table: &'a toml::Table, path: &[&str]) -> Option<&'a toml::Value> {
+    let (last, tables) = path.split_last()?;
+    let mut t = table;
+    for name in tables {
+        t = t.get(*name)?.as_table()?;
     }
-    let mut table = String::new();
-    let mut out = Vec::new();
-    for raw in text.lines() {
-        // A `#` outside quotes ends the line.
-        let mut quote = None;
-        let mut end = raw.len();
-        for (i, c) in raw.char_indices() {
-            match (quote, c) {
-                (None, '"' | '\'') => quote = Some(c),
-                (Some(q), c) if c == q => quote = None,
-                (None, '#') => {
-                    end = i;
-                    break;
+    t.get(*last)
+}
+
+/// A key path as TOML writes it: bare keys as they are, others quoted.
+fn toml_path(path: &[String]) -> String {
+    let bare = |k: &str| !k.is_empty() && k.chars().all(|c| c.is_ascii_alphanumeric() || c == '-' || c == '_');
+    path.iter().map(|k| if bare(k) { k.clone() } else { format!("{k:?}") }).collect::<Vec<_>>().join(".")
+}
+
+/// Every path in `table` (through tables and arrays of tables) whose last key is `key` once trimmed
+/// and lower-cased: the places a user set it, right or wrong.
+fn toml_find(table: &toml::Table, key: &str) -> Vec<Vec<String>> {
+    fn walk(t: &toml::Table, key: &str, at: &mut Vec<String>, out: &mut Vec<Vec<String>>) {
+        for (k, v) in t {
+            at.push(k.clone());
+            if k.trim().eq_ignore_ascii_case(key) {
+                out.push(at.clone());
+            }
+            match v {
+                toml::Value::Table(inner) => walk(inner, key, at, out),
+                toml::Value::Array(items) => {
+                    for item in items {
+                        if let toml::Value::Table(inner) = item {
+                            walk(inner, key, at, out);
+                        }
+                    }
                 }
                 _ => {}
             }
+            at.pop();
         }
-        let l = raw[..end].trim();
-        if let Some(h) = l.strip_prefix('[') {
-            table = norm(h.trim_start_matches('[').trim_end_matches(']'));
-            continue;
-        }
-        let Some((k, v)) = l.split_once('=') else { continue };
-        let key = if table.is_empty() { norm(k) } else { format!("{table}.{}", norm(k)) };
-        let v = v.trim().trim_matches(|c| c == '"' || c == '\'').to_string();
-        out.push((key, v));
     }
+    let mut out = Vec::new();
+    walk(table, key, &mut Vec::new(), &mut out);
     out
+}
+
+/// A TOML value as a line may quote it, with its type where it is no boolean.
+fn toml_shown(v: &toml::Value) -> String {
+    match v {
+        toml::Value::Boolean(b) => b.to_string(),
+        toml::Value::String(s) => format!("{} (a string)", esc(&format!("{s:?}"))),
+        toml::Value::Integer(i) => format!("{i} (an integer)"),
+        toml::Value::Float(x) => format!("{x} (a float)"),
+        toml::Value::Datetime(d) => format!("{} (a date-time)", esc(&d.to_string())),
+        toml::Value::Array(_) => "[…] (an array)".into(),
+        toml::Value::Table(_) => "{…} (a table)".into(),
+    }
+}
+
+/// Where containerd reads its CRI restore switch in a configuration of `version`: the CRI runtime
+/// plugin's table; in a version 1 or 2 file also the old CRI plugin's (`io.containerd.grpc.v1.cri`,
+/// `cri` in version 1), whose keys containerd 2 moves there when the runtime table does not set them
+/// (`plugins/cri/runtime` `configMigration`), so the runtime table's own value wins.
+fn containerd_restore_paths(version: i64) -> Vec<Vec<&'static str>> {
+    let mut paths = vec![vec!["plugins", CONTAINERD_CRI_RUNTIME_PLUGIN, CONTAINERD_RESTORE_KEY]];
+    if version < 3 {
+        paths.push(vec!["plugins", "io.containerd.grpc.v1.cri", CONTAINERD_RESTORE_KEY]);
+    }
+    if version < 2 {
+        paths.push(vec!["plugins", "cri", CONTAINERD_RESTORE_KEY]);
+    }
+    paths
 }
 
 fn check_containerd(f: &Facts, out: &mut Vec<Line>) {
@@ -620,45 +669,132 @@ fn check_containerd(f: &Facts, out: &mut Vec<Line>) {
                     return;
                 }
             };
-            let pairs = text.map(|t| toml_pairs(t)).unwrap_or_default();
-            let want = format!("{CONTAINERD_CRI_RUNTIME_TABLE}.{CONTAINERD_RESTORE_KEY}");
-            let legacy = format!("plugins.io.containerd.grpc.v1.cri.{CONTAINERD_RESTORE_KEY}");
-            let value = pairs.iter().rev().find(|(k, _)| *k == want || *k == legacy).map(|(_, v)| v.as_str());
-            let elsewhere: Vec<String> = pairs
-                .iter()
-                .filter(|(k, _)| k.ends_with(CONTAINERD_RESTORE_KEY) && *k != want && *k != legacy)
-                .map(|(k, _)| esc(k))
-                .collect();
-            match value {
-                Some("true") => out.push(ok(
-                    "containerd",
-                    format!("containerd {a}.{b}: {CONTAINERD_RESTORE_KEY} = true (restore through CRI is on)"),
-                )),
-                Some(other) => out.push(fail(
-                    "containerd",
-                    format!("containerd {a}.{b}: {CONTAINERD_RESTORE_KEY} = {}: restores through CRI are refused", esc(other)),
-                    fix,
-                )),
-                None if !elsewhere.is_empty() => out.push(fail(
+            let Some(text) = text else {
+                out.push(fail(
                     "containerd",
                     format!(
-                        "containerd {a}.{b}: {CONTAINERD_RESTORE_KEY} is set as {}, a place containerd does not read it",
-                        elsewhere.join(", ")
+                        "containerd {a}.{b}: no /etc/containerd/config.toml: since 2.2 restores through CRI (the \
+                         kubelet's way) are off by default"
                     ),
                     fix,
-                )),
-                None => out.push(fail(
-                    "containerd",
-                    format!(
-                        "containerd {a}.{b}: {} lacks {CONTAINERD_RESTORE_KEY} = true: since 2.2 restores through CRI \
-                         (the kubelet's way) are off by default",
-                        if text.is_some() { "/etc/containerd/config.toml" } else { "no /etc/containerd/config.toml:" }
-                    ),
-                    fix,
-                )),
-            }
+                ));
+                return;
+            };
+            out.push(containerd_config_line(a, b, text, &fix));
         }
     }
+}
+
+/// The verdict on containerd ≥ 2.2's `config.toml`, read as containerd reads it.
+fn containerd_config_line(a: u32, b: u32, text: &str, fix: &str) -> Line {
+    let table = match parse_toml(text) {
+        Ok(t) => t,
+        Err(why) => {
+            return fail(
+                "containerd",
+                format!(
+                    "containerd {a}.{b}: /etc/containerd/config.toml is not valid TOML ({}): containerd refuses to \
+                     start with it (`failed to unmarshal TOML`), so nothing is restored through CRI",
+                    esc(&why)
+                ),
+                format!(
+                    "correct the file (`python3 -c 'import tomllib; tomllib.load(open(\"/etc/containerd/config.toml\", \
+                     \"rb\"))'` names the same place), then {fix}"
+                ),
+            )
+        }
+    };
+    let version = match table.get("version") {
+        None => 1,
+        Some(toml::Value::Integer(v)) => *v,
+        Some(other) => {
+            return fail(
+                "containerd",
+                format!(
+                    "containerd {a}.{b}: /etc/containerd/config.toml has `version = {}`, not a number: containerd \
+                     refuses to start with it",
+                    toml_shown(other)
+                ),
+                format!("write `version = 3`, then {fix}"),
+            )
+        }
+    };
+    let paths = containerd_restore_paths(version);
+    let found = paths.iter().find_map(|p| toml_get(&table, p).map(|v| (p, v)));
+    let imports: Vec<String> = match table.get("imports") {
+        Some(toml::Value::Array(items)) => {
+            items.iter().map(|i| i.as_str().map_or_else(|| toml_shown(i), |p| esc(&format!("{p:?}")))).collect()
+        }
+        _ => Vec::new(),
+    };
+    let line = match found {
+        Some((_, toml::Value::Boolean(true))) => {
+            ok("containerd", format!("containerd {a}.{b}: {CONTAINERD_RESTORE_KEY} = true (restore through CRI is on)"))
+        }
+        Some((_, toml::Value::Boolean(false))) => fail(
+            "containerd",
+            format!("containerd {a}.{b}: {CONTAINERD_RESTORE_KEY} = false: restores through CRI are refused"),
+            fix,
+        ),
+        Some((path, other)) => fail(
+            "containerd",
+            format!(
+                "containerd {a}.{b}: {} = {}, not the boolean true: containerd cannot decode the CRI runtime plugin's \
+                 configuration, so that plugin does not load and CRI serves nothing",
+                toml_path(&path.iter().map(|k| k.to_string()).collect::<Vec<_>>()),
+                toml_shown(other)
+            ),
+            format!("write `{CONTAINERD_RESTORE_KEY} = true` (no quotes), then {fix}"),
+        ),
+        None => {
+            let wanted: Vec<Vec<String>> = paths.iter().map(|p| p.iter().map(|k| k.to_string()).collect()).collect();
+            let elsewhere: Vec<String> = toml_find(&table, CONTAINERD_RESTORE_KEY)
+                .into_iter()
+                .filter(|p| !wanted.contains(p))
+                .map(|p| esc(&toml_path(&p)))
+                .collect();
+            if elsewhere.is_empty() {
+                fail(
+                    "containerd",
+                    format!(
+                        "containerd {a}.{b}: /etc/containerd/config.toml lacks {CONTAINERD_RESTORE_KEY} = true: since \
+                         2.2 restores through CRI (the kubelet's way) are off by default"
+                    ),
+                    fix,
+                )
+            } else {
+                fail(
+                    "containerd",
+                    format!(
+                        "containerd {a}.{b}: {CONTAINERD_RESTORE_KEY} is set as {}, a place or a name containerd does \
+                         not read ({})",
+                        elsewhere.join(", "),
+                        if table.contains_key("version") {
+                            format!("version {version} file")
+                        } else {
+                            "no `version`: a version 1 file".into()
+                        }
+                    ),
+                    fix,
+                )
+            }
+        }
+    };
+    if imports.is_empty() || line.verdict == Verdict::Fail && found.is_some() {
+        return line;
+    }
+    // An imported file's plugin table replaces this one's whole (containerd merges `plugins` by
+    // plugin, values replaced): what this file says is not the last word.
+    warn(
+        "containerd",
+        format!(
+            "{}; this file imports {}, which the check does not read and whose CRI runtime table would replace this \
+             one's",
+            line.found,
+            imports.join(", ")
+        ),
+        format!("check the imported files by hand (`containerd config dump | grep {CONTAINERD_RESTORE_KEY}`); {fix}"),
+    )
 }
 
 fn check_crio(f: &Facts, out: &mut Vec<Line>) {
@@ -670,17 +806,57 @@ fn check_crio(f: &Facts, out: &mut Vec<Line>) {
         },
         _ => "CRI-O".to_string(),
     };
-    let mut level = None;
-    let mut criu_support = None;
+    // Each file in CRI-O's order, a later one's key over an earlier one's; a file that is no TOML, or a
+    // value of the wrong type, and CRI-O does not start.
+    let mut level: Option<(String, String)> = None;
+    let mut criu_support: Option<(String, String)> = None;
     for (name, fact) in files {
         match fact {
             FileFact::Text(t) => {
-                for (k, v) in toml_pairs(t) {
-                    if k == "crio.checkpoint_restore.container_level_enabled" {
-                        level = Some((v, name.clone()));
-                    } else if k == "crio.runtime.enable_criu_support" {
-                        criu_support = Some((v, name.clone()));
+                let table = match parse_toml(t) {
+                    Ok(table) => table,
+                    Err(why) => {
+                        out.push(fail(
+                            "cri-o",
+                            format!(
+                                "{shown_version}: {} is not valid TOML ({}): CRI-O refuses to start with it",
+                                esc(name),
+                                esc(&why)
+                            ),
+                            "correct the file (Python's `tomllib` names the same place), then `sudo systemctl restart crio`",
+                        ));
+                        return;
                     }
+                };
+                let level_path = ["crio", "checkpoint_restore", "container_level_enabled"];
+                let support_path = ["crio", "runtime", "enable_criu_support"];
+                let wrong = |path: &[&str], v: &toml::Value, want: &str| {
+                    fail(
+                        "cri-o",
+                        format!(
+                            "{shown_version}: {} = {} in {}, not {want}: CRI-O refuses to start with it",
+                            toml_path(&path.iter().map(|k| k.to_string()).collect::<Vec<_>>()),
+                            toml_shown(v),
+                            esc(name)
+                        ),
+                        "write the value as the CRI-O configuration reference does, then `sudo systemctl restart crio`",
+                    )
+                };
+                match toml_get(&table, &level_path) {
+                    Some(toml::Value::String(v)) => level = Some((v.clone(), name.clone())),
+                    Some(v) => {
+                        out.push(wrong(&level_path, v, "a string"));
+                        return;
+                    }
+                    None => {}
+                }
+                match toml_get(&table, &support_path) {
+                    Some(toml::Value::Boolean(v)) => criu_support = Some((v.to_string(), name.clone())),
+                    Some(v) => {
+                        out.push(wrong(&support_path, v, "a boolean"));
+                        return;
+                    }
+                    None => {}
                 }
             }
             FileFact::Unreadable(why) => out.push(warn(
