@@ -106,6 +106,14 @@ fn missing_identity_image_is_refused() {
     run_case("image-missing");
 }
 
+/// One of two CUDA processes has no identity image (a checkpoint image's whiteout deletes it at unpack): strict
+/// mode kills the restored tree naming the missing image; the same images restore in permissive mode, that
+/// process onto its own GPUs with a warning (issue 35 part 3).
+#[test]
+fn a_cuda_process_without_its_image_kills_the_tree_in_strict_mode_and_restores_in_permissive_mode() {
+    run_case("image-missing-one-of-two");
+}
+
 /// A truncated identity image: refused in preflight naming the fix, images byte-identical.
 #[test]
 fn truncated_identity_image_is_refused_in_preflight() {

@@ -13,6 +13,7 @@
 #            multi-process-ipc-restore | restore-fail | restore-fail-permissive | unlock-fail |
 #            criu-killed-mid-restore | nvml-missing-dump |
 #            nvml-missing-restore | libcuda-missing-dump | libcuda-missing-restore | image-missing |
+#            image-missing-one-of-two |
 #            image-truncated | image-newer-version | map-unknown-gpu | sites-moved-strict |
 #            sites-moved-permissive | criu-killed-mid-dump | newer-driver | leave-running |
 #            agent-stop-lock | agent-kill-lock | agent-stop-checkpoint | agent-kill-checkpoint |
@@ -442,6 +443,32 @@ image-missing)
         seen "$WORK/img/restore.log" "restore refused before anything was restored: .*cuda-migrate"
         expect_state "$pid" GONE
     fi
+    ;;
+image-missing-one-of-two)
+    # Two CUDA processes, one identity image gone (a checkpoint image's whiteout deletes one at unpack; issue 35):
+    # strict mode kills the restored tree, its line naming the image and the permissive escape; the images stay as
+    # they were, and the same images restore in permissive mode, that process onto its own GPUs with a warning.
+    root=$(start_tree)
+    p0=$(cat "$WORK/w0/ready")
+    p1=$(cat "$WORK/w1/ready")
+    dump_ok "$WORK/img" "$root"
+    mv "$WORK/img/cuda-migrate-$p1.img" "$WORK/saved.img"
+    sum=$(images_sum "$WORK/img")
+    restore "$WORK/img" && rc=0 || rc=$?
+    echo "CRIU restore rc=$rc"
+    [ "$rc" -ne 0 ] || fail "a strict restore of a CUDA process without its identity image succeeded"
+    seen "$WORK/img/restore.log" "pid $p1: CHECKPOINTED CUDA process without identity image \(cuda-migrate-$p1.img is not in the image directory\).*strict mode kills the restored tree.*CRIU_CUDA_MIGRATE_MODE=permissive"
+    seen "$WORK/img/restore.log" "killed the restored tree .*because pid\(s\) \[$p1\]"
+    for p in "$p0" "$p1"; do wait_gone "$p" || fail "pid $p survived the strict restore's kill"; done
+    [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "identity images changed"
+    CRIU_CUDA_MIGRATE_MODE=permissive restore "$WORK/img" || fail "the permissive restore failed"
+    seen "$WORK/img/restore.log" "pid $p1: CHECKPOINTED CUDA process without identity image \(cuda-migrate-$p1.img\); restoring it onto the same GPUs, unchecked \(permissive mode\)"
+    expect_state "$p0" RUNNING
+    expect_state "$p1" RUNNING
+    go "$WORK/w0" 1
+    go "$WORK/w1" 1
+    check_agree "$WORK/w0" 1
+    check_agree "$WORK/w1" 1
     ;;
 image-truncated | image-newer-version)
     pid=$(start "$WORK/w0" 0,1)
