@@ -459,3 +459,110 @@ fn a_commands_children_end_with_it() {
     assert!(text.contains("killed after 2 s"), "{text}");
     assert!(took < std::time::Duration::from_secs(15), "took {took:?}");
 }
+
+/// The labels of a feature file as NFD's `local` source reads them: `name=value` lines, `#` lines skipped.
+fn nfd_labels(text: &str) -> Vec<(String, String)> {
+    text.lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .map(|l| {
+            let (k, v) = l.split_once('=').unwrap_or((l, "true"));
+            (k.to_string(), v.to_string())
+        })
+        .collect()
+}
+
+/// A Kubernetes qualified label name with a prefix (what nfd-master's validation requires): a DNS subdomain of at
+/// most 253 characters, `/`, a name of at most 63 characters of alphanumerics, `-`, `_`, `.` that starts and ends
+/// alphanumeric.
+fn qualified_label_name(k: &str) -> bool {
+    let Some((prefix, name)) = k.split_once('/') else { return false };
+    let alnum_ends = |s: &str| {
+        s.chars().next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && s.chars().last().is_some_and(|c| c.is_ascii_alphanumeric())
+    };
+    let dns = prefix.len() <= 253
+        && prefix.split('.').all(|p| {
+            !p.is_empty()
+                && p.len() <= 63
+                && alnum_ends(p)
+                && p.chars().all(|c| c.is_ascii_lowercase() || c.is_ascii_digit() || c == '-')
+        });
+    dns && !name.is_empty()
+        && name.len() <= 63
+        && alnum_ends(name)
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || matches!(c, '-' | '_' | '.'))
+}
+
+/// `node --check --nfd-dir DIR` (issue 36 part 5): the verdict as NFD's feature file, written whole under a
+/// temporary dot-name and renamed, no link followed: on a ready node and on one that is not, over a link planted at
+/// the file's name (replaced, its target untouched), and refused when the directory is a link or missing.
+#[test]
+fn the_verdict_is_written_as_an_nfd_feature_file() {
+    let Some(n) = Node::good() else { return };
+    let features = n.sim.join("features.d");
+    std::fs::create_dir(&features).unwrap();
+    let run = |dir: &Path| {
+        Command::new(cli())
+            .args(["node", "--check", "--root"])
+            .arg(&n.root)
+            .arg("--nfd-dir")
+            .arg(dir)
+            .env("CCM_SIM_CONFIG", n.sim.join("gpus.json"))
+            .env("CCM_SIM_STATE_DIR", n.sim.join("state"))
+            .env("CRIU_CUDA_MIGRATE_LIBCUDA", &n.libcuda)
+            .env("CRIU_CUDA_MIGRATE_LIBNVML", &n.libnvml)
+            .env_remove("CCM_SIM_VISIBLE")
+            .env_remove("CCM_SIM_FAULTS")
+            .output()
+            .expect("run criu-cuda-migrate")
+    };
+    let file = features.join("criu-cuda-migrate");
+    // A link planted at the name: replaced by the new file, never written through.
+    let victim = n.sim.join("victim");
+    std::fs::write(&victim, "keep").unwrap();
+    std::os::unix::fs::symlink(&victim, &file).unwrap();
+    let out = run(&features);
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(out.status.code(), Some(0), "{stdout}{}", String::from_utf8_lossy(&out.stderr));
+    assert!(stdout.contains(&format!("NFD feature file {} written", file.display())), "{stdout}");
+    assert_eq!(std::fs::read_to_string(&victim).unwrap(), "keep", "written through the planted link");
+    assert!(!std::fs::symlink_metadata(&file).unwrap().file_type().is_symlink());
+    let text = std::fs::read_to_string(&file).unwrap();
+    assert!(text.len() < 65536, "NFD ignores a file over 64 KiB");
+    let labels = nfd_labels(&text);
+    let p = "criu-cuda-migrate.feature.node.kubernetes.io/";
+    assert_eq!(
+        labels,
+        [
+            (format!("{p}ready"), "true".to_string()),
+            (format!("{p}driver-branch"), "580".to_string()),
+            (format!("{p}criu-version"), "4.1.1".to_string()),
+            (format!("{p}cri-restore"), "on".to_string()),
+        ],
+        "{text}"
+    );
+    assert!(labels.iter().all(|(k, _)| qualified_label_name(k)), "{labels:?}");
+    let names: Vec<String> =
+        std::fs::read_dir(&features).unwrap().map(|e| e.unwrap().file_name().into_string().unwrap()).collect();
+    assert_eq!(names, ["criu-cuda-migrate"], "no temporary file left behind");
+    // Not ready (restore through CRI off in containerd 2.2): the labels say so, exit 1; JSON names the file.
+    n.write("etc/containerd/config.toml", "version = 3\n");
+    let out = run(&features);
+    assert_eq!(out.status.code(), Some(1));
+    let labels = nfd_labels(&std::fs::read_to_string(&file).unwrap());
+    assert!(labels.contains(&(format!("{p}ready"), "false".into())), "{labels:?}");
+    assert!(labels.contains(&(format!("{p}cri-restore"), "off".into())), "{labels:?}");
+    // The directory through a link, or missing: refused (exit 2), nothing written there.
+    let link = n.sim.join("features-link");
+    std::os::unix::fs::symlink(&features, &link).unwrap();
+    std::fs::remove_file(&file).unwrap();
+    let out = run(&link);
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(2), "{err}");
+    assert!(err.contains("--nfd-dir") && err.contains("symbolic link"), "{err}");
+    assert!(!file.exists(), "written through a directory link");
+    let out = run(&n.sim.join("missing"));
+    assert_eq!(out.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&out.stderr).contains("does not exist"));
+}

@@ -8,6 +8,7 @@
 
 pub mod eval;
 pub mod gather;
+pub mod nfd;
 
 use std::io::Write;
 use std::path::PathBuf;
@@ -32,6 +33,12 @@ pub struct NodeArgs {
     /// the driver (tests).
     #[arg(long, value_name = "SECONDS", hide = true, requires = "check", value_parser = clap::value_parser!(u64).range(1..=600))]
     pub deadline: Option<u64>,
+    /// Also write the verdict as a Node Feature Discovery feature file `criu-cuda-migrate` into DIR, NFD's
+    /// features.d (default /etc/kubernetes/node-feature-discovery/features.d): labels
+    /// criu-cuda-migrate.feature.node.kubernetes.io/{ready,driver-branch,criu-version,cri-restore}, written whole
+    /// (temporary file and rename); exit 2 when it cannot be written.
+    #[arg(long, value_name = "DIR", requires = "check")]
+    pub nfd_dir: Option<PathBuf>,
 }
 
 /// Runs the check and prints it; a node that is not ready is a refusal (exit 1).
@@ -45,16 +52,33 @@ pub fn run(args: &NodeArgs, json: bool) -> Result<(), Failure> {
     let facts = gather::gather(&root, deadlines);
     let lines = eval::evaluate(&facts);
     let ready = eval::ready(&lines);
+    // The feature file before any output, so that a failed write is the one outcome printed.
+    let nfd = match &args.nfd_dir {
+        Some(dir) => {
+            let labels = nfd::labels(&facts, &lines);
+            let path = nfd::write(dir, &nfd::feature_file(&labels))
+                .map_err(|e| Failure::Input(format!("--nfd-dir {}: {e}", dir.display())))?;
+            Some((path, labels))
+        }
+        None => None,
+    };
     let count = |v: Verdict| lines.iter().filter(|l| l.verdict == v).count();
     let (oks, warns, fails) = (count(Verdict::Ok), count(Verdict::Warn), count(Verdict::Fail));
     if json {
-        let doc = serde_json::json!({
+        let mut doc = serde_json::json!({
             "ok": ready,
             "ready": ready,
             "root": root_path.display().to_string(),
             "counts": {"ok": oks, "warn": warns, "fail": fails},
             "checks": lines,
         });
+        if let Some((path, labels)) = &nfd {
+            let labels: serde_json::Map<String, serde_json::Value> = labels
+                .iter()
+                .map(|(n, v)| (format!("{}{n}", nfd::LABEL_PREFIX), serde_json::Value::String(v.clone())))
+                .collect();
+            doc["nfd"] = serde_json::json!({"file": path.display().to_string(), "labels": labels});
+        }
         println!("{doc}");
         if !ready {
             // The one document is out: not ready only sets the exit code (as `recover --json`).
@@ -64,6 +88,10 @@ pub fn run(args: &NodeArgs, json: bool) -> Result<(), Failure> {
         return Ok(());
     }
     print!("{}", render(&lines));
+    if let Some((path, labels)) = &nfd {
+        let shown: Vec<String> = labels.iter().map(|(n, v)| format!("{n}={v}")).collect();
+        println!("NFD feature file {} written: {} ({})", path.display(), shown.join(", "), nfd::LABEL_PREFIX);
+    }
     if ready {
         println!("node ready for GPU checkpoint/restore: {oks} ok, {warns} warning(s)");
         Ok(())

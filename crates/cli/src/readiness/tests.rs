@@ -554,3 +554,31 @@ fn python_tomllib() -> Option<PythonToml> {
         (line.trim() != "REFUSED").then(|| serde_json::from_str(line.trim()).expect("JSON from python"))
     }))
 }
+
+/// The NFD labels of a node: every one on a good node, `ready=false` and `cri-restore=off` when a check fails,
+/// nothing it cannot tell.
+#[test]
+fn nfd_labels_say_the_verdict() {
+    use super::nfd::labels;
+    let f = good();
+    let l = labels(&f, &evaluate(&f));
+    assert_eq!(
+        l,
+        vec![
+            ("ready", "true".to_string()),
+            ("driver-branch", "580".to_string()),
+            ("criu-version", "4.1.1".to_string()),
+            ("cri-restore", "on".to_string()),
+        ]
+    );
+    let mut f = good();
+    f.containerd = Some((ran("containerd github.com/containerd/containerd/v2 v2.2.1 x\n"), FileFact::Absent));
+    f.nvml = Err("no driver".into());
+    f.criu_version = CmdFact::NotFound;
+    let l = labels(&f, &evaluate(&f));
+    assert_eq!(l, vec![("ready", "false".to_string()), ("cri-restore", "off".to_string())]);
+    let mut f = good();
+    f.containerd = None;
+    f.crio = None;
+    assert!(labels(&f, &evaluate(&f)).iter().all(|(n, _)| *n != "cri-restore"), "no CRI runtime: no label");
+}
