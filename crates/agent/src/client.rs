@@ -15,7 +15,7 @@ use std::time::{Duration, Instant};
 
 use ccm_driver::abi::CudaCode;
 use ccm_driver::checkpoint::ProcessState;
-use ccm_driver::rm::PidMemoryReport;
+use ccm_driver::rm::{FramebufferReport, PidMemoryReport};
 use ccm_driver::CudaError;
 use ccm_identity::{GpuUuid, HostPid, HostTid, PciAddress};
 use ccm_process::helper::Helper;
@@ -402,6 +402,16 @@ impl Agent {
         };
         match self.call(call, deadline + RM_REPLY_GRACE)? {
             Answer::VideoMemory(r) => Ok(r),
+            a => Err(Self::unexpected(a)),
+        }
+    }
+
+    /// Every attached GPU's free and total memory by the resource manager ([`ccm_driver::rm::framebuffer`]),
+    /// answered within `deadline` as [`Agent::video_memory`].
+    pub fn framebuffer(&self, deadline: Duration) -> Result<FramebufferReport, AgentError> {
+        let call = Call::Framebuffer { deadline_ms: u64::try_from(deadline.as_millis()).unwrap_or(u64::MAX) };
+        match self.call(call, deadline + RM_REPLY_GRACE)? {
+            Answer::Framebuffer(r) => Ok(r),
             a => Err(Self::unexpected(a)),
         }
     }

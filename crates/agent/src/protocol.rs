@@ -5,7 +5,7 @@
 use std::io::{Read, Write};
 
 use ccm_driver::nvml::GpuMemory;
-use ccm_driver::rm::PidMemoryReport;
+use ccm_driver::rm::{FramebufferReport, PidMemoryReport};
 use ccm_driver::CudaError;
 use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
 use serde::{de::DeserializeOwned, Deserialize, Serialize};
@@ -54,6 +54,11 @@ pub enum Call {
         pids: Vec<u32>,
         deadline_ms: u64,
     },
+    /// The kernel driver's resource manager: every attached GPU's free and total memory (its heap), answered
+    /// within `deadline_ms`.
+    Framebuffer {
+        deadline_ms: u64,
+    },
     /// The plugin is done: exit without touching any process.
     Exit,
 }
@@ -74,6 +79,7 @@ impl Call {
             Call::UuidAtPci { .. } => "nvmlDeviceGetHandleByPciBusId",
             Call::DeviceMemory => "NVML's memory query",
             Call::VideoMemory { .. } => "the resource manager's process memory query",
+            Call::Framebuffer { .. } => "the resource manager's free memory query",
             Call::Exit => "exit",
         }
     }
@@ -146,6 +152,7 @@ pub enum Answer {
     Uuid(Option<GpuUuid>),
     DeviceMemory(Vec<GpuMemory>),
     VideoMemory(PidMemoryReport),
+    Framebuffer(FramebufferReport),
 }
 
 /// A failure as it crosses the socket.

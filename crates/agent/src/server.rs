@@ -367,6 +367,11 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
                 .map(Answer::VideoMemory)
                 .map_err(|e| WireError::Rm(e.to_string()))
         }
+        Call::Framebuffer { deadline_ms } => {
+            ccm_driver::rm::framebuffer_within(std::time::Duration::from_millis(*deadline_ms))
+                .map(Answer::Framebuffer)
+                .map_err(|e| WireError::Rm(e.to_string()))
+        }
         Call::Exit => Ok(Answer::Done),
     }
 }

@@ -15,7 +15,9 @@ use ccm_driver::abi::CudaCode;
 use ccm_driver::checkpoint::ProcessState;
 use ccm_driver::cuda::CudaError;
 use ccm_driver::nvml::GpuMemory;
-use ccm_driver::rm::{GpuPidMemory, PidMemory, PidMemoryReport, RmStatus, VideoMemory};
+use ccm_driver::rm::{
+    FramebufferReport, GpuFramebuffer, GpuPidMemory, PidMemory, PidMemoryReport, RmStatus, VideoMemory,
+};
 use ccm_identity::image::{PciSite, ProcessEnv};
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, PciAddress, PciSignature};
 use ccm_process::container::{ForeignDev, NodeEditError, RuntimeSpec};
@@ -107,6 +109,9 @@ pub struct AgentScript {
     pub rm_error: Option<AgentError>,
     /// The pids of each resource manager query, in order.
     pub rm_queries: Vec<Vec<u32>>,
+    /// Each GPU's free memory as the resource manager reports it, by PCI bus; a GPU missing here is not
+    /// reported. `None`: the resource manager cannot be asked (the default, as on the test doubles).
+    pub rm_free: Option<BTreeMap<u32, u64>>,
 }
 
 /// One agent on the node's driver: agents started one after the other share the driver's state
@@ -301,8 +306,29 @@ impl DriverAgent for FakeAgent {
             .collect();
         Ok(PidMemoryReport { driver_version: "580.159.04".into(), gpus, seconds: 0.001 })
     }
+    fn framebuffer(&self, _deadline: Duration) -> Result<FramebufferReport, AgentError> {
+        let mut s = self.script();
+        s.calls.push("framebuffer".into());
+        let Some(free) = s.rm_free.clone() else {
+            return Err(AgentError::Rm("/proc/driver/nvidia/version: cannot open it".into()));
+        };
+        let gpus = s
+            .gpus
+            .iter()
+            .filter_map(|g| {
+                free.get(&g.pci.bus).map(|f| GpuFramebuffer {
+                    pci: g.pci,
+                    minor: g.minor,
+                    free: *f,
+                    total: g.memory_total,
+                })
+            })
+            .collect();
+        Ok(FramebufferReport { driver_version: "580.159.04".into(), gpus, seconds: 0.001 })
+    }
     fn device_memory(&self) -> Result<Vec<GpuMemory>, AgentError> {
-        let s = self.script();
+        let mut s = self.script();
+        s.calls.push("device_memory".into());
         if let Some(e) = s.device_memory_error.clone() {
             return Err(e);
         }

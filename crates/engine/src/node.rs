@@ -78,9 +78,12 @@ impl Node {
     }
 
     /// The node for a restore's preflight: libcuda loaded (the restore needs it), the GPUs as the
-    /// kernel driver lists them in /proc (no NVML list to wait for) with each GPU's memory from one
-    /// NVML query, which the free-memory check uses too. Without that /proc list (another driver,
-    /// the test doubles), NVML's whole list.
+    /// kernel driver lists them in /proc (no NVML list to wait for) with each GPU's free and total
+    /// memory from the kernel driver's resource manager (about 1 ms; its free memory equals NVML's to
+    /// the KiB, measured: docs/BENCHMARKS.md), so that CRIU's restore does not wait for NVML's start
+    /// (15-20 ms), which goes on in the agent and is needed only at the end, to validate. Where the
+    /// resource manager does not answer for every GPU, one NVML query, as before. Without that /proc
+    /// list (another driver, the test doubles), NVML's whole list.
     ///
     /// Without `need_memory` (the free-memory check is off), NVML is not waited for at all: the GPUs'
     /// totals stay unknown (0), which the map rules do not hold against a GPU of the same chip.
@@ -110,6 +113,19 @@ impl Node {
             let _ = node.nvml.set(NvmlView { ok: true, driver_version: String::new(), gpus: listed, error: None });
             return Ok(node);
         }
+        if let Some((gpus, memory)) = memory_from_rm(&*node.agent, &listed) {
+            info!(
+                "GPUs from {} with the resource manager's memory ({:.3} s; NVML not waited for)",
+                ccm_driver::procfs::GPUS_DIR,
+                t0.elapsed().as_secs_f64()
+            );
+            for (i, g) in gpus.iter().enumerate() {
+                info!("  GPU {i}: {} {} {} minor {} {} MiB", g.uuid, g.pci, g.name, g.minor, g.memory_total >> 20);
+            }
+            let _ = node.nvml.set(NvmlView { ok: true, driver_version: String::new(), gpus, error: None });
+            node.memory = Some(Ok(memory));
+            return Ok(node);
+        }
         let memory = node.agent.device_memory();
         let view = match &memory {
             Ok(m) => {
@@ -137,7 +153,7 @@ impl Node {
         Ok(node)
     }
 
-    /// Each GPU's memory now: from the preflight's query when there was one, else asked.
+    /// Each GPU's memory now: from the preflight's query when there was one, else asked (NVML).
     pub fn memory(&self) -> Result<Vec<GpuMemory>, AgentError> {
         match &self.memory {
             Some(m) => m.clone(),
@@ -216,8 +232,47 @@ impl Node {
         if !self.nvml().ok {
             return None;
         }
-        self.agent.uuid_at_pci(*pci).ok().flatten()
+        match self.agent.uuid_at_pci(*pci) {
+            Ok(u) => u,
+            Err(e) => {
+                // The restore's preflight did not wait for NVML: its failure shows here, where it is needed.
+                warn!("NVML through the driver agent, asked which GPU is at {pci}: {e}");
+                None
+            }
+        }
     }
+}
+
+/// How long the preflight waits for the resource manager's memory before it asks NVML instead.
+const RM_MEMORY_DEADLINE: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// The listed GPUs with their totals, and each one's memory, from the resource manager; `None` (NVML is
+/// asked instead) when it cannot be asked or does not report every listed GPU.
+fn memory_from_rm(agent: &dyn DriverAgent, listed: &[GpuIdentity]) -> Option<(Vec<GpuIdentity>, Vec<GpuMemory>)> {
+    let report = match agent.framebuffer(RM_MEMORY_DEADLINE) {
+        Ok(r) => r,
+        Err(e) => {
+            debug!("free memory from the resource manager: {e}; NVML's instead");
+            return None;
+        }
+    };
+    let mut gpus = Vec::with_capacity(listed.len());
+    let mut memory = Vec::with_capacity(listed.len());
+    for g in listed {
+        let Some(fb) = report.gpus.iter().find(|f| f.pci == g.pci) else {
+            debug!("the resource manager reports no memory of GPU {} at {}; NVML's instead", g.uuid, g.pci);
+            return None;
+        };
+        gpus.push(GpuIdentity { memory_total: fb.total, ..g.clone() });
+        memory.push(GpuMemory {
+            gpu: g.uuid,
+            free: Some(fb.free),
+            total: Some(fb.total),
+            processes: Vec::new(),
+            error: None,
+        });
+    }
+    Some((gpus, memory))
 }
 
 /// The plugin's view for the one preflight: the GPUs and memory the agent's NVML (or the kernel

@@ -243,6 +243,37 @@ fn the_kernel_driver_s_gpu_list_is_used_with_or_without_nvml_memory() {
     assert!(seen(&["GPUs from /proc/driver/nvidia/gpus (", "NVML not waited for"]));
 }
 
+#[test]
+fn the_resource_manager_s_free_memory_spares_the_preflight_nvml_s_start() {
+    // It answers for both GPUs: the check uses it, NVML's memory is never asked for at init.
+    let mut s = Setup::new("rrmfree", &[5711]);
+    s.device_bytes = 8 << 30;
+    let (agent, targets, criu) = s.parts();
+    targets.script().kernel_gpus = Some(vec![gpu(0), gpu(1)]);
+    agent.script().rm_free = Some([(0, 100 << 30), (1, 100 << 30)].into());
+    let mut r = s.init_with(agent, targets, criu).unwrap();
+    assert!(r.agent.called("framebuffer"));
+    assert!(!r.agent.called("device_memory"), "{:?}", r.agent.calls());
+    assert!(matches!(r.resume(5711), (HookOutcome::Done, true)));
+    assert!(seen(&["GPUs from /proc/driver/nvidia/gpus with the resource manager's memory", "NVML not waited for"]));
+    // Too little free by its account: refused as by NVML's.
+    let mut s = Setup::new("rrmfull", &[5712]);
+    s.device_bytes = 8 << 30;
+    let (agent, targets, criu) = s.parts();
+    targets.script().kernel_gpus = Some(vec![gpu(0), gpu(1)]);
+    agent.script().rm_free = Some([(0, 4 << 30), (1, 4 << 30)].into());
+    let e = refused(s.init_with(agent, targets, criu));
+    assert!(matches!(e, EngineError::Preflight(crate::preflight::PreflightError::Memory(_))), "{e}");
+    assert!(e.to_string().contains("has 4.0 GiB"), "{e}");
+    // It leaves a GPU out: NVML's memory, as before.
+    let s = Setup::new("rrmpart", &[5713]);
+    let (agent, targets, criu) = s.parts();
+    targets.script().kernel_gpus = Some(vec![gpu(0), gpu(1)]);
+    agent.script().rm_free = Some([(0, 100 << 30)].into());
+    let r = s.init_with(agent, targets, criu).unwrap();
+    assert!(r.agent.called("framebuffer") && r.agent.called("device_memory"), "{:?}", r.agent.calls());
+}
+
 // ----- RESUME_DEVICES_LATE ---------------------------------------------------------------------
 
 #[test]

@@ -14,7 +14,7 @@ use std::time::Duration;
 use ccm_agent::{Agent, AgentError, CuInitInfo, DriverInfo, Lost, NodeInfo, WarmUp};
 use ccm_driver::checkpoint::ProcessState;
 use ccm_driver::nvml::GpuMemory;
-use ccm_driver::rm::PidMemoryReport;
+use ccm_driver::rm::{FramebufferReport, PidMemoryReport};
 use ccm_identity::image::ProcessEnv;
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, PciAddress, PciSignature};
 use ccm_process::container::{ForeignDev, NodeEditError, RuntimeSpec};
@@ -121,6 +121,8 @@ pub trait DriverAgent: Send + Sync {
     /// What each of `pids` holds on every GPU by the kernel driver's resource manager (CUDA IPC imports
     /// included), answered within `deadline`.
     fn video_memory(&self, pids: &[HostPid], deadline: Duration) -> Result<PidMemoryReport, AgentError>;
+    /// Every GPU's free and total memory by the resource manager, answered within `deadline`.
+    fn framebuffer(&self, deadline: Duration) -> Result<FramebufferReport, AgentError>;
     /// Why the agent is no longer usable, once it is not.
     fn lost(&self) -> Option<Lost>;
     /// Lets the agent end by itself once told to exit.
@@ -306,6 +308,9 @@ impl DriverAgent for Agent {
     }
     fn video_memory(&self, pids: &[HostPid], deadline: Duration) -> Result<PidMemoryReport, AgentError> {
         Agent::video_memory(self, pids, deadline)
+    }
+    fn framebuffer(&self, deadline: Duration) -> Result<FramebufferReport, AgentError> {
+        Agent::framebuffer(self, deadline)
     }
     fn lost(&self) -> Option<Lost> {
         Agent::lost(self)

@@ -49,6 +49,17 @@ pub const CTRL_GPU_GET_ID_INFO_V2: u32 = 0x0000_0205;
 /// `NV2080_CTRL_CMD_GPU_GET_PID_INFO`: what each asked pid holds on the subdevice's GPU.
 pub const CTRL_GPU_GET_PID_INFO: u32 = 0x2080_018E;
 
+/// `NV2080_CTRL_CMD_FB_GET_INFO_V2`: framebuffer facts of the subdevice's GPU.
+pub const CTRL_FB_GET_INFO_V2: u32 = 0x2080_1303;
+/// `NV2080_CTRL_FB_INFO_INDEX_HEAP_FREE` and `_TOTAL_RAM_SIZE` (KiB).
+pub const FB_INFO_INDEX_HEAP_FREE: u32 = 0x16;
+pub const FB_INFO_INDEX_TOTAL_RAM_SIZE: u32 = 0x08;
+/// The list lengths of `NV2080_CTRL_FB_GET_INFO_V2_PARAMS` in the public headers, newest first; the driver
+/// takes only its own (580.159.04: 0x80, measured by tests/gpu/rm_fbinfo.c).
+pub const FB_INFO_LIST_SIZES: &[usize] = &[0x80, 0x39, 0x36];
+/// `NV_ERR_INVALID_PARAM_STRUCT`: the answer to a parameter size that is not the driver's.
+pub const RM_INVALID_PARAM_STRUCT: RmStatus = RmStatus(0x3A);
+
 /// `NV_RM_API_VERSION_CMD_STRICT`: the version string must equal the module's.
 pub const VERSION_CMD_STRICT: u32 = 0;
 /// `NV_RM_API_VERSION_REPLY_RECOGNIZED`.
@@ -217,6 +228,37 @@ pub struct GetPidInfo {
     pub list: [PidInfo; PID_INFO_MAX],
 }
 
+/// `NV2080_CTRL_FB_INFO`.
+#[repr(C)]
+#[derive(Clone, Copy, Default)]
+pub struct FbInfo {
+    pub index: u32,
+    pub data: u32,
+}
+
+/// `NV2080_CTRL_FB_GET_INFO_V2_PARAMS` at the longest known list; sent with the size of the driver's own
+/// ([`fb_info_v2_size`]).
+#[repr(C)]
+#[derive(Clone, Copy)]
+pub struct FbInfoV2 {
+    pub count: u32,
+    pub list: [FbInfo; 0x80],
+}
+
+impl Default for FbInfoV2 {
+    fn default() -> Self {
+        FbInfoV2 { count: 0, list: [FbInfo::default(); 0x80] }
+    }
+}
+
+/// The parameter size of `NV2080_CTRL_FB_GET_INFO_V2_PARAMS` with a list of `entries`.
+pub const fn fb_info_v2_size(entries: usize) -> u32 {
+    // At most 0x80 entries of 8 bytes and the count: 1028 bytes, which u32 holds.
+    #[allow(clippy::cast_possible_truncation)]
+    let size = (4 + 8 * entries) as u32;
+    size
+}
+
 impl Default for GetPidInfo {
     fn default() -> Self {
         GetPidInfo { count: 0, list: [PidInfo::default(); PID_INFO_MAX] }
@@ -261,6 +303,10 @@ const _: () = {
     assert!(offset_of!(PidInfo, compute_instance_id) == 64);
     assert!(size_of::<GetPidInfo>() == 14408);
     assert!(offset_of!(GetPidInfo, list) == 8);
+    assert!(size_of::<FbInfo>() == 8);
+    assert!(size_of::<FbInfoV2>() == 4 + 8 * 0x80);
+    assert!(offset_of!(FbInfoV2, list) == 4);
+    assert!(fb_info_v2_size(0x80) == 1028 && fb_info_v2_size(0x36) == 436);
     // The ioctl arguments themselves must fit the request's 14-bit size field.
     assert!(size_of::<[CardInfo; CARDS_MAX]>() < 1 << 14);
     assert!(size_of::<ApiVersion>() < 1 << 14);

@@ -103,56 +103,121 @@ pub struct PidMemoryReport {
     pub seconds: f64,
 }
 
-/// [`video_memory`] on a thread of its own, answered within `deadline`: a driver that does not
-/// answer leaves that thread waiting in its ioctl, and the caller goes on with [`RmError::Deadline`].
-pub fn video_memory_within(pids: &[u32], deadline: Duration) -> Result<PidMemoryReport, RmError> {
+/// `f` on a thread of its own, answered within `deadline`: a driver that does not answer leaves that thread
+/// waiting in its ioctl, and the caller goes on with [`RmError::Deadline`].
+fn within<T: Send + 'static>(
+    deadline: Duration,
+    f: impl FnOnce() -> Result<T, RmError> + Send + 'static,
+) -> Result<T, RmError> {
     let (tx, rx) = std::sync::mpsc::channel();
-    let pids = pids.to_vec();
     std::thread::Builder::new()
         .name("ccm-rm-query".into())
         .spawn(move || {
             // The receiver may have given up: then nobody needs the answer.
-            let _ = tx.send(video_memory(&pids));
+            let _ = tx.send(f());
         })
         .map_err(|e| RmError::Thread(e.to_string()))?;
     rx.recv_timeout(deadline).unwrap_or(Err(RmError::Deadline(deadline)))
 }
 
+/// [`video_memory`] within `deadline`.
+pub fn video_memory_within(pids: &[u32], deadline: Duration) -> Result<PidMemoryReport, RmError> {
+    let pids = pids.to_vec();
+    within(deadline, move || video_memory(&pids))
+}
+
 /// Asks the RM what each of `pids` (pids of this process's pid namespace) holds on every attached GPU.
 pub fn video_memory(pids: &[u32]) -> Result<PidMemoryReport, RmError> {
     let started = Instant::now();
-    let version = read_version()?;
-    let dev = open_dev_dir()?;
-    let ctl = open_nvidia_node(&dev, "nvidiactl", abi::CTL_MINOR)?;
-    check_version(ctl.as_fd(), &version)?;
-    let cards = card_info(ctl.as_fd())?;
-    let client = Client::new(ctl)?;
-    let mut gpus = Vec::new();
-    for gpu_id in client.attached_gpu_ids()? {
-        let card = cards.iter().find(|c| c.valid != 0 && c.gpu_id == gpu_id).ok_or(RmError::UnknownGpu { gpu_id })?;
-        let ids = client.id_info(gpu_id)?;
-        let node = format!("nvidia{}", card.minor_number);
-        // Held open while the device object exists: the driver allocates a device only for a
-        // process that has its node open.
-        let _gpu_node = open_nvidia_node(&dev, &node, card.minor_number)?;
-        let subdevice = client.subdevice(gpu_id, ids)?;
+    let session = Session::open()?;
+    let gpus = session.each_gpu(|client, subdevice| {
         let mut answers = Vec::with_capacity(pids.len());
         for chunk in pids.chunks(abi::PID_INFO_MAX) {
             answers.extend(client.pid_info(subdevice, chunk)?);
         }
-        gpus.push(GpuPidMemory {
-            pci: PciAddress {
+        Ok(answers)
+    })?;
+    let gpus = gpus.into_iter().map(|(pci, minor, pids)| GpuPidMemory { pci, minor, pids }).collect();
+    Ok(PidMemoryReport { driver_version: session.version, gpus, seconds: started.elapsed().as_secs_f64() })
+}
+
+/// One attached GPU's memory as the RM's heap has it (`NV2080_CTRL_CMD_FB_GET_INFO_V2`), in bytes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct GpuFramebuffer {
+    pub pci: PciAddress,
+    pub minor: u32,
+    /// `HEAP_FREE`: what allocations can still take (measured on 580.159.04: NVML's `free`, to the KiB).
+    pub free: u64,
+    /// `TOTAL_RAM_SIZE` (NVML's `total`).
+    pub total: u64,
+}
+
+/// Every attached GPU's free and total memory.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct FramebufferReport {
+    pub driver_version: String,
+    pub gpus: Vec<GpuFramebuffer>,
+    pub seconds: f64,
+}
+
+/// [`framebuffer`] within `deadline`.
+pub fn framebuffer_within(deadline: Duration) -> Result<FramebufferReport, RmError> {
+    within(deadline, framebuffer)
+}
+
+/// Every attached GPU's free and total memory, from the RM's heap: about 1 ms, where NVML's start and first
+/// memory query take 15-20 ms (measured: docs/BENCHMARKS.md).
+pub fn framebuffer() -> Result<FramebufferReport, RmError> {
+    let started = Instant::now();
+    let session = Session::open()?;
+    let gpus = session.each_gpu(|client, subdevice| client.fb_info(subdevice))?;
+    let gpus = gpus.into_iter().map(|(pci, minor, (free, total))| GpuFramebuffer { pci, minor, free, total }).collect();
+    Ok(FramebufferReport { driver_version: session.version, gpus, seconds: started.elapsed().as_secs_f64() })
+}
+
+/// The handshake every query starts with: the version check on `/dev/nvidiactl`, the card list and a client.
+struct Session {
+    version: String,
+    dev: OwnedFd,
+    cards: Vec<abi::CardInfo>,
+    client: Client,
+}
+
+impl Session {
+    fn open() -> Result<Session, RmError> {
+        let version = read_version()?;
+        let dev = open_dev_dir()?;
+        let ctl = open_nvidia_node(&dev, "nvidiactl", abi::CTL_MINOR)?;
+        check_version(ctl.as_fd(), &version)?;
+        let cards = card_info(ctl.as_fd())?;
+        let client = Client::new(ctl)?;
+        Ok(Session { version, dev, cards, client })
+    }
+
+    /// `ask` of every attached GPU's subdevice, with the GPU's PCI location and minor.
+    fn each_gpu<T>(
+        &self,
+        mut ask: impl FnMut(&Client, u32) -> Result<T, RmError>,
+    ) -> Result<Vec<(PciAddress, u32, T)>, RmError> {
+        let mut out = Vec::new();
+        for gpu_id in self.client.attached_gpu_ids()? {
+            let card = self.cards.iter().find(|c| c.gpu_id == gpu_id).ok_or(RmError::UnknownGpu { gpu_id })?;
+            let ids = self.client.id_info(gpu_id)?;
+            // Held open while the device object exists: the driver allocates a device only for a
+            // process that has its node open.
+            let _gpu_node = open_nvidia_node(&self.dev, &format!("nvidia{}", card.minor_number), card.minor_number)?;
+            let subdevice = self.client.subdevice(gpu_id, ids)?;
+            let answer = ask(&self.client, subdevice)?;
+            let pci = PciAddress {
                 domain: card.domain,
                 bus: card.bus.into(),
                 device: card.slot.into(),
                 function: card.function.into(),
-            },
-            minor: card.minor_number,
-            pids: answers,
-        });
+            };
+            out.push((pci, card.minor_number, answer));
+        }
+        Ok(out)
     }
-    drop(client);
-    Ok(PidMemoryReport { driver_version: version, gpus, seconds: started.elapsed().as_secs_f64() })
 }
 
 /// The loaded module's version, from the first line of `/proc/driver/nvidia/version`
@@ -287,19 +352,7 @@ impl Client {
     }
 
     fn control<P>(&self, object: u32, cmd: u32, call: &'static str, params: &mut P) -> Result<(), RmError> {
-        let mut c = abi::Control {
-            client: self.handle,
-            object,
-            cmd,
-            flags: 0,
-            params: std::ptr::from_mut(params) as u64,
-            params_size: param_size::<P>(),
-            status: 0,
-        };
-        // SAFETY: NVOS54 is NV_ESC_RM_CONTROL's argument; its params pointer is `params`, exclusively
-        // borrowed for this call, of the size recorded beside it.
-        unsafe { ioctl(self.ctl.as_fd(), abi::ESC_RM_CONTROL, call, &mut c)? };
-        status_ok(call, c.status)
+        self.control_sized(object, cmd, call, params, param_size::<P>())
     }
 
     fn attached_gpu_ids(&self) -> Result<Vec<u32>, RmError> {
@@ -364,6 +417,57 @@ impl Client {
                 },
             })
             .collect())
+    }
+}
+
+impl Client {
+    /// The subdevice's heap free and total RAM (bytes). The control embeds a list whose length differs between
+    /// driver branches (`NV2080_CTRL_FB_INFO_MAX_LIST_SIZE`: 0x80 on 580.159.04, 0x39 and 0x36 in older public
+    /// headers) and the RM refuses a parameter size that is not its own: each known size is tried, newest first.
+    fn fb_info(&self, subdevice: u32) -> Result<(u64, u64), RmError> {
+        let mut last = RmStatus::OK;
+        for &entries in abi::FB_INFO_LIST_SIZES {
+            let mut q = abi::FbInfoV2 { count: 2, ..Default::default() };
+            q.list[0].index = abi::FB_INFO_INDEX_HEAP_FREE;
+            q.list[1].index = abi::FB_INFO_INDEX_TOTAL_RAM_SIZE;
+            match self.control_sized(
+                subdevice,
+                abi::CTRL_FB_GET_INFO_V2,
+                "NV2080_CTRL_CMD_FB_GET_INFO_V2",
+                &mut q,
+                abi::fb_info_v2_size(entries),
+            ) {
+                Ok(()) => return Ok((u64::from(q.list[0].data) << 10, u64::from(q.list[1].data) << 10)),
+                Err(RmError::Status { status, .. }) if status == abi::RM_INVALID_PARAM_STRUCT => last = status,
+                Err(e) => return Err(e),
+            }
+        }
+        Err(RmError::Status { call: "NV2080_CTRL_CMD_FB_GET_INFO_V2 (every known list size)", status: last })
+    }
+
+    /// [`Client::control`] with a parameter size smaller than `P` (the driver reads and writes only that much).
+    fn control_sized<P>(
+        &self,
+        object: u32,
+        cmd: u32,
+        call: &'static str,
+        params: &mut P,
+        size: u32,
+    ) -> Result<(), RmError> {
+        let size = size.min(param_size::<P>());
+        let mut c = abi::Control {
+            client: self.handle,
+            object,
+            cmd,
+            flags: 0,
+            params: std::ptr::from_mut(params) as u64,
+            params_size: size,
+            status: 0,
+        };
+        // SAFETY: NVOS54 is NV_ESC_RM_CONTROL's argument; its params pointer is `params`, exclusively borrowed
+        // for this call, and the size beside it is at most `P`'s (clamped above).
+        unsafe { ioctl(self.ctl.as_fd(), abi::ESC_RM_CONTROL, call, &mut c)? };
+        status_ok(call, c.status)
     }
 }
 
