@@ -146,8 +146,9 @@ cuda_pids() {
     local kind=$1 d=$2 root=$3 imp exp
     case $kind in
     legacy | cumem)
-        imp=$(pgrep -f "ipc_probe import-$kind $d" | head -n1)
-        exp=$(pgrep -f "ipc_probe export-$kind $d" | head -n1)
+        # Anchored: the launching shell's command line holds both command lines too.
+        imp=$(pgrep -f "^$d/ipc_probe import-$kind" | head -n1)
+        exp=$(pgrep -f "^$d/ipc_probe export-$kind" | head -n1)
         ;;
     *)
         local ipid opid
@@ -176,6 +177,7 @@ case_refuse_bare() {
     wait_tree "$kind" "$d" || { verdict "$name" "tree ready" "$(tail -n 3 "$d"/*.log | one_line)" 1; cleanup_processes; return; }
     read -r imp exp <<<"$(cuda_pids "$kind" "$d" "$root")"
     job_check "$root" 1 "$name"
+    mkdir -p "$d/img"
     t0=$(now)
     criu_cmd -- dump -t "$root" -D "$d/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log --timeout 60 && rc=0 || rc=$?
     td=$(elapsed "$t0")
@@ -205,8 +207,8 @@ case_refuse_container() {
     root=$(container_pid "$id")
     case $kind in
     legacy | cumem)
-        imp=$(pgrep -f "ipc_probe import-$kind" | head -n1)
-        exp=$(pgrep -f "ipc_probe export-$kind" | head -n1)
+        imp=$(pgrep -f "^/ctl/ipc_probe import-$kind" | head -n1)
+        exp=$(pgrep -f "^/ctl/ipc_probe export-$kind" | head -n1)
         ;;
     *) read -r imp exp <<<"$(IN_CONTAINER=1 cuda_pids "$kind" "$c/ctl" "$root")" ;;
     esac
@@ -262,11 +264,18 @@ case_share_nothing() {
         done
     done
     job_check "$root" 0 "$name"
+    local tree_pids
+    tree_pids=$(descendants "$root")
+    mkdir -p "$d/img"
     t0=$(now)
     CRIU_BIN=$criu_root/usr/sbin/criu CRIU_LIBS=$criu_root/usr/lib/x86_64-linux-gnu \
         criu_cmd -- dump -t "$root" -D "$d/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log "${extra[@]}" && rc=0 || rc=$?
     td=$(elapsed "$t0")
-    wait_gone "$root" 30
+    # Every process of the tree, not only the root: a child's zombie still holds the root's pid as its session
+    # and group id, and CRIU's restore cannot take that pid until it is reaped (measured: `Can't fork for PID:
+    # File exists`).
+    local p
+    for p in $tree_pids; do wait_gone "$p" 30; done
     local before
     before=$(grep -c 'ok round=' "$d/${logs[0]}")
     t0=$(now)
