@@ -313,14 +313,15 @@ impl DumpSession {
             return Ok(());
         }
         let root = self.root.unwrap_or(pid);
+        // The tree breadth-first from its root, capped; this process always among them.
         let mut pids: Vec<HostPid> = std::iter::once(root.get())
             .chain(self.seams.targets.children_recursive(root.get()))
+            .take(MAX_TREE_PIDS - 1)
             .chain(std::iter::once(pid.get()))
             .filter_map(|p| HostPid::new(p.into()))
             .collect();
         pids.sort();
         pids.dedup();
-        pids.truncate(MAX_TREE_PIDS);
         let deadline = RM_DEADLINE.min(self.alarm_budget()).max(Duration::from_millis(50));
         match node.agent.video_memory(&pids, deadline) {
             Err(e) => {
@@ -331,7 +332,7 @@ impl DumpSession {
                 let facts = self.facts_of(&report);
                 info!(
                     "importer check before the first lock: the kernel driver's resource manager was asked about {} \
-                     process(es) of the tree ({:.1} ms): {}",
+                     process(es) of the tree of pid {root} ({:.1} ms): {}",
                     facts.asked,
                     facts.seconds * 1e3,
                     if facts.importers.is_empty() {
@@ -474,9 +475,10 @@ impl DumpSession {
     /// of a dump of several processes, naming why. Whether the dump is refused.
     fn refuse_for_sharing(&mut self, node: &Node) -> bool {
         let cuda_pids: Vec<HostPid> = self.tracked.keys().copied().collect();
-        let ask_again = !(cuda_pids.len() > 1 && self.config.multi_process == MultiProcess::Refuse);
+        // Refused whatever the resource manager would say: it is not asked.
+        let refused_anyway = cuda_pids.len() > 1 && self.config.multi_process == MultiProcess::Refuse;
         let checked = match &self.tree_check {
-            _ if !ask_again => Err(String::new()),
+            _ if refused_anyway => Err("not asked (multi-process refuse)".to_string()),
             // The tree's check could not run: asking again would meet the same (and might wait as long).
             TreeCheck::Unavailable(why) => Err(why.clone()),
             _ => node.agent.video_memory(&cuda_pids, RM_DEADLINE).map(|r| self.facts_of(&r)).map_err(|e| e.to_string()),
