@@ -63,7 +63,12 @@ pub enum EngineError {
         "pid {pid}: its cgroup {path} is frozen (a paused container) and could not be thawed for the driver ({why}); \
          resume the container (`ctr task resume`, `podman unpause`) and checkpoint again"
     )]
-    FrozenCgroup { pid: ccm_identity::HostPid, path: String, why: String },
+    FrozenCgroup {
+        pid: ccm_identity::HostPid,
+        path: String,
+        #[source]
+        why: ccm_process::cgroup::CgroupError,
+    },
     /// The tree holds a CUDA IPC importer and `CRIU_CUDA_MIGRATE_IPC=refuse` (the default).
     #[error("{}", sharing::importer_refusal(.0))]
     IpcImporters(Vec<sharing::Importer>),

@@ -15,11 +15,13 @@ use ccm_driver::abi::CudaCode;
 use ccm_driver::checkpoint::ProcessState;
 use ccm_driver::cuda::CudaError;
 use ccm_driver::nvml::GpuMemory;
+use ccm_driver::procfs::ProcfsError;
 use ccm_driver::rm::{
     FramebufferReport, GpuFramebuffer, GpuPidMemory, PidMemory, PidMemoryReport, RmStatus, VideoMemory,
 };
 use ccm_identity::image::{PciSite, ProcessEnv};
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, PciAddress, PciSignature};
+use ccm_process::cgroup::CgroupError;
 use ccm_process::container::{ForeignDev, NodeEditError, RuntimeSpec};
 use ccm_process::dir::FileError;
 use ccm_process::mem::ScanReport;
@@ -534,10 +536,10 @@ impl Targets for FakeTargets {
     fn frozen_cgroup_of(&self, pid: u32) -> Option<String> {
         self.script().frozen.get(&pid).cloned()
     }
-    fn thaw(&self, path: &str, _: Duration) -> Result<Box<dyn ThawedCgroup>, String> {
+    fn thaw(&self, path: &str, _: Duration) -> Result<Box<dyn ThawedCgroup>, CgroupError> {
         let mut s = self.script();
         if s.thaw_fails {
-            return Err(format!("cannot thaw cgroup {path}: scripted"));
+            return Err(CgroupError::Thaw { path: path.to_string(), source: scripted_write(path) });
         }
         s.cgroup_events.push(format!("thaw {path}"));
         Ok(Box::new(FakeThawed { path: path.to_string(), targets: self.clone() }))
@@ -565,8 +567,17 @@ impl Targets for FakeTargets {
     fn hostname(&self) -> String {
         "node-a".into()
     }
-    fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, String> {
-        self.script().kernel_gpus.clone().ok_or_else(|| "no /proc/driver/nvidia/gpus".into())
+    fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, ProcfsError> {
+        self.script().kernel_gpus.clone().ok_or_else(|| ProcfsError::Missing(ccm_driver::procfs::GPUS_DIR.into()))
+    }
+}
+
+/// The scripted failure of a write to a cgroup's `cgroup.freeze`.
+fn scripted_write(cgroup: &str) -> FileError {
+    FileError::Io {
+        action: "write",
+        path: Path::new(cgroup).join("cgroup.freeze"),
+        source: std::io::Error::other("scripted"),
     }
 }
 
@@ -604,11 +615,11 @@ impl ThawedCgroup for FakeThawed {
     fn path(&self) -> &str {
         &self.path
     }
-    fn refreeze(&self) -> Result<(), String> {
+    fn refreeze(&self) -> Result<(), CgroupError> {
         let mut s = self.targets.script();
         s.cgroup_events.push(format!("refreeze {}", self.path));
         if s.refreeze_fails {
-            return Err(format!("cannot freeze cgroup {} again: scripted", self.path));
+            return Err(CgroupError::Refreeze { path: self.path.clone(), source: scripted_write(&self.path) });
         }
         Ok(())
     }

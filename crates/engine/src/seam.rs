@@ -14,9 +14,11 @@ use std::time::Duration;
 use ccm_agent::{Agent, AgentError, CuInitInfo, DriverInfo, Lost, NodeInfo, WarmUp};
 use ccm_driver::checkpoint::ProcessState;
 use ccm_driver::nvml::GpuMemory;
+use ccm_driver::procfs::ProcfsError;
 use ccm_driver::rm::{FramebufferReport, PidMemoryReport};
 use ccm_identity::image::ProcessEnv;
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, PciAddress, PciSignature};
+use ccm_process::cgroup::CgroupError;
 use ccm_process::container::{ForeignDev, NodeEditError, RuntimeSpec};
 use ccm_process::dir::FileError;
 use ccm_process::mem::ScanReport;
@@ -60,7 +62,7 @@ pub trait Targets: Send + Sync {
     fn resume_restore_thread(&self, tid: u32) -> Result<Box<dyn RunningThread>, PtraceError>;
     /// The frozen cgroup `pid` is in, if any.
     fn frozen_cgroup_of(&self, pid: u32) -> Option<String>;
-    fn thaw(&self, path: &str, deadline: Duration) -> Result<Box<dyn ThawedCgroup>, String>;
+    fn thaw(&self, path: &str, deadline: Duration) -> Result<Box<dyn ThawedCgroup>, CgroupError>;
     fn mount_namespace(&self, pid: u32) -> Result<u64, ProcessError>;
     /// The restored task's `/dev`.
     fn container_dev(&self, pid: u32) -> Result<DevView, ProcessError>;
@@ -69,7 +71,7 @@ pub trait Targets: Send + Sync {
     /// This node's hostname (recorded in the identity image).
     fn hostname(&self) -> String;
     /// The GPUs as the kernel driver lists them in `/proc/driver/nvidia/gpus`.
-    fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, String>;
+    fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, ProcfsError>;
 }
 
 /// A restore thread let run; [`RunningThread::stop`] stops it again.
@@ -81,7 +83,7 @@ pub trait RunningThread {
 /// A cgroup the dump thawed, frozen again at its end.
 pub trait ThawedCgroup: Send + std::fmt::Debug {
     fn path(&self) -> &str;
-    fn refreeze(&self) -> Result<(), String>;
+    fn refreeze(&self) -> Result<(), CgroupError>;
 }
 
 /// A restored task's `/dev`, as the container fix sees it.
@@ -198,7 +200,7 @@ impl Targets for RealTargets {
     fn frozen_cgroup_of(&self, pid: u32) -> Option<String> {
         ccm_process::cgroup::frozen_cgroup_of(pid)
     }
-    fn thaw(&self, path: &str, deadline: Duration) -> Result<Box<dyn ThawedCgroup>, String> {
+    fn thaw(&self, path: &str, deadline: Duration) -> Result<Box<dyn ThawedCgroup>, CgroupError> {
         Ok(Box::new(ccm_process::cgroup::thaw(path, deadline)?))
     }
     fn mount_namespace(&self, pid: u32) -> Result<u64, ProcessError> {
@@ -218,8 +220,8 @@ impl Targets for RealTargets {
     fn hostname(&self) -> String {
         std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()
     }
-    fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, String> {
-        ccm_driver::procfs::gpus().map_err(|e| e.to_string())
+    fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, ProcfsError> {
+        ccm_driver::procfs::gpus()
     }
 }
 
@@ -236,7 +238,7 @@ impl ThawedCgroup for ccm_process::cgroup::Thawed {
     fn path(&self) -> &str {
         &self.path
     }
-    fn refreeze(&self) -> Result<(), String> {
+    fn refreeze(&self) -> Result<(), CgroupError> {
         ccm_process::cgroup::Thawed::refreeze(self)
     }
 }

@@ -13,9 +13,41 @@
 //! driver and freezes it again when the dump ends ([`Thawed`]).
 
 use std::path::PathBuf;
+use std::time::Duration;
 
-use crate::dir::Dir;
+use crate::dir::{Dir, FileError};
 use crate::procfs::proc_path;
+
+/// Why a cgroup could not be followed, thawed or frozen again; each names the cgroup.
+#[derive(Debug, thiserror::Error)]
+pub enum CgroupError {
+    #[error("cannot move from cgroup {from} to {to}: {source}")]
+    Move {
+        from: String,
+        to: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("the cgroup path {path} has `{part}`")]
+    BadPath { path: String, part: String },
+    /// A directory or file of the hierarchy could not be opened or read.
+    #[error(transparent)]
+    File(#[from] FileError),
+    #[error("cannot thaw cgroup {path}: {source}")]
+    Thaw {
+        path: String,
+        #[source]
+        source: FileError,
+    },
+    #[error("cgroup {path} is still frozen {deadline:?} after it was thawed")]
+    StillFrozen { path: String, deadline: Duration },
+    #[error("cannot freeze cgroup {path} again: {source}")]
+    Refreeze {
+        path: String,
+        #[source]
+        source: FileError,
+    },
+}
 
 /// Where the unified (v2) hierarchy is mounted.
 const CGROUP2_ROOT: &str = "/sys/fs/cgroup";
@@ -40,14 +72,16 @@ pub fn move_self_to(path: &str) -> std::io::Result<()> {
 }
 
 /// When this process's cgroup is not `pid`'s, moves it into `pid`'s: `Some((from, to))` when it did.
-pub fn follow(pid: u32) -> Result<Option<(String, String)>, String> {
+pub fn follow(pid: u32) -> Result<Option<(String, String)>, CgroupError> {
     let (Some(ours), Some(theirs)) = (cgroup_v2_of(std::process::id()), cgroup_v2_of(pid)) else {
         return Ok(None);
     };
     if ours == theirs {
         return Ok(None);
     }
-    move_self_to(&theirs).map_err(|e| format!("cannot move from cgroup {ours} to {theirs}: {e}"))?;
+    if let Err(source) = move_self_to(&theirs) {
+        return Err(CgroupError::Move { from: ours, to: theirs, source });
+    }
     Ok(Some((ours, theirs)))
 }
 
@@ -64,13 +98,13 @@ pub fn frozen_cgroup_of(pid: u32) -> Option<String> {
 }
 
 /// The directory of the cgroup `path`, reached from the hierarchy's root without following a link.
-fn open_cgroup(path: &str) -> Result<Dir, String> {
-    let mut dir = Dir::open(std::path::Path::new(CGROUP2_ROOT)).map_err(|e| e.to_string())?;
+fn open_cgroup(path: &str) -> Result<Dir, CgroupError> {
+    let mut dir = Dir::open(std::path::Path::new(CGROUP2_ROOT))?;
     for part in path.split('/').filter(|c| !c.is_empty()) {
         if part == ".." || part == "." {
-            return Err(format!("the cgroup path {path} has `{part}`"));
+            return Err(CgroupError::BadPath { path: path.to_string(), part: part.to_string() });
         }
-        dir = dir.open_dir(part).map_err(|e| e.to_string())?;
+        dir = dir.open_dir(part)?;
     }
     Ok(dir)
 }
@@ -84,28 +118,28 @@ pub struct Thawed {
 
 /// Thaws the frozen cgroup `path` and waits until the kernel says it is thawed (`frozen 0`), at most
 /// `deadline`.
-pub fn thaw(path: &str, deadline: std::time::Duration) -> Result<Thawed, String> {
+pub fn thaw(path: &str, deadline: Duration) -> Result<Thawed, CgroupError> {
     let dir = open_cgroup(path)?;
-    dir.write_existing("cgroup.freeze", b"0").map_err(|e| format!("cannot thaw cgroup {path}: {e}"))?;
+    dir.write_existing("cgroup.freeze", b"0").map_err(|source| CgroupError::Thaw { path: path.to_string(), source })?;
     let end = std::time::Instant::now() + deadline;
     loop {
-        let events = dir.read_file("cgroup.events", 4096).map_err(|e| e.to_string())?;
+        let events = dir.read_file("cgroup.events", 4096)?;
         if String::from_utf8_lossy(&events).lines().any(|l| l.trim() == "frozen 0") {
             return Ok(Thawed { path: path.to_string(), dir });
         }
         if std::time::Instant::now() >= end {
-            return Err(format!("cgroup {path} is still frozen {deadline:?} after it was thawed"));
+            return Err(CgroupError::StillFrozen { path: path.to_string(), deadline });
         }
-        std::thread::sleep(std::time::Duration::from_millis(1));
+        std::thread::sleep(Duration::from_millis(1));
     }
 }
 
 impl Thawed {
     /// Freezes the cgroup again, as it was found (the kernel freezes it in the background).
-    pub fn refreeze(&self) -> Result<(), String> {
+    pub fn refreeze(&self) -> Result<(), CgroupError> {
         self.dir
             .write_existing("cgroup.freeze", b"1")
-            .map_err(|e| format!("cannot freeze cgroup {} again: {e}", self.path))
+            .map_err(|source| CgroupError::Refreeze { path: self.path.clone(), source })
     }
 }
 
