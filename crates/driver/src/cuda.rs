@@ -32,7 +32,11 @@ pub enum LoadError {
     )]
     Symbol { path: String, symbol: &'static str },
     #[error("refusing to load {path}: {why}")]
-    Untrusted { path: String, why: String },
+    Untrusted {
+        path: String,
+        #[source]
+        why: crate::libfile::LibFileError,
+    },
 }
 
 /// The loaded `libcuda.so.1`. Cheap to clone.

@@ -51,25 +51,65 @@ fn kind(st: &Stat) -> FileType {
     FileType::from_raw_mode(st.st_mode)
 }
 
+/// Why a path is not loaded or run as root; each names the step that failed and the fix.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum LibFileError {
+    #[error("a relative path; name the library by its absolute path")]
+    Relative,
+    #[error("{path}: not an absolute path")]
+    NotAbsolute { path: String },
+    /// A step of the walk could not be opened, examined or read.
+    #[error("cannot {action} {path}: {source}")]
+    Io {
+        action: &'static str,
+        path: PathBuf,
+        #[source]
+        source: rustix::io::Errno,
+    },
+    #[error(
+        "{what} {path} is owned by uid {uid}, not by root: only root's files are loaded as root; install the library \
+         in a directory only root can change, or unset the setting to use the system's"
+    )]
+    NotRootsOwn { what: &'static str, path: PathBuf, uid: u32 },
+    #[error(
+        "{what} {path} can be changed by other users (mode {mode:o}): make it writable by its owner only (chmod go-w), \
+         or install the library elsewhere"
+    )]
+    WritableByOthers { what: &'static str, path: PathBuf, mode: u32 },
+    #[error("{path}: the walk lost /")]
+    LostRoot { path: String },
+    #[error("{path} goes through more than {MAX_LINKS} symbolic links")]
+    TooManyLinks { path: String },
+    #[error(
+        "{path} goes through {link}, a link in /proc: the kernel follows /proc's links to what they stand for (a \
+         process's root, working directory or open files, in its own mount namespace), not by their text, so what \
+         was checked would not be what runs; name the file by its real path"
+    )]
+    ThroughProc { path: String, link: PathBuf },
+    #[error(
+        "the symbolic link {link} is owned by uid {uid}, not by root: another user could point it elsewhere after \
+         the check; name the library by its real path, in directories only root can change"
+    )]
+    LinkNotRootsOwn { link: PathBuf, uid: u32 },
+    #[error("{path} changed while it was checked; try again")]
+    Changed { path: PathBuf },
+    #[error("{file} is a file, not a directory, in the path {path}")]
+    FileInPath { file: PathBuf, path: String },
+    #[error("{path} is not a regular file (a device, FIFO or socket)")]
+    NotRegular { path: PathBuf },
+    #[error("{path} names a directory, not a library file")]
+    Directory { path: String },
+}
+
 /// The rule for a directory or the file: owned by root or `me`, writable by nobody else (a
 /// directory with the sticky bit excepted, see the module).
-fn check(st: &Stat, me: u32, what: &str, shown: &Path) -> Result<(), String> {
+fn check(st: &Stat, me: u32, what: &'static str, shown: &Path) -> Result<(), LibFileError> {
     if !owner_ok(st, me) {
-        return Err(format!(
-            "{what} {} is owned by uid {}, not by root: only root's files are loaded as root; install the library \
-             in a directory only root can change, or unset the setting to use the system's",
-            shown.display(),
-            st.st_uid
-        ));
+        return Err(LibFileError::NotRootsOwn { what, path: shown.to_path_buf(), uid: st.st_uid });
     }
     let sticky = st.st_mode & libc::S_ISVTX != 0 && kind(st) == FileType::Directory;
     if st.st_mode & 0o022 != 0 && !sticky {
-        return Err(format!(
-            "{what} {} can be changed by other users (mode {:o}): make it writable by its owner only (chmod go-w), or \
-             install the library elsewhere",
-            shown.display(),
-            st.st_mode & 0o7777
-        ));
+        return Err(LibFileError::WritableByOthers { what, path: shown.to_path_buf(), mode: st.st_mode & 0o7777 });
     }
     Ok(())
 }
@@ -101,20 +141,24 @@ fn components(path: &str) -> impl Iterator<Item = String> + '_ {
 /// Opens the library `path` names for loading as root. `Ok(None)`: a bare file name, left to the
 /// dynamic loader's search (the system's directories). A path must be absolute and pass the
 /// rules of the module; the error names the step that failed and the fix.
-pub fn open_library(path: &str) -> Result<Option<TrustedLibrary>, String> {
+pub fn open_library(path: &str) -> Result<Option<TrustedLibrary>, LibFileError> {
     if !path.contains('/') {
         return Ok(None);
     }
     if !path.starts_with('/') {
-        return Err("a relative path; name the library by its absolute path".into());
+        return Err(LibFileError::Relative);
     }
     let me = rustix::process::geteuid().as_raw();
     let at = |d: &OwnedFd, name: &str, flags: OFlags| {
         rustix::fs::openat(d.as_fd(), name, flags | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
     };
+    let io = |action: &'static str, shown: &Path| {
+        let path = shown.to_path_buf();
+        move |source| LibFileError::Io { action, path, source }
+    };
     let root = rustix::fs::open("/", OFlags::PATH | OFlags::DIRECTORY | OFlags::CLOEXEC, Mode::empty())
-        .map_err(|e| format!("cannot open /: {e}"))?;
-    let root_stat = rustix::fs::fstat(&root).map_err(|e| format!("cannot stat /: {e}"))?;
+        .map_err(io("open", Path::new("/")))?;
+    let root_stat = rustix::fs::fstat(&root).map_err(io("stat", Path::new("/")))?;
     check(&root_stat, me, "the directory", Path::new("/"))?;
     // The directories walked so far, each checked, with the path that shows it.
     let mut walked: Vec<(OwnedFd, PathBuf)> = vec![(root, PathBuf::from("/"))];
@@ -130,42 +174,25 @@ pub fn open_library(path: &str) -> Result<Option<TrustedLibrary>, String> {
         }
         // The walk holds / at least (`..` never pops it).
         let Some((dir, dir_shown)) = walked.last() else {
-            return Err(format!("{path}: the walk lost /"));
+            return Err(LibFileError::LostRoot { path: path.to_string() });
         };
         let shown = dir_shown.join(&name);
-        let fd = at(dir, &name, OFlags::PATH).map_err(|e| format!("cannot open {}: {e}", shown.display()))?;
-        let st = rustix::fs::fstat(&fd).map_err(|e| format!("cannot stat {}: {e}", shown.display()))?;
+        let fd = at(dir, &name, OFlags::PATH).map_err(io("open", &shown))?;
+        let st = rustix::fs::fstat(&fd).map_err(io("stat", &shown))?;
         match kind(&st) {
             FileType::Symlink => {
                 links += 1;
                 if links > MAX_LINKS {
-                    return Err(format!("{path} goes through more than {MAX_LINKS} symbolic links"));
+                    return Err(LibFileError::TooManyLinks { path: path.to_string() });
                 }
-                match on_procfs(&fd) {
-                    Ok(false) => {}
-                    Ok(true) => {
-                        return Err(format!(
-                            "{path} goes through {}, a link in /proc: the kernel follows /proc's links to what they \
-                             stand for (a process's root, working directory or open files, in its own mount \
-                             namespace), not by their text, so what was checked would not be what runs; name the \
-                             file by its real path",
-                            shown.display()
-                        ))
-                    }
-                    Err(e) => {
-                        return Err(format!("cannot stat the file system of {}: {e}", shown.display()));
-                    }
+                if on_procfs(&fd).map_err(io("stat the file system of", &shown))? {
+                    return Err(LibFileError::ThroughProc { path: path.to_string(), link: shown });
                 }
                 if !owner_ok(&st, me) {
-                    return Err(format!(
-                        "the symbolic link {} is owned by uid {}, not by root: another user could point it elsewhere \
-                         after the check; name the library by its real path, in directories only root can change",
-                        shown.display(),
-                        st.st_uid
-                    ));
+                    return Err(LibFileError::LinkNotRootsOwn { link: shown, uid: st.st_uid });
                 }
-                let target = rustix::fs::readlinkat(&fd, "", Vec::new())
-                    .map_err(|e| format!("cannot read the symbolic link {}: {e}", shown.display()))?;
+                let target =
+                    rustix::fs::readlinkat(&fd, "", Vec::new()).map_err(io("read the symbolic link", &shown))?;
                 let target = target.to_string_lossy().into_owned();
                 if target.starts_with('/') {
                     walked.truncate(1);
@@ -182,30 +209,30 @@ pub fn open_library(path: &str) -> Result<Option<TrustedLibrary>, String> {
                 check(&st, me, "the file", &shown)?;
                 // The file to map: opened for reading relative to the same checked directory, and
                 // the very inode that was checked.
-                let file = at(dir, &name, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY)
-                    .map_err(|e| format!("cannot open {}: {e}", shown.display()))?;
-                let again = rustix::fs::fstat(&file).map_err(|e| format!("cannot stat {}: {e}", shown.display()))?;
+                let file =
+                    at(dir, &name, OFlags::RDONLY | OFlags::NONBLOCK | OFlags::NOCTTY).map_err(io("open", &shown))?;
+                let again = rustix::fs::fstat(&file).map_err(io("stat", &shown))?;
                 if (again.st_dev, again.st_ino) != (st.st_dev, st.st_ino) || kind(&again) != FileType::RegularFile {
-                    return Err(format!("{} changed while it was checked; try again", shown.display()));
+                    return Err(LibFileError::Changed { path: shown });
                 }
                 return Ok(Some(TrustedLibrary { fd: file, path: path.to_string() }));
             }
             FileType::RegularFile => {
-                return Err(format!("{} is a file, not a directory, in the path {path}", shown.display()))
+                return Err(LibFileError::FileInPath { file: shown, path: path.to_string() });
             }
-            _ => return Err(format!("{} is not a regular file (a device, FIFO or socket)", shown.display())),
+            _ => return Err(LibFileError::NotRegular { path: shown }),
         }
     }
-    Err(format!("{path} names a directory, not a library file"))
+    Err(LibFileError::Directory { path: path.to_string() })
 }
 
 /// Whether the file at the absolute `path` may be run by root: the walk of [`open_library`] (every
 /// directory and the file owned by root or this user, writable by nobody else, links only when theirs),
 /// so that nobody else can swap what runs between this check and the run.
-pub fn check_runnable(path: &str) -> Result<(), String> {
+pub fn check_runnable(path: &str) -> Result<(), LibFileError> {
     match open_library(path)? {
         Some(_) => Ok(()),
-        None => Err(format!("{path}: not an absolute path")),
+        None => Err(LibFileError::NotAbsolute { path: path.to_string() }),
     }
 }
 
@@ -232,7 +259,7 @@ mod tests {
     }
 
     fn refused(path: &Path) -> String {
-        open_library(path.to_str().unwrap()).expect_err("refused")
+        open_library(path.to_str().unwrap()).expect_err("refused").to_string()
     }
 
     #[test]
@@ -246,7 +273,7 @@ mod tests {
         let second = open_library(f.to_str().unwrap()).unwrap().unwrap().into_loader_path();
         assert_ne!(name, second, "a second load gets a name of its own");
         assert!(open_library("libcuda.so.1").unwrap().is_none(), "a bare name is the loader's search");
-        assert!(open_library("lib/libcuda.so.1").unwrap_err().contains("relative path"));
+        assert!(open_library("lib/libcuda.so.1").unwrap_err().to_string().contains("relative path"));
     }
 
     #[test]
@@ -339,7 +366,7 @@ mod tests {
             (via_fd.as_str(), "/proc/self".to_string()),
             (via_dev_fd.as_str(), "/proc/self".to_string()),
         ] {
-            let e = check_runnable(path).expect_err(path);
+            let e = check_runnable(path).expect_err(path).to_string();
             assert!(e.contains(&format!("goes through {link}, a link in /proc")), "{path}: {e}");
             assert!(e.contains("real path"), "{e}");
             assert!(open_library(path).is_err(), "{path}");

@@ -22,7 +22,11 @@ pub enum NvmlFailure {
         source: NvmlError,
     },
     #[error("refusing to load NVML from {lib}: {why}")]
-    Untrusted { lib: String, why: String },
+    Untrusted {
+        lib: String,
+        #[source]
+        why: crate::libfile::LibFileError,
+    },
     #[error("NVML reported GPU UUID `{0}` that is not in GPU-xxxxxxxx-... form")]
     BadUuid(String),
 }

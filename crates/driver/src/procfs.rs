@@ -21,6 +21,21 @@ pub enum ProcfsError {
     Missing(String),
     #[error("{path}: {why}")]
     Unreadable { path: String, why: String },
+    #[error("{path}: {why}")]
+    Information {
+        path: String,
+        #[source]
+        why: InformationError,
+    },
+}
+
+/// What an `information` file lacks.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum InformationError {
+    #[error("no `{key}:` line")]
+    NoLine { key: &'static str },
+    #[error("`{key}: {value}` is no {what}")]
+    BadValue { key: &'static str, value: String, what: &'static str },
 }
 
 /// The fields of one `information` file that the plugin uses.
@@ -33,18 +48,19 @@ pub struct Information {
 }
 
 /// Parses an `information` file (`Key: value` lines; the whitespace varies between drivers).
-pub fn parse_information(text: &str) -> Result<Information, String> {
-    let field = |key: &str| {
+pub fn parse_information(text: &str) -> Result<Information, InformationError> {
+    let field = |key: &'static str| {
         text.lines()
             .find_map(|l| l.split_once(':').filter(|(k, _)| k.trim() == key).map(|(_, v)| v.trim().to_string()))
-            .ok_or_else(|| format!("no `{key}:` line"))
+            .ok_or(InformationError::NoLine { key })
     };
+    let bad = |key: &'static str, value: String, what: &'static str| InformationError::BadValue { key, value, what };
     let uuid_text = field("GPU UUID")?;
-    let uuid = uuid_text.parse().map_err(|_| format!("`GPU UUID: {uuid_text}` is no GPU UUID"))?;
+    let uuid = uuid_text.parse().map_err(|_| bad("GPU UUID", uuid_text.clone(), "GPU UUID"))?;
     let bus_text = field("Bus Location")?;
-    let bus = PciAddress::parse(&bus_text).ok_or_else(|| format!("`Bus Location: {bus_text}` is no PCI address"))?;
+    let bus = PciAddress::parse(&bus_text).ok_or_else(|| bad("Bus Location", bus_text.clone(), "PCI address"))?;
     let minor_text = field("Device Minor")?;
-    let minor = minor_text.parse().map_err(|_| format!("`Device Minor: {minor_text}` is no number"))?;
+    let minor = minor_text.parse().map_err(|_| bad("Device Minor", minor_text.clone(), "number"))?;
     Ok(Information { model: field("Model")?, uuid, bus, minor })
 }
 
@@ -81,7 +97,7 @@ pub fn gpus_under(gpus_dir: &Path, pci_dir: &Path) -> Result<Vec<GpuIdentity>, P
     for e in entries.flatten().take(1024) {
         let info_path = e.path().join("information");
         let info = parse_information(&read(&info_path)?)
-            .map_err(|why| ProcfsError::Unreadable { path: info_path.display().to_string(), why })?;
+            .map_err(|why| ProcfsError::Information { path: info_path.display().to_string(), why })?;
         let dev = pci_dir.join(info.bus.to_string().to_ascii_lowercase());
         let id = |name: &str| -> Result<u32, ProcfsError> {
             let p = dev.join(name);
@@ -125,7 +141,7 @@ mod tests {
         assert_eq!(i.uuid.to_string(), "GPU-5e110000-aabb-ccdd-0001-020304050600");
         assert_eq!(i.bus.to_string().to_ascii_lowercase(), "0000:00:06.0");
         assert_eq!(i.minor, 0);
-        assert!(parse_information("Model: x\n").unwrap_err().contains("GPU UUID"));
+        assert!(parse_information("Model: x\n").unwrap_err().to_string().contains("GPU UUID"));
         assert!(parse_information(&INFO.replace("Device Minor: \t 0", "Device Minor: \t zero")).is_err());
     }
 

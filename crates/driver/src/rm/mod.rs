@@ -42,7 +42,11 @@ pub enum RmError {
     #[error("{path} cannot be opened ({why}): no NVIDIA kernel driver, or CRIU runs where it does not see it")]
     Open { path: String, why: String },
     #[error("{path} is not the NVIDIA driver's device ({what}); refusing to send it ioctls")]
-    NotNvidiaDevice { path: String, what: String },
+    NotNvidiaDevice {
+        path: String,
+        #[source]
+        what: NotNvidiaNode,
+    },
     #[error("{VERSION_FILE}: {0}")]
     Version(String),
     #[error(
@@ -271,17 +275,23 @@ fn open_nvidia_node(dev: &OwnedFd, name: &str, minor: u32) -> Result<OwnedFd, Rm
     Ok(fd)
 }
 
+/// What a node that is not the NVIDIA character device of the expected minor is instead.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NotNvidiaNode {
+    #[error("a {kind:?}, not a character device")]
+    NotCharacterDevice { kind: FileType },
+    #[error("device {major}:{minor}, where the NVIDIA driver's is {}:{wanted_minor}", abi::NVIDIA_MAJOR)]
+    OtherDevice { major: u32, minor: u32, wanted_minor: u32 },
+}
+
 /// Whether a node is the NVIDIA character device of `minor`; what it is otherwise.
-pub fn check_node(kind: FileType, rdev: u64, minor: u32) -> Result<(), String> {
+pub fn check_node(kind: FileType, rdev: u64, minor: u32) -> Result<(), NotNvidiaNode> {
     if kind != FileType::CharacterDevice {
-        return Err(format!("a {kind:?}, not a character device"));
+        return Err(NotNvidiaNode::NotCharacterDevice { kind });
     }
     let (major_seen, minor_seen) = (rustix::fs::major(rdev), rustix::fs::minor(rdev));
     if (major_seen, minor_seen) != (abi::NVIDIA_MAJOR, minor) {
-        return Err(format!(
-            "device {major_seen}:{minor_seen}, where the NVIDIA driver's is {}:{minor}",
-            abi::NVIDIA_MAJOR
-        ));
+        return Err(NotNvidiaNode::OtherDevice { major: major_seen, minor: minor_seen, wanted_minor: minor });
     }
     Ok(())
 }
@@ -543,9 +553,18 @@ mod tests {
     fn only_the_nvidia_character_device_of_the_minor_is_taken() {
         let nv = |minor| rustix::fs::makedev(abi::NVIDIA_MAJOR, minor);
         assert_eq!(check_node(FileType::CharacterDevice, nv(255), abi::CTL_MINOR), Ok(()));
-        assert!(check_node(FileType::CharacterDevice, nv(0), abi::CTL_MINOR).unwrap_err().contains("195:0"));
-        assert!(check_node(FileType::CharacterDevice, rustix::fs::makedev(1, 3), 0).unwrap_err().contains("1:3"));
-        assert!(check_node(FileType::RegularFile, nv(0), 0).unwrap_err().contains("not a character device"));
+        assert!(check_node(FileType::CharacterDevice, nv(0), abi::CTL_MINOR)
+            .unwrap_err()
+            .to_string()
+            .contains("195:0"));
+        assert!(check_node(FileType::CharacterDevice, rustix::fs::makedev(1, 3), 0)
+            .unwrap_err()
+            .to_string()
+            .contains("1:3"));
+        assert!(check_node(FileType::RegularFile, nv(0), 0)
+            .unwrap_err()
+            .to_string()
+            .contains("not a character device"));
         assert!(check_node(FileType::Symlink, nv(0), 0).is_err());
     }
 
