@@ -10,7 +10,8 @@ use std::str::FromStr;
 #[derive(Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct GpuUuid(pub [u8; 16]);
 
-/// Serde through the text form (`Display` / a parser), for types whose JSON should read as people write them.
+/// Serde through the text form (`Display` / a parser whose error is `Display`), for types whose JSON should read as
+/// people write them.
 macro_rules! serde_as_text {
     ($ty:ty, $expecting:literal, $parse:expr) => {
         impl serde::Serialize for $ty {
@@ -28,8 +29,7 @@ macro_rules! serde_as_text {
                         f.write_str($expecting)
                     }
                     fn visit_str<E: serde::de::Error>(self, v: &str) -> Result<$ty, E> {
-                        let parse: fn(&str) -> Result<$ty, String> = $parse;
-                        parse(v).map_err(E::custom)
+                        ($parse)(v).map_err(E::custom)
                     }
                 }
                 deserializer.deserialize_str(Text)
@@ -38,9 +38,7 @@ macro_rules! serde_as_text {
     };
 }
 
-serde_as_text!(GpuUuid, "a GPU UUID such as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", |v| v
-    .parse::<GpuUuid>()
-    .map_err(|e| e.to_string()));
+serde_as_text!(GpuUuid, "a GPU UUID such as GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx", |v: &str| v.parse::<GpuUuid>());
 
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("`{text}` is not a GPU UUID; expected GPU-xxxxxxxx-xxxx-xxxx-xxxx-xxxxxxxxxxxx (as `nvidia-smi -L` prints)")]
@@ -139,8 +137,14 @@ impl fmt::Display for PciAddress {
     }
 }
 
-serde_as_text!(PciAddress, "a PCI address such as 0000:06:00.0", |v| PciAddress::parse(v)
-    .ok_or_else(|| format!("`{v}` is not a PCI address (expected DOMAIN:BUS:DEVICE.FUNCTION)")));
+serde_as_text!(PciAddress, "a PCI address such as 0000:06:00.0", |v: &str| PciAddress::parse(v)
+    .ok_or_else(|| PciAddressParseError { text: v.to_string() }));
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("`{text}` is not a PCI address (expected DOMAIN:BUS:DEVICE.FUNCTION)")]
+pub struct PciAddressParseError {
+    pub text: String,
+}
 
 /// The six 32-bit words that libcuda caches per GPU and answers `cuDeviceGetPCIBusId` from:
 /// `{domain, bus, device, 0, pciDeviceId, pciSubSystemId}` (they are NVML's `nvmlPciInfo_t`

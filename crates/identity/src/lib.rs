@@ -22,7 +22,7 @@ pub mod validate;
 
 mod table;
 
-pub use gpu::{GpuIdentity, GpuUuid, PciAddress, PciSignature, UuidParseError};
+pub use gpu::{GpuIdentity, GpuUuid, PciAddress, PciAddressParseError, PciSignature, UuidParseError};
 pub use image::{is_image_file_name, IdentityImage, ImageError, PciSite, ProcessEnv};
 pub use map::{plan, DeviceMap, MapError, MapPair, MapRequest, PairReason};
 pub use pid::{HostPid, HostTid, NsPid};
