@@ -77,7 +77,7 @@ pub struct Inner {
     /// Open stand-ins of `/dev/nvidiaN` while the process holds the GPUs.
     node_fds: Vec<OwnedFd>,
     /// Device contents moved into host memory by a checkpoint, per allocation handle.
-    saved: BTreeMap<u64, Vec<u8>>,
+    saved: BTreeMap<u64, HostCopy>,
 }
 
 #[derive(Clone, Copy)]
@@ -532,12 +532,18 @@ impl Driver {
         let mut saved = BTreeMap::new();
         let handles: Vec<(u64, Allocation)> = inner.allocations.iter().map(|(h, a)| (*h, *a)).collect();
         for (handle, a) in &handles {
-            let mut buffer = vec![0u8; a.size as usize];
+            let mut buffer = match HostCopy::new(a.size as usize) {
+                Ok(b) => b,
+                Err(e) => {
+                    eprintln!("cuda-test-double: checkpoint cannot map host memory for allocation {handle}: {e}");
+                    return CUDA_ERROR_OPERATING_SYSTEM;
+                }
+            };
             let read = self
                 .allocation_path(&inner, *handle, a)
                 .map_err(|_| std::io::Error::other("bad ordinal"))
                 .and_then(File::open)
-                .and_then(|f| f.read_exact_at(&mut buffer, 0));
+                .and_then(|f| f.read_exact_at(buffer.bytes_mut(), 0));
             if let Err(e) = read {
                 eprintln!("cuda-test-double: checkpoint cannot read device memory {handle}: {e}");
                 return CUDA_ERROR_OPERATING_SYSTEM;
@@ -622,8 +628,10 @@ impl Driver {
                 Ok(p) => p,
                 Err(code) => return self.undo_restore(&mut inner, previous, &written, code),
             };
-            let result =
-                path.parent().map_or(Ok(()), std::fs::create_dir_all).and_then(|()| std::fs::write(&path, bytes));
+            let result = path
+                .parent()
+                .map_or(Ok(()), std::fs::create_dir_all)
+                .and_then(|()| std::fs::write(&path, bytes.bytes()));
             if let Err(e) = result {
                 eprintln!("cuda-test-double: restore cannot write device memory {}: {e}", path.display());
                 return self.undo_restore(&mut inner, previous, &written, CUDA_ERROR_OPERATING_SYSTEM);
@@ -699,6 +707,43 @@ fn random_id() -> Result<u64, StartError> {
         return Err(StartError::Os(format!("getrandom failed: {}", std::io::Error::last_os_error())));
     }
     Ok(u64::from_ne_bytes(bytes).max(1))
+}
+
+/// A checkpoint's host copy of one allocation, in an anonymous mapping of its own, as the real driver
+/// adds mappings for it: never in the malloc heap, where a freed copy would stay after the restore
+/// (glibc keeps large freed chunks once its mmap threshold has grown) and every later dump's scan of
+/// the heap would read it.
+struct HostCopy {
+    at: *mut u8,
+    len: usize,
+}
+
+// SAFETY: the mapping is owned by this value alone and only reached through it (under the driver's lock).
+unsafe impl Send for HostCopy {}
+
+impl HostCopy {
+    fn new(len: usize) -> Result<HostCopy, String> {
+        let at = anonymous_map(len).map_err(|e| e.to_string())?;
+        Ok(HostCopy { at, len })
+    }
+
+    fn bytes(&self) -> &[u8] {
+        // SAFETY: `at` is a live private mapping of at least `len` readable bytes, owned by `self`.
+        unsafe { std::slice::from_raw_parts(self.at, self.len) }
+    }
+
+    fn bytes_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `bytes`, and `&mut self` makes this the only reference.
+        unsafe { std::slice::from_raw_parts_mut(self.at, self.len) }
+    }
+}
+
+impl Drop for HostCopy {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping `new` made (anonymous_map maps at least one byte); no slice of it
+        // outlives `self`.
+        unsafe { libc::munmap(self.at.cast(), self.len.max(1)) };
+    }
 }
 
 fn anonymous_map(len: usize) -> Result<*mut u8, StartError> {
