@@ -155,9 +155,10 @@ pub enum ArchiveError {
     TooManyImages { archive: String, max: usize },
 
     /// An OCI image (a layout directory or an `oci-archive`) that breaks one of the image rules
-    /// ([`crate::oci`]): its layer, once found, is read by every rule above and fails with those.
+    /// ([`crate::ImageRule`], read by [`crate::oci`]): its layer, once found, is read by every rule above and fails
+    /// with those.
     #[error("checkpoint image `{image}`: {rule}")]
-    Image { image: String, rule: crate::oci::ImageRule },
+    Image { image: String, rule: crate::image_rule::ImageRule },
 
     /// A well-formed tar that holds no `checkpoint/` directory.
     #[error(

@@ -78,6 +78,7 @@
 #![forbid(unsafe_code)]
 
 mod error;
+mod image_rule;
 mod input;
 mod json;
 mod name;
@@ -94,7 +95,8 @@ use ccm_identity::image::{is_image_file_name, is_report_file_name};
 
 pub use ccm_identity::image::MAX_IMAGE_BYTES;
 pub use error::{ArchiveError, PathRule, Truncation};
-pub use oci::{is_image_layout, read_image_layout, CheckpointImage, ImageFormat, ImageRule};
+pub use image_rule::ImageRule;
+pub use oci::{is_image_layout, read_image_layout, CheckpointImage, ImageFormat};
 
 /// Upper bound of a restore report kept from an archive.
 pub const MAX_REPORT_BYTES: u64 = 1024 * 1024;

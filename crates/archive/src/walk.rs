@@ -64,7 +64,7 @@ const DUMP_LOG_HEAD: usize = 16 * 1024;
 /// Most blobs an `oci-archive` may hold (a checkpoint image has three: manifest, config, layer).
 pub(crate) const MAX_BLOBS: usize = 4096;
 /// Largest `oci-layout` or `index.json` kept (the same bound as any image JSON).
-pub(crate) const MAX_OCI_JSON_BYTES: u64 = crate::oci::MAX_JSON_BYTES;
+pub(crate) const MAX_OCI_JSON_BYTES: u64 = crate::image_rule::MAX_JSON_BYTES;
 
 /// Extension headers (GNU `L`/`K`, PAX `x`) read since the last member, for the member after them.
 #[derive(Default)]
@@ -319,7 +319,7 @@ impl<'a, 'l> Walk<'a, 'l> {
                 if found.blobs.len() == MAX_BLOBS {
                     return Err(ArchiveError::Image {
                         image: self.archive.clone(),
-                        rule: crate::oci::ImageRule::TooManyBlobs { max: MAX_BLOBS },
+                        rule: crate::image_rule::ImageRule::TooManyBlobs { max: MAX_BLOBS },
                     });
                 }
                 let key = components[1..].join(&b'/');
