@@ -23,5 +23,5 @@ pub mod protocol;
 pub mod server;
 
 pub use client::{Agent, AgentError, Lost, AGENT_PROCESS_NAME};
-pub use protocol::{CuInitInfo, DriverInfo, DriverLibs, NodeInfo, NvmlInfo};
+pub use protocol::{CuInitInfo, DriverInfo, DriverLibs, NodeInfo, NvmlInfo, NvmlUnavailable};
 pub use server::WarmUp;

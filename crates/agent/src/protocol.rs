@@ -120,8 +120,14 @@ pub struct DriverInfo {
 pub struct NodeInfo {
     pub driver: DriverInfo,
     /// `Err` with NVML's message when NVML is unavailable (the caller decides whether that is fatal).
-    pub nvml: Result<NvmlInfo, String>,
+    pub nvml: Result<NvmlInfo, NvmlUnavailable>,
 }
+
+/// Why NVML is unavailable in the agent: its start's failure (`ccm_driver::nvml::NvmlFailure`), as text, which is
+/// what crosses the socket (a bare string on the wire).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, thiserror::Error)]
+#[error("{0}")]
+pub struct NvmlUnavailable(pub String);
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
 pub struct NvmlInfo {

@@ -17,15 +17,16 @@ use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
 use ccm_driver::checkpoint::{put_back, CheckpointApi, Step};
-use ccm_driver::nvml::Nvml;
+use ccm_driver::cuda::LoadError;
+use ccm_driver::nvml::{Nvml, NvmlFailure};
 use ccm_driver::{CudaError, Libcuda};
 use log::{error, info, warn};
 
 use ccm_process::tree::ProcessHandle;
 
 use crate::protocol::{
-    read_frame, write_frame, Answer, Call, CuInitInfo, DriverInfo, DriverLibs, NodeInfo, NvmlInfo, Reply, Request,
-    WireError,
+    read_frame, write_frame, Answer, Call, CuInitInfo, DriverInfo, DriverLibs, NodeInfo, NvmlInfo, NvmlUnavailable,
+    Reply, Request, WireError,
 };
 
 /// How long an orphaned agent waits for calls still running in the driver (a lock waits up to
@@ -88,9 +89,9 @@ struct Touched {
 }
 
 struct Shared {
-    driver: Ready<Result<Loaded, String>>,
+    driver: Ready<Result<Loaded, LoadError>>,
     nvml: Ready<NvmlState>,
-    nvml_list: OnceLock<Result<NvmlInfo, String>>,
+    nvml_list: OnceLock<Result<NvmlInfo, NvmlUnavailable>>,
     cuinit: Ready<Result<f64, WireError>>,
     touched: Mutex<Touched>,
     inflight: AtomicUsize,
@@ -223,19 +224,15 @@ fn warm_up(shared: &Arc<Shared>, libs: &DriverLibs, order: WarmUp) {
                     nvml: Ok(n),
                     seconds: t.elapsed().as_secs_f64(),
                 },
-                Err(e) => NvmlState {
-                    driver_version: String::new(),
-                    nvml: Err(e.to_string()),
-                    seconds: t.elapsed().as_secs_f64(),
-                },
+                Err(e) => NvmlState { driver_version: String::new(), nvml: Err(e), seconds: t.elapsed().as_secs_f64() },
             };
             shared.nvml.put(state);
         })
     };
     let t0 = Instant::now();
     let path = libs.libcuda.as_deref().unwrap_or(ccm_driver::cuda::LIBCUDA_NAME);
-    let loaded = Libcuda::load_from(path).map_err(|e| e.to_string()).and_then(|lib| {
-        let api = CheckpointApi::new(&lib).map_err(|e| e.to_string())?;
+    let loaded = Libcuda::load_from(path).and_then(|lib| {
+        let api = CheckpointApi::new(&lib)?;
         let info = DriverInfo {
             agent_pid: std::process::id(),
             libcuda_path: lib.path().to_string(),
@@ -245,7 +242,7 @@ fn warm_up(shared: &Arc<Shared>, libs: &DriverLibs, order: WarmUp) {
         Ok(Loaded { lib, api, info })
     });
     let lib = loaded.as_ref().ok().map(|l| l.lib.clone());
-    let failed = loaded.as_ref().err().cloned();
+    let failed = loaded.as_ref().err().map(ToString::to_string);
     shared.driver.put(loaded);
     let Some(lib) = lib else {
         shared.cuinit.put(Err(WireError::NoDriver(failed.unwrap_or_default())));
@@ -272,20 +269,20 @@ pub enum WarmUp {
 
 /// NVML in the agent, once started.
 struct NvmlState {
-    nvml: Result<Nvml, String>,
+    nvml: Result<Nvml, NvmlFailure>,
     driver_version: String,
     seconds: f64,
 }
 
 /// NVML's GPU list, made once, at the first call that wants it (a restore whose kernel driver
 /// lists the GPUs in /proc never asks).
-fn nvml_list(shared: &Shared) -> Result<Result<NvmlInfo, String>, WireError> {
+fn nvml_list(shared: &Shared) -> Result<Result<NvmlInfo, NvmlUnavailable>, WireError> {
     let state = nvml(shared)?;
     Ok(shared
         .nvml_list
         .get_or_init(|| {
             let t = Instant::now();
-            let n = state.nvml.as_ref().map_err(Clone::clone)?;
+            let n = state.nvml.as_ref().map_err(|e| NvmlUnavailable(e.to_string()))?;
             let (gpus, gpus_error) = match n.gpus() {
                 Ok(g) => (g, None),
                 Err(e) => (Vec::new(), Some(e.to_string())),
@@ -313,7 +310,7 @@ fn loaded(shared: &Shared) -> Result<&Loaded, WireError> {
         .wait()
         .ok_or_else(|| not_ready("the load of libcuda"))?
         .as_ref()
-        .map_err(|e| WireError::NoDriver(e.clone()))
+        .map_err(|e| WireError::NoDriver(e.to_string()))
 }
 
 fn nvml(shared: &Shared) -> Result<&NvmlState, WireError> {
@@ -353,11 +350,11 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
         Call::Unlock { pid } => cuda(api(shared)?.unlock(*pid)).map(|()| Answer::Done),
         Call::UuidAtPci { pci } => match &nvml(shared)?.nvml {
             Ok(n) => n.uuid_at_pci(pci).map(Answer::Uuid).map_err(|e| WireError::Nvml(e.to_string())),
-            Err(e) => Err(WireError::Nvml(e.clone())),
+            Err(e) => Err(WireError::Nvml(e.to_string())),
         },
         Call::DeviceMemory => match &nvml(shared)?.nvml {
             Ok(n) => n.device_memory().map(Answer::DeviceMemory).map_err(|e| WireError::Nvml(e.to_string())),
-            Err(e) => Err(WireError::Nvml(e.clone())),
+            Err(e) => Err(WireError::Nvml(e.to_string())),
         },
         // No libcuda needed: ioctls on /dev/nvidiactl, on a thread of their own with a deadline, so
         // that a wedged driver answers `Rm` here (the dump goes on without the check) and the

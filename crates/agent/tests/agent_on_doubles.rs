@@ -216,7 +216,7 @@ fn a_library_others_can_change_is_not_loaded() {
             }
         } else {
             match agent.node().map(|n| n.nvml) {
-                Ok(Err(m)) => m,
+                Ok(Err(m)) => m.to_string(),
                 other => panic!("NVML through an open directory: {other:?}"),
             }
         };

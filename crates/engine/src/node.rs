@@ -173,7 +173,7 @@ impl Node {
                 }
                 Ok(Err(e)) => {
                     warn!("{e}");
-                    NvmlView { ok: false, driver_version: String::new(), gpus: Vec::new(), error: Some(e) }
+                    NvmlView { ok: false, driver_version: String::new(), gpus: Vec::new(), error: Some(e.to_string()) }
                 }
                 Err(e) => {
                     warn!("NVML through the driver agent: {e}");
