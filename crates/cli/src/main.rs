@@ -21,7 +21,7 @@ use std::process::ExitCode;
 
 use ccm_driver::nvml::Nvml;
 use ccm_engine::config::{parse_device_map, Sourced};
-use ccm_engine::preflight::{self, MemoryVerdict, NodeView};
+use ccm_engine::preflight::{self, FreeMemoryError, MemoryVerdict, NodeView};
 use ccm_engine::Config;
 use ccm_identity::image::IdentityImage;
 use ccm_identity::map::UsableGpus;
@@ -90,11 +90,19 @@ enum Command {
         #[arg(long)]
         pid: i32,
     },
-    /// Run as CRIU's action script (`action-script /usr/lib/criu-cuda-migrate/action-script` in the CRIU
-    /// configuration file): at a restore's setup-namespaces, bring the loopback interface of the restored network
-    /// namespace up, which runc leaves down, so that TCP connections on 127.0.0.1 restored with --tcp-established
-    /// can come back. Every other action: nothing. Reads CRTOOLS_SCRIPT_ACTION and CRTOOLS_INIT_PID from CRIU.
-    ActionScript,
+    /// CRIU's action script for runc: brings a restored network namespace's loopback up (run by CRIU, not by hand)
+    ///
+    /// CRIU runs it when `action-script /usr/lib/criu-cuda-migrate/action-script` is in its configuration file
+    /// (criu-cuda-migrate(1)). At a restore's setup-namespaces it brings the loopback interface of the restored
+    /// network namespace up, which runc leaves down, so that TCP connections on 127.0.0.1 restored with
+    /// --tcp-established can come back; at every other action it does nothing. It reads CRTOOLS_SCRIPT_ACTION and
+    /// CRTOOLS_INIT_PID from CRIU, prints nothing when it succeeds and takes no options: CRIU reads only its exit
+    /// status, so --json does not apply here (it is accepted and ignored).
+    ActionScript {
+        /// The global --json, hidden and ignored here: CRIU reads only the exit status.
+        #[arg(long, hide = true)]
+        json: bool,
+    },
 }
 
 /// Bounds of an archive read (the archive is untrusted: a compressed bomb must end).
@@ -148,30 +156,25 @@ fn main() -> ExitCode {
     out::init_logger();
     // Clap's own usage errors exit 2, as ours do.
     let cli = Cli::parse();
-    out::set_json(cli.json);
+    // CRIU reads only the action script's exit status; its messages go to CRIU's log as plain lines.
+    let json = cli.json && !matches!(cli.command, Command::ActionScript { .. });
+    out::set_json(json);
     let (name, r) = match &cli.command {
-        Command::Inspect { checkpoint, archive } => ("inspect", inspect(checkpoint, archive, cli.json)),
+        Command::Inspect { checkpoint, archive } => ("inspect", inspect(checkpoint, archive, json)),
         Command::Preflight { checkpoint, archive, device_map, usable_gpus, bundle } => (
             "preflight",
-            run_preflight(
-                checkpoint,
-                archive,
-                device_map.as_deref(),
-                usable_gpus.as_deref(),
-                bundle.as_deref(),
-                cli.json,
-            ),
+            run_preflight(checkpoint, archive, device_map.as_deref(), usable_gpus.as_deref(), bundle.as_deref(), json),
         ),
-        Command::Node(a) if a.check => ("node", readiness::run(a, cli.json)),
-        Command::Node(_) => ("node", node(cli.json)),
-        Command::Job { pid } => ("job", job::run(*pid, cli.json)),
-        Command::Recover { pid } => ("recover", recover::run(*pid, cli.json)),
-        Command::ActionScript => ("action-script", action_script()),
+        Command::Node(a) if a.check => ("node", readiness::run(a, json)),
+        Command::Node(_) => ("node", node(json)),
+        Command::Job { pid } => ("job", job::run(*pid, json)),
+        Command::Recover { pid } => ("recover", recover::run(*pid, json)),
+        Command::ActionScript { .. } => ("action-script", action_script()),
     };
     match r {
         Ok(()) => ExitCode::SUCCESS,
         Err(f) => {
-            if cli.json {
+            if json {
                 let mut doc = serde_json::json!({"ok": false, "error": f.text(), "exit_code": f.code()});
                 // A refused preflight still says what the checkpoint needs.
                 if let Some(needs) = REFUSED_NEEDS.get() {
@@ -255,16 +258,17 @@ struct ImageFacts {
 /// Largest restore report read (the plugin writes a few KiB).
 const MAX_REPORT_BYTES: u64 = 1 << 20;
 
+/// What `inspect` and `preflight` take, for the hint of a path they cannot read.
+const CHECKPOINT_KINDS: &str = "pass CRIU's image directory (the -D of `criu dump`), a checkpoint archive (as \
+     `podman container checkpoint --export` or the kubelet writes it: a tar, plain, gzip or zstd) or a checkpoint \
+     image (an OCI layout directory or an oci-archive)";
+
 fn open_image_dir(dir: &Path) -> Result<Dir, Failure> {
     Dir::open(dir).map_err(|e| match e {
-        FileError::Missing { .. } => Failure::Input(format!(
-            "{} does not exist; pass CRIU's image directory (the -D of `criu dump`)",
-            dir.display()
-        )),
-        FileError::NotRegular { .. } => Failure::Input(format!(
-            "{} is not a directory; pass CRIU's image directory (the -D of `criu dump`)",
-            dir.display()
-        )),
+        FileError::Missing { .. } => Failure::Input(format!("{} does not exist; {CHECKPOINT_KINDS}", dir.display())),
+        FileError::NotRegular { .. } => {
+            Failure::Input(format!("{} is not a directory; {CHECKPOINT_KINDS}", dir.display()))
+        }
         e => input(e),
     })
 }
@@ -279,18 +283,25 @@ fn load_checkpoint(path: &Path, limits: &ccm_archive::Limits) -> Result<Checkpoi
         return load_archive(path, limits);
     }
     if ccm_archive::is_image_layout(path) {
-        let image = ccm_archive::read_image_layout(path, limits).map_err(archive_failure)?;
+        let image = ccm_archive::read_image_layout(path, limits).map_err(|e| archive_failure(e, path))?;
         return checkpoint_of_image(path, image);
     }
     load_image_dir(path)
 }
 
-fn archive_failure(e: ccm_archive::ArchiveError) -> Failure {
-    match e {
+/// An archive's error, with the hint of what to do where the error alone does not say it.
+fn archive_failure(e: ccm_archive::ArchiveError, path: &Path) -> Failure {
+    match &e {
         ccm_archive::ArchiveError::ScanLimit { .. } => {
             Failure::Input(format!("{e} (--archive-scan-gib N raises it to N GiB)"))
         }
-        e => input(e),
+        // The file given is no tar at all (not a layer inside an image, which names its blob): say what is taken.
+        ccm_archive::ArchiveError::NotTar { archive, .. }
+            if *archive == ccm_identity::text::escaped(&path.display().to_string()) =>
+        {
+            Failure::Input(format!("{e}; {CHECKPOINT_KINDS}"))
+        }
+        _ => input(e),
     }
 }
 
@@ -323,7 +334,7 @@ fn shown_text(bytes: &[u8]) -> String {
 /// Reads a checkpoint archive (streamed, bounded, never unpacked: see `ccm_archive`) and decodes its
 /// identity images by the rules of a directory's.
 fn load_archive(path: &Path, limits: &ccm_archive::Limits) -> Result<Checkpoint, Failure> {
-    match ccm_archive::read_checkpoint_file(path, limits).map_err(archive_failure)? {
+    match ccm_archive::read_checkpoint_file(path, limits).map_err(|e| archive_failure(e, path))? {
         ccm_archive::CheckpointFile::Archive(a) => checkpoint_of_archive(path, &a),
         ccm_archive::CheckpointFile::Image(i) => checkpoint_of_image(path, i),
     }
@@ -670,9 +681,10 @@ impl NodeView for DirectNode {
     fn gpus(&self) -> &[GpuIdentity] {
         &self.gpus
     }
-    fn free_memory(&self) -> Result<Vec<(GpuUuid, Option<u64>)>, String> {
-        let n = self.nvml.as_ref().ok_or("NVML is unavailable")?;
-        n.device_memory().map(|m| m.into_iter().map(|g| (g.gpu, g.free)).collect()).map_err(|e| e.to_string())
+    fn free_memory(&self) -> Result<Vec<(GpuUuid, Option<u64>)>, FreeMemoryError> {
+        let n = self.nvml.as_ref().ok_or(FreeMemoryError::NoNvml)?;
+        let memory = n.device_memory().map_err(|e| FreeMemoryError::Nvml(e.into()))?;
+        Ok(memory.into_iter().map(|g| (g.gpu, g.free)).collect())
     }
     fn cuda_driver_version(&self) -> i32 {
         self.nvml.as_ref().and_then(|n| n.cuda_driver_version().ok()).unwrap_or(0)

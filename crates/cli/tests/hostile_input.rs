@@ -25,10 +25,17 @@ fn assert_clean_failure(out: &Output, code: i32, needle: &str) {
     assert!(stderr.contains(needle) || stdout.contains(needle), "expected {needle:?} in: {stdout} {stderr}");
 }
 
+/// The hint of a path `inspect` and `preflight` cannot use names everything they take.
+const WHAT_TO_PASS: &str = "pass CRIU's image directory (the -D of `criu dump`), a checkpoint archive (as \
+    `podman container checkpoint --export` or the kubelet writes it: a tar, plain, gzip or zstd) or a checkpoint image \
+    (an OCI layout directory or an oci-archive)";
+
 #[test]
 fn missing_directory() {
     let out = run(&["inspect".as_ref(), "/nonexistent/criu-images".as_ref()]);
     assert_clean_failure(&out, 2, "does not exist");
+    // Not only image directories: an archive or a checkpoint image that is not there is missing too.
+    assert_clean_failure(&out, 2, &format!("/nonexistent/criu-images does not exist; {WHAT_TO_PASS}"));
 }
 
 #[test]
@@ -39,6 +46,26 @@ fn a_file_that_is_neither_a_directory_nor_an_archive() {
     std::fs::write(&f, b"x").unwrap();
     let out = run(&["preflight".as_ref(), f.as_os_str()]);
     assert_clean_failure(&out, 2, "is not a tar archive (plain, gzip or zstd)");
+    assert_clean_failure(&out, 2, &format!("it is shorter than one tar header; {WHAT_TO_PASS}"));
+}
+
+#[test]
+fn a_text_file_given_as_a_checkpoint_says_what_to_pass() {
+    let dir = tempfile::tempdir().unwrap();
+    let short = dir.path().join("notes.txt");
+    std::fs::write(&short, b"a few words, not a checkpoint\n").unwrap();
+    assert_clean_failure(
+        &run(&["inspect".as_ref(), short.as_os_str()]),
+        2,
+        &format!("is not a tar archive (plain, gzip or zstd): it is shorter than one tar header; {WHAT_TO_PASS}"),
+    );
+    let long = dir.path().join("long.txt");
+    std::fs::write(&long, "a line of text\n".repeat(100)).unwrap();
+    assert_clean_failure(
+        &run(&["preflight".as_ref(), long.as_os_str()]),
+        2,
+        &format!("its first 512 bytes are not a tar header; {WHAT_TO_PASS}"),
+    );
 }
 
 #[test]

@@ -159,9 +159,7 @@ impl Config {
         let reconcile = on_off(&settings::RECONCILE, true)?;
         let memory_check = on_off(&settings::MEMORY_CHECK, true)?;
         let disabled = on_off(&settings::DISABLE, false)?;
-        let args = parse_criu_args(criu_args).map_err(|v| {
-            ConfigError::invalid("CRIU's --timeout", v, "a whole number of seconds CRIU can use (at most 4294967)")
-        })?;
+        let args = parse_criu_args(criu_args)?;
         let leave_running = match read(get(&settings::LEAVE_RUNNING), value::parse_leave_running)? {
             _ if args.leave_running => LeaveRunning::Yes,
             Some(Sourced { value: true, .. }) => LeaveRunning::Yes,
@@ -284,15 +282,19 @@ struct CriuArgs {
     over_rpc: bool,
 }
 
-/// CRIU's own options as the plugin reads them; `Err(value)` for a `--timeout` that is no number of
+/// CRIU's own options as the plugin reads them; an error for a `--timeout` that is no number of
 /// seconds the plugin can pass on (it is never silently replaced by the default).
-fn parse_criu_args(args: &[String]) -> Result<CriuArgs, String> {
+fn parse_criu_args(args: &[String]) -> Result<CriuArgs, ConfigError> {
     let mut parsed = CriuArgs::default();
     let mut it = args.iter().skip(1).peekable();
     let mut command_seen = false;
     let seconds = |v: &str| match v.trim().parse::<u64>() {
         Ok(n) if n <= MAX_LOCK_TIMEOUT_S => Ok(n),
-        _ => Err(v.to_string()),
+        _ => Err(ConfigError::invalid(
+            "CRIU's --timeout",
+            v,
+            format!("a whole number of seconds CRIU can use (at most {MAX_LOCK_TIMEOUT_S})"),
+        )),
     };
     while let Some(a) = it.next() {
         if a == "--timeout" {

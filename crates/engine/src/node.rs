@@ -281,8 +281,8 @@ impl crate::preflight::NodeView for Node {
     fn gpus(&self) -> &[GpuIdentity] {
         Node::gpus(self)
     }
-    fn free_memory(&self) -> Result<Vec<(GpuUuid, Option<u64>)>, String> {
-        self.memory().map(|m| m.into_iter().map(|g| (g.gpu, g.free)).collect()).map_err(|e| e.to_string())
+    fn free_memory(&self) -> Result<Vec<(GpuUuid, Option<u64>)>, crate::preflight::FreeMemoryError> {
+        Ok(self.memory()?.into_iter().map(|g| (g.gpu, g.free)).collect())
     }
     fn cuda_driver_version(&self) -> i32 {
         self.cuda_driver_version

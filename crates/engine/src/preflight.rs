@@ -131,7 +131,7 @@ pub trait NodeView {
     /// Every GPU of the node, NVML index order (empty when NVML lists none or is unavailable).
     fn gpus(&self) -> &[GpuIdentity];
     /// Each GPU's free memory now; `Err` with the reason when it cannot be read.
-    fn free_memory(&self) -> Result<Vec<(GpuUuid, Option<u64>)>, String>;
+    fn free_memory(&self) -> Result<Vec<(GpuUuid, Option<u64>)>, FreeMemoryError>;
     /// The CUDA driver API version (`cuDriverGetVersion`, e.g. 13000), which decides whether a
     /// device map may be passed to the driver.
     fn cuda_driver_version(&self) -> i32;
@@ -140,6 +140,20 @@ pub trait NodeView {
     fn nvml_error(&self) -> Option<String> {
         None
     }
+}
+
+/// Why the GPUs' free memory cannot be read (the restore then goes on without the memory check).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum FreeMemoryError {
+    /// The plugin's driver agent could not answer (its NVML, or the agent itself).
+    #[error(transparent)]
+    Agent(#[from] ccm_agent::AgentError),
+    /// NVML, asked in this process (the command-line tool), failed.
+    #[error(transparent)]
+    Nvml(std::sync::Arc<ccm_driver::nvml::NvmlFailure>),
+    /// NVML did not start in this process (the command-line tool).
+    #[error("NVML is unavailable")]
+    NoNvml,
 }
 
 /// Why the node cannot restore the checkpoint; each names what to do.
@@ -183,7 +197,7 @@ pub enum MemoryVerdict {
     /// The check is off (`CRIU_CUDA_MIGRATE_MEMORY_CHECK=off`).
     Off,
     /// The GPUs' free memory cannot be read: the restore goes on without the check.
-    Unreadable(String),
+    Unreadable(FreeMemoryError),
     /// What each target GPU takes; the pids whose images recorded no device memory (not checked).
     Checked { targets: Vec<TargetNeed>, unknown: Vec<u32> },
 }
