@@ -8,15 +8,14 @@
 use std::env;
 use std::path::{Path, PathBuf};
 
-const HOWTO: &str = "run `bash tests/criu-root.sh prepare` once (as root: it debootstraps a Debian trixie root with \
-libcriu-dev into /var/cache/criu-cuda-migrate/trixie, where this build looks), or install CRIU 4.x's header \
-(`apt-get install libcriu-dev` on Debian trixie or newer), or point CRIU_INCLUDE_DIR at a directory holding \
-criu/criu-plugin.h";
+// howto(), trixie_root(): the fix the build names, shared with tests/build_hint.rs.
+include!("hint.rs");
 
 /// Ends the build with one line that names the fix: a missing header is the newcomer's first build,
 /// not a bug, so no panic and no backtrace.
 fn stop(msg: String) -> ! {
-    eprintln!("error: criu-plugin-sys: {msg}; {HOWTO}");
+    let (include_dir, root) = (env::var("CRIU_INCLUDE_DIR").ok(), env::var("CCM_TRIXIE_ROOT").ok());
+    eprintln!("error: criu-plugin-sys: {msg}; {}", howto(include_dir.as_deref(), root.as_deref()));
     std::process::exit(1)
 }
 
@@ -27,8 +26,8 @@ fn candidates() -> Vec<PathBuf> {
         return dirs;
     }
     dirs.push(PathBuf::from("/usr/include"));
-    let root = env::var("CCM_TRIXIE_ROOT").unwrap_or_else(|_| "/var/cache/criu-cuda-migrate/trixie".to_string());
-    dirs.push(Path::new(&root).join("usr/include"));
+    let root = env::var("CCM_TRIXIE_ROOT").ok();
+    dirs.push(Path::new(trixie_root(root.as_deref())).join("usr/include"));
     dirs
 }
 
