@@ -18,6 +18,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod driver_agent;
 pub mod dump;
 pub mod error;
 pub mod host;

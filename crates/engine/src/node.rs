@@ -1,6 +1,6 @@
 //! This node's driver stack, as the driver agent sees it.
 //!
-//! Every libcuda and NVML call goes through [`Agent`]: CRIU's own process must never get the
+//! Every libcuda and NVML call goes through [`ccm_agent::Agent`]: CRIU's own process must never get the
 //! driver's threads (see `ccm_agent`). The agent is forked at `init` and warms up by itself;
 //! [`Node::load`] waits for libcuda only when a CUDA process is actually handled, and
 //! [`Node::gpus`] for NVML's GPU list only where it is needed.
@@ -10,14 +10,13 @@ use std::time::Instant;
 
 use ccm_driver::nvml::GpuMemory;
 
-pub use ccm_agent::WarmUp;
-use ccm_agent::{Agent, AgentError};
+use ccm_agent::AgentError;
+use ccm_driver::procfs::ProcfsError;
 use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
 use log::{debug, info, warn};
 
-use crate::host::CriuHost;
-use crate::seam::{DriverAgent, Targets};
-use crate::{Config, EngineError};
+use crate::driver_agent::DriverAgent;
+use crate::EngineError;
 
 pub struct Node {
     pub agent: Box<dyn DriverAgent>,
@@ -49,13 +48,6 @@ fn nvml_error_text(e: &AgentError) -> String {
     }
 }
 
-/// Starts the driver agent for this CRIU run, keeping CRIU's log open in it, with the driver
-/// libraries of the configuration.
-pub fn spawn_agent(host: &dyn CriuHost, config: &Config, order: WarmUp) -> Result<Agent, EngineError> {
-    let keep: Vec<i32> = host.log_fd().into_iter().collect();
-    Agent::spawn(&keep, &config.driver_libs(), order).map_err(EngineError::Agent)
-}
-
 impl Node {
     /// Waits until the agent has loaded libcuda. NVML's GPU list comes later ([`Node::gpus`]), and
     /// so does `cuInit` ([`Node::cuinit`]).
@@ -83,18 +75,19 @@ impl Node {
     /// the KiB, measured: docs/BENCHMARKS.md), so that CRIU's restore does not wait for NVML's start
     /// (15-20 ms), which goes on in the agent and is needed only at the end, to validate. Where the
     /// resource manager does not answer for every GPU, one NVML query, as before. Without that /proc
-    /// list (another driver, the test doubles), NVML's whole list.
+    /// list (another driver, the test doubles), NVML's whole list. `kernel_gpus` reads that list
+    /// (the sessions pass `Targets::kernel_gpus`); it is asked once libcuda is loaded.
     ///
     /// Without `need_memory` (the free-memory check is off), NVML is not waited for at all: the GPUs'
     /// totals stay unknown (0), which the map rules do not hold against a GPU of the same chip.
     pub fn load_for_restore(
         agent: Box<dyn DriverAgent>,
         need_memory: bool,
-        targets: &dyn Targets,
+        kernel_gpus: impl FnOnce() -> Result<Vec<GpuIdentity>, ProcfsError>,
     ) -> Result<Node, EngineError> {
         let t0 = Instant::now();
         let mut node = Node::load(agent)?;
-        let listed = match targets.kernel_gpus() {
+        let listed = match kernel_gpus() {
             Ok(g) => g,
             Err(e) => {
                 debug!("the kernel driver's GPU list is not usable ({e}); NVML's list instead");

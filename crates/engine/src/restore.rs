@@ -80,7 +80,8 @@ impl RestoreSession {
         let processes = images.len();
         let cannot = |e: EngineError| EngineError::CannotRestore { processes, source: Box::new(e) };
         let agent = s.seams.agents.start(host, &s.config, ccm_agent::WarmUp::Restore).map_err(cannot)?;
-        let node = Node::load_for_restore(agent, s.config.memory_check, &*s.seams.targets).map_err(cannot)?;
+        let node =
+            Node::load_for_restore(agent, s.config.memory_check, || s.seams.targets.kernel_gpus()).map_err(cannot)?;
         // Without an explicit usable set, the GPUs the restoring runtime gives the container. A spec that
         // is there but cannot be read refuses the restore: "all GPUs" could be another tenant's.
         let usable = preflight::usable_source(&s.config, || {

@@ -1,8 +1,9 @@
-//! The engine's two seams, youki style: what it does to target processes ([`Targets`]) and the
-//! driver agent's calls ([`DriverAgent`], started through [`AgentStarter`]). Each is a trait with
-//! the real implementation here (wrapping `ccm_process` and `ccm_agent`) and a scripted fake in
-//! the tests (`crate::fake`), so that every rule of the dump and restore sessions (rollback,
-//! put-back, strict kill, batch) is tested without root, a GPU or CRIU.
+//! The engine's two seams, youki style: what it does to target processes ([`Targets`], here) and the
+//! driver agent's calls ([`DriverAgent`], started through [`AgentStarter`]: `crate::driver_agent`,
+//! below the node that holds one, re-exported here). Each is a trait with the real implementation
+//! beside it (wrapping `ccm_process` and `ccm_agent`) and a scripted fake in the tests
+//! (`crate::fake`), so that every rule of the dump and restore sessions (rollback, put-back, strict
+//! kill, batch) is tested without root, a GPU or CRIU.
 //!
 //! The real implementations add nothing: each method is the one `ccm_process` or agent call the
 //! sessions made before, so behaviour and log lines stay as they were.
@@ -11,24 +12,19 @@ use std::collections::BTreeSet;
 use std::sync::Arc;
 use std::time::Duration;
 
-use ccm_agent::{Agent, AgentError, CuInitInfo, DriverInfo, Lost, NodeInfo, WarmUp};
-use ccm_driver::checkpoint::ProcessState;
-use ccm_driver::nvml::GpuMemory;
 use ccm_driver::procfs::ProcfsError;
-use ccm_driver::rm::{FramebufferReport, PidMemoryReport};
 use ccm_identity::image::ProcessEnv;
-use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, PciAddress, PciSignature};
+use ccm_identity::{GpuIdentity, GpuUuid, HostPid, PciSignature};
 use ccm_process::cgroup::CgroupError;
 use ccm_process::container::{ForeignDev, NodeEditError, RuntimeSpec};
 use ccm_process::dir::FileError;
 use ccm_process::mem::ScanReport;
 use ccm_process::{Mapping, ProcessError, PtraceError, ScanScope};
 
-use crate::host::CriuHost;
+pub use crate::driver_agent::{AgentStarter, DriverAgent, RealAgents};
 use crate::node::Node;
 use crate::preflight::ProcessPlan;
 use crate::reconcile::ReconcileSummary;
-use crate::{Config, EngineError};
 
 /// Everything the sessions do to the processes CRIU hands them, and to the node's `/proc`:
 /// the tree, maps, environment, memory, ptrace, cgroups and a container's `/dev`. Pids are the
@@ -103,37 +99,6 @@ pub trait OwnDev {
     fn impostors(&self) -> &[(String, &'static str)];
     fn create_gpu_node(&self, minor: u32) -> Result<(), NodeEditError>;
     fn remove_gpu_node(&self, minor: u32) -> Result<(), NodeEditError>;
-}
-
-/// Every call the sessions make on the driver agent (`ccm_agent::Agent`'s, one for one).
-pub trait DriverAgent: Send + Sync {
-    fn driver(&self) -> Result<DriverInfo, AgentError>;
-    fn node(&self) -> Result<NodeInfo, AgentError>;
-    fn cuinit(&self) -> Result<CuInitInfo, AgentError>;
-    fn restore_thread_id(&self, pid: HostPid) -> Result<HostTid, AgentError>;
-    fn restore_thread_id_within(&self, pid: HostPid, deadline: Duration) -> Result<HostTid, AgentError>;
-    fn state(&self, pid: HostPid) -> Result<ProcessState, AgentError>;
-    fn state_within(&self, pid: HostPid, deadline: Duration) -> Result<ProcessState, AgentError>;
-    fn lock(&self, pid: HostPid, timeout_ms: u32, deadline: Duration) -> Result<(), AgentError>;
-    fn checkpoint(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError>;
-    fn restore(&self, pid: HostPid, pairs: &[(GpuUuid, GpuUuid)], deadline: Duration) -> Result<(), AgentError>;
-    fn unlock(&self, pid: HostPid) -> Result<(), AgentError>;
-    fn uuid_at_pci(&self, pci: PciAddress) -> Result<Option<GpuUuid>, AgentError>;
-    fn device_memory(&self) -> Result<Vec<GpuMemory>, AgentError>;
-    /// What each of `pids` holds on every GPU by the kernel driver's resource manager (CUDA IPC imports
-    /// included), answered within `deadline`.
-    fn video_memory(&self, pids: &[HostPid], deadline: Duration) -> Result<PidMemoryReport, AgentError>;
-    /// Every GPU's free and total memory by the resource manager, answered within `deadline`.
-    fn framebuffer(&self, deadline: Duration) -> Result<FramebufferReport, AgentError>;
-    /// Why the agent is no longer usable, once it is not.
-    fn lost(&self) -> Option<Lost>;
-    /// Lets the agent end by itself once told to exit.
-    fn exit_without_waiting(&self);
-}
-
-/// Starts a driver agent (at `init`, and for the dump's put-back after a lost one).
-pub trait AgentStarter: Send + Sync {
-    fn start(&self, host: &dyn CriuHost, config: &Config, order: WarmUp) -> Result<Box<dyn DriverAgent>, EngineError>;
 }
 
 /// The seams a session works through.
@@ -255,80 +220,5 @@ impl OwnDev for ccm_process::container::ContainerDev {
     }
     fn remove_gpu_node(&self, minor: u32) -> Result<(), NodeEditError> {
         ccm_process::container::remove_gpu_node(self, minor)
-    }
-}
-
-/// [`AgentStarter`] that forks the real driver agent.
-#[derive(Debug, Default)]
-pub struct RealAgents;
-
-impl AgentStarter for RealAgents {
-    fn start(&self, host: &dyn CriuHost, config: &Config, order: WarmUp) -> Result<Box<dyn DriverAgent>, EngineError> {
-        Ok(Box::new(crate::node::spawn_agent(host, config, order)?))
-    }
-}
-
-impl DriverAgent for Agent {
-    fn driver(&self) -> Result<DriverInfo, AgentError> {
-        Agent::driver(self)
-    }
-    fn node(&self) -> Result<NodeInfo, AgentError> {
-        Agent::node(self)
-    }
-    fn cuinit(&self) -> Result<CuInitInfo, AgentError> {
-        Agent::cuinit(self)
-    }
-    fn restore_thread_id(&self, pid: HostPid) -> Result<HostTid, AgentError> {
-        Agent::restore_thread_id(self, pid)
-    }
-    fn restore_thread_id_within(&self, pid: HostPid, deadline: Duration) -> Result<HostTid, AgentError> {
-        Agent::restore_thread_id_within(self, pid, deadline)
-    }
-    fn state(&self, pid: HostPid) -> Result<ProcessState, AgentError> {
-        Agent::state(self, pid)
-    }
-    fn state_within(&self, pid: HostPid, deadline: Duration) -> Result<ProcessState, AgentError> {
-        Agent::state_within(self, pid, deadline)
-    }
-    fn lock(&self, pid: HostPid, timeout_ms: u32, deadline: Duration) -> Result<(), AgentError> {
-        Agent::lock(self, pid, timeout_ms, deadline)
-    }
-    fn checkpoint(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError> {
-        Agent::checkpoint(self, pid, deadline)
-    }
-    fn restore(&self, pid: HostPid, pairs: &[(GpuUuid, GpuUuid)], deadline: Duration) -> Result<(), AgentError> {
-        Agent::restore(self, pid, pairs, deadline)
-    }
-    fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
-        Agent::unlock(self, pid)
-    }
-    fn uuid_at_pci(&self, pci: PciAddress) -> Result<Option<GpuUuid>, AgentError> {
-        Agent::uuid_at_pci(self, pci)
-    }
-    fn device_memory(&self) -> Result<Vec<GpuMemory>, AgentError> {
-        Agent::device_memory(self)
-    }
-    fn video_memory(&self, pids: &[HostPid], deadline: Duration) -> Result<PidMemoryReport, AgentError> {
-        Agent::video_memory(self, pids, deadline)
-    }
-    fn framebuffer(&self, deadline: Duration) -> Result<FramebufferReport, AgentError> {
-        Agent::framebuffer(self, deadline)
-    }
-    fn lost(&self) -> Option<Lost> {
-        Agent::lost(self)
-    }
-    fn exit_without_waiting(&self) {
-        Agent::exit_without_waiting(self)
-    }
-}
-
-/// The put-back of `ccm_driver::checkpoint` through whichever agent the session holds.
-impl ccm_driver::checkpoint::PutBackCalls for dyn DriverAgent + '_ {
-    type Error = AgentError;
-    fn restore_in_place(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError> {
-        self.restore(pid, &[], deadline)
-    }
-    fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
-        DriverAgent::unlock(self, pid)
     }
 }
