@@ -58,10 +58,11 @@ def render(res):
                      cell(p["plugin_s"]) if p else "floor only", cell(p["driver_s"]) if p else "-",
                      ms(p["overhead_s"]) if p else "-", cell(p["overhead_pct"], "%", 1.0, 2) if p else "-",
                      (goal(g.get("met")) + f" (≤ {g['limit_s'] * 1000:.0f} ms)") if p else "-"])
-    parts.append("### 1. Driver floor vs the plugin (one process, device memory on GPU 0)\n\n" + table(
-        ["device memory", "n", "floor checkpoint", "floor restore", "floor lock / unlock", "floor cuInit",
-         "floor total", "plugin hooks (dump+restore)", "driver calls in plugin", "plugin overhead", "overhead %",
-         "goal ≤ 2% or ≤ 50 ms"], rows))
+    if rows:
+        parts.append("### 1. Driver floor vs the plugin (one process, device memory on GPU 0)\n\n" + table(
+            ["device memory", "n", "floor checkpoint", "floor restore", "floor lock / unlock", "floor cuInit",
+             "floor total", "plugin hooks (dump+restore)", "driver calls in plugin", "plugin overhead", "overhead %",
+             "goal ≤ 2% or ≤ 50 ms"], rows))
 
     rows = []
     for r in res.get("floor_vs_plugin", []):
@@ -83,9 +84,10 @@ def render(res):
         rows.append([r["processes"], r.get("children"), cell(r.get("per_action_s")), cell(r.get("in_process_s")),
                      cell(r.get("ratio"), "×", 1.0, 2), ms(r.get("per_action_overhead_s")),
                      ms(r.get("per_child_overhead_s")), cell(r.get("saved_s"))])
-    parts.append("### 2. Per-action tool path vs one in-process controller (1 GiB per process)\n\n" + table(
-        ["CUDA processes", "tool runs per process", "per-action total", "in-process total", "ratio",
-         "per-action overhead", "per tool run", "saved"], rows))
+    if rows:
+        parts.append("### 2. Per-action tool path vs one in-process controller (1 GiB per process)\n\n" + table(
+            ["CUDA processes", "tool runs per process", "per-action total", "in-process total", "ratio",
+             "per-action overhead", "per tool run", "saved"], rows))
 
     par = res.get("parallel") or []
     if isinstance(par, dict):
@@ -110,9 +112,10 @@ def render(res):
         rows.append([r["process"], r.get("repeats"), ms(r.get("scan_s")), cell(r.get("scanned_mib"), "MiB", 1, 0),
                      cell(r.get("sites"), "", 1, 0), ms(r.get("identity_dump_s")), ms(r.get("reconcile_s")),
                      r.get("sites_from") or "-", goal(r.get("goal_met"))])
-    parts.append("### 4. Identity: dump-side scan, restore-side verify + rewrite (per process)\n\n" + table(
-        ["process", "n", "dump scan", "scanned", "PCI sites", "dump identity total", "restore verify+rewrite",
-         "sites from", "goal ≤ 50 ms"], rows))
+    if rows:
+        parts.append("### 4. Identity: dump-side scan, restore-side verify + rewrite (per process)\n\n" + table(
+            ["process", "n", "dump scan", "scanned", "PCI sites", "dump identity total", "restore verify+rewrite",
+             "sites from", "goal ≤ 50 ms"], rows))
 
     rows = []
     for r in res.get("criu_split", []):
@@ -120,9 +123,12 @@ def render(res):
                      cell(r.get("dump_wall_s")), cell(r.get("plugin_dump_s")), cell(r.get("driver_dump_s")),
                      cell(r.get("criu_dump_s")), cell(r.get("restore_wall_s")), cell(r.get("plugin_restore_s")),
                      cell(r.get("driver_restore_s")), cell(r.get("criu_restore_s"))])
-    parts.append("### 5. Whole CRIU dump and restore of the PyTorch process\n\n" + table(
-        ["process", "n", "images", "dump wall", "plugin", "of it driver", "CRIU own", "restore wall", "plugin",
-         "of it driver", "CRIU own"], rows))
+    if rows:
+        parts.append("### 5. Whole CRIU dump and restore of the PyTorch process\n\n" + table(
+            ["process", "n", "images", "dump wall", "plugin", "of it driver", "CRIU own", "restore wall", "plugin",
+             "of it driver", "CRIU own"], rows))
+
+    parts.extend(render_scale(res.get("scale") or []))
 
     notes = []
     for c in res.get("checks", []):
@@ -134,6 +140,64 @@ def render(res):
     if notes:
         parts.append("Checks, errors and skipped rows:\n\n" + "\n".join(notes))
     return "\n\n".join(parts) + "\n"
+
+
+def scaled(s, r, unit="ms"):
+    """A median in ms (or s) and its ratio to the one-process row: `12.3 ms ×1.9`."""
+    if not s:
+        return "n/a"
+    v = f"{s['median'] * 1000:.1f} ms" if unit == "ms" else f"{s['median']:.3f} s"
+    return v if r is None else f"{v} ×{r:.2f}"
+
+
+def render_scale(rows):
+    """Section 6: how the cost grows with processes and GPUs, each figure with its ratio to the one-process tree on
+    as many GPUs (×1.00 on that row)."""
+    if not rows:
+        return []
+    out = []
+    t = []
+    for r in rows:
+        x = r["ratio"]
+        t.append([r["gpus"], r["processes"], r["repeats"], f"×{r['processes']}",
+                  scaled(r.get("dump_wall_s"), x.get("dump_wall_s"), "s"),
+                  scaled(r.get("restore_wall_s"), x.get("restore_wall_s"), "s"),
+                  scaled(r.get("plugin_dump_s"), x.get("plugin_dump_s")),
+                  scaled(r.get("overhead_dump_s"), x.get("overhead_dump_s")),
+                  scaled(r.get("plugin_restore_s"), x.get("plugin_restore_s")),
+                  scaled(r.get("overhead_restore_s"), x.get("overhead_restore_s"))])
+    out.append("### 6. How the cost grows: N processes of one tree, each on G GPUs\n\n"
+               "Each cell: the median, and × its ratio to the one-process tree on as many GPUs (same run). The work "
+               "(device memory, PCI sites, driver calls) grows ×N. Plugin: what CRIU waited for in its hooks "
+               "(`timing:` lines); beyond driver: that less the driver's critical path (the cuInit a hook waited "
+               "for, the locks, the longest checkpoint; the longest restore + unlock).\n\n" + table(
+                   ["GPUs", "processes", "n", "work", "dump wall", "restore wall", "plugin, dump",
+                    "beyond driver, dump", "plugin, restore", "beyond driver, restore"], t))
+    t = []
+    for r in rows:
+        hd, hr, xd, xr = r["hooks_dump"], r["hooks_restore"], r["ratio_hooks_dump"], r["ratio_hooks_restore"]
+        t.append([r["gpus"], r["processes"]] + [scaled(hd.get(h), xd.get(h)) for h in
+                                                 ("init", "PAUSE_DEVICES", "CHECKPOINT_DEVICES", "exit")]
+                 + [scaled(hr.get(h), xr.get(h)) for h in ("init", "RESUME_DEVICES_LATE", "exit")])
+    out.append("#### 6b. The plugin's time at each hook (every call of a hook added up)\n\n" + table(
+        ["GPUs", "processes", "init(dump)", "PAUSE_DEVICES", "CHECKPOINT_DEVICES", "exit(dump)", "init(restore)",
+         "RESUME_DEVICES_LATE", "exit(restore)"], t))
+    t = []
+    for r in rows:
+        x = r["ratio"]
+        t.append([r["gpus"], r["processes"], cell(r.get("sites"), "", 1, 0),
+                  scaled(r.get("scan_s"), x.get("scan_s")), scaled(r.get("scan_sum_s"), x.get("scan_sum_s")),
+                  scaled(r.get("reconcile_s"), x.get("reconcile_s")),
+                  scaled(r.get("reconcile_sum_s"), x.get("reconcile_sum_s")),
+                  scaled(r.get("checkpoint_batch_s"), x.get("checkpoint_batch_s")),
+                  scaled(r.get("restore_batch_s"), x.get("restore_batch_s"))])
+    out.append("#### 6c. The identity scan and the reconciliation, split out\n\n"
+               "Scan: the dump's search of each process's memory for the PCI words (beside its checkpoint); "
+               "reconciliation: verify the recorded sites, rewrite, validate against NVML (between the driver's "
+               "restore and the unlock). Slowest process and all processes added up; the batches they run in.\n\n"
+               + table(["GPUs", "processes", "PCI sites per process", "scan, slowest", "scan, all",
+                        "reconciliation, slowest", "reconciliation, all", "checkpoint batch", "restore batch"], t))
+    return out
 
 
 def main():

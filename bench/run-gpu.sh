@@ -24,6 +24,10 @@
 # of device memory for s1, the last one floor only when s1big runs), CCM_BENCH_HOST_MIB (default 1024,4096,16384:
 # MiB of host memory of the PyTorch process in s4), CCM_BENCH_MIB2 (default 4096: MiB per process
 # in s3), CCM_BENCH_TREE_NS (default 2,4: processes per s3 tree), CCM_BENCH_GPUS ("UUID BUS;UUID BUS": instead of nvidia-smi, for tests on the doubles).
+# s6 (how the cost grows; not in the default sections): CCM_BENCH_SCALE_PROCS (default 1,2,4,8: processes per tree),
+# CCM_BENCH_SCALE_GPUS (default 1,4,8: GPUs each process uses; counts above this machine's are skipped and say so),
+# CCM_BENCH_SCALE_MIB (default 1024: MiB per process per GPU), CCM_BENCH_SIM_VIEW (1: on the test doubles, also
+# limit each process's container view to its GPUs, as a container given G GPUs).
 
 set -uo pipefail
 
@@ -47,6 +51,9 @@ IFS=, read -r -a SIZES <<<"${CCM_BENCH_SIZES:-1024,4096,16384}"
 HOST_MIB=${CCM_BENCH_HOST_MIB:-1024,4096,16384}
 MIB2=${CCM_BENCH_MIB2:-4096}
 TREE_NS=${CCM_BENCH_TREE_NS:-2,4}
+SCALE_PROCS=${CCM_BENCH_SCALE_PROCS:-1,2,4,8}
+SCALE_GPUS=${CCM_BENCH_SCALE_GPUS:-1,4,8}
+SCALE_MIB=${CCM_BENCH_SCALE_MIB:-1024}
 CRIU_TIMEOUT=150
 READY_TIMEOUT=120
 STEP_TIMEOUT=180
@@ -307,6 +314,62 @@ section_torch() {
     cleanup_processes
 }
 
+# s6: how the plugin's cost grows (issue 36). One tree of NP workloads (a shell with NP of them), each using the
+# first G GPUs (CUDA_VISIBLE_DEVICES; with CCM_BENCH_SIM_VIEW=1 also the test doubles' container view) and holding
+# SCALE_MIB on each; per repeat one CRIU dump + restore with the plugin, moved by a map (the G GPUs in reverse
+# order; one GPU onto the next and back), so every restore reconciles every GPU of every process. No floor: the ratios to the
+# one-process tree of the same G (summarize.py) are the figures.
+section_scale() {
+    local g=$1 np=$2 d=$WORK/s6-g$1-p$2 n k root i ok=1 label=g${1}p${2} cvd="" view="" map="" devs=""
+    local pids=()
+    n=$(repeats_for "$REPEATS")
+    ((n > 0)) || { skip s6 "$label" "over the time budget"; return 0; }
+    if ((g > ${#GPU_UUID[@]})); then
+        skip s6 "$label" "this machine has ${#GPU_UUID[@]} GPU(s)"
+        return 0
+    fi
+    for ((i = 0; i < g; i++)); do
+        cvd+=${cvd:+,}$i
+        view+=${view:+,}${GPU_UUID[i]}
+        if ((g > 1)); then
+            map+=${map:+,}${GPU_UUID[i]}=${GPU_UUID[g - 1 - i]}
+        fi
+    done
+    devs=$cvd
+    local env=(CUDA_VISIBLE_DEVICES="$cvd")
+    [[ ${CCM_BENCH_SIM_VIEW:-0} == 1 ]] && env+=(CCM_SIM_VISIBLE="$view")
+    for ((i = 1; i <= np; i++)); do mkdir -p "$d/p$i"; done
+    # shellcheck disable=SC2016
+    start_detached "$d" "$d/tree.log" env "${env[@]}" bash -c \
+        'for ((i = 1; i <= $3; i++)); do
+             "$0" --dir "$1/p$i" --mib "$2" --devices "$4" --rounds 1 >"$1/p$i/workload.log" 2>&1 &
+         done
+         wait' "$WORKLOAD" "$d" "$SCALE_MIB" "$np" "$devs"
+    root=$STARTED_PID
+    for ((i = 1; i <= np; i++)); do
+        wait_file "$d/p$i/ready" "$READY_TIMEOUT" "$root" || ok=0
+    done
+    if ((!ok)); then
+        rec --section s6 --label "$label" --error "tree not ready: $(tail -q -n 1 "$d"/p*/workload.log | tr '\n' ' ')"
+        cleanup_processes
+        return 0
+    fi
+    for ((i = 1; i <= np; i++)); do pids+=("$(read_pid "$d/p$i/ready")"); done
+    for ((k = 1; k <= n; k++)); do
+        # One GPU: onto the next and back, repeat by repeat (a pair must name a GPU the process has now).
+        if ((g == 1 && ${#GPU_UUID[@]} > 1)); then
+            map=${GPU_UUID[0]}=${GPU_UUID[1]}
+            ((k % 2 == 0)) && map=${GPU_UUID[1]}=${GPU_UUID[0]}
+        fi
+        criu_cycle s6 "$label" "$k" "$root" ${map:+CRIU_CUDA_MIGRATE_DEVICE_MAP="$map"} || break
+        ((k < n)) && (($(repeats_for "$REPEATS") < 2)) && break
+    done
+    for ((i = 1; i <= np; i++)); do
+        check_workload "$d/p$i" "${pids[i - 1]}" s6 "$label-p$i"
+    done
+    cleanup_processes
+}
+
 # ---------------------------------------------------------------------------------------------
 # Setup and output
 
@@ -409,6 +472,12 @@ main() {
                 for np in ${TREE_NS//,/ }; do section_parallel "$np"; done
                 ;;
             s4) section_torch ;;
+            s6)
+                local sg sp
+                for sg in ${SCALE_GPUS//,/ }; do
+                    for sp in ${SCALE_PROCS//,/ }; do section_scale "$sg" "$sp"; done
+                done
+                ;;
             s1big) ((${#SIZES[@]} > 1)) && section_single "${SIZES[-1]}" 0 0 ;;
             *) log "unknown section $s" ;;
         esac

@@ -123,6 +123,7 @@ def parse_dump(path):
                 fn(d["pids"].setdefault(m.group(1), {}), m)
     d["criu_stats"] = criu_stats(lines)
     d["hooks_s"] = hooks_total(mine)
+    d["hooks_by_kind"] = hooks_by_kind(mine)
     d["cuinit_wait_s"] = cuinit_wait(mine)
     return d
 
@@ -131,6 +132,16 @@ def hooks_total(lines):
     """The sum of the plugin's `timing:` lines, or None for logs of builds without them."""
     found = [float(m.group(2)) for m in (HOOK_TIMING.search(t) for t in lines) if m]
     return sum(found) if found else None
+
+
+def hooks_by_kind(lines):
+    """The plugin's `timing:` lines added up per hook (`init`, `PAUSE_DEVICES`, ..., `exit`): a hook CRIU calls
+    once per process counts all its calls."""
+    out = {}
+    for m in (HOOK_TIMING.search(t) for t in lines):
+        if m:
+            out[m.group(1)] = out.get(m.group(1), 0.0) + float(m.group(2))
+    return out
 
 
 def parse_restore(path):
@@ -159,6 +170,7 @@ def parse_restore(path):
             d["pids"].setdefault(m.group(1), {})["unlock_s"] = float(m.group(2))
     d["criu_stats"] = criu_stats(lines)
     d["hooks_s"] = hooks_total(mine)
+    d["hooks_by_kind"] = hooks_by_kind(mine)
     d["cuinit_wait_s"] = cuinit_wait(mine)
     return d
 
@@ -205,8 +217,17 @@ def split_criu(dump, restore, dump_wall, restore_wall):
         out["identity_dump_s"] = max(p["identity_s"] for p in ident)
         out["scanned_mib"] = max(p["scanned_mib"] for p in ident)
         out["sites"] = max(p["sites"] for p in ident)
+    out["hooks_dump"] = dump.get("hooks_by_kind", {})
+    out["hooks_restore"] = restore.get("hooks_by_kind", {})
+    out["locks_s"] = locks
+    out["longest_checkpoint_s"] = ckpt
+    out["longest_restore_unlock_s"] = rst
+    if ident:
+        out["scan_sum_s"] = sum(p["scan_s"] for p in ident)
+        out["identity_dump_sum_s"] = sum(p["identity_s"] for p in ident)
     rec = [p for p in pids_r.values() if "reconcile_s" in p]
     if rec:
+        out["reconcile_sum_s"] = sum(p["reconcile_s"] for p in rec)
         out["reconcile_s"] = max(p["reconcile_s"] for p in rec)
         out["sites_rewritten"] = max(p["sites_rewritten"] for p in rec)
         out["sites_from"] = rec[0]["sites_from"]
@@ -433,8 +454,12 @@ def summarize(recs):
                      "restore_met": None if r_ is None else r_ <= limits[1]}
         res["parallel"].append(p)
 
+    # 6. How the cost grows: trees of N processes, each on G GPUs (labels gGpN), every figure also as a ratio to the
+    # one-process tree of the same G measured in the same run.
+    res["scale"] = summarize_scale(recs)
+
     # 4. Identity and 5. the whole CRIU run split.
-    for section, label in sorted({(r["section"], r["label"]) for r in recs if "criu" in r},
+    for section, label in sorted({(r["section"], r["label"]) for r in recs if "criu" in r and r["section"] != "s6"},
                                  key=lambda x: (x[0], int(re.sub(r"\D", "", x[1]) or 0))):
         runs = [r["criu"] for r in select(recs, section, label, "criu")]
         what = {"s1": f"plain CUDA, {label} device", "s3": f"plain CUDA processes in one tree ({label})",
@@ -451,6 +476,48 @@ def summarize(recs):
                 "dump_wall_s", "plugin_dump_s", "driver_dump_s", "criu_dump_s",
                 "restore_wall_s", "plugin_restore_s", "driver_restore_s", "criu_restore_s", "image_mib")}})
     return res
+
+
+SCALE_FIGURES = (
+    "dump_wall_s", "restore_wall_s", "plugin_dump_s", "plugin_restore_s", "driver_dump_s", "driver_restore_s",
+    "overhead_dump_s", "overhead_restore_s", "checkpoint_batch_s", "restore_batch_s", "locks_s",
+    "longest_checkpoint_s", "longest_restore_unlock_s", "scan_s", "scan_sum_s", "identity_dump_s",
+    "identity_dump_sum_s", "reconcile_s", "reconcile_sum_s", "sites", "sites_rewritten", "image_mib")
+SCALE_HOOKS_DUMP = ("init", "PAUSE_DEVICES", "CHECKPOINT_DEVICES", "exit")
+SCALE_HOOKS_RESTORE = ("init", "RESUME_DEVICES_LATE", "exit")
+
+
+def summarize_scale(recs):
+    """Section s6: one row per (GPUs, processes), medians over the repeats, and each median over the median of the
+    one-process row of the same GPU count (the `ratio` dict; None where that row or figure is missing)."""
+    rows = {}
+    for r in recs:
+        m = re.fullmatch(r"g(\d+)p(\d+)", r.get("label", "")) if r.get("section") == "s6" else None
+        if m and "criu" in r:
+            rows.setdefault((int(m.group(1)), int(m.group(2))), []).append(r["criu"])
+    out = []
+    for (g, n), runs in sorted(rows.items()):
+        row = {"gpus": g, "processes": n, "repeats": len(runs)}
+        for k in SCALE_FIGURES:
+            row[k] = stats([c.get(k) for c in runs])
+        row["hooks_dump"] = {h: stats([c.get("hooks_dump", {}).get(h) for c in runs]) for h in SCALE_HOOKS_DUMP}
+        row["hooks_restore"] = {h: stats([c.get("hooks_restore", {}).get(h) for c in runs])
+                                for h in SCALE_HOOKS_RESTORE}
+        out.append(row)
+    base = {r["gpus"]: r for r in out if r["processes"] == 1}
+    for row in out:
+        b = base.get(row["gpus"])
+
+        def ratio(x, y):
+            x, y = med(x), med(y)
+            return None if x is None or not y else x / y
+
+        row["ratio"] = {k: ratio(row[k], b[k]) if b else None for k in SCALE_FIGURES}
+        row["ratio_hooks_dump"] = {h: ratio(row["hooks_dump"][h], b["hooks_dump"][h]) if b else None
+                                   for h in SCALE_HOOKS_DUMP}
+        row["ratio_hooks_restore"] = {h: ratio(row["hooks_restore"][h], b["hooks_restore"][h]) if b else None
+                                      for h in SCALE_HOOKS_RESTORE}
+    return out
 
 
 def cmd_summarize(a):
