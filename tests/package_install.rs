@@ -76,6 +76,8 @@ fn package_holds_plugin_tool_man_page_config_and_docs_and_no_test_double() {
     assert_eq!(field("Package"), PACKAGE);
     assert_eq!(field("Version"), format!("{}-1", env!("CARGO_PKG_VERSION")));
     assert!(field("Depends").contains("libc6"), "Depends lacks libc6: {:?}", field("Depends"));
+    // The project has no home page yet: the package names none rather than an invented one.
+    assert_eq!(field("Homepage"), "", "the package names a home page");
     // No maintainer scripts: the package never edits /etc/criu/*.conf behind the user's back.
     let info = run_ok(Command::new("dpkg-deb").arg("--info").arg(deb));
     for script in ["preinst", "postinst", "prerm", "postrm", "config"] {
