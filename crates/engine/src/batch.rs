@@ -6,23 +6,10 @@
 //! make; only the work in between runs on other threads, and all of them end before this returns
 //! (CRIU's process must have no thread of ours once a hook returns).
 
-use ccm_process::PtraceError;
 use log::error;
 
+pub use crate::error::BatchError;
 use crate::seam::Targets;
-
-/// Why a task's work did not run or did not finish.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum BatchError {
-    #[error("cannot resume its restore thread {tid}: {source}")]
-    Resume {
-        tid: u32,
-        #[source]
-        source: PtraceError,
-    },
-    #[error("internal error: the worker panicked")]
-    Panicked,
-}
 
 /// What to do with a task whose restore thread cannot be resumed.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]

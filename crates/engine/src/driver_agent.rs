@@ -13,8 +13,9 @@ use ccm_driver::nvml::GpuMemory;
 use ccm_driver::rm::{FramebufferReport, PidMemoryReport};
 use ccm_identity::{GpuUuid, HostPid, HostTid, PciAddress};
 
+use crate::config::Config;
+use crate::error::EngineError;
 use crate::host::CriuHost;
-use crate::{Config, EngineError};
 
 /// Every call the sessions make on the driver agent (`ccm_agent::Agent`'s, one for one).
 pub trait DriverAgent: Send + Sync {

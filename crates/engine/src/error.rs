@@ -1,9 +1,19 @@
-//! The engine's errors: what fails a hook ([`EngineError`]) and why one CUDA process's checkpoint or
-//! restore failed ([`ProcessFailure`]).
+//! The engine's errors: what fails a hook ([`EngineError`]), why one CUDA process's checkpoint or
+//! restore failed ([`ProcessFailure`]), and the two parts of it that the engine's own steps make: why
+//! a batch's work on a task did not run ([`BatchError`], `crate::batch`) and why a restored
+//! process's identity could not be made right ([`ReconcileFailure`], `crate::reconcile`). Here, not
+//! in those modules, so that the errors lie below everything that returns them: the node and the
+//! driver agent's seam return [`EngineError`], and the batch and reconciliation work through them.
+
+use std::sync::Arc;
 
 use ccm_agent::AgentError;
+use ccm_identity::pattern::PlanError;
+use ccm_identity::GpuUuid;
+use ccm_process::{ProcessError, PtraceError, SiteError};
 
-use crate::{batch, preflight, reconcile, sharing, PLUGIN_NAME};
+use crate::host::PLUGIN_NAME;
+use crate::{preflight, sharing};
 
 #[derive(Debug, thiserror::Error)]
 pub enum EngineError {
@@ -78,7 +88,7 @@ pub enum EngineError {
 #[derive(Debug, Clone, thiserror::Error)]
 pub enum ProcessFailure {
     #[error(transparent)]
-    Batch(#[from] batch::BatchError),
+    Batch(#[from] BatchError),
     #[error(transparent)]
     Driver(#[from] AgentError),
     #[error("cannot record its GPU identity: {0}")]
@@ -91,7 +101,7 @@ pub enum ProcessFailure {
     NoImageDir,
     /// The GPU identity did not validate after the restore (strict mode kills the tree).
     #[error("GPU identity is inconsistent after restore: {}", .0.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; "))]
-    Inconsistent(Vec<reconcile::ReconcileFailure>),
+    Inconsistent(Vec<ReconcileFailure>),
     #[error("its CUDA state cannot be read: {0}")]
     State(AgentError),
     /// CHECKPOINTED at restore, but its identity image is not in the image directory (strict mode kills the tree).
@@ -106,4 +116,48 @@ pub enum ProcessFailure {
     /// A CUDA process of the dump imports another's device memory (`CRIU_CUDA_MIGRATE_IPC=refuse`).
     #[error("{}", sharing::importer_refusal(.0))]
     IpcImportersRefused(Vec<sharing::Importer>),
+}
+
+/// Why a task's work in a batch (`crate::batch`) did not run or did not finish.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum BatchError {
+    #[error("cannot resume its restore thread {tid}: {source}")]
+    Resume {
+        tid: u32,
+        #[source]
+        source: PtraceError,
+    },
+    #[error("internal error: the worker panicked")]
+    Panicked,
+}
+
+/// Why a restored process's GPU identity could not be made right (`crate::reconcile`).
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ReconcileFailure {
+    #[error("cannot open its memory: {0}")]
+    Memory(Arc<ProcessError>),
+    #[error("the scan for its PCI words failed: {0}")]
+    Scan(Arc<ProcessError>),
+    #[error(transparent)]
+    Plan(#[from] PlanError),
+    #[error("site {addr:#x} ({old} -> {new}): {source}")]
+    Site {
+        addr: u64,
+        old: GpuUuid,
+        new: GpuUuid,
+        #[source]
+        source: Arc<SiteError>,
+    },
+    #[error("environment edit at +{offset}: {source}")]
+    Environ {
+        offset: usize,
+        #[source]
+        source: Arc<ProcessError>,
+    },
+    #[error("cannot read its memory to validate: {0}")]
+    Validate(Arc<ProcessError>),
+    #[error("{old} -> {new}: one of them is unknown (not in the image / not on this node)")]
+    Unknown { old: GpuUuid, new: GpuUuid },
+    #[error("{old} -> {new}: {why}")]
+    Mismatch { old: GpuUuid, new: GpuUuid, why: String },
 }

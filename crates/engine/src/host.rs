@@ -3,6 +3,9 @@
 
 use std::os::fd::{OwnedFd, RawFd};
 
+/// The name CRIU knows the plugin by (descriptor and image inventory).
+pub const PLUGIN_NAME: &str = "criu-cuda-migrate";
+
 pub trait CriuHost {
     /// A duplicate of `criu_get_image_dir()`, CRIU's images directory fd: every image is read and
     /// written through it (the directory may be in another mount namespace than any path we

@@ -40,10 +40,7 @@ mod seam_tests;
 
 pub use config::{Config, IpcImporters, LeaveRunning, MultiProcess, Strictness};
 pub use error::{EngineError, ProcessFailure};
-pub use host::{CriuHost, NoCriu};
-
-/// The name CRIU knows the plugin by (descriptor and image inventory).
-pub const PLUGIN_NAME: &str = "criu-cuda-migrate";
+pub use host::{CriuHost, NoCriu, PLUGIN_NAME};
 
 /// CRIU's own CUDA plugin (`plugins/cuda`, which drives the `cuda-checkpoint` tool). Both
 /// plugins would lock and checkpoint the same processes; whichever CRIU asks first wins, so

@@ -16,7 +16,7 @@ use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
 use log::{debug, info, warn};
 
 use crate::driver_agent::DriverAgent;
-use crate::EngineError;
+use crate::error::EngineError;
 
 pub struct Node {
     pub agent: Box<dyn DriverAgent>,

@@ -11,8 +11,7 @@ use ccm_identity::{GpuIdentity, GpuUuid};
 use ccm_process::dir::{Dir, FileError};
 use ccm_settings::spec::GivenGpus;
 
-use crate::config::Sourced;
-use crate::Config;
+use crate::config::{Config, Sourced};
 
 /// Largest identity image read: the format's own bound.
 const MAX_IMAGE_FILE: u64 = ccm_identity::image::MAX_IMAGE_BYTES as u64;

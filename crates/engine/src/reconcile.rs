@@ -6,46 +6,15 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccm_identity::image::PciSite;
-use ccm_identity::pattern::{classify_recorded_sites, plan_rewrites_after_refresh, PlanError};
+use ccm_identity::pattern::{classify_recorded_sites, plan_rewrites_after_refresh};
 use ccm_identity::validate::{validate_gpu, GpuObservation, ReconcileReport, ReportRow, Verdict};
 use ccm_identity::{GpuUuid, PciSignature};
 use ccm_process::mem::ProcessMemory;
-use ccm_process::{ProcessError, SiteError};
 use log::{debug, info, warn};
 
+pub use crate::error::ReconcileFailure;
 use crate::node::Node;
 use crate::preflight::ProcessPlan;
-
-/// Why a restored process's GPU identity could not be made right.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ReconcileFailure {
-    #[error("cannot open its memory: {0}")]
-    Memory(Arc<ProcessError>),
-    #[error("the scan for its PCI words failed: {0}")]
-    Scan(Arc<ProcessError>),
-    #[error(transparent)]
-    Plan(#[from] PlanError),
-    #[error("site {addr:#x} ({old} -> {new}): {source}")]
-    Site {
-        addr: u64,
-        old: GpuUuid,
-        new: GpuUuid,
-        #[source]
-        source: Arc<SiteError>,
-    },
-    #[error("environment edit at +{offset}: {source}")]
-    Environ {
-        offset: usize,
-        #[source]
-        source: Arc<ProcessError>,
-    },
-    #[error("cannot read its memory to validate: {0}")]
-    Validate(Arc<ProcessError>),
-    #[error("{old} -> {new}: one of them is unknown (not in the image / not on this node)")]
-    Unknown { old: GpuUuid, new: GpuUuid },
-    #[error("{old} -> {new}: {why}")]
-    Mismatch { old: GpuUuid, new: GpuUuid, why: String },
-}
 
 /// What reconciliation did to one process.
 #[derive(Debug, Default)]
