@@ -733,15 +733,17 @@ fn runc_checkpoints_and_restores_a_cuda_container_on_the_test_doubles() {
         let log = scratch.read(&format!("{case}-restore.log"));
         let plugin_lines =
             || log.lines().filter(|l| l.contains(LOG_PREFIX) || l.contains("Error")).collect::<Vec<_>>().join("\n");
-        for (step, what) in [("run", "runc run"), ("checkpoint", "runc checkpoint")] {
-            if scratch.rc(&format!("{case}-{step}")) != Some(0) {
-                loud(&format!(
-                    "SKIPPED {case}: {what} of a container with this /dev fails in runc or CRIU, before the plugin has any say: {}",
-                    scratch.read(&format!("{case}-{step}.err")).lines().last().unwrap_or("")
-                ));
-            }
-        }
-        if scratch.rc(&format!("{case}-checkpoint")) != Some(0) {
+        // The first step that failed, the only one to report: the flow stops there (no checkpoint after a failed run).
+        let failed = [
+            ("run", "runc run of a container with this /dev fails, so there is nothing to checkpoint"),
+            ("checkpoint", "runc checkpoint of a container with this /dev fails before the plugin has any say"),
+        ]
+        .into_iter()
+        .find(|(step, _)| scratch.rc(&format!("{case}-{step}")) != Some(0));
+        if let Some((step, what)) = failed {
+            let criu_log = if step == "checkpoint" { scratch.read(&format!("{case}-dump.log")) } else { String::new() };
+            let why = step_failure(&scratch.read(&format!("{case}-{step}.err")), &criu_log);
+            loud(&format!("SKIPPED {case}: {what}: {why}"));
             continue;
         }
         let before = scratch.read(&format!("{h}-sentinel-before.txt"));
@@ -783,6 +785,22 @@ fn scratch_with_sim(prefix: &str) -> Scratch {
         fs::copy(b, sim_bin.join(b.file_name().expect("file name"))).expect("copy of a test double");
     }
     scratch
+}
+
+/// Why a runc step failed, in the words of whoever refused: CRIU's first error line in its log (runc's own message
+/// only points at that log), else runc's last line that says anything (its `msg="..."` where it logs one).
+fn step_failure(runc_err: &str, criu_log: &str) -> String {
+    let said = |l: &&str| !l.trim().is_empty();
+    let criu = criu_log.lines().find(|l| l.contains("Error (")).map(|l| format!("CRIU: {}", l.trim()));
+    let runc = runc_err.lines().rfind(said).map(|l| {
+        let msg = l.split_once("msg=\"").map_or(l, |(_, m)| m.strip_suffix('"').unwrap_or(m));
+        format!("runc: {}", msg.trim())
+    });
+    match (criu, runc) {
+        (Some(c), Some(r)) => format!("{c} ({r})"),
+        (Some(one), None) | (None, Some(one)) => one,
+        (None, None) => "runc printed nothing and CRIU logged no error".to_string(),
+    }
 }
 
 /// The plugin's and CRIU's lines of a log, for failure messages.
