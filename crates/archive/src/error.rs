@@ -8,7 +8,8 @@
 use std::fmt;
 use std::io;
 
-use crate::Compression;
+use crate::archive::Compression;
+use crate::name::PathRule;
 
 /// Why an archive was not read. `archive` and `member` fields are already escaped for printing.
 #[derive(Debug, thiserror::Error)]
@@ -208,36 +209,6 @@ impl fmt::Display for Truncation {
             Truncation::CompressedStream { compression, offset } => {
                 write!(f, "the {compression} stream ends early (after {offset} bytes of tar data)")
             }
-        }
-    }
-}
-
-/// The path rules every member name must pass, even one that is skipped: an archive with such a name
-/// is hostile or broken, and restoring it with another tool would write outside its directory.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum PathRule {
-    /// Starts with `/`.
-    Absolute,
-    /// Has a `..` component.
-    ParentDir,
-    /// Is [`crate::PATH_MAX`] bytes long or longer: no file of Linux has such a path.
-    TooLong { len: usize },
-}
-
-impl fmt::Display for PathRule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            PathRule::Absolute => {
-                f.write_str("it is an absolute path (a checkpoint archive holds relative paths only)")
-            }
-            PathRule::ParentDir => {
-                f.write_str("it has a `..` component (a path that climbs out of the archive's root)")
-            }
-            PathRule::TooLong { len } => write!(
-                f,
-                "it is {len} bytes long, and a path on Linux is shorter than PATH_MAX ({} bytes)",
-                crate::PATH_MAX
-            ),
         }
     }
 }

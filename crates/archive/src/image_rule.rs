@@ -5,7 +5,7 @@
 
 use std::fmt;
 
-use crate::Compression;
+use crate::archive::Compression;
 
 /// Largest `oci-layout`, `index.json`, nested index, manifest or config read.
 pub const MAX_JSON_BYTES: u64 = 4 << 20;
@@ -143,7 +143,7 @@ impl fmt::Display for ImageRule {
                 f,
                 "its layer's media type is `{media_type}` but its bytes are {}; {REBUILD}",
                 match found {
-                    crate::Compression::None => "not compressed".to_string(),
+                    crate::archive::Compression::None => "not compressed".to_string(),
                     c => format!("{c}-compressed"),
                 }
             ),

@@ -5,7 +5,8 @@ use std::io::{self, BufReader, Read, Seek};
 use std::os::unix::fs::{FileTypeExt, OpenOptionsExt};
 use std::path::Path;
 
-use crate::{ArchiveError, Compression};
+use crate::archive::Compression;
+use crate::error::ArchiveError;
 
 /// Read buffer of the archive file.
 const FILE_BUFFER: usize = 64 * 1024;

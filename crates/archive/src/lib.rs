@@ -77,6 +77,7 @@
 
 #![forbid(unsafe_code)]
 
+mod archive;
 mod error;
 mod image_rule;
 mod input;
@@ -87,119 +88,18 @@ mod pax;
 pub mod sha256;
 mod walk;
 
-use std::fmt;
 use std::io::Read;
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
-use ccm_identity::image::{is_image_file_name, is_report_file_name};
-
+pub use archive::{
+    ArchiveFile, CheckpointArchive, Compression, Limits, DEFAULT_MAX_KEPT_BYTES, DEFAULT_MAX_MEMBERS,
+    DEFAULT_MAX_SCANNED_BYTES, MAX_EXTENSION_BYTES, MAX_IMAGES, MAX_REPORT_BYTES, MAX_SPEC_BYTES,
+};
 pub use ccm_identity::image::MAX_IMAGE_BYTES;
-pub use error::{ArchiveError, PathRule, Truncation};
+pub use error::{ArchiveError, Truncation};
 pub use image_rule::ImageRule;
+pub use name::{PathRule, PATH_MAX};
 pub use oci::{is_image_layout, read_image_layout, CheckpointImage, ImageFormat};
-
-/// Upper bound of a restore report kept from an archive.
-pub const MAX_REPORT_BYTES: u64 = 1024 * 1024;
-/// Upper bound of `spec.dump` kept from an archive (an OCI spec is a few KiB to some 100 KiB).
-pub const MAX_SPEC_BYTES: u64 = 4 * 1024 * 1024;
-/// Upper bound of a GNU long-name/long-link or PAX extension header (Go's archive/tar's bound).
-pub const MAX_EXTENSION_BYTES: u64 = 1024 * 1024;
-/// Most identity images read from one archive (a checkpoint holds one per CUDA process); the
-/// preflight's directory read has the same bound.
-pub const MAX_IMAGES: usize = 4096;
-/// Linux's PATH_MAX: every member name and link target is shorter.
-pub const PATH_MAX: usize = name::PATH_MAX;
-/// Default of [`Limits::max_scanned_bytes`]: 256 GiB of tar data.
-pub const DEFAULT_MAX_SCANNED_BYTES: u64 = 256 << 30;
-/// Default of [`Limits::max_members`].
-pub const DEFAULT_MAX_MEMBERS: u64 = 1_000_000;
-/// Default of [`Limits::max_kept_bytes`]: 256 MiB, sixteen maximal identity images.
-pub const DEFAULT_MAX_KEPT_BYTES: u64 = 256 << 20;
-
-/// The bounds of one read. A hostile archive meets one of them; a real checkpoint too large for them
-/// gets an error that says so.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Limits {
-    /// Tar bytes (after decompression) walked at most, skipped members included. Bounds the time a
-    /// decompression bomb can take; a checkpoint's `pages-*.img` are about the process's memory.
-    pub max_scanned_bytes: u64,
-    /// Members at most (each one costs a header and a name check).
-    pub max_members: u64,
-    /// Bytes of identity images, restore reports and `spec.dump` held together at most, their names
-    /// (and those of link members, which are remembered) counted in.
-    pub max_kept_bytes: u64,
-}
-
-impl Default for Limits {
-    fn default() -> Self {
-        Limits {
-            max_scanned_bytes: DEFAULT_MAX_SCANNED_BYTES,
-            max_members: DEFAULT_MAX_MEMBERS,
-            max_kept_bytes: DEFAULT_MAX_KEPT_BYTES,
-        }
-    }
-}
-
-/// How the tar stream is stored.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Compression {
-    None,
-    Gzip,
-    Zstd,
-}
-
-impl fmt::Display for Compression {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Compression::None => "none",
-            Compression::Gzip => "gzip",
-            Compression::Zstd => "zstd",
-        })
-    }
-}
-
-/// A member kept from the archive.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct ArchiveFile {
-    /// Its name in the archive, as written there (`./checkpoint/cuda-migrate-7.img`).
-    pub member: String,
-    /// Its file name (`cuda-migrate-7.img`, `spec.dump`).
-    pub name: String,
-    /// Its contents, unparsed.
-    pub bytes: Vec<u8>,
-}
-
-impl ArchiveFile {
-    /// The pid in an identity image's or restore report's file name.
-    pub fn pid(&self) -> Option<u32> {
-        is_image_file_name(&self.name).or_else(|| is_report_file_name(&self.name))
-    }
-}
-
-/// What a checkpoint archive holds, for `inspect` and `preflight`.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct CheckpointArchive {
-    /// The archive as named by the caller.
-    pub path: PathBuf,
-    pub compression: Compression,
-    /// Every `checkpoint/cuda-migrate-<pid>.img`, by pid.
-    pub images: Vec<ArchiveFile>,
-    /// Every `checkpoint/cuda-migrate-restore-<pid>.txt`, by pid.
-    pub reports: Vec<ArchiveFile>,
-    /// `spec.dump`, the container's OCI spec (JSON), where the archive has one.
-    pub spec: Option<ArchiveFile>,
-    /// Whether `checkpoint/inventory.img` is there (CRIU writes it last, so a dump that completed
-    /// has it).
-    pub has_inventory: bool,
-    /// Members in the archive (extension headers not counted).
-    pub members: usize,
-    /// Bytes of the tar stream walked, after decompression: up to and including the end-of-archive
-    /// block, skipped data included.
-    pub bytes_scanned: u64,
-    /// The dumping CRIU's version, from the `Version:` line of the archive's `dump.log` (its first
-    /// 16 KiB are read), and that member's name; `None` where there is no such log or line.
-    pub criu_version: Option<(String, String)>,
-}
 
 /// What a checkpoint file holds: a checkpoint archive, or a checkpoint image as an `oci-archive`.
 // One value per command, moved once: the image's larger size costs nothing a box would save.
@@ -221,14 +121,14 @@ pub fn read_checkpoint_file(path: &Path, limits: &Limits) -> Result<CheckpointFi
     if found.oci_layout.is_some() || found.oci_index.is_some() {
         return oci::read_oci_archive(path, &blobs, compression, found, limits).map(CheckpointFile::Image);
     }
-    finish(path, compression, found).map(CheckpointFile::Archive)
+    walk::finish(path, compression, found).map(CheckpointFile::Archive)
 }
 
 /// Reads the checkpoint archive at `path`. See the crate documentation for the formats and rules.
 pub fn read_archive(path: &Path, limits: &Limits) -> Result<CheckpointArchive, ArchiveError> {
     let (file, len) = input::open(path)?;
     let (input, compression) = input::from_file(path, file, len)?;
-    finish(path, compression, walk::Walk::new(input, compression, input::shown_path(path), limits).run()?)
+    walk::finish(path, compression, walk::Walk::new(input, compression, input::shown_path(path), limits).run()?)
 }
 
 /// Reads a checkpoint archive from any reader (a pipe, a buffer, a fuzzer's bytes), by the same rules
@@ -236,7 +136,7 @@ pub fn read_archive(path: &Path, limits: &Limits) -> Result<CheckpointArchive, A
 /// never seeked, so skipping a large plain member costs reading it.
 pub fn read_archive_from(reader: impl Read, path: &Path, limits: &Limits) -> Result<CheckpointArchive, ArchiveError> {
     let (input, compression) = input::from_reader(path, reader)?;
-    finish(path, compression, walk::Walk::new(input, compression, input::shown_path(path), limits).run()?)
+    walk::finish(path, compression, walk::Walk::new(input, compression, input::shown_path(path), limits).run()?)
 }
 
 /// The name of every member of the archive at `path`, in order, as this reader resolves it (GNU long
@@ -248,29 +148,4 @@ pub fn member_names(path: &Path, limits: &Limits) -> Result<Vec<Vec<u8>>, Archiv
     let (file, len) = input::open(path)?;
     let (input, compression) = input::from_file(path, file, len)?;
     walk::Walk::new(input, compression, input::shown_path(path), limits).names()
-}
-
-pub(crate) fn finish(
-    path: &Path,
-    compression: Compression,
-    found: walk::Found,
-) -> Result<CheckpointArchive, ArchiveError> {
-    if !found.has_checkpoint {
-        return Err(ArchiveError::NotCheckpoint { archive: input::shown_path(path) });
-    }
-    let mut images = found.images;
-    images.sort_by_key(ArchiveFile::pid);
-    let mut reports = found.reports;
-    reports.sort_by_key(ArchiveFile::pid);
-    Ok(CheckpointArchive {
-        path: path.to_path_buf(),
-        compression,
-        images,
-        reports,
-        spec: found.spec,
-        has_inventory: found.has_inventory,
-        members: found.members,
-        bytes_scanned: found.bytes_scanned,
-        criu_version: found.criu_version,
-    })
 }

@@ -2,7 +2,7 @@
 
 use ccm_identity::image::{is_image_file_name, is_report_file_name};
 
-use crate::error::PathRule;
+use std::fmt;
 
 /// The longest member name printed in a message, in characters; a PAX path may be 1 MiB long.
 const SHOWN_NAME_CHARS: usize = 256;
@@ -57,8 +57,8 @@ impl Role {
 /// layer), and `.wh..wh..opq` empties its directory.
 pub(crate) const WHITEOUT: &[u8] = b".wh.";
 
-/// Linux's PATH_MAX: a path is shorter, with room for its NUL.
-pub(crate) const PATH_MAX: usize = 4096;
+/// Linux's PATH_MAX: every member name and link target is shorter (a path is shorter, with room for its NUL).
+pub const PATH_MAX: usize = 4096;
 
 /// The components of a member name with `.` and empty ones dropped (`./checkpoint//x` is
 /// `checkpoint/x`, as every extractor sees it), or the rule it breaks.
@@ -122,6 +122,34 @@ pub(crate) fn shown(raw: &[u8]) -> String {
         out.push_str("...");
     }
     out
+}
+
+/// The path rules every member name must pass, even one that is skipped: an archive with such a name
+/// is hostile or broken, and restoring it with another tool would write outside its directory.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PathRule {
+    /// Starts with `/`.
+    Absolute,
+    /// Has a `..` component.
+    ParentDir,
+    /// Is [`PATH_MAX`] bytes long or longer: no file of Linux has such a path.
+    TooLong { len: usize },
+}
+
+impl fmt::Display for PathRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            PathRule::Absolute => {
+                f.write_str("it is an absolute path (a checkpoint archive holds relative paths only)")
+            }
+            PathRule::ParentDir => {
+                f.write_str("it has a `..` component (a path that climbs out of the archive's root)")
+            }
+            PathRule::TooLong { len } => {
+                write!(f, "it is {len} bytes long, and a path on Linux is shorter than PATH_MAX ({} bytes)", PATH_MAX)
+            }
+        }
+    }
 }
 
 #[cfg(test)]

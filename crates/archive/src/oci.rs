@@ -41,9 +41,11 @@ use ccm_process::dir::{Dir, FileError};
 use serde::de::DeserializeOwned;
 use serde::Deserialize;
 
+use crate::archive::{CheckpointArchive, Compression, Limits};
+use crate::error::ArchiveError;
 pub use crate::image_rule::{ImageRule, MAX_DESCRIPTORS, MAX_INDEX_DEPTH, MAX_JSON_BYTES, MAX_TOTAL_JSON_BYTES};
 use crate::sha256::Hashing;
-use crate::{input, walk, ArchiveError, CheckpointArchive, Compression, Limits};
+use crate::{input, walk};
 
 /// The annotation CRI-O looks for on a checkpoint image (the Kubernetes documentation's buildah line).
 pub const CRIO_CHECKPOINT_ANNOTATION: &str = "io.kubernetes.cri-o.annotations.checkpoint.name";
@@ -660,7 +662,7 @@ impl Reader<'_> {
                 actual: format!("sha256:{tar_digest}"),
             }));
         }
-        crate::finish(&layer_path, compression, found)
+        walk::finish(&layer_path, compression, found)
     }
 }
 

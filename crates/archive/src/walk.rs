@@ -8,17 +8,19 @@
 
 use std::collections::HashMap;
 use std::io;
+use std::path::Path;
 
 use tar::{EntryType, GnuExtSparseHeader, Header};
 
+use crate::archive::{
+    ArchiveFile, CheckpointArchive, Compression, Limits, MAX_EXTENSION_BYTES, MAX_IMAGES, MAX_REPORT_BYTES,
+    MAX_SPEC_BYTES,
+};
 use crate::error::{ArchiveError, Truncation};
 use crate::input::{self, Input};
 use crate::name::{self, Role};
 use crate::pax::{self, Pax};
-use crate::{
-    ArchiveFile, Compression, Limits, MAX_EXTENSION_BYTES, MAX_IMAGES, MAX_IMAGE_BYTES, MAX_REPORT_BYTES,
-    MAX_SPEC_BYTES,
-};
+use ccm_identity::image::MAX_IMAGE_BYTES;
 
 /// Tar's block: every header is one, every member's data is padded to a multiple of it.
 const BLOCK: u64 = 512;
@@ -811,6 +813,28 @@ fn cut_at_nul(mut data: Vec<u8>) -> Vec<u8> {
         data.truncate(end);
     }
     data
+}
+
+/// What a walk found, as the checkpoint archive it is: refused when it holds no `checkpoint/`.
+pub(crate) fn finish(path: &Path, compression: Compression, found: Found) -> Result<CheckpointArchive, ArchiveError> {
+    if !found.has_checkpoint {
+        return Err(ArchiveError::NotCheckpoint { archive: input::shown_path(path) });
+    }
+    let mut images = found.images;
+    images.sort_by_key(ArchiveFile::pid);
+    let mut reports = found.reports;
+    reports.sort_by_key(ArchiveFile::pid);
+    Ok(CheckpointArchive {
+        path: path.to_path_buf(),
+        compression,
+        images,
+        reports,
+        spec: found.spec,
+        has_inventory: found.has_inventory,
+        members: found.members,
+        bytes_scanned: found.bytes_scanned,
+        criu_version: found.criu_version,
+    })
 }
 
 #[cfg(test)]
