@@ -13,9 +13,10 @@
 #   plain  otherwise: a plain shell process under CRIU in the trixie root; the plugin loads, answers -ENOTSUP
 #          ("not a CUDA process") and writes nothing.
 # CCM_DEMO_MODE=gpu|sim|plain forces one. CCM_DEMO_DIR (default /tmp/ccm-demo) keeps the images and CRIU's logs.
-# At the end it runs the command-line tool it built (target/release/criu-cuda-migrate) on them: `inspect` of the
-# images and the node readiness check (`node --check`; in sim mode against the simulated stack), and prints those
-# commands, with the variables they need, ready to paste.
+# At the end it runs the command-line tool it built (target/release/criu-cuda-migrate): `inspect` of the images,
+# `node` (the GPUs) and the node readiness check `node --check` (in sim mode against the simulated stack, summed up
+# by check and explained: a machine without the package, CRIU or a GPU fails it as expected), each command printed
+# with the variables it needs, ready to paste; its last line is the migration's result.
 # Needs root (CRIU). Works without a terminal.
 set -euo pipefail
 
@@ -100,7 +101,7 @@ scenario() {
         after=$(tail -n 1 /tmp/ccm-demo.out)
         kill -9 "$pid" 2>/dev/null || true
         [ "$after" -gt "$before" ] || die "the restored process does not run (counter $before -> $after)"
-        say "the restored process $pid runs: its counter went $before -> $after"
+        result "$work" "the restored process $pid runs: its counter went $before -> $after; the plugin stayed out of its way (not a CUDA process)"
         ;;
     workload)
         touch "$ctl/go2"
@@ -112,12 +113,18 @@ scenario() {
         local moved
         moved=$(moves "$ctl/report1.json" "$ctl/report2.json")
         if [ -n "$moved" ]; then
-            say "RESULT: pid $pid moved $moved; every identity agrees (CUDA's UUID and bus id, NVML by that bus id) and the device data is intact"
+            result "$work" "pid $pid moved $moved; every identity agrees (CUDA's UUID and bus id, NVML by that bus id) and the device data is intact"
         else
-            say "RESULT: pid $pid came back on the same GPUs; every identity agrees and the device data is intact"
+            result "$work" "pid $pid came back on the same GPUs; every identity agrees and the device data is intact"
         fi
         ;;
     esac
+}
+
+# result WORK TEXT: the scenario's outcome, said now and kept in WORK/result for the demo's last line.
+result() {
+    say "RESULT: $2"
+    echo "$2" >"$1/result"
 }
 
 # field REPORT ORDINAL KEY: one string field of one ordinal of a sample-workload report (there is no JSON tool in
@@ -269,14 +276,27 @@ main() {
         bash tests/criu-root.sh run --bind "$work" -- "$reaper" bash "$REPO/scripts/demo.sh" __scenario plain "$work" criu
         ;;
     esac
-    say "done ($mode). Images and CRIU's logs: $work/images"
     look_at_it "$mode" "$work"
+    # The last word is the migration's.
+    echo
+    say "RESULT ($(mode_words "$mode")): $(cat "$work/result")"
+    say "images and CRIU's logs: $work/images (dump.log, restore.log)"
 }
 
-# look_at_it MODE WORK: the command-line tool on what the demo left: `inspect` of the images, then the node check,
-# each printed first as a command to paste (in sim mode with the two variables that point the tool at the
-# simulated stack: CCM_SIM_CONFIG, the doubles' GPU set, and CRIU_CUDA_MIGRATE_LIBNVML / _LIBCUDA, the doubles
-# themselves, which are on no library path).
+# mode_words MODE: what the demo ran on, for its last line.
+mode_words() {
+    case "$1" in
+    gpu) echo "real GPUs" ;;
+    sim) echo "simulated GPUs: the test doubles of libcuda and NVML, not a GPU" ;;
+    plain) echo "a plain process, no GPU" ;;
+    esac
+}
+
+# look_at_it MODE WORK: the command-line tool on what the demo left and on this node, each command printed first so
+# that it can be pasted (in sim mode with the variables that point the tool at the simulated stack: CCM_SIM_CONFIG,
+# the doubles' GPU set, and CRIU_CUDA_MIGRATE_LIBNVML / _LIBCUDA, the doubles themselves, on no library path):
+# `inspect` of the images, `node` (the GPUs), and the node readiness check `node --check`, which judges a node for
+# production use and is explained for what it is here.
 look_at_it() {
     local mode=$1 work=$2 cli=$REPO/target/release/criu-cuda-migrate envs=() d
     if [ "$mode" = sim ]; then
@@ -290,19 +310,43 @@ look_at_it() {
     say "what the plugin recorded (paste to run again):"
     echo "    $cli inspect $work/images"
     "$cli" inspect "$work/images" | sed 's/^/    /' || say "    inspect failed (exit $?)"
+    echo
     if [ "$mode" = plain ]; then
-        say "no GPU and no simulated stack: the node check needs a driver; on a GPU node run: sudo $cli node --check"
+        say "no GPU and no simulated stack: the tool's node commands need a driver; on a GPU node run \`sudo $cli node --check\`"
+        say "(is the node ready for GPU checkpoint/restore? each FAIL line names its fix; docs/USER-GUIDE.md section 7.4)"
         return 0
     fi
+    say "the GPUs of this node, as the tool sees them (paste to run again$([ "$mode" = sim ] && echo '; the variables point the tool at the simulated GPUs')):"
+    echo "    ${prefix}$cli node"
+    env "${envs[@]}" "$cli" node 2>&1 | sed 's/^/    /' || say "    node failed (exit ${PIPESTATUS[0]})"
     echo
-    say "is this node ready for GPU checkpoint/restore? (paste to run again$([ "$mode" = sim ] && echo '; the variables point the tool at the simulated GPUs'))"
+    local check rc=0
+    check=$(env "${envs[@]}" "$cli" node --check 2>&1) || rc=$?
+    say "is this node ready for GPU checkpoint/restore in production? \`node --check\` looks for what a GPU node needs:"
+    say "the package installed and in the libdir of every CRIU caller, CRIU on the host, the NVIDIA driver's checkpoint"
+    say "API, persistence mode, the runtimes' restore settings, CRIU's network lock (iptables) and CDI specs."
     echo "    ${prefix}$cli node --check"
-    local rc=0
-    env "${envs[@]}" "$cli" node --check 2>&1 | sed 's/^/    /' || rc=${PIPESTATUS[0]}
-    if [ "$rc" -ne 0 ]; then
-        say "the node check says NOT ready (exit $rc): expected on a machine where the package is not installed and"
-        say "CRIU runs from the test root; each FAIL line names its fix (docs/USER-GUIDE.md, section 7.4)"
+    if [ "$mode" = gpu ]; then
+        printf '%s\n' "$check" | sed 's/^/    /'
+        [ "$rc" -eq 0 ] || say "not ready (exit $rc): each FAIL line names its fix (docs/USER-GUIDE.md section 7.4); the plugin and libdir lines fail until the package is installed (the demo gave CRIU the plugin it built, with --libdir)"
+        return 0
     fi
+    # Sim mode: the verdict of each check by name. On a machine without the package, CRIU or a GPU (this one) the
+    # FAIL lines are expected and say nothing about the demo; pasting the command shows each line with its fix.
+    local verdicts
+    verdicts=$(printf '%s\n' "$check" | awk '
+        $1 == "FAIL" || $1 == "WARN" || $1 == "ok" { names[$1] = names[$1] (names[$1] == "" ? "" : ", ") $2 }
+        END {
+            split("FAIL WARN ok", order, " ")
+            for (i = 1; i <= 3; i++) if (order[i] in names) printf "%s%s %s", (n++ ? "; " : ""), order[i], names[order[i]]
+            print ""
+        }')
+    echo "    here (exit $rc): $verdicts"
+    say "expected on this machine, which is no GPU node: the package is not installed (the demo gave CRIU the plugin it"
+    say "built, with --libdir), CRIU runs from the Debian test root, not from the host, and what only containers and real"
+    say "GPUs need (CRIU's network lock, persistence mode, CDI specs) is not here; the driver's checks see the simulated"
+    say "GPUs. On a GPU node, after \`sudo apt install ./criu-cuda-migrate_*.deb\`, run \`sudo criu-cuda-migrate node"
+    say "--check\`: each FAIL line names its fix (docs/USER-GUIDE.md section 7.4)."
     return 0
 }
 
