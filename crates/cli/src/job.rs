@@ -12,7 +12,7 @@ use std::collections::BTreeSet;
 use std::time::Duration;
 
 use ccm_driver::rm::{PidMemoryReport, VideoMemory};
-use ccm_engine::sharing::{importers_in, verdict, SharingFacts, SharingVerdict};
+use ccm_engine::sharing::{importers_in, verdict, SharingVerdict};
 use ccm_identity::{GpuIdentity, HostPid, PciAddress};
 use serde::Serialize;
 
@@ -81,11 +81,10 @@ pub fn run(pid: i32, json: bool) -> CliResult {
     let rm = ccm_driver::rm::video_memory_within(&tree, RM_DEADLINE);
     let rows: Vec<ProcessRow> = tree.iter().map(|&p| row(p, rm.as_ref().ok(), &node_gpus)).collect();
     let cuda_pids: Vec<HostPid> = rows.iter().filter(|r| r.cuda).filter_map(|r| HostPid::new(r.pid.into())).collect();
-    let facts: Result<SharingFacts, String> = rm
-        .as_ref()
-        .map(|r| importers_in(r, |pci| node_gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid)))
-        .map_err(|e| format!("the resource manager: {e}"));
-    let v = verdict(&cuda_pids, facts.as_ref().map_err(String::as_str), config.ipc, config.multi_process);
+    let facts = rm.as_ref().map(|r| importers_in(r, |pci| node_gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid)));
+    // Why the importer check could not run, as the verdict's lines name it.
+    let unchecked = facts.as_ref().err().map(|e| format!("the resource manager: {e}")).unwrap_or_default();
+    let v = verdict(&cuda_pids, facts.as_ref().map_err(|_| unchecked.as_str()), config.ipc, config.multi_process);
     let importers: BTreeSet<u32> = match &facts {
         Ok(f) => f.importers.iter().map(|i| i.pid.get()).collect(),
         Err(_) => BTreeSet::new(),

@@ -143,12 +143,12 @@ pub fn run(pid: i32, json: bool) -> CliResult {
             |d| serde_json::json!({"step": d.step.name(), "ok": d.error.is_none(), "seconds": d.elapsed.as_secs_f64()}),
         )
         .collect();
-    let mut r: Result<(), String> = Ok(());
+    let mut r: Result<(), StepFailed> = Ok(());
     for d in &done {
         match &d.error {
             None if !json => println!("pid {pid}: {} done ({:.3} s)", d.step.name(), d.elapsed.as_secs_f64()),
             None => {}
-            Some(e) => r = Err(format!("pid {pid}: {} failed: {e}", d.step.name())),
+            Some(e) => r = Err(StepFailed { pid, step: d.step, error: e.clone() }),
         }
     }
     if json {
@@ -156,7 +156,7 @@ pub fn run(pid: i32, json: bool) -> CliResult {
             "{}",
             serde_json::json!({
                 "pid": pid.get(), "before": before.to_string(), "steps": steps, "after": after,
-                "ok": r.is_ok(), "error": r.as_ref().err(),
+                "ok": r.is_ok(), "error": r.as_ref().err().map(ToString::to_string),
             })
         );
         // The one document is out: a failure only sets the exit code.
@@ -172,8 +172,17 @@ pub fn run(pid: i32, json: bool) -> CliResult {
             println!("pid {pid}: {after}");
             Ok(())
         }
-        Err(e) => Err(Failure::Refused(e)),
+        Err(e) => Err(Failure::Refused(e.to_string())),
     }
+}
+
+/// A step of the put-back that the driver failed, with the driver's text.
+#[derive(Debug, thiserror::Error)]
+#[error("pid {pid}: {} failed: {error}", .step.name())]
+struct StepFailed {
+    pid: HostPid,
+    step: Step,
+    error: String,
 }
 
 #[cfg(test)]

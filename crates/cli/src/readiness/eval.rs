@@ -5,8 +5,12 @@
 //! quoted from it into a line is escaped ([`esc`]) and shortened.
 
 use std::collections::{BTreeMap, BTreeSet};
+use std::time::Duration;
 
+use ccm_driver::cuda::LoadError;
+use ccm_driver::nvml::NvmlFailure;
 use ccm_identity::GpuIdentity;
+use ccm_process::dir::FileError;
 use serde::Serialize;
 
 /// Where the Debian package installs the plugin (packaging/build-deb.sh), alone in its libdir.
@@ -66,8 +70,31 @@ pub struct NvmlFacts {
     pub gpus: Vec<GpuIdentity>,
 }
 
+/// Why the check has no answer of the driver's to one of its questions (NVML's GPU list, libcuda's checkpoint
+/// API), asked in this process on a thread of its own.
+#[derive(Debug, thiserror::Error)]
+pub enum ProbeError {
+    /// NVML's own failure.
+    #[error(transparent)]
+    Nvml(NvmlFailure),
+    /// libcuda's own failure (its load, or a missing checkpoint function).
+    #[error(transparent)]
+    Libcuda(LoadError),
+    #[error(
+        "{what} did not answer within {} s: the driver is stuck (a GPU in a bad state, or a driver update under \
+         way); see `dmesg` for NVRM lines and `nvidia-smi`",
+        .deadline.as_secs()
+    )]
+    Stuck { what: &'static str, deadline: Duration },
+    #[error("{what}: no answer (the thread asking the driver could not start or ended)")]
+    NoAnswer { what: &'static str },
+    /// The check did not ask (facts gathered for another purpose).
+    #[error("not asked")]
+    NotAsked,
+}
+
 /// Everything the check looks at, gathered by the I/O layer (`gather.rs`).
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Facts {
     /// Whether the check runs as root (`criu check` needs it).
     pub is_root: bool,
@@ -77,14 +104,14 @@ pub struct Facts {
     pub runc: bool,
     pub crun: bool,
     /// The package's plugin file: whether it is a regular file.
-    pub package_plugin: Result<bool, String>,
+    pub package_plugin: Result<bool, FileError>,
     /// Each libdir that some caller's CRIU uses ([`libdirs_to_list`]), listed.
     pub libdirs: BTreeMap<String, Listing>,
     pub criu_version: CmdFact,
     pub criu_check: CmdFact,
-    pub nvml: Result<NvmlFacts, String>,
+    pub nvml: Result<NvmlFacts, ProbeError>,
     /// libcuda with the checkpoint API: its path, or why not.
-    pub checkpoint_api: Result<String, String>,
+    pub checkpoint_api: Result<String, ProbeError>,
     /// `nvidia-smi --query-gpu=uuid,persistence_mode --format=csv,noheader`.
     pub persistence: CmdFact,
     /// containerd's `--version` and `/etc/containerd/config.toml`; `None` when containerd is not installed.
@@ -245,8 +272,8 @@ impl Facts {
             libdirs: BTreeMap::new(),
             criu_version: CmdFact::NotFound,
             criu_check: CmdFact::NotFound,
-            nvml: Err("not asked".into()),
-            checkpoint_api: Err("not asked".into()),
+            nvml: Err(ProbeError::NotAsked),
+            checkpoint_api: Err(ProbeError::NotAsked),
             persistence: CmdFact::NotFound,
             containerd: None,
             crio: None,
@@ -297,7 +324,7 @@ fn check_plugin(f: &Facts, out: &mut Vec<Line>) {
                 ));
             }
         }
-        Err(e) => out.push(warn("plugin", format!("{pkg}: {}", esc(e)), "check that file by hand")),
+        Err(e) => out.push(warn("plugin", format!("{pkg}: {}", esc(&e.to_string())), "check that file by hand")),
     }
 }
 
@@ -478,7 +505,7 @@ fn check_driver(f: &Facts, out: &mut Vec<Line>) {
         }
         Err(e) => out.push(fail(
             "driver",
-            format!("NVML: {}", esc(e)),
+            format!("NVML: {}", esc(&e.to_string())),
             "install the NVIDIA driver (r580 or newer) with its libnvidia-ml.so.1",
         )),
     }
@@ -492,7 +519,7 @@ fn check_driver(f: &Facts, out: &mut Vec<Line>) {
         )),
         Err(e) => out.push(fail(
             "checkpoint-api",
-            format!("libcuda's checkpoint API: {}", esc(e)),
+            format!("libcuda's checkpoint API: {}", esc(&e.to_string())),
             "install driver r580 or newer (its libcuda.so.1 exports cuCheckpointProcessLock and the rest)",
         )),
     }
@@ -545,14 +572,23 @@ fn check_persistence(f: &Facts, out: &mut Vec<Line>) {
 /// it (a key inside a `"""` string is text, `"key "` is another name than `key`, a key set twice is an
 /// error). `Err` is why the file is no TOML, with its line and column: neither runtime starts with such
 /// a file.
-pub fn parse_toml(text: &str) -> Result<toml::Table, String> {
+pub fn parse_toml(text: &str) -> Result<toml::Table, TomlSyntaxError> {
     text.parse::<toml::Table>().map_err(|e| {
         let at = e.span().map(|r| r.start).unwrap_or(0).min(text.len());
         let before = text.get(..at).unwrap_or("");
         let line = before.matches('\n').count() + 1;
         let column = before.rsplit('\n').next().map_or(0, |l| l.chars().count()) + 1;
-        format!("line {line}, column {column}: {}", e.message().trim())
+        TomlSyntaxError { line, column, message: e.message().trim().to_string() }
     })
+}
+
+/// Where and why a file is no TOML (the `toml` crate's message, placed by line and column).
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("line {line}, column {column}: {message}")]
+pub struct TomlSyntaxError {
+    pub line: usize,
+    pub column: usize,
+    pub message: String,
 }
 
 /// The value at `path` (table names, then the key), if every step is there.
@@ -695,7 +731,7 @@ fn containerd_config_line(a: u32, b: u32, text: &str, fix: &str) -> Line {
                 format!(
                     "containerd {a}.{b}: /etc/containerd/config.toml is not valid TOML ({}): containerd refuses to \
                      start with it (`failed to unmarshal TOML`), so nothing is restored through CRI",
-                    esc(&why)
+                    esc(&why.to_string())
                 ),
                 format!(
                     "correct the file (`python3 -c 'import tomllib; tomllib.load(open(\"/etc/containerd/config.toml\", \
@@ -821,7 +857,7 @@ fn check_crio(f: &Facts, out: &mut Vec<Line>) {
                             format!(
                                 "{shown_version}: {} is not valid TOML ({}): CRI-O refuses to start with it",
                                 esc(name),
-                                esc(&why)
+                                esc(&why.to_string())
                             ),
                             "correct the file (Python's `tomllib` names the same place), then `sudo systemctl restart crio`",
                         ));

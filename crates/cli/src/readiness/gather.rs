@@ -10,9 +10,11 @@ use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
+use ccm_driver::cuda::LoadError;
+use ccm_driver::nvml::NvmlFailure;
 use ccm_process::dir::{Dir, EntryKind, FileError};
 
-use super::eval::{self, CmdFact, Facts, FileFact, Listing, NvmlFacts};
+use super::eval::{self, CmdFact, Facts, FileFact, Listing, NvmlFacts, ProbeError};
 
 /// Largest configuration file read (CRIU's, containerd's, CRI-O's).
 const MAX_CONFIG_BYTES: u64 = 1 << 20;
@@ -253,21 +255,20 @@ fn is_root() -> bool {
 
 /// The driver as the command-line tool sees it: NVML and libcuda loaded in this process (the
 /// libraries `CRIU_CUDA_MIGRATE_LIBNVML` / `_LIBCUDA` name, else the loader's), as `node` does.
-type DriverFacts = (Result<NvmlFacts, String>, Result<String, String>);
+type DriverFacts = (Result<NvmlFacts, ProbeError>, Result<String, ProbeError>);
 
-fn nvml_facts() -> Result<NvmlFacts, String> {
+fn nvml_facts() -> Result<NvmlFacts, NvmlFailure> {
     let libs = ccm_engine::Config::driver_libs_in_env();
-    ccm_driver::nvml::Nvml::init(libs.libnvml.as_deref()).map_err(|e| e.to_string()).and_then(|n| {
-        let gpus = n.gpus().map_err(|e| e.to_string())?;
-        Ok(NvmlFacts { driver_version: n.driver_version().unwrap_or_default(), gpus })
-    })
+    let n = ccm_driver::nvml::Nvml::init(libs.libnvml.as_deref())?;
+    let gpus = n.gpus()?;
+    Ok(NvmlFacts { driver_version: n.driver_version().unwrap_or_default(), gpus })
 }
 
-fn checkpoint_api_fact() -> Result<String, String> {
+fn checkpoint_api_fact() -> Result<String, LoadError> {
     let libs = ccm_engine::Config::driver_libs_in_env();
-    ccm_driver::Libcuda::load(libs.libcuda.as_deref()).map_err(|e| e.to_string()).and_then(|lib| {
-        ccm_driver::checkpoint::CheckpointApi::new(&lib).map(|_| lib.path().to_string()).map_err(|e| e.to_string())
-    })
+    let lib = ccm_driver::Libcuda::load(libs.libcuda.as_deref())?;
+    ccm_driver::checkpoint::CheckpointApi::new(&lib)?;
+    Ok(lib.path().to_string())
 }
 
 /// The driver's answers, asked on threads of their own as soon as the check starts (as `recover`
@@ -275,8 +276,8 @@ fn checkpoint_api_fact() -> Result<String, String> {
 /// which takes what came by the deadline and names what did not. A thread still stuck in the
 /// driver is left behind; the process's exit ends it.
 pub struct DriverProbe {
-    nvml: mpsc::Receiver<Result<NvmlFacts, String>>,
-    api: mpsc::Receiver<Result<String, String>>,
+    nvml: mpsc::Receiver<Result<NvmlFacts, NvmlFailure>>,
+    api: mpsc::Receiver<Result<String, LoadError>>,
     until: Instant,
     deadline: Duration,
 }
@@ -295,23 +296,25 @@ impl DriverProbe {
         DriverProbe { nvml, api, until: Instant::now() + deadline, deadline }
     }
 
-    fn wait<T>(&self, rx: &mpsc::Receiver<Result<T, String>>, what: &str) -> Result<T, String> {
+    fn wait<T, E>(
+        &self,
+        rx: &mpsc::Receiver<Result<T, E>>,
+        what: &'static str,
+        failed: impl FnOnce(E) -> ProbeError,
+    ) -> Result<T, ProbeError> {
         match rx.recv_timeout(self.until.saturating_duration_since(Instant::now())) {
-            Ok(r) => r,
-            Err(mpsc::RecvTimeoutError::Timeout) => Err(format!(
-                "{what} did not answer within {} s: the driver is stuck (a GPU in a bad state, or a driver \
-                 update under way); see `dmesg` for NVRM lines and `nvidia-smi`",
-                self.deadline.as_secs()
-            )),
-            Err(mpsc::RecvTimeoutError::Disconnected) => {
-                Err(format!("{what}: no answer (the thread asking the driver could not start or ended)"))
-            }
+            Ok(r) => r.map_err(failed),
+            Err(mpsc::RecvTimeoutError::Timeout) => Err(ProbeError::Stuck { what, deadline: self.deadline }),
+            Err(mpsc::RecvTimeoutError::Disconnected) => Err(ProbeError::NoAnswer { what }),
         }
     }
 
     /// What the driver answered by the deadline.
     pub fn facts(&self) -> DriverFacts {
-        (self.wait(&self.nvml, "nvmlInit and the GPU list"), self.wait(&self.api, "loading libcuda"))
+        (
+            self.wait(&self.nvml, "nvmlInit and the GPU list", ProbeError::Nvml),
+            self.wait(&self.api, "loading libcuda", ProbeError::Libcuda),
+        )
     }
 }
 
@@ -341,7 +344,7 @@ pub fn gather(root: &Root, deadlines: Deadlines) -> Facts {
     let package_plugin = match root.open_dir(eval::PACKAGE_LIBDIR).and_then(|d| d.kind_of(eval::PACKAGE_PLUGIN)) {
         Ok(k) => Ok(k == Some(EntryKind::Regular)),
         Err(FileError::Missing { .. }) => Ok(false),
-        Err(e) => Err(e.to_string()),
+        Err(e) => Err(e),
     };
     let libdirs =
         eval::libdirs_to_list(&criu_conf, runc, crun).into_iter().map(|d| (d.clone(), root.list(&d))).collect();

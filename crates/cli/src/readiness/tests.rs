@@ -1,6 +1,8 @@
 //! The evaluation, one wrong setting at a time against a node that is right in everything.
 
 use super::eval::*;
+use ccm_driver::cuda::LoadError;
+use ccm_driver::nvml::NvmlFailure;
 use ccm_identity::{GpuIdentity, GpuUuid, PciAddress};
 use std::collections::BTreeMap;
 
@@ -199,8 +201,11 @@ fn criu_missing_old_or_failing_its_check() {
 #[test]
 fn no_driver_an_old_driver_or_no_checkpoint_api() {
     let mut f = good();
-    f.nvml = Err("cannot initialise NVML from libnvidia-ml.so.1".into());
-    assert_verdict(&f, "driver", Verdict::Fail, "cannot initialise NVML");
+    f.nvml = Err(ProbeError::Nvml(NvmlFailure::Untrusted {
+        lib: "lib/libnvidia-ml.so.1".into(),
+        why: ccm_driver::libfile::LibFileError::Relative,
+    }));
+    assert_verdict(&f, "driver", Verdict::Fail, "refusing to load NVML from lib/libnvidia-ml.so.1");
     let mut f = good();
     f.nvml = Ok(NvmlFacts { driver_version: "550.54.15".into(), gpus: vec![gpu(0)] });
     assert_verdict(&f, "driver", Verdict::Fail, "no checkpoint API");
@@ -211,8 +216,9 @@ fn no_driver_an_old_driver_or_no_checkpoint_api() {
     f.nvml = Ok(NvmlFacts { driver_version: "580.1".into(), gpus: vec![] });
     assert_verdict(&f, "gpus", Verdict::Fail, "NVML lists no GPU");
     let mut f = good();
-    f.checkpoint_api = Err("libcuda.so.1 lacks cuCheckpointProcessLock".into());
-    assert_verdict(&f, "checkpoint-api", Verdict::Fail, "lacks cuCheckpointProcessLock");
+    f.checkpoint_api =
+        Err(ProbeError::Libcuda(LoadError::Symbol { path: "libcuda.so.1".into(), symbol: "cuCheckpointProcessLock" }));
+    assert_verdict(&f, "checkpoint-api", Verdict::Fail, "has no symbol cuCheckpointProcessLock");
 }
 
 #[test]
@@ -384,7 +390,7 @@ fn parsers() {
     );
     let t = parse_toml("a = 1\n[x . 'y.z']\nk = \"v # not a comment\" # comment\n").unwrap();
     assert_eq!(toml_get(&t, &["x", "y.z", "k"]).and_then(|v| v.as_str()), Some("v # not a comment"));
-    assert_eq!(parse_toml("a = 1\nb = [\n").unwrap_err().split(':').next(), Some("line 3, column 1"));
+    assert_eq!(parse_toml("a = 1\nb = [\n").unwrap_err().to_string().split(':').next(), Some("line 3, column 1"));
     assert_eq!(
         parse_persistence("GPU-1, Enabled\nGPU-2, Disabled\n[N/A]\n"),
         vec![("GPU-1".into(), true), ("GPU-2".into(), false)]
@@ -573,7 +579,7 @@ fn nfd_labels_say_the_verdict() {
     );
     let mut f = good();
     f.containerd = Some((ran("containerd github.com/containerd/containerd/v2 v2.2.1 x\n"), FileFact::Absent));
-    f.nvml = Err("no driver".into());
+    f.nvml = Err(ProbeError::NoAnswer { what: "nvmlInit and the GPU list" });
     f.criu_version = CmdFact::NotFound;
     let l = labels(&f, &evaluate(&f));
     assert_eq!(l, vec![("ready", "false".to_string()), ("cri-restore", "off".to_string())]);
