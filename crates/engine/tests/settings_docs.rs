@@ -29,3 +29,23 @@ fn the_user_guide_and_the_architecture_list_every_setting() {
     check("docs/USER-GUIDE.md", include_str!("../../../docs/USER-GUIDE.md"));
     check("docs/ARCHITECTURE.md", include_str!("../../../docs/ARCHITECTURE.md"));
 }
+
+/// The README's plugin-options table: one row per setting, with its option key, its variable and when it applies.
+#[test]
+fn the_readme_lists_every_setting_as_a_plugin_option() {
+    let readme = include_str!("../../../README.md");
+    let rows: Vec<Vec<&str>> = readme
+        .lines()
+        .filter(|l| l.starts_with("| `criu-cuda-migrate."))
+        .map(|l| l.split(" | ").map(|c| c.trim_matches(|ch| ch == '|' || ch == ' ')).collect())
+        .collect();
+    for s in ALL {
+        let key = format!("`{}", s.option_name());
+        let row =
+            rows.iter().find(|r| r[0].strip_prefix(key.as_str()).is_some_and(|rest| rest.starts_with(['=', '[', '`'])));
+        let row = row.unwrap_or_else(|| panic!("README's plugin-options table lacks {}", s.option_name()));
+        assert_eq!(row.get(1).copied(), Some(format!("`{}`", s.env).as_str()), "README's row of {}", s.option_name());
+        assert_eq!(row.get(2).copied(), Some(s.at), "README's row of {}: when it applies", s.option_name());
+    }
+    assert_eq!(rows.len(), ALL.len(), "README's plugin-options table has rows for no setting: {rows:?}");
+}
