@@ -27,6 +27,9 @@ pub struct Node {
     nvml: OnceLock<NvmlView>,
     /// Each GPU's memory as NVML told it when the restore's preflight asked (`None` at dump).
     memory: Option<Result<Vec<GpuMemory>, AgentError>>,
+    /// NVML's answers by bus id, asked once per node: every process's validation asks the same G
+    /// questions, which cost a round trip to the agent each (N x G of them for N processes before).
+    at_pci: std::sync::Mutex<std::collections::BTreeMap<PciAddress, Option<GpuUuid>>>,
 }
 
 struct NvmlView {
@@ -66,6 +69,7 @@ impl Node {
             cuda_driver_version: d.cuda_driver_version,
             nvml: OnceLock::new(),
             memory: None,
+            at_pci: Default::default(),
         })
     }
 
@@ -225,8 +229,15 @@ impl Node {
         if !self.nvml().ok {
             return None;
         }
+        if let Some(known) = self.at_pci.lock().unwrap_or_else(|p| p.into_inner()).get(pci) {
+            return *known;
+        }
         match self.agent.uuid_at_pci(*pci) {
-            Ok(u) => u,
+            Ok(u) => {
+                self.at_pci.lock().unwrap_or_else(|p| p.into_inner()).insert(*pci, u);
+                u
+            }
+            // Not kept: a later question may get an answer.
             Err(e) => {
                 // The restore's preflight did not wait for NVML: its failure shows here, where it is needed.
                 warn!("NVML through the driver agent, asked which GPU is at {pci}: {e}");
