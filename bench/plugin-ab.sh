@@ -21,8 +21,9 @@ CRIU_ROOT=${CCM_CRIU_ROOT:-/opt/criu}
 CRIU_BIN=$CRIU_ROOT/usr/sbin/criu
 CRIU_LIBS=$CRIU_ROOT/usr/lib/x86_64-linux-gnu
 CRIU_TIMEOUT=120
-A_DIR=${1:?usage: plugin-ab.sh A_PLUGIN_DIR B_PLUGIN_DIR [ROUNDS]}
-B_DIR=${2:?usage: plugin-ab.sh A_PLUGIN_DIR B_PLUGIN_DIR [ROUNDS]}
+# Absolute: CRIU resolves --libdir after it changed into its work directory.
+A_DIR=$(realpath -e "${1:?usage: plugin-ab.sh A_PLUGIN_DIR B_PLUGIN_DIR [ROUNDS]}") || exit 2
+B_DIR=$(realpath -e "${2:?usage: plugin-ab.sh A_PLUGIN_DIR B_PLUGIN_DIR [ROUNDS]}") || exit 2
 ROUNDS=${3:-7}
 TSV=$OUT_DIR/plugin-ab.tsv
 
@@ -57,9 +58,15 @@ one() {
         done
     done
     tree=$(descendants "$root")
-    criu_cmd -- dump -t "$root" -D "$d/img" --libdir "$dir" -v4 -o dump.log >/dev/null 2>&1 || log "$variant $shape $round: dump failed"
+    if ! criu_cmd -- dump -t "$root" -D "$d/img" --libdir "$dir" -v4 -o dump.log >/dev/null 2>&1; then
+        log "$variant $shape $round: dump failed: $(grep -m2 'Error' "$d/img/dump.log" | tr '\n' ' ' | cut -c1-300)"
+        cp "$d/img/dump.log" "$OUT_DIR/failed-$variant-$shape-$round-dump.log" 2>/dev/null
+        cleanup_processes
+        return
+    fi
     for p in $tree; do wait_gone "$p" 30; done
-    criu_cmd -- restore -d -D "$d/img" --libdir "$dir" -v4 -o restore.log >/dev/null 2>&1 || log "$variant $shape $round: restore failed"
+    criu_cmd -- restore -d -D "$d/img" --libdir "$dir" -v4 -o restore.log >/dev/null 2>&1 ||
+        log "$variant $shape $round: restore failed: $(grep -m2 'Error' "$d/img/restore.log" | tr '\n' ' ' | cut -c1-300)"
     track "$root"
     grep -h -o 'timing: [A-Z_a-z]*([a-z0-9 ]*) [0-9.]* s' "$d/img/dump.log" "$d/img/restore.log" |
         sed -E 's/timing: ([A-Za-z_]+)\((pid )?[0-9]+\)/\1/; s/timing: ([a-z]+)\(([a-z]+)\)/\1(\2)/; s/ s$//' |
