@@ -139,6 +139,20 @@ EOF
     mv "$file.tmp" "$file"
 }
 
+# runc_conf_with_plugin HYBRID NOTES: /etc/criu/runc.conf as the user guide has it (the plugin's libdir line from the
+# package's example; on a hybrid cgroup v1 host also manage-cgroups=ignore, noted in NOTES), no default.conf.
+runc_conf_with_plugin() {
+    mkdir -p /etc/criu
+    rm -f /etc/criu/default.conf
+    {
+        grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
+        [ "$1" = 1 ] && echo 'manage-cgroups=ignore'
+    } >/etc/criu/runc.conf
+    if [ "$1" = 1 ]; then
+        echo "runc.conf: manage-cgroups=ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$2"
+    fi
+}
+
 # sim_stack SIM SIM-BIN G0 G1: the doubles' directory (tests/sim/stack.sh's layout): SIM/lib with libcuda.so.1 and
 # libnvidia-ml.so.1 from SIM-BIN, SIM/gpus.json with two H200s (G0 at 0000:06:00.0, minor 0; G1 at 0000:07:00.0,
 # minor 1), an empty SIM/state.

@@ -195,14 +195,8 @@ install_with_cgroup2 step || exit 0
 echo "$HYBRID" >"$S/hybrid"
 
 # --- CRIU: the plugin's libdir line in /etc/criu/runc.conf only
-mkdir -p /etc/criu
-rm -f /etc/criu/default.conf
-{
-    grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
-    [ "$HYBRID" = 1 ] && echo 'manage-cgroups=ignore'
-} >/etc/criu/runc.conf
+runc_conf_with_plugin "$HYBRID" "$S/host-adjustments.txt"
 cp /etc/criu/runc.conf "$S/runc.conf"
-[ "$HYBRID" = 1 ] && echo "runc.conf: manage-cgroups=ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$S/host-adjustments.txt"
 
 # --- the simulated stack (tests/sim/stack.sh's layout): two H200s at 0000:06:00.0 and 0000:07:00.0
 mkdir -p "$W/lib" "$W/bin" "$W/state"

@@ -270,13 +270,7 @@ install_with_cgroup2 step || exit 0
 echo "$HYBRID" >"$S/hybrid"
 
 # --- CRIU: the plugin's libdir line in /etc/criu/runc.conf only
-mkdir -p /etc/criu
-rm -f /etc/criu/default.conf
-{
-    grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
-    [ "$HYBRID" = 1 ] && echo 'manage-cgroups=ignore'
-} >/etc/criu/runc.conf
-[ "$HYBRID" = 1 ] && echo "runc.conf: manage-cgroups=ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$S/host-adjustments.txt"
+runc_conf_with_plugin "$HYBRID" "$S/host-adjustments.txt"
 
 # --- the simulated stack: the doubles, the workload, the two nodes' GPU sets, the legacy hook's stand-in
 mkdir -p "$W/lib" "$W/bin" "$W/state"

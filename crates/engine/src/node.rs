@@ -260,8 +260,8 @@ fn memory_from_rm(agent: &dyn DriverAgent, listed: &[GpuIdentity]) -> Option<(Ve
             return None;
         }
     };
-    let mut gpus = Vec::with_capacity(listed.len());
-    let mut memory = Vec::with_capacity(listed.len());
+    let mut gpus = Vec::new();
+    let mut memory = Vec::new();
     for g in listed {
         let Some(fb) = report.gpus.iter().find(|f| f.pci == g.pci) else {
             debug!("the resource manager reports no memory of GPU {} at {}; NVML's instead", g.uuid, g.pci);
