@@ -12,9 +12,11 @@ use std::ffi::{c_char, c_int, c_uint, c_void};
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::{Mutex, MutexGuard, Once};
 
+use ccm_engine::claims::Claim;
 use ccm_engine::dump::DumpSession;
 use ccm_engine::restore::RestoreSession;
 use ccm_engine::{Config, HookOutcome};
+use ccm_identity::claims::{DevNumber, DevType};
 use criu_plugin_sys as sys;
 use log::{debug, error, info, warn};
 
@@ -47,6 +49,10 @@ unsafe impl Sync for PluginDescriptor {}
 
 const fn hooks() -> [*mut c_void; HOOK_COUNT] {
     let mut h = [std::ptr::null_mut(); HOOK_COUNT];
+    h[sys::CR_PLUGIN_HOOK__DUMP_EXT_FILE as usize] = dump_ext_file as *mut c_void;
+    h[sys::CR_PLUGIN_HOOK__RESTORE_EXT_FILE as usize] = restore_ext_file as *mut c_void;
+    h[sys::CR_PLUGIN_HOOK__HANDLE_DEVICE_VMA as usize] = handle_device_vma as *mut c_void;
+    h[sys::CR_PLUGIN_HOOK__UPDATE_VMA_MAP as usize] = update_vma_map as *mut c_void;
     h[sys::CR_PLUGIN_HOOK__RESUME_DEVICES_LATE as usize] = resume_devices_late as *mut c_void;
     h[sys::CR_PLUGIN_HOOK__PAUSE_DEVICES as usize] = pause_devices as *mut c_void;
     h[sys::CR_PLUGIN_HOOK__CHECKPOINT_DEVICES as usize] = checkpoint_devices as *mut c_void;
@@ -261,6 +267,142 @@ extern "C" fn resume_devices_late(pid: c_int) -> c_int {
     })
 }
 
+/// CRIU's answer for a claim (HANDLE_DEVICE_VMA, DUMP_EXT_FILE), with a timing line when it was ours.
+fn claim_code(hook: &str, what: std::fmt::Arguments<'_>, claim: Claim, started: std::time::Instant) -> c_int {
+    match claim {
+        Claim::NotMine => -libc::ENOTSUP,
+        Claim::Mine => {
+            info!("timing: {hook}({what}) {:.4} s in the plugin", started.elapsed().as_secs_f64());
+            0
+        }
+        Claim::Refused(e) => {
+            error!("{hook}({what}) failed: {e}");
+            -libc::EIO
+        }
+    }
+}
+
+/// The device number of a `stat` CRIU hands over.
+fn dev_number(mode: libc::mode_t, rdev: libc::dev_t) -> Option<DevNumber> {
+    let kind = match mode & libc::S_IFMT {
+        libc::S_IFCHR => DevType::Char,
+        libc::S_IFBLK => DevType::Block,
+        _ => return None,
+    };
+    Some(DevNumber { kind, major: libc::major(rdev), minor: libc::minor(rdev) })
+}
+
+/// HANDLE_DEVICE_VMA (dump): "is this device mapping yours?" 0 makes it a plugin mapping whose content
+/// CRIU does not dump; an NVIDIA node held by a forked process (recorded at its CHECKPOINT_DEVICES) is.
+extern "C" fn handle_device_vma(fd: c_int, st: *const libc::stat) -> c_int {
+    guard("HANDLE_DEVICE_VMA", -libc::EIO, || {
+        let started = std::time::Instant::now();
+        if st.is_null() {
+            return -libc::ENOTSUP;
+        }
+        // SAFETY: CRIU passes the `struct stat` of the mapped file (proc_parse.c, handle_vma_plugin), valid
+        // for the length of the call; it is only read here.
+        let (mode, rdev) = unsafe { ((*st).st_mode, (*st).st_rdev) };
+        let Some(number) = dev_number(mode, rdev) else { return -libc::ENOTSUP };
+        let claim = match &mut *session() {
+            Session::Dump(d) => d.handle_device_vma(number),
+            _ => Claim::NotMine,
+        };
+        claim_code("HANDLE_DEVICE_VMA", format_args!("fd {fd}, {number}"), claim, started)
+    })
+}
+
+/// DUMP_EXT_FILE (dump): an open file CRIU cannot dump; an NVIDIA node of a forked process is claimed
+/// and recorded (its node, its GPU, its open flags) for RESTORE_EXT_FILE.
+extern "C" fn dump_ext_file(fd: c_int, id: c_int) -> c_int {
+    guard("DUMP_EXT_FILE", -libc::EIO, || {
+        let started = std::time::Instant::now();
+        let facts = ccm_process::claims::with_borrowed(fd, |f| {
+            (ccm_process::claims::device_of_fd(f), ccm_process::claims::open_flags_of_fd(f))
+        });
+        let (Some((Some(number), Some(flags))), Ok(id)) = (facts, u32::try_from(id)) else { return -libc::ENOTSUP };
+        let claim = match &mut *session() {
+            Session::Dump(d) => d.dump_ext_file(id, number, flags, &host::RunningCriu),
+            _ => Claim::NotMine,
+        };
+        claim_code("DUMP_EXT_FILE", format_args!("file {id:#x}, {number}"), claim, started)
+    })
+}
+
+/// RESTORE_EXT_FILE (restore, in the restored task): the descriptor of a claimed file, opened anew on
+/// this node; CRIU installs it at the task's descriptor number.
+extern "C" fn restore_ext_file(id: c_int) -> c_int {
+    guard("RESTORE_EXT_FILE", -libc::EIO, || {
+        let started = std::time::Instant::now();
+        let Ok(id) = u32::try_from(id) else { return -libc::ENOTSUP };
+        let r = match &*session() {
+            Session::Restore(r) => r.restore_ext_file(id),
+            _ => None,
+        };
+        match r {
+            None => -libc::ENOTSUP,
+            Some(Ok(fd)) => {
+                let raw = ccm_process::claims::into_raw(fd);
+                info!(
+                    "timing: RESTORE_EXT_FILE(file {id:#x}) {:.4} s in the plugin: reopened as fd {raw} in task {}",
+                    started.elapsed().as_secs_f64(),
+                    std::process::id()
+                );
+                raw
+            }
+            Some(Err(e)) => {
+                error!("RESTORE_EXT_FILE(file {id:#x}) failed: {e}");
+                -libc::EIO
+            }
+        }
+    })
+}
+
+/// UPDATE_VMA_MAP (restore, in the restored task): a claimed device mapping gets its placeholder: the
+/// descriptor CRIU maps instead of the device (at offset 0). 1 means "updated".
+extern "C" fn update_vma_map(
+    _path: *const c_char,
+    addr: u64,
+    old_pgoff: u64,
+    new_pgoff: *mut u64,
+    plugin_fd: *mut c_int,
+) -> c_int {
+    guard("UPDATE_VMA_MAP", -libc::EIO, || {
+        let started = std::time::Instant::now();
+        if new_pgoff.is_null() || plugin_fd.is_null() {
+            return -libc::ENOTSUP;
+        }
+        // CRIU runs this hook in the task it restores, in the task's own pid namespace: its pid there is the
+        // one the dump recorded.
+        let ns_pid = std::process::id();
+        let r = match &*session() {
+            Session::Restore(r) => r.update_vma_map(ns_pid, addr),
+            _ => None,
+        };
+        match r {
+            None => -libc::ENOTSUP,
+            Some(Ok(fd)) => {
+                let raw = ccm_process::claims::into_raw(fd);
+                // SAFETY: CRIU passes pointers to its own locals (files-reg.c, open_filemap), valid and
+                // writable for the length of the call; both were checked non-null above.
+                unsafe {
+                    *new_pgoff = 0;
+                    *plugin_fd = raw;
+                }
+                info!(
+                    "timing: UPDATE_VMA_MAP({addr:#x}, offset {old_pgoff:#x}) {:.4} s in the plugin: placeholder fd {raw} in task {ns_pid}",
+                    started.elapsed().as_secs_f64()
+                );
+                1
+            }
+            Some(Err(e)) => {
+                error!("UPDATE_VMA_MAP({addr:#x}) failed: {e}");
+                -libc::EIO
+            }
+        }
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -272,6 +414,10 @@ mod tests {
         assert_eq!(d.max_hooks, 12);
         assert!(d.hooks[sys::CR_PLUGIN_HOOK__PAUSE_DEVICES as usize] == pause_devices as *mut c_void);
         assert!(d.hooks[sys::CR_PLUGIN_HOOK__DUMP_UNIX_SK as usize].is_null());
+        assert!(d.hooks[sys::CR_PLUGIN_HOOK__HANDLE_DEVICE_VMA as usize] == handle_device_vma as *mut c_void);
+        assert!(d.hooks[sys::CR_PLUGIN_HOOK__UPDATE_VMA_MAP as usize] == update_vma_map as *mut c_void);
+        assert!(d.hooks[sys::CR_PLUGIN_HOOK__DUMP_EXT_FILE as usize] == dump_ext_file as *mut c_void);
+        assert!(d.hooks[sys::CR_PLUGIN_HOOK__RESTORE_EXT_FILE as usize] == restore_ext_file as *mut c_void);
         // SAFETY: the name is a 'static C string literal.
         assert_eq!(unsafe { std::ffi::CStr::from_ptr(d.name) }.to_str().unwrap(), "criu-cuda-migrate");
     }

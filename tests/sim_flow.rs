@@ -85,3 +85,12 @@ fn restore_onto_a_full_gpu_is_refused_then_succeeds() {
 fn the_cli_and_the_plugin_give_the_same_preflight_verdicts() {
     run_case("parity");
 }
+
+/// A child forked after cuInit holding NVIDIA nodes (the test doubles' stand-ins: char 10:237 as nvidiactl, a loop
+/// block device as nvidia0, held open and mapped): the job check names it as handled, the dump claims its nodes
+/// and writes them, `inspect` shows them, the restore reopens the descriptors and maps placeholders, and the
+/// child's exit code survives.
+#[test]
+fn a_forked_child_holding_nvidia_nodes_moves() {
+    run_case("forked");
+}

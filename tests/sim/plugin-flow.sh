@@ -5,7 +5,7 @@
 #
 # Runs inside the trixie root: tests/criu-root.sh run tests/sim/plugin-flow.sh BIN_DIR CASE
 #   BIN_DIR  cargo's target dir holding libcriu_cuda_migrate.so, ccm-sample-workload, the doubles
-#   CASE     same | swap | swap-noreconcile | chain3 | refuse | cycle3 | no-plugin | two-procs | memory
+#   CASE     same | swap | swap-noreconcile | chain3 | refuse | cycle3 | no-plugin | two-procs | memory | forked
 # Prints `FLOW <case> OK` and exits 0 when the case shows what it must; exits 1 with logs otherwise.
 set -euo pipefail
 
@@ -317,6 +317,49 @@ two-procs)
     check_agree "$WORK/w0" 1
     check_agree "$WORK/w1" 1
     [ "$(ordinal_uuid "$WORK/w0/report1.json" 0)" = "$G1" ] || fail "process 0 not on $G1"
+    ;;
+forked)
+    # A child forked after cuInit (a DataLoader worker's shape) that holds NVIDIA nodes without a CUDA context.
+    # The test doubles present as the NVIDIA nodes two devices this machine has (docs/TEST-DOUBLES.md):
+    # loop-control (char 10:237) as /dev/nvidiactl, and a loop block device over a scratch file as /dev/nvidia0,
+    # which the child both holds open and maps (a mapping of a device CRIU cannot dump, as the driver's).
+    truncate -s 1M "$WORK/loop.img"
+    [ -e /dev/loop-control ] || mknod /dev/loop-control c 10 237
+    for i in $(seq 0 63); do [ -e "/dev/loop$i" ] || mknod "/dev/loop$i" b 7 "$i"; done
+    loopdev=$(losetup -f --show "$WORK/loop.img") || fail "no free loop device for the stand-in GPU node"
+    trap 'sim_stack_cleanup; losetup -d "$loopdev" 2>/dev/null || true' EXIT
+    n=${loopdev#/dev/loop}
+    mknod /dev/nvidiactl c 10 237
+    mknod /dev/nvidia0 b 7 "$n"
+    export CCM_TEST_DOUBLE_NVIDIA_DEVICES="char:10:237=nvidiactl,block:7:$n=nvidia0"
+    pid=$(WL_ARGS="--forked-child --child-open /dev/nvidiactl,/dev/nvidia0 --child-map /dev/nvidia0:65536" start "$WORK/w0" 0)
+    child=$(cat "$WORK/w0/forked")
+    # The job check names the child as a process without a CUDA context whose nodes are handled, and says ready (it
+    # sees no GPU of the doubles' parent: it reads the kernel driver's list, which the doubles do not fake).
+    "$BIN/criu-cuda-migrate" job --pid "$pid" >"$WORK/job.txt" 2>&1 || fail "job check refused: $(cat "$WORK/job.txt")"
+    grep -Eq "^$child +ccm-sample-work +fork" "$WORK/job.txt" || fail "job check did not mark the child: $(cat "$WORK/job.txt")"
+    grep -q "pid $child (ccm-sample-work): no CUDA context, 2 NVIDIA descriptor(s) and 1 device mapping(s).*: handled" "$WORK/job.txt" ||
+        fail "job check did not name the forked child as handled: $(cat "$WORK/job.txt")"
+    dump "$WORK/img" "$pid"
+    [ -f "$WORK/img/cuda-migrate-devices.img" ] || fail "no device claims written"
+    grep -q "pid $child (ccm-sample-work) is no CUDA process but holds 2 NVIDIA descriptor(s) and 1 device mapping(s)" "$WORK/img/dump.log" ||
+        fail "the dump did not claim the child's nodes"
+    "$BIN/criu-cuda-migrate" inspect "$WORK/img" >"$WORK/inspect.txt" 2>&1 || fail "inspect failed: $(cat "$WORK/inspect.txt")"
+    grep -q "pid $child (ccm-sample-work): 2 GPU descriptor(s), 1 device mapping(s)" "$WORK/inspect.txt" ||
+        fail "inspect does not show the claims: $(cat "$WORK/inspect.txt")"
+    restore "$WORK/img" || fail "criu restore failed"
+    grep -q "RESTORE_EXT_FILE(file .*reopened as fd" "$WORK/img/restore.log" || fail "no descriptor reopened"
+    grep -q "UPDATE_VMA_MAP(.*placeholder fd" "$WORK/img/restore.log" || fail "no placeholder mapped"
+    # The restored child holds the restoring node's nodes again, and a placeholder where the device was mapped.
+    ls -l "/proc/$child/fd" | grep -q " -> /dev/nvidiactl" || fail "restored child lacks /dev/nvidiactl: $(ls -l "/proc/$child/fd")"
+    ls -l "/proc/$child/fd" | grep -q " -> /dev/nvidia0" || fail "restored child lacks /dev/nvidia0"
+    grep -q "criu-cuda-migrate-placeholder" "/proc/$child/maps" || fail "no placeholder in the child's maps: $(cat "/proc/$child/maps")"
+    go "$WORK/w0" 1 >/dev/null
+    check_agree "$WORK/w0" 1
+    : >"$WORK/w0/child-exit"
+    go "$WORK/w0" 2 >/dev/null
+    tr -d ' \n' <"$WORK/w0/report2.json" | grep -q '"forked_child":{"pid":'"$child"',"exit_code":7}' ||
+        fail "the forked child's exit code was not kept: $(cat "$WORK/w0/report2.json")"
     ;;
 *)
     fail "unknown case"

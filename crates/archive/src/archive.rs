@@ -96,6 +96,8 @@ pub struct CheckpointArchive {
     pub reports: Vec<ArchiveFile>,
     /// `spec.dump`, the container's OCI spec (JSON), where the archive has one.
     pub spec: Option<ArchiveFile>,
+    /// `checkpoint/cuda-migrate-devices.img`: what the dump claimed of forked processes' NVIDIA nodes.
+    pub claims: Option<ArchiveFile>,
     /// Whether `checkpoint/inventory.img` is there (CRIU writes it last, so a dump that completed
     /// has it).
     pub has_inventory: bool,

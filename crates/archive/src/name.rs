@@ -29,6 +29,8 @@ pub(crate) enum Role {
     OciIndex,
     /// `blobs/<algorithm>/<name>` (the same): where it lies is noted, its data is not read.
     Blob,
+    /// `checkpoint/cuda-migrate-devices.img`: what the dump claimed of forked processes' NVIDIA nodes.
+    Claims,
     /// Everything else (`config.dump`, `rootfs-diff.tar`, ...).
     Other,
 }
@@ -40,14 +42,26 @@ impl Role {
     pub(crate) fn is_recognized(self) -> bool {
         matches!(
             self,
-            Role::Image | Role::Report | Role::Spec | Role::Inventory | Role::OciLayout | Role::OciIndex | Role::Blob
+            Role::Image
+                | Role::Report
+                | Role::Claims
+                | Role::Spec
+                | Role::Inventory
+                | Role::OciLayout
+                | Role::OciIndex
+                | Role::Blob
         )
     }
 
     pub(crate) fn in_checkpoint(self) -> bool {
         matches!(
             self,
-            Role::Image | Role::Report | Role::Inventory | Role::InCheckpoint | Role::DumpLog { in_checkpoint: true }
+            Role::Image
+                | Role::Report
+                | Role::Claims
+                | Role::Inventory
+                | Role::InCheckpoint
+                | Role::DumpLog { in_checkpoint: true }
         )
     }
 }
@@ -91,6 +105,8 @@ pub(crate) fn role(components: &[&[u8]], is_dir: bool) -> Role {
                 Role::Image
             } else if is_report_file_name(file).is_some() {
                 Role::Report
+            } else if file == ccm_identity::claims::CLAIMS_FILE_NAME {
+                Role::Claims
             } else if file == "inventory.img" {
                 Role::Inventory
             } else if file == "dump.log" && !is_dir {
@@ -191,6 +207,7 @@ mod tests {
         assert_eq!(role_of("checkpoint", true), Role::InCheckpoint);
         assert_eq!(role_of("checkpoint", false), Role::Other);
         assert_eq!(role_of("spec.dump", false), Role::Spec);
+        assert_eq!(role_of("checkpoint/cuda-migrate-devices.img", false), Role::Claims);
         assert_eq!(role_of("./spec.dump", false), Role::Spec);
         assert_eq!(role_of("x/spec.dump", false), Role::Other);
         assert_eq!(role_of("cuda-migrate-5.img", false), Role::Other);

@@ -36,6 +36,7 @@ pub(crate) struct Found {
     pub(crate) images: Vec<ArchiveFile>,
     pub(crate) reports: Vec<ArchiveFile>,
     pub(crate) spec: Option<ArchiveFile>,
+    pub(crate) claims: Option<ArchiveFile>,
     pub(crate) has_inventory: bool,
     pub(crate) has_checkpoint: bool,
     pub(crate) members: usize,
@@ -337,6 +338,7 @@ impl<'a, 'l> Walk<'a, 'l> {
                 Role::Image => Some(("an identity image", MAX_IMAGE_BYTES as u64)),
                 Role::Report => Some(("a restore report", MAX_REPORT_BYTES)),
                 Role::Spec => Some(("the OCI spec (spec.dump)", MAX_SPEC_BYTES)),
+                Role::Claims => Some(("the device claims", ccm_identity::claims::MAX_CLAIMS_BYTES as u64)),
                 Role::OciLayout => Some(("an OCI layout's oci-layout", MAX_OCI_JSON_BYTES)),
                 Role::OciIndex => Some(("an OCI layout's index.json", MAX_OCI_JSON_BYTES)),
                 _ => None,
@@ -368,6 +370,7 @@ impl<'a, 'l> Walk<'a, 'l> {
                 Role::Report => found.reports.push(file),
                 Role::OciLayout => found.oci_layout = Some(file),
                 Role::OciIndex => found.oci_index = Some(file),
+                Role::Claims => found.claims = Some(file),
                 _ => found.spec = Some(file),
             }
         }
@@ -830,6 +833,7 @@ pub(crate) fn finish(path: &Path, compression: Compression, found: Found) -> Res
         images,
         reports,
         spec: found.spec,
+        claims: found.claims,
         has_inventory: found.has_inventory,
         members: found.members,
         bytes_scanned: found.bytes_scanned,

@@ -13,6 +13,7 @@ use std::time::Duration;
 
 use ccm_driver::rm::{PidMemoryReport, VideoMemory};
 use ccm_engine::sharing::{importers_in, verdict, SharingVerdict};
+use ccm_identity::claims::{NvidiaDevices, NvidiaNode};
 use ccm_identity::{GpuIdentity, HostPid, PciAddress};
 use serde::Serialize;
 
@@ -40,6 +41,19 @@ struct ProcessRow {
     cuda: bool,
     importer: bool,
     gpus: Vec<GpuUse>,
+    /// No CUDA context of its own, but NVIDIA descriptors or mappings (a child forked after its parent's
+    /// cuInit): the plugin claims them (reopened, placeholders) and CRIU dumps it.
+    forked_holder: Option<HolderFacts>,
+    #[serde(skip)]
+    holdings: ccm_process::claims::Holdings,
+}
+
+#[derive(Serialize, Clone)]
+struct HolderFacts {
+    descriptors: usize,
+    mappings: usize,
+    /// The CUDA process whose open files it shares (its parent), when the kernel could tell.
+    inherited_from: Option<u32>,
 }
 
 #[derive(Serialize)]
@@ -47,6 +61,8 @@ struct JobReport {
     pid: u32,
     processes: Vec<ProcessRow>,
     cuda_processes: Vec<u32>,
+    /// The importers that are MPS clients.
+    mps_clients: Vec<u32>,
     importer_check: ImporterCheck,
     /// `ready` or `refused`.
     verdict: &'static str,
@@ -79,19 +95,62 @@ pub fn run(pid: i32, json: bool) -> CliResult {
     let config = ccm_engine::Config::from_sources(|k| std::env::var(k).ok(), &[], &[]).map_err(input)?;
     let node_gpus = ccm_driver::procfs::gpus().unwrap_or_default();
     let rm = ccm_driver::rm::video_memory_within(&tree, RM_DEADLINE);
-    let rows: Vec<ProcessRow> = tree.iter().map(|&p| row(p, rm.as_ref().ok(), &node_gpus)).collect();
+    let devices = node_devices(&config);
+    let rows: Vec<ProcessRow> = tree.iter().map(|&p| row(p, rm.as_ref().ok(), &node_gpus, &devices)).collect();
+    let rows = classify_forked(rows);
+    // What the plugin cannot claim refuses the dump, in its words.
+    let unclaimable = rows.iter().find_map(|r| {
+        r.holdings.unclaimed.first().map(|(what, name)| {
+            ccm_engine::claims::ClaimError::Unclaimable {
+                pid: HostPid::new(r.pid.into()).unwrap_or(root),
+                comm: ccm_identity::text::shown(&r.command),
+                what: what.clone(),
+                name: name.clone(),
+            }
+            .to_string()
+        })
+    });
     let cuda_pids: Vec<HostPid> = rows.iter().filter(|r| r.cuda).filter_map(|r| HostPid::new(r.pid.into())).collect();
-    let facts = rm.as_ref().map(|r| importers_in(r, |pci| node_gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid)));
+    let mut facts = rm.as_ref().map(|r| importers_in(r, |pci| node_gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid)));
+    // An MPS client reads as an importer (its memory is the MPS server's): named as such, as the plugin does.
+    if let Some(f) = facts.as_mut().ok().filter(|f| !f.importers.is_empty()) {
+        let servers = ccm_process::tree::processes_running(ccm_engine::sharing::MPS_SERVER_EXE, 64);
+        if !servers.is_empty() {
+            if let Ok(r) = ccm_driver::rm::video_memory_within(&servers, RM_DEADLINE) {
+                ccm_engine::sharing::mark_mps_clients(&mut f.importers, &r);
+            }
+        }
+    }
     // Why the importer check could not run, as the verdict's lines name it.
     let unchecked = facts.as_ref().err().map(|e| format!("the resource manager: {e}")).unwrap_or_default();
     let v = verdict(&cuda_pids, facts.as_ref().map_err(|_| unchecked.as_str()), config.ipc, config.multi_process);
+    let mps_clients: Vec<u32> = match &facts {
+        Ok(f) => f.importers.iter().filter(|i| i.is_mps_client()).map(|i| i.pid.get()).collect(),
+        Err(_) => Vec::new(),
+    };
     let importers: BTreeSet<u32> = match &facts {
         Ok(f) => f.importers.iter().map(|i| i.pid.get()).collect(),
         Err(_) => BTreeSet::new(),
     };
     let rows: Vec<ProcessRow> =
         rows.into_iter().map(|r| ProcessRow { importer: importers.contains(&r.pid), ..r }).collect();
+    let holders: Vec<String> = rows
+        .iter()
+        .filter_map(|r| {
+            let h = r.forked_holder.as_ref()?;
+            Some(format!(
+                "pid {} ({}): no CUDA context, {} NVIDIA descriptor(s) and {} device mapping(s){}: handled (the plugin \
+                 reopens the descriptors on the restoring node and restores the mappings as inert placeholders)",
+                r.pid,
+                ccm_identity::text::shown(&r.command),
+                h.descriptors,
+                h.mappings,
+                h.inherited_from.map(|p| format!(" inherited from pid {p}")).unwrap_or_default()
+            ))
+        })
+        .collect();
     let (verdict_word, message, code) = match &v {
+        _ if unclaimable.is_some() => ("refused", unclaimable.clone().unwrap_or_default(), 1),
         SharingVerdict::Proceed { warning: Some(w), .. } => ("ready", w.clone(), 0),
         SharingVerdict::Proceed { info, .. } if cuda_pids.is_empty() => (
             "ready",
@@ -103,9 +162,15 @@ pub fn run(pid: i32, json: bool) -> CliResult {
         SharingVerdict::Proceed { info, .. } => ("ready", info.clone().unwrap_or_default(), 0),
         refused => ("refused", refused.refusal().unwrap_or_default(), 1),
     };
+    let message = if holders.is_empty() || code == 1 {
+        message
+    } else {
+        format!("{message}{}{}", if message.is_empty() { "" } else { "; " }, holders.join("; "))
+    };
     let report = JobReport {
         pid: root.get(),
         cuda_processes: cuda_pids.iter().map(|p| p.get()).collect(),
+        mps_clients,
         processes: rows,
         importer_check: match &rm {
             Ok(r) => ImporterCheck {
@@ -138,8 +203,69 @@ pub fn run(pid: i32, json: bool) -> CliResult {
     Ok(())
 }
 
+/// The NVIDIA device numbers as the plugin reads them (`/proc/devices`, and the test doubles' stand-ins).
+fn node_devices(config: &ccm_engine::Config) -> NvidiaDevices {
+    let real = ccm_process::claims::nvidia_devices().unwrap_or_default();
+    match &config.test_double_devices {
+        Some(v) => real.clone().with_stand_ins(v).unwrap_or(real),
+        None => real,
+    }
+}
+
+/// A process that looks like a CUDA process (it maps libcuda and holds a GPU node) but holds only its CUDA
+/// parent's open files and no device memory of its own is a child forked after the parent's cuInit: the driver
+/// has no context for it (the plugin's driver query says so at dump), and the plugin claims what it holds.
+fn classify_forked(mut rows: Vec<ProcessRow>) -> Vec<ProcessRow> {
+    let cuda: BTreeSet<u32> = rows.iter().filter(|r| r.cuda).map(|r| r.pid).collect();
+    let fds_of = |pid: u32, rows: &[ProcessRow]| -> Vec<u32> {
+        rows.iter().find(|r| r.pid == pid).map(|r| r.holdings.fds.iter().map(|f| f.fd).collect()).unwrap_or_default()
+    };
+    let mut verdicts = Vec::new();
+    for r in &rows {
+        let own_memory = r.gpus.iter().any(|g| g.memory.is_some_and(|m| m.total() > 0));
+        let holds = !r.holdings.fds.is_empty() || !r.holdings.mappings.is_empty();
+        if !holds || own_memory {
+            verdicts.push(None);
+            continue;
+        }
+        let parent = ccm_process::tree::parent_of(r.pid).filter(|p| cuda.contains(p) && *p != r.pid);
+        let inherited = parent.filter(|&p| {
+            let theirs = fds_of(p, &rows);
+            !r.holdings.fds.is_empty()
+                && r.holdings
+                    .fds
+                    .iter()
+                    .all(|f| ccm_process::claims::shares_open_file(r.pid, f.fd, p, &theirs).unwrap_or(false))
+        });
+        // Without the parent's word: no memory of its own, no context (a CUDA process maps nvidia-uvm, which a fork
+        // does not copy).
+        let has_uvm_mapping = r.holdings.mappings.iter().any(|m| m.node == NvidiaNode::Uvm);
+        if inherited.is_some() || !r.cuda || !has_uvm_mapping && own_memory_known(r) {
+            verdicts.push(Some(HolderFacts {
+                descriptors: r.holdings.fds.len(),
+                mappings: r.holdings.mappings.len(),
+                inherited_from: inherited,
+            }));
+        } else {
+            verdicts.push(None);
+        }
+    }
+    for (r, v) in rows.iter_mut().zip(verdicts) {
+        if v.is_some() {
+            r.cuda = false;
+        }
+        r.forked_holder = v;
+    }
+    rows
+}
+
+/// Whether the resource manager answered for this process (its memory is known to be none).
+fn own_memory_known(r: &ProcessRow) -> bool {
+    !r.gpus.is_empty() && r.gpus.iter().all(|g| g.memory.is_some())
+}
+
 /// One process: its CUDA use from `/proc` and the resource manager's answers.
-fn row(pid: u32, rm: Option<&PidMemoryReport>, node_gpus: &[GpuIdentity]) -> ProcessRow {
+fn row(pid: u32, rm: Option<&PidMemoryReport>, node_gpus: &[GpuIdentity], devices: &NvidiaDevices) -> ProcessRow {
     let command = ccm_process::tree::comm(pid).unwrap_or_default();
     let maps = ccm_process::read_maps(pid).unwrap_or_default();
     let maps_libcuda = maps.iter().any(|m| m.path.contains(ccm_engine::LIBCUDA_FILE));
@@ -164,7 +290,8 @@ fn row(pid: u32, rm: Option<&PidMemoryReport>, node_gpus: &[GpuIdentity]) -> Pro
     // As the plugin's PAUSE_DEVICES: it maps libcuda, and it has a context somewhere (GPU memory or a GPU node):
     // a process that only loaded the library (torch.compile's workers) has neither.
     let cuda = maps_libcuda && !gpus.is_empty();
-    ProcessRow { pid, command, cuda, importer: false, gpus }
+    let holdings = ccm_process::claims::holdings(pid, &maps, devices).unwrap_or_default();
+    ProcessRow { pid, command, cuda, importer: false, gpus, forked_holder: None, holdings }
 }
 
 fn mib(b: u64) -> String {
@@ -175,7 +302,13 @@ fn print_table(r: &JobReport) {
     println!("job of pid {}: {} process(es), {} CUDA process(es)", r.pid, r.processes.len(), r.cuda_processes.len());
     println!("{:<8} {:<16} {:<5} {:<46} {:>12} {:>10}", "pid", "command", "CUDA", "GPU", "memory", "imported");
     for p in &r.processes {
-        let cuda = if p.cuda { "yes" } else { "no" };
+        let cuda = if p.cuda {
+            "yes"
+        } else if p.forked_holder.is_some() {
+            "fork"
+        } else {
+            "no"
+        };
         if p.gpus.is_empty() {
             println!("{:<8} {:<16} {:<5} {:<46} {:>12} {:>10}", p.pid, p.command, cuda, "-", "-", "-");
         }
@@ -190,7 +323,11 @@ fn print_table(r: &JobReport) {
                 Some(m) => (mib(m.private + m.shared_owned), mib(m.shared_duped)),
                 None => ("?".into(), "?".into()),
             };
-            let mark = if g.memory.is_some_and(|m| m.shared_duped > 0) { "  <- importer" } else { "" };
+            let mark = match g.memory.is_some_and(|m| m.shared_duped > 0) {
+                true if r.mps_clients.contains(&p.pid) => "  <- MPS client",
+                true => "  <- importer",
+                false => "",
+            };
             println!(
                 "{pid:<8} {command:<16} {:<5} {gpu:<46} {memory:>12} {imported:>10}{mark}",
                 if i == 0 { cuda } else { "" }

@@ -23,6 +23,7 @@ use ccm_driver::nvml::Nvml;
 use ccm_engine::config::{parse_device_map, Sourced};
 use ccm_engine::preflight::{self, FreeMemoryError, MemoryVerdict, NodeView};
 use ccm_engine::Config;
+use ccm_identity::claims::DeviceClaims;
 use ccm_identity::image::IdentityImage;
 use ccm_identity::map::UsableGpus;
 use ccm_identity::{GpuIdentity, GpuUuid};
@@ -206,6 +207,8 @@ struct Checkpoint {
     archive: Option<ArchiveFacts>,
     /// The dumping CRIU's version and where it was read (`dump.log`), where the checkpoint has it.
     criu_version: Option<(String, String)>,
+    /// What the dump claimed of forked processes' NVIDIA nodes (`cuda-migrate-devices.img`).
+    claims: Option<DeviceClaims>,
 }
 
 /// The refusal of what is no complete checkpoint (no `inventory.img`): `preflight` refuses it, and
@@ -351,6 +354,13 @@ fn checkpoint_of_archive(path: &Path, a: &ccm_archive::CheckpointArchive) -> Res
     images.sort_by_key(|(_, i)| i.pid);
     let reports = a.reports.iter().map(|f| (f.name.clone(), shown_text(&f.bytes))).collect();
     let has_inventory = a.has_inventory;
+    let claims = match &a.claims {
+        Some(f) => Some(
+            DeviceClaims::decode(&f.bytes)
+                .map_err(|e| Failure::Input(format!("{shown}:{}: {e}", ccm_identity::text::escaped(&f.member))))?,
+        ),
+        None => None,
+    };
     let spec = a.spec.as_ref().map(|f| (f.member.clone(), String::from_utf8_lossy(&f.bytes).into_owned()));
     Ok(Checkpoint {
         shown,
@@ -366,6 +376,7 @@ fn checkpoint_of_archive(path: &Path, a: &ccm_archive::CheckpointArchive) -> Res
             image: None,
         }),
         criu_version: a.criu_version.as_ref().map(|(v, m)| (v.clone(), ccm_identity::text::escaped(m))),
+        claims,
     })
 }
 
@@ -400,7 +411,16 @@ fn load_image_dir(dir: &Path) -> Result<Checkpoint, Failure> {
     let has_inventory =
         matches!(d.kind_of("inventory.img").map_err(input)?, Some(ccm_process::dir::EntryKind::Regular));
     let criu_version = dir_criu_version(&d);
-    Ok(Checkpoint { shown: dir.display().to_string(), images, reports, has_inventory, archive: None, criu_version })
+    let claims = ccm_engine::claims::read_claims(&d).map_err(input)?;
+    Ok(Checkpoint {
+        shown: dir.display().to_string(),
+        images,
+        reports,
+        has_inventory,
+        archive: None,
+        criu_version,
+        claims,
+    })
 }
 
 /// The dumping CRIU's version from the first 16 KiB of the directory's `dump.log` (`criu dump -o dump.log`,
@@ -547,6 +567,8 @@ fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
             "dir": c.shown,
             "has_inventory": c.has_inventory,
             "processes": c.images.iter().map(|(_, i)| i).collect::<Vec<_>>(),
+            "forked_holders": c.claims.as_ref().map(|cl| &cl.holders),
+            "claimed_files": c.claims.as_ref().map(|cl| &cl.files),
             "restore_reports": c.reports,
         });
         if let Some(a) = &c.archive {
@@ -604,6 +626,19 @@ fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
     }
     if c.archive.is_none() && !c.has_inventory {
         println!("{}: NO inventory.img: the dump did not complete, and no restore can use this directory", c.shown);
+    }
+    if let Some(cl) = &c.claims {
+        println!(
+            "{}: {} process(es) without a CUDA context holding NVIDIA nodes (forked after CUDA init), claimed by the \
+             plugin ({}, {} open file(s)):",
+            c.shown,
+            cl.holders.len(),
+            ccm_identity::claims::CLAIMS_FILE_NAME,
+            cl.files.len()
+        );
+        for line in cl.summary_lines() {
+            println!("  {line}");
+        }
     }
     if c.images.is_empty() {
         println!("{}: no criu-cuda-migrate identity images (no CUDA process was dumped with the plugin)", c.shown);
@@ -782,6 +817,25 @@ fn run_preflight(
     let verdict =
         preflight::run(&node, checkpoint.images, &config, &usable).map_err(|e| Failure::Refused(e.to_string()))?;
     let plans = &verdict.plans;
+    // The forked processes' descriptors, as the plugin plans them at its init.
+    let claims = match checkpoint.claims {
+        Some(cl) => {
+            let usable_uuids: Vec<_> = node.gpus().iter().map(|g| g.uuid).collect();
+            let devices = ccm_process::claims::nvidia_devices().unwrap_or_default();
+            let devices = match &config.test_double_devices {
+                Some(v) => devices.clone().with_stand_ins(v).unwrap_or(devices),
+                None => devices,
+            };
+            Some(
+                ccm_engine::claims::RestoreClaims::plan(cl, &devices, plans, node.gpus(), &usable_uuids)
+                    .map_err(|e| Failure::Refused(e.to_string()))?,
+            )
+        }
+        None => None,
+    };
+    if let (Some(c), false) = (&claims, json) {
+        println!("forked processes without a CUDA context:\n{}", c.describe());
+    }
     if json {
         let v: Vec<_> = plans
             .iter()

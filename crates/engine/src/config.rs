@@ -41,7 +41,14 @@ pub struct Config {
     /// environment); shown in the `settings:` line.
     pub libcuda: Option<String>,
     pub libnvml: Option<String>,
+    /// `CCM_TEST_DOUBLE_NVIDIA_DEVICES` (CI's test doubles only): device numbers that stand for NVIDIA nodes
+    /// beside `/proc/devices`' (`char:10:237=nvidiactl,block:7:0=nvidia0`), checked here; shown in the
+    /// `settings:` line whenever set, so that no run hides it.
+    pub test_double_devices: Option<String>,
 }
+
+/// The test doubles' stand-in device numbers (docs/TEST-DOUBLES.md); never a setting of the product.
+pub const ENV_TEST_DOUBLE_DEVICES: &str = "CCM_TEST_DOUBLE_NVIDIA_DEVICES";
 
 /// What the plugin knows about CRIU's `--leave-running`, which the plugin ABI does not expose.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -84,6 +91,8 @@ pub const OPTION_PREFIX: &str = settings::OPTION_PREFIX;
 pub enum ConfigError {
     #[error("{name}={value:?} is not valid: expected {expected}")]
     Invalid { name: String, value: String, expected: String },
+    #[error("{ENV_TEST_DOUBLE_DEVICES}: {0}")]
+    TestDoubleDevices(String),
 }
 
 impl ConfigError {
@@ -171,6 +180,12 @@ impl Config {
             read(get(&settings::MULTI_PROCESS), value::parse_multi_process)?.map_or(MultiProcess::Warn, |s| s.value);
         let ipc = read(get(&settings::IPC), value::parse_ipc)?.map_or(IpcImporters::Refuse, |s| s.value);
         let driver_timeout = read(get(&settings::DRIVER_TIMEOUT), value::parse_timeout)?.map(|s| s.value);
+        let test_double_devices = env(ENV_TEST_DOUBLE_DEVICES).filter(|v| !v.trim().is_empty());
+        if let Some(v) = &test_double_devices {
+            ccm_identity::claims::NvidiaDevices::default()
+                .with_stand_ins(v)
+                .map_err(|e| ConfigError::TestDoubleDevices(e.to_string()))?;
+        }
         Ok(Config {
             disabled,
             device_map,
@@ -185,6 +200,7 @@ impl Config {
             ipc,
             libcuda,
             libnvml,
+            test_double_devices,
         })
     }
 
@@ -251,7 +267,11 @@ impl std::fmt::Display for Config {
             self.lock_timeout.as_secs(),
             self.libcuda.as_deref().unwrap_or("default"),
             self.libnvml.as_deref().unwrap_or("default"),
-        )
+        )?;
+        if let Some(d) = &self.test_double_devices {
+            write!(f, ", test-double NVIDIA devices {d}")?;
+        }
+        Ok(())
     }
 }
 

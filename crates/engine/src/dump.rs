@@ -24,6 +24,7 @@ mod identity;
 use identity::{collect_identity, device_memory_by_pid, write_image, BeforeCheckpoint};
 
 use crate::batch::{with_restore_threads_running, BatchError, OnResumeError};
+use crate::claims::{Claim, DumpClaims};
 use crate::host::CriuHost;
 use crate::node::Node;
 use crate::seam::{DriverAgent, Seams, Targets, ThawedCgroup};
@@ -84,6 +85,8 @@ pub struct DumpSession {
     root: Option<HostPid>,
     /// What the importer check of the whole tree, before the first lock, found.
     tree_check: TreeCheck,
+    /// The NVIDIA nodes of processes that are no CUDA processes (forked workers), claimed for CRIU.
+    claims: DumpClaims,
 }
 
 /// The importer check of the tree at the first CUDA process's PAUSE_DEVICES.
@@ -194,6 +197,7 @@ impl DumpSession {
             thawed: Vec::new(),
             root: None,
             tree_check: TreeCheck::NotAsked,
+            claims: DumpClaims::default(),
         }
     }
 
@@ -329,7 +333,7 @@ impl DumpSession {
                 self.tree_check = TreeCheck::Unavailable(e.to_string());
             }
             Ok(report) => {
-                let facts = self.facts_of(&report);
+                let facts = self.facts_of(node, &report);
                 info!(
                     "importer check before the first lock: the kernel driver's resource manager was asked about {} \
                      process(es) of the tree of pid {root} ({:.1} ms): {}",
@@ -353,12 +357,24 @@ impl DumpSession {
         Ok(())
     }
 
-    /// The importers of a resource manager report, their GPUs named from the kernel driver's list.
-    fn facts_of(&self, report: &ccm_driver::rm::PidMemoryReport) -> SharingFacts {
+    /// The importers of a resource manager report, their GPUs named from the kernel driver's list, the MPS
+    /// clients among them named as such (the node's MPS servers asked about too, only when there is an importer).
+    fn facts_of(&self, node: &Node, report: &ccm_driver::rm::PidMemoryReport) -> SharingFacts {
         let has_importer = report.gpus.iter().any(|g| g.pids.iter().any(|p| p.memory.shared_duped > 0));
         // The GPU list costs a read of /proc only when a line will name a GPU.
         let gpus = if has_importer { self.seams.targets.kernel_gpus().unwrap_or_default() } else { Vec::new() };
-        importers_in(report, |pci| gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid))
+        let mut facts = importers_in(report, |pci| gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid));
+        if has_importer {
+            let servers: Vec<HostPid> =
+                self.seams.targets.mps_servers().into_iter().filter_map(|p| HostPid::new(p.into())).collect();
+            if !servers.is_empty() {
+                match node.agent.video_memory(&servers, RM_DEADLINE) {
+                    Ok(r) => crate::sharing::mark_mps_clients(&mut facts.importers, &r),
+                    Err(e) => debug!("the MPS servers' memory could not be asked ({e}); importers named as such"),
+                }
+            }
+        }
+        facts
     }
 
     /// A process of a frozen cgroup (containerd pauses a task before its checkpoint) cannot answer
@@ -429,7 +445,7 @@ impl DumpSession {
     pub fn checkpoint_devices(&mut self, pid: i32, host: &dyn CriuHost) -> HookOutcome {
         let Some(pid) = HostPid::new(pid.into()) else { return HookOutcome::NotMine };
         if !self.tracked.contains_key(&pid) {
-            return HookOutcome::NotMine;
+            return self.claim_holder(pid, host);
         }
         if !self.batch_done {
             self.batch_done = true;
@@ -439,6 +455,53 @@ impl DumpSession {
             Some(Ok(())) | None => HookOutcome::Done,
             Some(Err(source)) => HookOutcome::Failed(EngineError::Process { pid, source }),
         }
+    }
+
+    /// CHECKPOINT_DEVICES of a process that is no CUDA process: what it holds of the NVIDIA nodes (a child
+    /// forked after its parent's cuInit inherits its descriptors and mappings) is claimed for CRIU, which
+    /// cannot dump them. `Done` (with its timing line) when it held any, else `NotMine`.
+    fn claim_holder(&mut self, pid: HostPid, host: &dyn CriuHost) -> HookOutcome {
+        let ns_pid = self.seams.targets.ns_pid(pid.get()).unwrap_or(pid.get());
+        let mut claims = std::mem::take(&mut self.claims);
+        let targets = self.seams.targets.clone();
+        let config = self.config.clone();
+        let r = claims.record_holder(pid, ns_pid, &config, &*targets, || self.dump_node_gpus(), host);
+        self.claims = claims;
+        match r {
+            Ok(Some(line)) => {
+                if !self.inventory_added {
+                    self.inventory_added = host.add_inventory_plugin(PLUGIN_NAME);
+                }
+                info!("{line}");
+                HookOutcome::Done
+            }
+            Ok(None) => HookOutcome::NotMine,
+            Err(e) => HookOutcome::Failed(EngineError::Claim(e)),
+        }
+    }
+
+    /// The dump node's GPUs with their minors: the kernel driver's list, else NVML's through the agent.
+    fn dump_node_gpus(&mut self) -> Vec<ccm_identity::GpuIdentity> {
+        match self.seams.targets.kernel_gpus() {
+            Ok(g) if !g.is_empty() => g,
+            _ => self.node().map(|n| n.gpus().to_vec()).unwrap_or_default(),
+        }
+    }
+
+    /// HANDLE_DEVICE_VMA: a device mapping CRIU cannot dump.
+    pub fn handle_device_vma(&mut self, number: ccm_identity::claims::DevNumber) -> Claim {
+        self.claims.device_vma(number, &self.config, &*self.seams.targets)
+    }
+
+    /// DUMP_EXT_FILE: an open file CRIU cannot dump.
+    pub fn dump_ext_file(
+        &mut self,
+        id: u32,
+        number: ccm_identity::claims::DevNumber,
+        flags: i32,
+        host: &dyn CriuHost,
+    ) -> Claim {
+        self.claims.ext_file(id, number, flags, &self.config, &*self.seams.targets, host)
     }
 
     fn checkpoint_all(&mut self, host: &dyn CriuHost) {
@@ -481,7 +544,11 @@ impl DumpSession {
             _ if refused_anyway => Err("not asked (multi-process refuse)".to_string()),
             // The tree's check could not run: asking again would meet the same (and might wait as long).
             TreeCheck::Unavailable(why) => Err(why.clone()),
-            _ => node.agent.video_memory(&cuda_pids, RM_DEADLINE).map(|r| self.facts_of(&r)).map_err(|e| e.to_string()),
+            _ => node
+                .agent
+                .video_memory(&cuda_pids, RM_DEADLINE)
+                .map(|r| self.facts_of(node, &r))
+                .map_err(|e| e.to_string()),
         };
         let verdict = crate::sharing::verdict(
             &cuda_pids,

@@ -79,6 +79,9 @@ pub enum EngineError {
         #[source]
         why: ccm_process::cgroup::CgroupError,
     },
+    /// A claim of a forked process's NVIDIA nodes, or of a checkpoint's claims at restore.
+    #[error(transparent)]
+    Claim(#[from] crate::claims::ClaimError),
     /// The tree holds a CUDA IPC importer and `CRIU_CUDA_MIGRATE_IPC=refuse` (the default).
     #[error("{}", sharing::importer_refusal(.0))]
     IpcImporters(Vec<sharing::Importer>),

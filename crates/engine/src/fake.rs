@@ -431,6 +431,14 @@ pub struct TargetScript {
     pub dev_edits: Vec<String>,
     pub spec: Option<Result<RuntimeSpec, String>>,
     pub kernel_gpus: Option<Vec<GpuIdentity>>,
+    /// The node's NVIDIA device numbers.
+    pub devices: ccm_identity::claims::NvidiaDevices,
+    /// What each pid holds of the NVIDIA nodes (absent: nothing).
+    pub holdings: BTreeMap<u32, ccm_process::claims::Holdings>,
+    /// Pids whose holdings cannot be read.
+    pub holdings_fail: BTreeSet<u32>,
+    /// The node's MPS servers.
+    pub mps_servers: Vec<u32>,
 }
 
 #[derive(Clone, Default)]
@@ -569,6 +577,23 @@ impl Targets for FakeTargets {
     }
     fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, ProcfsError> {
         self.script().kernel_gpus.clone().ok_or_else(|| ProcfsError::Missing(ccm_driver::procfs::GPUS_DIR.into()))
+    }
+    fn nvidia_devices(&self) -> ccm_identity::claims::NvidiaDevices {
+        self.script().devices.clone()
+    }
+    fn mps_servers(&self) -> Vec<u32> {
+        self.script().mps_servers.clone()
+    }
+    fn device_holdings(
+        &self,
+        pid: u32,
+        _: &ccm_identity::claims::NvidiaDevices,
+    ) -> Result<(String, ccm_process::claims::Holdings), ProcessError> {
+        let s = self.script();
+        if s.holdings_fail.contains(&pid) {
+            return Err(no_such(pid));
+        }
+        Ok((format!("proc{pid}"), s.holdings.get(&pid).cloned().unwrap_or_default()))
     }
 }
 

@@ -17,6 +17,7 @@
 #![forbid(unsafe_code)]
 
 pub mod batch;
+pub mod claims;
 pub mod config;
 pub mod driver_agent;
 pub mod dump;
@@ -29,6 +30,8 @@ pub mod restore;
 pub mod seam;
 pub mod sharing;
 
+#[cfg(test)]
+mod claims_tests;
 #[cfg(test)]
 mod dump_tests;
 #[cfg(test)]

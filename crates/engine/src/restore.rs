@@ -15,6 +15,7 @@ use ccm_settings::spec::GivenGpus;
 use log::{debug, error, info, warn};
 
 use crate::batch::{with_restore_threads_running, BatchError, OnResumeError};
+use crate::claims::RestoreClaims;
 use crate::host::CriuHost;
 use crate::node::Node;
 use crate::preflight::{self, ProcessPlan};
@@ -30,6 +31,8 @@ pub struct RestoreSession {
     image_dir: Option<Dir>,
     /// Host pid → result of its restore.
     results: BTreeMap<HostPid, Result<(), ProcessFailure>>,
+    /// What the dump claimed of forked processes' NVIDIA nodes, and what each descriptor opens here.
+    claims: Option<RestoreClaims>,
 }
 
 /// One process's work in the parallel restore.
@@ -56,9 +59,30 @@ impl RestoreSession {
             Some(d) => preflight::read_images(d)?,
             None => Vec::new(),
         };
-        let mut s =
-            RestoreSession { config, seams, node: None, plans: Vec::new(), image_dir, results: BTreeMap::new() };
+        let claims = match &image_dir {
+            Some(d) => crate::claims::read_claims(d)?,
+            None => None,
+        };
+        let mut s = RestoreSession {
+            config,
+            seams,
+            node: None,
+            plans: Vec::new(),
+            image_dir,
+            results: BTreeMap::new(),
+            claims: None,
+        };
         if images.is_empty() {
+            if let Some(c) = claims {
+                // Forked processes of a tree without a CUDA process: their GPU nodes by the kernel driver's list.
+                let gpus = s.seams.targets.kernel_gpus().unwrap_or_default();
+                let usable: Vec<GpuUuid> = gpus.iter().map(|g| g.uuid).collect();
+                let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
+                let planned = RestoreClaims::plan(c, &devices, &[], &gpus, &usable)?;
+                crate::claims::log_plan(&planned);
+                s.claims = Some(planned);
+                return Ok(s);
+            }
             if in_inventory == Some(true) {
                 // The dump checkpointed CUDA processes with this plugin, but their identity images are
                 // gone: restoring would leave them CHECKPOINTED with no way to map their GPUs.
@@ -108,9 +132,40 @@ impl RestoreSession {
                 p.map.render_table(&p.image, node.gpus())
             );
         }
+        if let Some(c) = claims {
+            let usable: Vec<GpuUuid> = node.gpus().iter().map(|g| g.uuid).collect();
+            let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
+            let planned = RestoreClaims::plan(c, &devices, &s.plans, node.gpus(), &usable)?;
+            crate::claims::log_plan(&planned);
+            s.claims = Some(planned);
+        }
         info!("preflight passed for {} CUDA process(es) in {:.3} s", s.plans.len(), t0.elapsed().as_secs_f64());
         s.node = Some(node);
         Ok(s)
+    }
+
+    /// RESTORE_EXT_FILE, called by CRIU in the restored task: the claimed open file `id` opened anew on this
+    /// node (`None`: not a file this dump claimed).
+    pub fn restore_ext_file(&self, id: u32) -> Option<Result<std::os::fd::OwnedFd, EngineError>> {
+        let c = self.claims.as_ref()?;
+        Some(c.reopen(id)?.map_err(|e| {
+            EngineError::Claim(crate::claims::ClaimError::Reopen {
+                id,
+                pid: std::process::id(),
+                why: std::sync::Arc::new(e),
+            })
+        }))
+    }
+
+    /// UPDATE_VMA_MAP, called by CRIU in the restored task `ns_pid`: the placeholder of its claimed device
+    /// mapping at `addr` (`None`: not a mapping this dump claimed).
+    pub fn update_vma_map(&self, ns_pid: u32, addr: u64) -> Option<Result<std::os::fd::OwnedFd, EngineError>> {
+        let c = self.claims.as_ref()?;
+        Some(
+            c.placeholder(ns_pid, addr)?.map_err(|errno| {
+                EngineError::Claim(crate::claims::ClaimError::Placeholder { pid: ns_pid, addr, errno })
+            }),
+        )
     }
 
     /// RESUME_DEVICES_LATE: every task is restored and ptrace-stopped. The first call handles the

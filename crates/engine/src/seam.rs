@@ -13,9 +13,11 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ccm_driver::procfs::ProcfsError;
+use ccm_identity::claims::NvidiaDevices;
 use ccm_identity::image::ProcessEnv;
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, PciSignature};
 use ccm_process::cgroup::CgroupError;
+use ccm_process::claims::Holdings;
 use ccm_process::container::{ForeignDev, NodeEditError, RuntimeSpec};
 use ccm_process::dir::FileError;
 use ccm_process::mem::ScanReport;
@@ -68,6 +70,12 @@ pub trait Targets: Send + Sync {
     fn hostname(&self) -> String;
     /// The GPUs as the kernel driver lists them in `/proc/driver/nvidia/gpus`.
     fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, ProcfsError>;
+    /// The node's MPS server processes (`crate::sharing::MPS_SERVER_EXE`).
+    fn mps_servers(&self) -> Vec<u32>;
+    /// The NVIDIA driver's device numbers on this node (`/proc/devices`; empty without the driver).
+    fn nvidia_devices(&self) -> NvidiaDevices;
+    /// The NVIDIA nodes `pid` maps and holds open, and its name.
+    fn device_holdings(&self, pid: u32, devices: &NvidiaDevices) -> Result<(String, Holdings), ProcessError>;
 }
 
 /// A restore thread let run; [`RunningThread::stop`] stops it again.
@@ -187,6 +195,17 @@ impl Targets for RealTargets {
     }
     fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, ProcfsError> {
         ccm_driver::procfs::gpus()
+    }
+    fn nvidia_devices(&self) -> NvidiaDevices {
+        ccm_process::claims::nvidia_devices().unwrap_or_default()
+    }
+    fn mps_servers(&self) -> Vec<u32> {
+        ccm_process::tree::processes_running(crate::sharing::MPS_SERVER_EXE, 64)
+    }
+    fn device_holdings(&self, pid: u32, devices: &NvidiaDevices) -> Result<(String, Holdings), ProcessError> {
+        let maps = ccm_process::read_maps(pid)?;
+        let held = ccm_process::claims::holdings(pid, &maps, devices)?;
+        Ok((ccm_process::claims::comm(pid), held))
     }
 }
 

@@ -55,6 +55,16 @@ pub struct Importer {
     pub gpu_uuid: Option<GpuUuid>,
     /// The imported memory (RM's `memSharedDuped`).
     pub imported_bytes: u64,
+    /// An MPS server holds memory on that GPU: the process is an MPS client (its memory is the server's), not a
+    /// CUDA IPC importer ([`mark_mps_clients`]).
+    pub mps_server: Option<HostPid>,
+}
+
+impl Importer {
+    /// Whether it is an MPS client.
+    pub fn is_mps_client(&self) -> bool {
+        self.mps_server.is_some()
+    }
 }
 
 impl std::fmt::Display for Importer {
@@ -69,9 +79,35 @@ impl std::fmt::Display for Importer {
         if let Some(u) = self.gpu_uuid {
             write!(f, " ({u})")?;
         }
+        if let Some(server) = self.mps_server {
+            write!(f, ": it is an MPS client (the MPS server, pid {server}, holds memory on that GPU)")?;
+        }
         Ok(())
     }
 }
+
+/// The executable of the MPS server (`nvidia-cuda-mps-control` starts one per user and GPU set).
+pub const MPS_SERVER_EXE: &str = "nvidia-cuda-mps-server";
+
+/// Marks the importers that are MPS clients: an MPS client's memory is the MPS server's, which the resource
+/// manager shows as duped into the client, as for a CUDA IPC import. `servers` is the resource manager's report
+/// for the node's MPS server processes: an importer on a GPU where a server holds memory is its client.
+pub fn mark_mps_clients(importers: &mut [Importer], servers: &PidMemoryReport) {
+    for i in importers.iter_mut() {
+        i.mps_server = servers
+            .gpus
+            .iter()
+            .filter(|g| g.pci == i.gpu)
+            .flat_map(|g| g.pids.iter())
+            .find(|p| p.status == RmStatus::OK && p.memory.total() > 0)
+            .and_then(|p| HostPid::new(p.pid.into()));
+    }
+}
+
+/// The way out for an MPS client.
+pub const MPS_WAY_OUT: &str = "driver 580 cannot checkpoint an MPS client at all (its cuCheckpointProcessLock answers \
+     CUDA_ERROR_NOT_SUPPORTED, measured): run the job without MPS to checkpoint it (start it where no MPS control \
+     daemon serves its GPUs, or with CUDA_MPS_PIPE_DIRECTORY pointing at a directory no daemon listens on)";
 
 /// What the resource manager said of the processes it was asked about.
 #[derive(Debug, Clone, PartialEq)]
@@ -102,6 +138,7 @@ pub fn importers_in(report: &PidMemoryReport, uuid_of: impl Fn(PciAddress) -> Op
                     gpu: gpu.pci,
                     gpu_uuid: uuid_of(gpu.pci),
                     imported_bytes: p.memory.shared_duped,
+                    mps_server: None,
                 });
             }
         }
@@ -123,6 +160,13 @@ fn importer_list(importers: &[Importer]) -> String {
 
 /// Why a dump holding an importer is refused (`ipc refuse`, the default).
 pub fn importer_refusal(importers: &[Importer]) -> String {
+    if importers.iter().all(Importer::is_mps_client) {
+        return format!(
+            "refused before any checkpoint: {}. {MPS_WAY_OUT}. Nothing was checkpointed; every process of the tree is \
+             unlocked and runs on with its data",
+            importer_list(importers)
+        );
+    }
     format!(
         "refused before any checkpoint: {} (a CUDA IPC import, as the kernel driver's resource manager reports it). \
          Driver 580 checkpoints such a process but cannot restore it, not even in place, so this dump would lose the \
@@ -369,6 +413,28 @@ mod tests {
     }
 
     #[test]
+    fn an_importer_on_a_gpu_where_an_mps_server_holds_memory_is_named_an_mps_client() {
+        let mut f = importers_in(&report(&[(6, 42, 4 << 20, 0), (7, 43, 64 << 20, 0)]), |_| None);
+        // The MPS server (pid 900) holds memory on GPU 6 only.
+        mark_mps_clients(&mut f.importers, &report(&[(6, 900, 0, 0)]));
+        assert_eq!(f.importers[0].mps_server, pids(&[900]).first().copied());
+        assert_eq!(f.importers[1].mps_server, None);
+        let mixed = importer_refusal(&f.importers);
+        assert!(
+            mixed.contains("it is an MPS client (the MPS server, pid 900") && mixed.contains("torch.multiprocessing"),
+            "{mixed}"
+        );
+        let only = importer_refusal(&f.importers[..1]);
+        assert!(
+            only.contains("MPS client")
+                && only.contains("CUDA_ERROR_NOT_SUPPORTED")
+                && only.contains("without MPS")
+                && !only.contains("a CUDA IPC import"),
+            "{only}"
+        );
+    }
+
+    #[test]
     fn the_refusal_names_each_importer_its_gpu_and_size_why_and_the_ways_out() {
         let imp = vec![
             Importer {
@@ -376,12 +442,14 @@ mod tests {
                 gpu: PciAddress { domain: 0, bus: 6, device: 0, function: 0 },
                 gpu_uuid: None,
                 imported_bytes: 64 << 20,
+                mps_server: None,
             },
             Importer {
                 pid: pids(&[43])[0],
                 gpu: PciAddress { domain: 0, bus: 7, device: 0, function: 0 },
                 gpu_uuid: None,
                 imported_bytes: 1,
+                mps_server: None,
             },
         ];
         let r = importer_refusal(&imp);

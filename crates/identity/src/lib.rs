@@ -9,6 +9,7 @@
 
 #![forbid(unsafe_code)]
 
+pub mod claims;
 pub mod devprop;
 pub mod env;
 pub mod gpu;

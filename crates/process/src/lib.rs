@@ -22,6 +22,7 @@
 //! Everything needs root (or `CAP_SYS_PTRACE` over the target): the product runs inside CRIU.
 
 pub mod cgroup;
+pub mod claims;
 pub mod container;
 pub mod devices;
 pub mod dir;

@@ -83,6 +83,38 @@ pub fn comm(pid: u32) -> Option<String> {
     read_text(pid, "comm", MAX_SMALL_PROC_FILE).ok().map(|c| c.trim_end_matches('\n').to_string())
 }
 
+/// The node's MPS server processes (`nvidia-cuda-mps-server`, by their executable's name), at most `max`.
+pub fn processes_running(exe_name: &str, max: usize) -> Vec<u32> {
+    let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    let mut found = Vec::new();
+    for e in entries.flatten().take(1 << 20) {
+        let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        // The name first (cheap, at most 15 bytes: a prefix of the executable's), then the executable itself.
+        let prefix: String = exe_name.chars().take(15).collect();
+        if comm(pid).is_none_or(|c| c != prefix) {
+            continue;
+        }
+        let exe = std::fs::read_link(proc_path(pid, "exe")).ok();
+        if exe
+            .as_ref()
+            .and_then(|p| p.file_name())
+            .is_some_and(|n| n.to_string_lossy().trim_end_matches(" (deleted)") == exe_name)
+        {
+            found.push(pid);
+            if found.len() >= max {
+                break;
+            }
+        }
+    }
+    found
+}
+
+/// The parent of `pid` (`/proc/PID/stat` field 4), `None` when it cannot be read.
+pub fn parent_of(pid: u32) -> Option<u32> {
+    let stat = read_text(pid, "stat", MAX_SMALL_PROC_FILE).ok()?;
+    stat_field(&stat, 4)?.parse().ok()
+}
+
 /// The state letter of `/proc/PID/stat` (`R`, `S`, `T` stopped, `t` traced, `Z` zombie...).
 pub fn state_letter(pid: u32) -> Option<char> {
     let stat = read_text(pid, "stat", MAX_SMALL_PROC_FILE).ok()?;

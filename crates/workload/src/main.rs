@@ -18,6 +18,8 @@ mod app;
 #[allow(unsafe_code)]
 mod fds;
 mod files;
+#[allow(unsafe_code)]
+mod forked;
 mod pattern;
 mod props;
 mod report;
@@ -58,6 +60,16 @@ struct Args {
     /// the plugin must not touch; reports say what they hold.
     #[arg(long)]
     device_props: bool,
+    /// Fork a child after cuInit (a DataLoader worker's shape): it inherits this process's descriptors,
+    /// makes no CUDA call, waits for `D/child-exit` and exits with 7; reports give its exit code.
+    #[arg(long)]
+    forked_child: bool,
+    /// Device nodes the forked child opens and keeps (comma-separated paths).
+    #[arg(long, value_delimiter = ',', requires = "forked_child")]
+    child_open: Vec<PathBuf>,
+    /// A device node the forked child maps, shared and read-only: PATH:BYTES.
+    #[arg(long, requires = "forked_child")]
+    child_map: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -79,6 +91,8 @@ enum WorkloadError {
     TooLarge(usize),
     #[error("cannot encode the report: {0}")]
     Json(#[from] serde_json::Error),
+    #[error("--child-map {0}: write PATH:BYTES")]
+    ChildMap(String),
 }
 
 fn main() -> ExitCode {
@@ -121,6 +135,22 @@ fn run(args: &Args) -> Result<(), WorkloadError> {
     let dir = args.dir.as_deref().ok_or(WorkloadError::NoDir)?;
     let io = |what, path: PathBuf| move |source| WorkloadError::Io { what, path, source };
     let pid = std::process::id();
+    let child = if args.forked_child {
+        let map = match &args.child_map {
+            None => None,
+            Some(m) => {
+                let (path, bytes) = m.rsplit_once(':').ok_or_else(|| WorkloadError::ChildMap(m.clone()))?;
+                Some((PathBuf::from(path), bytes.parse().map_err(|_| WorkloadError::ChildMap(m.clone()))?))
+            }
+        };
+        let holds = forked::ChildHolds { open: args.child_open.clone(), map };
+        let child = forked::fork_child(dir, &holds).map_err(io("cannot fork a child in", dir.to_path_buf()))?;
+        files::wait_for(dir, "forked");
+        say(format_args!("forked child {child} (no CUDA call in it)"));
+        Some(child)
+    } else {
+        None
+    };
     files::write_atomic(dir, "ready", format!("{pid}\n").as_bytes()).map_err(io("cannot write", dir.join("ready")))?;
     say(format_args!("ready: {} MiB on ordinals {:?}", args.mib, args.devices));
 
@@ -128,6 +158,19 @@ fn run(args: &Args) -> Result<(), WorkloadError> {
         files::wait_for(dir, &format!("go{round}"));
         let mut report = report::build(&app, &held, round);
         report.device_props = props.as_ref().map(|p| p.report(&app));
+        if let Some(c) = child {
+            // Told to exit: give it the moment it takes to see the file.
+            let told = dir.join("child-exit").exists();
+            let mut status = forked::child_status(c, false);
+            for _ in 0..100 {
+                if status.is_some() || !told {
+                    break;
+                }
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                status = forked::child_status(c, false);
+            }
+            report.forked_child = Some(report::ForkedChild { pid: c, exit_code: status });
+        }
         say(format_args!(
             "round {round}: all_agree={} all_consistent={} all_data_ok={} all_ctx_ok={} ({:.3} s)",
             report.all_agree, report.all_consistent, report.all_data_ok, report.all_ctx_ok, report.check_seconds

@@ -43,6 +43,14 @@ pub struct Report {
     pub check_seconds: f64,
     /// `--device-props`: what the runtime-style property copies hold now.
     pub device_props: Option<crate::props::PropsReport>,
+    /// `--forked-child`: the child and its exit code once it exited.
+    pub forked_child: Option<ForkedChild>,
+}
+
+#[derive(Debug, Serialize)]
+pub struct ForkedChild {
+    pub pid: u32,
+    pub exit_code: Option<i32>,
 }
 
 #[derive(Debug, Default, Serialize)]
@@ -133,6 +141,7 @@ pub fn build(app: &CudaApp, held: &[Held], round: u32) -> Report {
         errors,
         check_seconds: started.elapsed().as_secs_f64(),
         device_props: None,
+        forked_child: None,
     }
 }
 

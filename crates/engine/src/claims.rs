@@ -1,0 +1,338 @@
+//! The NVIDIA nodes held by processes of the tree that are no CUDA processes (children forked after
+//! their parent's `cuInit`: DataLoader and `multiprocessing.Pool` workers, a bare `os.fork()`), which
+//! the plugin claims so that CRIU can dump and restore them (`ccm_identity::claims` says what each
+//! becomes).
+//!
+//! - Dump: CHECKPOINT_DEVICES of a process that is no CUDA process records what it holds
+//!   ([`DumpClaims::record_holder`]); CRIU then asks about each device mapping (HANDLE_DEVICE_VMA:
+//!   [`DumpClaims::device_vma`]) and each open file it cannot dump (DUMP_EXT_FILE:
+//!   [`DumpClaims::ext_file`]). Every claim is written at once into `cuda-migrate-devices.img` (a
+//!   post-dump script may take the images away before CRIU's end).
+//! - Restore: `init(RESTORE)` reads that file and decides, before CRIU restores anything, which node of
+//!   this node each descriptor opens, through the restore's device map ([`RestoreClaims::plan`]); in
+//!   the restored task CRIU asks for each descriptor (RESTORE_EXT_FILE: [`RestoreClaims::reopen`]) and
+//!   each mapping (UPDATE_VMA_MAP: [`RestoreClaims::placeholder`]).
+//!
+//! Nothing is claimed by path: device numbers decide, from `/proc/devices` (or the test doubles'
+//! stand-ins, `CCM_TEST_DOUBLE_NVIDIA_DEVICES`).
+
+use std::collections::BTreeMap;
+use std::os::fd::OwnedFd;
+use std::path::PathBuf;
+use std::sync::Arc;
+
+use ccm_identity::claims::{
+    ClaimedFile, DevNumber, DeviceClaims, DeviceHolder, NvidiaDevices, NvidiaNode, CLAIMS_FILE_NAME, MAX_CLAIMS_BYTES,
+};
+use ccm_identity::{GpuIdentity, GpuUuid, HostPid};
+use ccm_process::dir::{Dir, FileError};
+use log::{debug, info};
+
+use crate::config::Config;
+use crate::host::CriuHost;
+use crate::preflight::ProcessPlan;
+use crate::seam::Targets;
+
+/// Why a claim fails the dump, or a claims file the restore.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClaimError {
+    #[error(
+        "pid {pid} ({comm}) is no CUDA process but holds {what} of the NVIDIA driver's {name}, which criu-cuda-migrate \
+         does not claim: close it in that process before the checkpoint (a child forked after CUDA init inherits \
+         every descriptor of its parent: start such workers with the 'spawn' or 'forkserver' start method)"
+    )]
+    Unclaimable { pid: HostPid, comm: String, what: String, name: String },
+    #[error("pid {pid}: what it holds of the NVIDIA nodes cannot be read ({why}); nothing was checkpointed for it")]
+    Unreadable { pid: HostPid, why: String },
+    #[error(
+        "CRIU met a mapping of {node} that no process of the tree was seen holding at CHECKPOINT_DEVICES; it cannot \
+         be restored. Report this with the dump log"
+    )]
+    UnknownMapping { node: NvidiaNode },
+    #[error("an open file of {node} (CRIU's file {id:#x}) names GPU minor {minor}, which this node's GPU list does not hold")]
+    UnknownGpu { node: NvidiaNode, id: u32, minor: u32 },
+    #[error("the device claims {CLAIMS_FILE_NAME} cannot be written: {0}")]
+    Write(Arc<FileError>),
+    #[error("CRIU gave no image directory to write the device claims {CLAIMS_FILE_NAME} into")]
+    NoImageDir,
+    #[error("the device claims {path}: {why}")]
+    Read { path: PathBuf, why: String },
+    #[error(
+        "the checkpoint's forked workers hold {node} (CRIU's file {id:#x}), which this node cannot give them: {why}. \
+         Nothing was restored; the images are unchanged"
+    )]
+    NoNode { node: NvidiaNode, id: u32, why: String },
+    #[error("restored task {pid}: its NVIDIA descriptor (CRIU's file {id:#x}) cannot be reopened: {why}; the restore fails, the images are unchanged")]
+    Reopen { id: u32, pid: u32, why: Arc<ccm_process::claims::ReopenError> },
+    #[error("restored task {pid}: the placeholder of its device mapping at {addr:#x} cannot be made: {errno}")]
+    Placeholder { pid: u32, addr: u64, errno: ccm_process::claims::Errno },
+}
+
+/// The NVIDIA device numbers of this node, the test doubles' stand-ins added.
+pub fn node_devices(config: &Config, targets: &dyn Targets) -> NvidiaDevices {
+    let real = targets.nvidia_devices();
+    match &config.test_double_devices {
+        // Checked when the configuration was read.
+        Some(v) => real.clone().with_stand_ins(v).unwrap_or(real),
+        None => real,
+    }
+}
+
+/// The dump's side.
+#[derive(Default)]
+pub struct DumpClaims {
+    devices: Option<NvidiaDevices>,
+    claims: Option<DeviceClaims>,
+}
+
+/// What HANDLE_DEVICE_VMA and DUMP_EXT_FILE answer.
+#[derive(Debug)]
+pub enum Claim {
+    /// Not an NVIDIA node: CRIU asks the next plugin.
+    NotMine,
+    /// Claimed (for a file: written into the claims).
+    Mine,
+    Refused(ClaimError),
+}
+
+impl DumpClaims {
+    fn devices(&mut self, config: &Config, targets: &dyn Targets) -> &NvidiaDevices {
+        self.devices.get_or_insert_with(|| node_devices(config, targets))
+    }
+
+    /// CHECKPOINT_DEVICES of `pid`, which is no CUDA process: records the NVIDIA nodes it holds. What it
+    /// recorded (a line for the log), or `None` when it holds none.
+    #[allow(clippy::too_many_arguments)]
+    pub fn record_holder(
+        &mut self,
+        pid: HostPid,
+        ns_pid: u32,
+        config: &Config,
+        targets: &dyn Targets,
+        gpus: impl FnOnce() -> Vec<GpuIdentity>,
+        host: &dyn CriuHost,
+    ) -> Result<Option<String>, ClaimError> {
+        let devices = self.devices(config, targets).clone();
+        if devices.is_empty() {
+            return Ok(None);
+        }
+        let (comm, held) = targets
+            .device_holdings(pid.get(), &devices)
+            .map_err(|e| ClaimError::Unreadable { pid, why: e.to_string() })?;
+        if let Some((what, name)) = held.unclaimed.first() {
+            return Err(ClaimError::Unclaimable {
+                pid,
+                comm: ccm_identity::text::shown(&comm),
+                what: what.clone(),
+                name: name.clone(),
+            });
+        }
+        if held.mappings.is_empty() && held.fds.is_empty() {
+            return Ok(None);
+        }
+        let claims = self.claims.get_or_insert_with(|| {
+            let minors = gpus().into_iter().map(|g| (g.minor, g.uuid)).collect::<BTreeMap<u32, GpuUuid>>();
+            DeviceClaims::new(&targets.hostname(), minors)
+        });
+        claims.holders.retain(|h| h.host_pid != pid.get());
+        let holder = DeviceHolder {
+            pid: ns_pid,
+            host_pid: pid.get(),
+            comm: comm.chars().take(ccm_identity::claims::MAX_TEXT).collect(),
+            mappings: held.mappings,
+            fds: held.fds,
+        };
+        let line = format!(
+            "pid {pid} ({}) is no CUDA process but holds {} NVIDIA descriptor(s) and {} device mapping(s), inherited \
+             from a CUDA parent (a child forked after cuInit): claimed; the descriptors are reopened on the restoring \
+             node and the mappings restored as inert placeholders",
+            ccm_identity::text::shown(&holder.comm),
+            holder.fds.len(),
+            holder.mappings.len()
+        );
+        claims.holders.push(holder);
+        self.write(host)?;
+        Ok(Some(line))
+    }
+
+    /// HANDLE_DEVICE_VMA: a device mapping CRIU cannot dump. Claimed when it is an NVIDIA node that a
+    /// recorded process maps (its content is the driver's, not the process's: nothing to dump).
+    pub fn device_vma(&mut self, number: DevNumber, config: &Config, targets: &dyn Targets) -> Claim {
+        let Some(node) = self.devices(config, targets).classify(number) else { return Claim::NotMine };
+        let recorded =
+            self.claims.as_ref().is_some_and(|c| c.holders.iter().any(|h| h.mappings.iter().any(|m| m.node == node)));
+        if recorded {
+            debug!("device mapping of {node} ({number}): claimed, restored as a placeholder");
+            Claim::Mine
+        } else {
+            Claim::Refused(ClaimError::UnknownMapping { node })
+        }
+    }
+
+    /// DUMP_EXT_FILE: an open file CRIU cannot dump (CRIU's `id`, the file's device and open flags).
+    pub fn ext_file(
+        &mut self,
+        id: u32,
+        number: DevNumber,
+        flags: i32,
+        config: &Config,
+        targets: &dyn Targets,
+        host: &dyn CriuHost,
+    ) -> Claim {
+        let Some(node) = self.devices(config, targets).classify(number) else { return Claim::NotMine };
+        let Some(claims) = self.claims.as_mut() else {
+            // A CUDA process's own descriptors are the driver's (it closes them at its checkpoint): one here
+            // belongs to no process the dump recorded.
+            return Claim::Refused(ClaimError::UnknownMapping { node });
+        };
+        let gpu = match node {
+            NvidiaNode::Gpu(minor) => match claims.gpus.get(&minor) {
+                Some(u) => Some(*u),
+                None => return Claim::Refused(ClaimError::UnknownGpu { node, id, minor }),
+            },
+            _ => None,
+        };
+        claims.add_file(ClaimedFile { id, node, gpu, flags });
+        debug!("open file {id:#x} of {node}: claimed, reopened at restore");
+        match self.write(host) {
+            Ok(()) => Claim::Mine,
+            Err(e) => Claim::Refused(e),
+        }
+    }
+
+    /// Whether anything was claimed.
+    pub fn any(&self) -> bool {
+        self.claims.as_ref().is_some_and(|c| !c.is_empty())
+    }
+
+    fn write(&self, host: &dyn CriuHost) -> Result<(), ClaimError> {
+        let Some(claims) = &self.claims else { return Ok(()) };
+        let fd = host.image_dir().ok_or(ClaimError::NoImageDir)?;
+        let dir =
+            Dir::from_owned(fd, PathBuf::from("CRIU's image directory")).map_err(|e| ClaimError::Write(Arc::new(e)))?;
+        dir.write_file(CLAIMS_FILE_NAME, &claims.encode(), 0o600).map_err(|e| ClaimError::Write(Arc::new(e)))
+    }
+}
+
+/// Reads the claims of an image directory, if the dump wrote any.
+pub fn read_claims(dir: &Dir) -> Result<Option<DeviceClaims>, ClaimError> {
+    let path = dir.shown_file(CLAIMS_FILE_NAME);
+    let bytes = match dir.read_file(CLAIMS_FILE_NAME, MAX_CLAIMS_BYTES as u64) {
+        Ok(b) => b,
+        Err(FileError::Missing { .. }) => return Ok(None),
+        Err(e) => return Err(ClaimError::Read { path, why: e.to_string() }),
+    };
+    DeviceClaims::decode(&bytes).map(Some).map_err(|e| ClaimError::Read { path, why: e.to_string() })
+}
+
+/// The restore's side: the claims and, for each claimed open file, the node it opens here.
+#[derive(Debug, Clone)]
+pub struct RestoreClaims {
+    pub claims: DeviceClaims,
+    /// CRIU's file id → the node it opens on this node, that node's device number and the open flags.
+    reopen: BTreeMap<u32, (NvidiaNode, DevNumber, i32)>,
+}
+
+impl RestoreClaims {
+    /// Decides which node of this node each claimed descriptor opens: GPU nodes through the device map
+    /// the CUDA processes' plans chose (every plan that pairs a GPU must pair it alike), else the same
+    /// GPU, else the only usable one. A node this node lacks refuses the restore, naming it.
+    pub fn plan(
+        claims: DeviceClaims,
+        devices: &NvidiaDevices,
+        plans: &[ProcessPlan],
+        node_gpus: &[GpuIdentity],
+        usable: &[GpuUuid],
+    ) -> Result<RestoreClaims, ClaimError> {
+        let mut reopen = BTreeMap::new();
+        for f in &claims.files {
+            let no = |why: String| ClaimError::NoNode { node: f.node, id: f.id, why };
+            let node = match (f.node, f.gpu) {
+                (NvidiaNode::Gpu(_), Some(old)) => {
+                    let new = gpu_target(old, plans, node_gpus, usable).map_err(no)?;
+                    let minor = node_gpus
+                        .iter()
+                        .find(|g| g.uuid == new)
+                        .map(|g| g.minor)
+                        .ok_or_else(|| no(format!("GPU {new} has no minor in this node's GPU list")))?;
+                    NvidiaNode::Gpu(minor)
+                }
+                (n, _) => n,
+            };
+            let number = devices.number_of(node).ok_or_else(|| {
+                no(format!("this node's driver registered no {} (see /proc/devices)", node.dev_name()))
+            })?;
+            reopen.insert(f.id, (node, number, f.flags));
+        }
+        Ok(RestoreClaims { claims, reopen })
+    }
+
+    /// The log lines of the plan: each process and what it gets.
+    pub fn describe(&self) -> String {
+        let mut lines = self.claims.summary_lines();
+        for (id, (node, number, _)) in &self.reopen {
+            lines.push(format!("file {id:#x}: reopened as {node} ({number})"));
+        }
+        lines.join("\n")
+    }
+
+    /// RESTORE_EXT_FILE, in the restored task: the claimed file `id` opened anew. `None`: not ours.
+    pub fn reopen(&self, id: u32) -> Option<Result<OwnedFd, ccm_process::claims::ReopenError>> {
+        let (node, number, flags) = self.reopen.get(&id)?;
+        Some(ccm_process::claims::reopen_node(*node, *number, *flags))
+    }
+
+    /// UPDATE_VMA_MAP, in the restored task `ns_pid`: the placeholder behind its claimed mapping at `addr`
+    /// (mapped at offset 0). `None`: not a mapping this dump claimed.
+    pub fn placeholder(&self, ns_pid: u32, addr: u64) -> Option<Result<OwnedFd, ccm_process::claims::Errno>> {
+        let holder = self.claims.holder(ns_pid)?;
+        holder.mapping_at(addr)?;
+        Some(ccm_process::claims::placeholder(holder.placeholder_bytes()))
+    }
+}
+
+/// The GPU of this node that a claimed descriptor of dump GPU `old` opens.
+fn gpu_target(
+    old: GpuUuid,
+    plans: &[ProcessPlan],
+    node_gpus: &[GpuIdentity],
+    usable: &[GpuUuid],
+) -> Result<GpuUuid, String> {
+    let mut paired: Vec<GpuUuid> =
+        plans.iter().flat_map(|p| p.map.pairs.iter()).filter(|pair| pair.old == old).map(|pair| pair.new).collect();
+    paired.sort();
+    paired.dedup();
+    match paired.as_slice() {
+        [one] => return Ok(*one),
+        [] => {}
+        many => {
+            return Err(format!(
+                "the CUDA processes' device maps send dump GPU {old} to {} different GPUs ({}); give one map with \
+                 CRIU_CUDA_MIGRATE_DEVICE_MAP",
+                many.len(),
+                many.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", ")
+            ))
+        }
+    }
+    if usable.contains(&old) && node_gpus.iter().any(|g| g.uuid == old) {
+        return Ok(old);
+    }
+    match usable {
+        [only] => Ok(*only),
+        _ => Err(format!(
+            "dump GPU {old} is in no CUDA process's device map and not on this node, and {} GPUs are usable here: name \
+             its GPU with CRIU_CUDA_MIGRATE_DEVICE_MAP",
+            usable.len()
+        )),
+    }
+}
+
+/// Logs the claims a restore holds (once, at init).
+pub fn log_plan(c: &RestoreClaims) {
+    info!(
+        "{} forked process(es) of the checkpoint hold NVIDIA nodes without a CUDA context (dumped on {}):\n{}",
+        c.claims.holders.len(),
+        ccm_identity::text::shown(&c.claims.hostname),
+        c.describe()
+    );
+}

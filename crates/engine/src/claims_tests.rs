@@ -1,0 +1,178 @@
+//! Forked processes' NVIDIA nodes through the scripted seams: what the dump claims and writes, what it
+//! refuses, and what the restore plans from the file (no root, GPU or CRIU).
+
+use ccm_driver::checkpoint::ProcessState::Running;
+use ccm_identity::claims::{
+    ClaimedFd, ClaimedMapping, DevNumber, DevType, DeviceClaims, NvidiaDevices, NvidiaNode, CLAIMS_FILE_NAME,
+};
+use ccm_process::claims::Holdings;
+
+use crate::claims::{Claim, ClaimError, RestoreClaims};
+use crate::dump::DumpSession;
+use crate::fake::*;
+use crate::{EngineError, HookOutcome};
+
+fn devices() -> NvidiaDevices {
+    NvidiaDevices::from_proc_devices("Character devices:\n195 nvidia\n238 nvidia-uvm\n241 nvidia-caps\n")
+}
+
+fn chr(major: u32, minor: u32) -> DevNumber {
+    DevNumber { kind: DevType::Char, major, minor }
+}
+
+/// What a DataLoader worker holds (GPU-FACTS, measured on an H100): one GPU mapping, nvidiactl mappings, the
+/// parent's descriptors; no nvidia-uvm mapping (VM_DONTCOPY).
+fn worker() -> Holdings {
+    Holdings {
+        mappings: vec![
+            ClaimedMapping {
+                start: 0x2_0060_0000,
+                end: 0x2_0080_0000,
+                perms: "rw-s".into(),
+                offset: 0,
+                node: NvidiaNode::Gpu(1),
+            },
+            ClaimedMapping {
+                start: 0x7f00_0000_0000,
+                end: 0x7f00_0000_4000,
+                perms: "rw-s".into(),
+                offset: 0,
+                node: NvidiaNode::Control,
+            },
+        ],
+        fds: vec![
+            ClaimedFd { fd: 5, node: NvidiaNode::Uvm },
+            ClaimedFd { fd: 6, node: NvidiaNode::Control },
+            ClaimedFd { fd: 7, node: NvidiaNode::Gpu(1) },
+        ],
+        unclaimed: Vec::new(),
+    }
+}
+
+struct Dump {
+    session: DumpSession,
+    targets: FakeTargets,
+    criu: FakeCriu,
+}
+
+/// A CUDA parent 9100 on GPU 1 and a worker 9101 forked from it.
+fn dump(name: &str, worker_holds: Holdings) -> Dump {
+    capture_log();
+    let agent = FakeAgent::new(vec![gpu(0), gpu(1)]);
+    let targets = FakeTargets::default();
+    agent.cuda(9100, Running);
+    targets.cuda(9100).cuda(9101);
+    targets.script().minors.insert(9100, [1].into());
+    targets.script().devices = devices();
+    targets.script().holdings.insert(9101, worker_holds);
+    targets.script().ns_pids.insert(9101, 12);
+    let (seams, _) = seams(&targets, vec![Ok(agent.clone()), Ok(agent.fresh())]);
+    let criu = FakeCriu::new(name);
+    let session = DumpSession::init_with(config(&[]), &criu, seams).unwrap();
+    Dump { session, targets, criu }
+}
+
+impl Dump {
+    fn claims(&self) -> DeviceClaims {
+        DeviceClaims::decode(&std::fs::read(self.criu.path().join(CLAIMS_FILE_NAME)).unwrap()).unwrap()
+    }
+}
+
+#[test]
+fn a_forked_worker_is_recorded_claimed_and_written_while_its_parent_is_checkpointed() {
+    let mut d = dump("claims-worker", worker());
+    assert!(matches!(d.session.pause_devices(9100, &d.criu), HookOutcome::Done));
+    // The worker maps libcuda but the driver has no restore thread for it: left to CRIU at PAUSE_DEVICES.
+    assert!(matches!(d.session.pause_devices(9101, &d.criu), HookOutcome::NotMine));
+    assert!(matches!(d.session.checkpoint_devices(9100, &d.criu), HookOutcome::Done));
+    // At its CHECKPOINT_DEVICES what it holds is recorded (and the hook reports work done).
+    assert!(matches!(d.session.checkpoint_devices(9101, &d.criu), HookOutcome::Done));
+    assert!(seen(&["pid 9101 (proc9101) is no CUDA process but holds 3 NVIDIA descriptor(s) and 2 device mapping(s)"]));
+    let c = d.claims();
+    assert_eq!(c.holders.len(), 1);
+    assert_eq!((c.holders[0].pid, c.holders[0].host_pid), (12, 9101));
+    assert_eq!(c.gpus.get(&1), Some(&gpu(1).uuid));
+    // CRIU then asks about the mappings and the files.
+    assert!(matches!(d.session.handle_device_vma(chr(195, 1)), Claim::Mine));
+    assert!(matches!(d.session.handle_device_vma(chr(195, 255)), Claim::Mine));
+    assert!(matches!(d.session.handle_device_vma(chr(1, 1)), Claim::NotMine));
+    assert!(matches!(d.session.dump_ext_file(0x21, chr(195, 1), 0o2_000_002, &d.criu), Claim::Mine));
+    assert!(matches!(d.session.dump_ext_file(0x22, chr(238, 0), 2, &d.criu), Claim::Mine));
+    assert!(matches!(d.session.dump_ext_file(0x23, chr(10, 237), 2, &d.criu), Claim::NotMine));
+    let c = d.claims();
+    assert_eq!(c.files.len(), 2);
+    let gpu_file = c.file(0x21).unwrap();
+    assert_eq!((gpu_file.node, gpu_file.gpu, gpu_file.flags), (NvidiaNode::Gpu(1), Some(gpu(1).uuid), 0o2_000_002));
+    assert!(*d.criu.inventory_added.lock().unwrap());
+    d.session.finish(0, &d.criu);
+}
+
+#[test]
+fn a_process_without_nvidia_nodes_and_a_node_without_the_driver_are_left_to_criu() {
+    let mut d = dump("claims-none", Holdings::default());
+    assert!(matches!(d.session.checkpoint_devices(9101, &d.criu), HookOutcome::NotMine));
+    assert!(!d.criu.path().join(CLAIMS_FILE_NAME).exists());
+    // A mapping of an NVIDIA node that no process was recorded holding is refused, not silently dumped.
+    match d.session.handle_device_vma(chr(195, 1)) {
+        Claim::Refused(ClaimError::UnknownMapping { node: NvidiaNode::Gpu(1) }) => {}
+        other => panic!("{other:?}"),
+    }
+    let mut d2 = dump("claims-nodriver", worker());
+    d2.targets.script().devices = NvidiaDevices::default();
+    assert!(matches!(d2.session.checkpoint_devices(9101, &d2.criu), HookOutcome::NotMine));
+}
+
+#[test]
+fn nodes_the_plugin_does_not_claim_and_unreadable_holdings_fail_the_dump_naming_the_process() {
+    let mut holds = worker();
+    holds.unclaimed.push(("descriptor 9 of char 241:1".into(), "nvidia-caps".into()));
+    let mut d = dump("claims-caps", holds);
+    match d.session.checkpoint_devices(9101, &d.criu) {
+        HookOutcome::Failed(EngineError::Claim(e @ ClaimError::Unclaimable { .. })) => {
+            let t = e.to_string();
+            assert!(t.contains("pid 9101 (proc9101)") && t.contains("nvidia-caps") && t.contains("'spawn'"), "{t}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let mut d = dump("claims-unreadable", worker());
+    d.targets.script().holdings_fail.insert(9101);
+    assert!(matches!(
+        d.session.checkpoint_devices(9101, &d.criu),
+        HookOutcome::Failed(EngineError::Claim(ClaimError::Unreadable { .. }))
+    ));
+}
+
+fn written_claims() -> DeviceClaims {
+    let mut d = dump("claims-plan", worker());
+    assert!(matches!(d.session.checkpoint_devices(9101, &d.criu), HookOutcome::Done));
+    assert!(matches!(d.session.dump_ext_file(0x21, chr(195, 1), 2, &d.criu), Claim::Mine));
+    assert!(matches!(d.session.dump_ext_file(0x22, chr(238, 0), 2, &d.criu), Claim::Mine));
+    d.claims()
+}
+
+#[test]
+fn the_restore_reopens_gpu_nodes_through_the_map_and_refuses_what_the_node_lacks() {
+    let claims = written_claims();
+    // Another node where the dump's GPU 1 is absent and one GPU (minor 3) is usable: the only choice.
+    let mut other = gpu(3);
+    other.minor = 3;
+    let here = NvidiaDevices::from_proc_devices("Character devices:\n195 nvidia\n511 nvidia-uvm\n");
+    let planned = RestoreClaims::plan(claims.clone(), &here, &[], std::slice::from_ref(&other), &[other.uuid]).unwrap();
+    let text = planned.describe();
+    assert!(text.contains("file 0x21: reopened as /dev/nvidia3 (char 195:3)"), "{text}");
+    assert!(text.contains("file 0x22: reopened as /dev/nvidia-uvm (char 511:0)"), "{text}");
+    // The worker's mapping gets a placeholder as large as its largest mapping; another address is not ours.
+    let fd = planned.placeholder(12, 0x2_0060_0000).unwrap().unwrap();
+    assert_eq!(std::fs::File::from(fd).metadata().unwrap().len(), 0x20_0000);
+    assert!(planned.placeholder(12, 0x1000).is_none());
+    assert!(planned.placeholder(13, 0x2_0060_0000).is_none());
+    // Two usable GPUs and the dump's not among them: which one is the user's to say.
+    let e =
+        RestoreClaims::plan(claims.clone(), &here, &[], &[gpu(3), gpu(4)], &[gpu(3).uuid, gpu(4).uuid]).unwrap_err();
+    assert!(e.to_string().contains("CRIU_CUDA_MIGRATE_DEVICE_MAP"), "{e}");
+    // A node whose driver has no nvidia-uvm: refused before anything is restored, naming it.
+    let no_uvm = NvidiaDevices::from_proc_devices("Character devices:\n195 nvidia\n");
+    let e = RestoreClaims::plan(claims, &no_uvm, &[], &[gpu(1)], &[gpu(1).uuid]).unwrap_err();
+    let t = e.to_string();
+    assert!(t.contains("/dev/nvidia-uvm") && t.contains("images are unchanged"), "{t}");
+}

@@ -1,0 +1,261 @@
+//! The NVIDIA device nodes held by a process that is no CUDA process (a child forked after its
+//! parent's `cuInit`), as the dump claims them, and what the restore gives back in their place:
+//! descriptors opened anew inside the restored task's root, mappings backed by an inert placeholder
+//! (`ccm_identity::claims` says why).
+//!
+//! The device numbers decide, never a path: a mapping's or descriptor's target is `stat`ed through
+//! `/proc/PID/map_files` and `/proc/PID/fd` (the inode itself, whatever mount namespace named it),
+//! and a node opened at restore must be the character (or stand-in) device the restoring node's
+//! driver registered, checked before and after the open.
+
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
+
+use ccm_identity::claims::{ClaimedFd, ClaimedMapping, DevNumber, DevType, NvidiaDevices, NvidiaNode};
+use rustix::fs::{FileType, Mode, OFlags};
+pub use rustix::io::Errno;
+
+use crate::maps::Mapping;
+use crate::procfs::{io_error, proc_path, read_text, MAX_SMALL_PROC_FILE};
+use crate::ProcessError;
+
+/// Where the kernel lists its device majors.
+pub const PROC_DEVICES: &str = "/proc/devices";
+/// Most read of `/proc/devices` (a few hundred bytes on any machine).
+const MAX_PROC_DEVICES: u64 = 64 << 10;
+/// Most descriptors looked at in one process (its `RLIMIT_NOFILE` can be a million).
+pub const MAX_FDS_LOOKED_AT: usize = 1 << 16;
+
+/// The NVIDIA device numbers of this node, from `/proc/devices`.
+pub fn nvidia_devices() -> Result<NvidiaDevices, std::io::Error> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open(PROC_DEVICES)?.take(MAX_PROC_DEVICES).read_to_string(&mut text)?;
+    Ok(NvidiaDevices::from_proc_devices(&text))
+}
+
+/// The device number of a `stat`.
+fn number_of(st: &rustix::fs::Stat) -> Option<DevNumber> {
+    let kind = match FileType::from_raw_mode(st.st_mode) {
+        FileType::CharacterDevice => DevType::Char,
+        FileType::BlockDevice => DevType::Block,
+        _ => return None,
+    };
+    Some(DevNumber { kind, major: rustix::fs::major(st.st_rdev), minor: rustix::fs::minor(st.st_rdev) })
+}
+
+/// The device number of an open descriptor, if it is a device.
+pub fn device_of_fd(fd: BorrowedFd<'_>) -> Option<DevNumber> {
+    number_of(&rustix::fs::fstat(fd).ok()?)
+}
+
+/// The open flags of a descriptor (`fcntl(F_GETFL)`), as the raw bits.
+pub fn open_flags_of_fd(fd: BorrowedFd<'_>) -> Option<i32> {
+    let bits = rustix::fs::fcntl_getfl(fd).ok()?.bits();
+    i32::try_from(bits).ok()
+}
+
+/// What a process holds of the NVIDIA nodes.
+#[derive(Debug, Default, Clone, PartialEq, Eq)]
+pub struct Holdings {
+    pub mappings: Vec<ClaimedMapping>,
+    pub fds: Vec<ClaimedFd>,
+    /// Nodes of the NVIDIA driver the plugin does not claim (`nvidia-caps`, ...): `(what, driver name)`.
+    pub unclaimed: Vec<(String, String)>,
+}
+
+impl Holdings {
+    pub fn is_empty(&self) -> bool {
+        self.mappings.is_empty() && self.fds.is_empty() && self.unclaimed.is_empty()
+    }
+}
+
+/// The NVIDIA nodes `pid` maps (its `maps` read already) and holds open.
+pub fn holdings(pid: u32, maps: &[Mapping], devices: &NvidiaDevices) -> Result<Holdings, ProcessError> {
+    let mut h = Holdings::default();
+    for m in maps.iter().filter(|m| m.inode != 0 && m.path.starts_with('/')) {
+        // The mapped inode itself (its link is followed to the file, in whatever namespace it lies).
+        let link = proc_path(pid, &format!("map_files/{:x}-{:x}", m.start, m.end));
+        let Ok(st) = rustix::fs::stat(&link) else { continue };
+        let Some(number) = number_of(&st) else { continue };
+        if let Some(node) = devices.classify(number) {
+            h.mappings.push(ClaimedMapping {
+                start: m.start,
+                end: m.end,
+                perms: format!(
+                    "{}{}{}{}",
+                    if m.readable { 'r' } else { '-' },
+                    if m.writable { 'w' } else { '-' },
+                    if m.executable { 'x' } else { '-' },
+                    if m.shared { 's' } else { 'p' }
+                ),
+                offset: m.offset,
+                node,
+            });
+        } else if let Some(name) = devices.unclaimed_major(number) {
+            h.unclaimed.push((format!("mapping {:#x}-{:#x} of {number}", m.start, m.end), name.to_string()));
+        }
+    }
+    let dir = proc_path(pid, "fd");
+    let entries = std::fs::read_dir(&dir).map_err(|e| io_error(pid, "listing", &dir, e))?;
+    for entry in entries.flatten().take(MAX_FDS_LOOKED_AT) {
+        let Some(fd) = entry.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
+        let Ok(st) = rustix::fs::stat(entry.path()) else { continue };
+        let Some(number) = number_of(&st) else { continue };
+        if let Some(node) = devices.classify(number) {
+            h.fds.push(ClaimedFd { fd, node });
+        } else if let Some(name) = devices.unclaimed_major(number) {
+            h.unclaimed.push((format!("descriptor {fd} of {number}"), name.to_string()));
+        }
+    }
+    h.fds.sort_by_key(|f| f.fd);
+    Ok(h)
+}
+
+/// Whether descriptor `fd` of `pid` is the very open file (the same open file description, as `fork`
+/// shares it) of some descriptor of `other` among `other_fds`: the kernel's `kcmp(KCMP_FILE)`.
+/// `None` when the kernel cannot tell (no permission, a process gone).
+pub fn shares_open_file(pid: u32, fd: u32, other: u32, other_fds: &[u32]) -> Option<bool> {
+    const KCMP_FILE: libc::c_long = 0;
+    let mut answered = false;
+    for &ofd in other_fds {
+        // SAFETY: kcmp only compares kernel objects of the two processes by their numbers; it reads and
+        // writes no memory of ours, and any value of its arguments is valid (bad ones give an error).
+        let r = unsafe {
+            libc::syscall(
+                libc::SYS_kcmp,
+                libc::c_long::from(pid),
+                libc::c_long::from(other),
+                KCMP_FILE,
+                libc::c_long::from(fd),
+                libc::c_long::from(ofd),
+            )
+        };
+        match r {
+            0 => return Some(true),
+            r if r > 0 => answered = true,
+            _ => {}
+        }
+    }
+    answered.then_some(false)
+}
+
+/// The name of `pid` (`/proc/PID/comm`), as the kernel keeps it (at most 15 bytes).
+pub fn comm(pid: u32) -> String {
+    read_text(pid, "comm", MAX_SMALL_PROC_FILE).map(|s| s.trim_end_matches('\n').to_string()).unwrap_or_default()
+}
+
+/// Why a claimed node cannot be opened at restore.
+#[derive(Debug, thiserror::Error)]
+pub enum ReopenError {
+    #[error("the restored task's /dev cannot be opened ({0}); a /dev that is a link is refused")]
+    Dev(rustix::io::Errno),
+    #[error("/dev/{name} is not in the restored task's /dev ({errno}): the restoring runtime must give the container that device")]
+    Missing { name: String, errno: rustix::io::Errno },
+    #[error("/dev/{name} in the restored task's root is not {want} (it is {got}); refused")]
+    NotTheDevice { name: String, want: DevNumber, got: String },
+    #[error("/dev/{name}: {errno}")]
+    Open { name: String, errno: rustix::io::Errno },
+}
+
+/// Opens `/dev/<node>` of the calling process's root (the restored task's: CRIU calls
+/// `RESTORE_EXT_FILE` in the task, inside its mount namespace and root), with `flags`' access mode
+/// and status flags. No link is followed (neither `/dev` nor the node), nothing is created, and the
+/// node must be `want` both before the open (a FIFO or a file is never opened) and after it.
+pub fn reopen_node(node: NvidiaNode, want: DevNumber, flags: i32) -> Result<OwnedFd, ReopenError> {
+    let name = node.dev_name();
+    let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let root = rustix::fs::open("/", dir, Mode::empty()).map_err(ReopenError::Dev)?;
+    let dev = rustix::fs::openat(&root, "dev", dir, Mode::empty()).map_err(ReopenError::Dev)?;
+    let shown = |st: &rustix::fs::Stat| match number_of(st) {
+        Some(n) => n.to_string(),
+        None => format!("{:?}", FileType::from_raw_mode(st.st_mode)),
+    };
+    let before = rustix::fs::statat(&dev, name.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+        .map_err(|errno| ReopenError::Missing { name: name.clone(), errno })?;
+    if number_of(&before) != Some(want) {
+        return Err(ReopenError::NotTheDevice { name, want, got: shown(&before) });
+    }
+    // Only the access mode and the status flags a device keeps; never O_CREAT, O_TRUNC and the like.
+    let given = OFlags::from_bits_truncate(u32::try_from(flags).unwrap_or(0));
+    let keep = OFlags::RWMODE | OFlags::NONBLOCK | OFlags::APPEND | OFlags::SYNC | OFlags::DSYNC;
+    let open = (given & keep) | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let fd = rustix::fs::openat(&dev, name.as_str(), open, Mode::empty())
+        .map_err(|errno| ReopenError::Open { name: name.clone(), errno })?;
+    let after = rustix::fs::fstat(&fd).map_err(|errno| ReopenError::Open { name: name.clone(), errno })?;
+    if number_of(&after) != Some(want) || after.st_ino != before.st_ino {
+        return Err(ReopenError::NotTheDevice { name, want, got: shown(&after) });
+    }
+    Ok(fd)
+}
+
+/// The inert placeholder behind a claimed mapping at restore: a sealed-size anonymous shared file of
+/// `bytes` (zeros), which CRIU maps at the mapping's address with its protection. Close-on-exec: a
+/// descriptor CRIU leaves unused (it reuses the first one for consecutive mappings of one file) goes
+/// away at the task's next exec.
+pub fn placeholder(bytes: u64) -> Result<OwnedFd, rustix::io::Errno> {
+    use rustix::fs::{MemfdFlags, SealFlags};
+    let fd =
+        rustix::fs::memfd_create("criu-cuda-migrate-placeholder", MemfdFlags::CLOEXEC | MemfdFlags::ALLOW_SEALING)?;
+    rustix::fs::ftruncate(&fd, bytes)?;
+    // Its size stays: a mapping that outgrew it would fault instead of reading zeros.
+    rustix::fs::fcntl_add_seals(&fd, SealFlags::SHRINK | SealFlags::GROW | SealFlags::SEAL)?;
+    Ok(fd)
+}
+
+/// The raw number of an owned descriptor handed to CRIU (which closes it).
+pub fn into_raw(fd: OwnedFd) -> i32 {
+    use std::os::fd::IntoRawFd;
+    fd.into_raw_fd()
+}
+
+/// Borrows a descriptor number CRIU passed in for the length of a hook.
+///
+/// The caller promises `fd` is open for the whole call (CRIU's hook contract).
+pub fn with_borrowed<T>(fd: i32, f: impl FnOnce(BorrowedFd<'_>) -> T) -> Option<T> {
+    if fd < 0 {
+        return None;
+    }
+    // SAFETY: CRIU passes a descriptor it holds open until the hook returns (HANDLE_DEVICE_VMA's
+    // map_files fd, DUMP_EXT_FILE's local copy of the task's fd); the borrow does not outlive `f`,
+    // which runs inside the hook, and nothing here closes it.
+    let borrowed = unsafe { BorrowedFd::borrow_raw(fd) };
+    Some(f(borrowed.as_fd()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_placeholder_is_sized_sealed_and_reads_zeros() {
+        let fd = placeholder(8192).unwrap();
+        assert_eq!(rustix::fs::fstat(&fd).unwrap().st_size, 8192);
+        assert!(rustix::fs::ftruncate(&fd, 4096).is_err(), "sealed against shrinking");
+        let mut buf = [1u8; 16];
+        assert_eq!(rustix::io::pread(&fd, &mut buf, 4000).unwrap(), 16);
+        assert_eq!(buf, [0u8; 16]);
+    }
+
+    #[test]
+    fn a_descriptor_of_a_stand_in_device_is_classified_by_its_number() {
+        // /dev/null is char 1:3 on every Linux: a stand-in for nvidiactl here.
+        let devices = NvidiaDevices::default().with_stand_ins("char:1:3=nvidiactl").unwrap();
+        let f = std::fs::File::open("/dev/null").unwrap();
+        let n = device_of_fd(f.as_fd()).unwrap();
+        assert_eq!(devices.classify(n), Some(NvidiaNode::Control));
+        assert_eq!(open_flags_of_fd(f.as_fd()).map(|f| f & libc::O_ACCMODE), Some(libc::O_RDONLY));
+        let me = std::process::id();
+        let h = holdings(me, &crate::read_maps(me).unwrap(), &devices).unwrap();
+        assert!(h.fds.iter().any(|c| c.node == NvidiaNode::Control), "{h:?}");
+        drop(f);
+    }
+
+    #[test]
+    fn reopening_checks_the_device_number_and_refuses_others() {
+        let null = DevNumber { kind: DevType::Char, major: 1, minor: 3 };
+        // /dev/nvidiactl is not on this machine (or is not char 1:3): refused, nothing created.
+        let e = reopen_node(NvidiaNode::Control, null, libc::O_RDWR).unwrap_err();
+        assert!(matches!(e, ReopenError::Missing { .. } | ReopenError::NotTheDevice { .. }), "{e}");
+        assert!(e.to_string().contains("/dev/nvidiactl"), "{e}");
+    }
+}
