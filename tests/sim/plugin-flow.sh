@@ -351,8 +351,9 @@ forked)
     grep -q "RESTORE_EXT_FILE(file .*reopened as fd" "$WORK/img/restore.log" || fail "no descriptor reopened"
     grep -q "UPDATE_VMA_MAP(.*placeholder fd" "$WORK/img/restore.log" || fail "no placeholder mapped"
     # The restored child holds the restoring node's nodes again, and a placeholder where the device was mapped.
-    ls -l "/proc/$child/fd" | grep -q " -> /dev/nvidiactl" || fail "restored child lacks /dev/nvidiactl: $(ls -l "/proc/$child/fd")"
-    ls -l "/proc/$child/fd" | grep -q " -> /dev/nvidia0" || fail "restored child lacks /dev/nvidia0"
+    links=$(for f in "/proc/$child"/fd/*; do readlink "$f"; done)
+    grep -qx /dev/nvidiactl <<<"$links" || fail "restored child lacks /dev/nvidiactl: $links"
+    grep -qx /dev/nvidia0 <<<"$links" || fail "restored child lacks /dev/nvidia0: $links"
     grep -q "criu-cuda-migrate-placeholder" "/proc/$child/maps" || fail "no placeholder in the child's maps: $(cat "/proc/$child/maps")"
     go "$WORK/w0" 1 >/dev/null
     check_agree "$WORK/w0" 1

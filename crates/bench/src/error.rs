@@ -5,6 +5,9 @@ use ccm_driver::CudaError;
 
 #[derive(Debug, thiserror::Error)]
 pub enum BenchError {
+    #[error("the kernel driver's resource manager: {0}")]
+    Rm(String),
+
     #[error("{0}")]
     Load(#[from] LoadError),
 

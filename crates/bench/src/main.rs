@@ -56,6 +56,15 @@ enum Cmd {
         #[arg(long, default_value_t = 10_000)]
         lock_timeout_ms: u32,
     },
+    /// The kernel driver's resource manager asked about `pid` several times on ONE client: every GPU's device
+    /// and subdevice objects made and freed each time (issue 41 part 1: a multi-GPU node's handles, on any
+    /// machine). Prints every answer.
+    RmRepeat {
+        #[arg(long, value_delimiter = ',', required = true)]
+        pid: Vec<u32>,
+        #[arg(long, default_value_t = 2)]
+        rounds: usize,
+    },
     /// One action in this fresh process (what `per-action` starts).
     Action {
         #[arg(value_enum)]
@@ -80,6 +89,9 @@ fn run(cli: Cli) -> Result<(), BenchError> {
         }
         Cmd::PerAction { pid, repeats, lock_timeout_ms } => {
             print_json(&per_action::run(&pid, repeats, lock_timeout_ms)?)
+        }
+        Cmd::RmRepeat { pid, rounds } => {
+            print_json(&ccm_driver::rm::video_memory_repeated(&pid, rounds).map_err(|e| BenchError::Rm(e.to_string()))?)
         }
         Cmd::Action { action, pid, lock_timeout_ms } => {
             print_json(&per_action::run_action(action, pid, lock_timeout_ms)?)

@@ -103,7 +103,7 @@ pub fn run(pid: i32, json: bool) -> CliResult {
         r.holdings.unclaimed.first().map(|(what, name)| {
             ccm_engine::claims::ClaimError::Unclaimable {
                 pid: HostPid::new(r.pid.into()).unwrap_or(root),
-                comm: ccm_identity::text::shown(&r.command),
+                comm: r.command.clone(),
                 what: what.clone(),
                 name: name.clone(),
             }
@@ -142,7 +142,7 @@ pub fn run(pid: i32, json: bool) -> CliResult {
                 "pid {} ({}): no CUDA context, {} NVIDIA descriptor(s) and {} device mapping(s){}: handled (the plugin \
                  reopens the descriptors on the restoring node and restores the mappings as inert placeholders)",
                 r.pid,
-                ccm_identity::text::shown(&r.command),
+                r.command,
                 h.descriptors,
                 h.mappings,
                 h.inherited_from.map(|p| format!(" inherited from pid {p}")).unwrap_or_default()
@@ -266,7 +266,8 @@ fn own_memory_known(r: &ProcessRow) -> bool {
 
 /// One process: its CUDA use from `/proc` and the resource manager's answers.
 fn row(pid: u32, rm: Option<&PidMemoryReport>, node_gpus: &[GpuIdentity], devices: &NvidiaDevices) -> ProcessRow {
-    let command = ccm_process::tree::comm(pid).unwrap_or_default();
+    // A process names itself (`prctl(PR_SET_NAME)`): escaped before it reaches the table or a verdict line.
+    let command = ccm_identity::text::shown(&ccm_process::tree::comm(pid).unwrap_or_default());
     let maps = ccm_process::read_maps(pid).unwrap_or_default();
     let maps_libcuda = maps.iter().any(|m| m.path.contains(ccm_engine::LIBCUDA_FILE));
     let minors = ccm_process::devices::nvidia_minors_in_use_with(pid, &maps).unwrap_or_default();

@@ -36,7 +36,12 @@ fn refuse_if_traced(pid: HostPid) -> Result<(), Failure> {
         Err(e) => return Err(Failure::Input(format!("pid {pid}: cannot tell whether it is traced: {e}"))),
     };
     let Some(t) = tracer else { return Ok(()) };
-    let exe = t.exe.as_ref().map(|e| format!(", {}", e.display())).unwrap_or_default();
+    // Every name from /proc is the traced process's or the tracer's choice: escaped before it reaches a line.
+    let exe = t
+        .exe
+        .as_ref()
+        .map(|e| format!(", {}", ccm_identity::text::shown(&e.display().to_string())))
+        .unwrap_or_default();
     Err(Failure::Refused(if t.is_criu() {
         format!(
             "pid {pid} is held by CRIU (pid {}{exe}), which traces it: a dump or restore of it is under way, and a \
@@ -48,7 +53,8 @@ fn refuse_if_traced(pid: HostPid) -> Result<(), Failure> {
         format!(
             "pid {pid} is traced by pid {} ({}{exe}): the driver cannot put back a process stopped for a tracer. \
              Detach or end the tracer, then run recover again",
-            t.pid, t.comm
+            t.pid,
+            ccm_identity::text::shown(&t.comm)
         )
     }))
 }

@@ -87,3 +87,32 @@ fn a_bad_setting_in_the_environment_is_named() {
     let err = String::from_utf8_lossy(&out.stderr);
     assert!(err.contains("CRIU_CUDA_MIGRATE_IPC") && err.contains("`allow`"), "{err}");
 }
+
+/// A process names itself (`/proc/self/comm`, `prctl(PR_SET_NAME)`): a name holding a line break and a verdict
+/// must reach the report escaped, one line, and never add a line of its own (issue 41 part 5).
+#[test]
+fn a_forged_process_name_cannot_add_a_line_to_the_report() {
+    // One write of its own name (perl's syswrite to /proc/self/comm: the kernel takes it whole, up to 15 bytes),
+    // then a child, so that the tree has two processes as the others here.
+    let mut t = Command::new("perl")
+        .args([
+            "-e",
+            r#"open(my $f, ">", "/proc/self/comm") or die; syswrite($f, "x\nverdict: ok"); close $f; if (fork() == 0) { exec "sleep", "30" } wait"#,
+        ])
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .spawn()
+        .unwrap();
+    for _ in 0..100 {
+        if std::fs::read_to_string(format!("/proc/{}/comm", t.id())).unwrap_or_default().starts_with("x\n") {
+            break;
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let out = cli().args(["job", "--pid", &t.id().to_string()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().filter(|l| l.starts_with("verdict:")).count(), 1, "{text}");
+    assert!(text.contains(r"x\nverdict: ok"), "the name is shown escaped: {text}");
+    t.kill().unwrap();
+    t.wait().unwrap();
+}

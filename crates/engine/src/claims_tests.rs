@@ -41,6 +41,7 @@ fn worker() -> Holdings {
             },
         ],
         fds: vec![
+            ClaimedFd { fd: 4, node: NvidiaNode::Cap(1) },
             ClaimedFd { fd: 5, node: NvidiaNode::Uvm },
             ClaimedFd { fd: 6, node: NvidiaNode::Control },
             ClaimedFd { fd: 7, node: NvidiaNode::Gpu(1) },
@@ -87,7 +88,7 @@ fn a_forked_worker_is_recorded_claimed_and_written_while_its_parent_is_checkpoin
     assert!(matches!(d.session.checkpoint_devices(9100, &d.criu), HookOutcome::Done));
     // At its CHECKPOINT_DEVICES what it holds is recorded (and the hook reports work done).
     assert!(matches!(d.session.checkpoint_devices(9101, &d.criu), HookOutcome::Done));
-    assert!(seen(&["pid 9101 (proc9101) is no CUDA process but holds 3 NVIDIA descriptor(s) and 2 device mapping(s)"]));
+    assert!(seen(&["pid 9101 (proc9101) is no CUDA process but holds 4 NVIDIA descriptor(s) and 2 device mapping(s)"]));
     let c = d.claims();
     assert_eq!(c.holders.len(), 1);
     assert_eq!((c.holders[0].pid, c.holders[0].host_pid), (12, 9101));
@@ -98,9 +99,11 @@ fn a_forked_worker_is_recorded_claimed_and_written_while_its_parent_is_checkpoin
     assert!(matches!(d.session.handle_device_vma(chr(1, 1)), Claim::NotMine));
     assert!(matches!(d.session.dump_ext_file(0x21, chr(195, 1), 0o2_000_002, &d.criu), Claim::Mine));
     assert!(matches!(d.session.dump_ext_file(0x22, chr(238, 0), 2, &d.criu), Claim::Mine));
+    assert!(matches!(d.session.dump_ext_file(0x24, chr(241, 1), 0, &d.criu), Claim::Mine));
     assert!(matches!(d.session.dump_ext_file(0x23, chr(10, 237), 2, &d.criu), Claim::NotMine));
     let c = d.claims();
-    assert_eq!(c.files.len(), 2);
+    assert_eq!(c.files.len(), 3);
+    assert_eq!(c.file(0x24).map(|f| f.node), Some(NvidiaNode::Cap(1)));
     let gpu_file = c.file(0x21).unwrap();
     assert_eq!((gpu_file.node, gpu_file.gpu, gpu_file.flags), (NvidiaNode::Gpu(1), Some(gpu(1).uuid), 0o2_000_002));
     assert!(*d.criu.inventory_added.lock().unwrap());
@@ -125,12 +128,15 @@ fn a_process_without_nvidia_nodes_and_a_node_without_the_driver_are_left_to_criu
 #[test]
 fn nodes_the_plugin_does_not_claim_and_unreadable_holdings_fail_the_dump_naming_the_process() {
     let mut holds = worker();
-    holds.unclaimed.push(("descriptor 9 of char 241:1".into(), "nvidia-caps".into()));
+    holds.unclaimed.push(("descriptor 9 of char 242:1".into(), "nvidia-caps-imex-channels".into()));
     let mut d = dump("claims-caps", holds);
     match d.session.checkpoint_devices(9101, &d.criu) {
         HookOutcome::Failed(EngineError::Claim(e @ ClaimError::Unclaimable { .. })) => {
             let t = e.to_string();
-            assert!(t.contains("pid 9101 (proc9101)") && t.contains("nvidia-caps") && t.contains("'spawn'"), "{t}");
+            assert!(
+                t.contains("pid 9101 (proc9101)") && t.contains("nvidia-caps-imex") && t.contains("'spawn'"),
+                "{t}"
+            );
         }
         other => panic!("{other:?}"),
     }

@@ -54,6 +54,10 @@ pub enum NvidiaNode {
     Uvm,
     /// `/dev/nvidia-uvm-tools` (minor 1).
     UvmTools,
+    /// `/dev/nvidia-caps/nvidia-capN` (the nvidia-caps major, minor N): a capability node, which libcuda
+    /// opens read-only at its start (measured: `nvidia-cap1` and `nvidia-cap2` in every DataLoader worker on
+    /// an H100, driver 580).
+    Cap(u32),
 }
 
 impl NvidiaNode {
@@ -65,6 +69,7 @@ impl NvidiaNode {
             NvidiaNode::Gpu(m) => format!("nvidia{m}"),
             NvidiaNode::Uvm => "nvidia-uvm".into(),
             NvidiaNode::UvmTools => "nvidia-uvm-tools".into(),
+            NvidiaNode::Cap(m) => format!("nvidia-caps/nvidia-cap{m}"),
         }
     }
 
@@ -75,6 +80,14 @@ impl NvidiaNode {
             "nvidia-modeset" => NvidiaNode::Modeset,
             "nvidia-uvm" => NvidiaNode::Uvm,
             "nvidia-uvm-tools" => NvidiaNode::UvmTools,
+            _ if name.starts_with("nvidia-caps/nvidia-cap") => {
+                let digits = &name["nvidia-caps/nvidia-cap".len()..];
+                let m: u32 = digits.parse().ok()?;
+                if m.to_string() != digits {
+                    return None;
+                }
+                NvidiaNode::Cap(m)
+            }
             _ => {
                 let digits = name.strip_prefix("nvidia")?;
                 let m: u32 = digits.parse().ok()?;
@@ -131,6 +144,8 @@ pub struct NvidiaDevices {
     pub nvidia_major: Option<u32>,
     /// The major of `nvidia-uvm` (dynamic: 238 on one machine, 511 on another).
     pub uvm_major: Option<u32>,
+    /// The major of `nvidia-caps` (dynamic).
+    pub caps_major: Option<u32>,
     /// Other majors the NVIDIA driver registered (`nvidia-caps`, `nvidia-nvswitch`, `nvidia-nvlink`,
     /// ...), by name: the plugin claims none of their nodes and says so.
     pub other: Vec<(u32, String)>,
@@ -168,6 +183,7 @@ impl NvidiaDevices {
                 // Some drivers register the GPU nodes as "nvidia-frontend" (the multiplexer of several modules).
                 "nvidia" | "nvidia-frontend" => d.nvidia_major = d.nvidia_major.or(Some(major)),
                 "nvidia-uvm" => d.uvm_major = Some(major),
+                "nvidia-caps" => d.caps_major = Some(major),
                 n if n.starts_with("nvidia") => d.other.push((major, n.chars().take(MAX_TEXT).collect())),
                 _ => {}
             }
@@ -196,7 +212,11 @@ impl NvidiaDevices {
 
     /// Whether this node has any NVIDIA device number at all.
     pub fn is_empty(&self) -> bool {
-        self.nvidia_major.is_none() && self.uvm_major.is_none() && self.other.is_empty() && self.stand_ins.is_empty()
+        self.nvidia_major.is_none()
+            && self.uvm_major.is_none()
+            && self.caps_major.is_none()
+            && self.other.is_empty()
+            && self.stand_ins.is_empty()
     }
 
     /// Which NVIDIA node a device number is, if any.
@@ -213,6 +233,9 @@ impl NvidiaDevices {
                 MODESET_MINOR => NvidiaNode::Modeset,
                 m => NvidiaNode::Gpu(m),
             });
+        }
+        if Some(number.major) == self.caps_major {
+            return Some(NvidiaNode::Cap(number.minor));
         }
         if Some(number.major) == self.uvm_major {
             return match number.minor {
@@ -245,6 +268,7 @@ impl NvidiaDevices {
             NvidiaNode::Gpu(m) => char(self.nvidia_major, m),
             NvidiaNode::Uvm => char(self.uvm_major, 0),
             NvidiaNode::UvmTools => char(self.uvm_major, 1),
+            NvidiaNode::Cap(m) => char(self.caps_major, m),
         }
     }
 }
@@ -492,7 +516,10 @@ mod tests {
         let d = devices();
         assert_eq!(d.nvidia_major, Some(195));
         assert_eq!(d.uvm_major, Some(238));
-        assert_eq!(d.other.len(), 4);
+        assert_eq!(d.other.len(), 3);
+        assert_eq!(d.caps_major, Some(241));
+        assert_eq!(d.classify(chr(241, 2)), Some(NvidiaNode::Cap(2)));
+        assert_eq!(d.number_of(NvidiaNode::Cap(1)), Some(chr(241, 1)));
         assert_eq!(d.classify(chr(195, 255)), Some(NvidiaNode::Control));
         assert_eq!(d.classify(chr(195, 254)), Some(NvidiaNode::Modeset));
         assert_eq!(d.classify(chr(195, 3)), Some(NvidiaNode::Gpu(3)));
@@ -502,7 +529,8 @@ mod tests {
         assert_eq!(d.classify(chr(1, 5)), None);
         // A block device of the same major is not the GPU node.
         assert_eq!(d.classify(DevNumber { kind: DevType::Block, major: 195, minor: 0 }), None);
-        assert_eq!(d.unclaimed_major(chr(241, 1)), Some("nvidia-caps"));
+        assert_eq!(d.unclaimed_major(chr(242, 1)), Some("nvidia-caps-imex-channels"));
+        assert_eq!(d.unclaimed_major(chr(241, 1)), None);
         assert_eq!(d.unclaimed_major(chr(195, 1)), None);
         assert_eq!(d.number_of(NvidiaNode::Gpu(2)), Some(chr(195, 2)));
         assert_eq!(d.number_of(NvidiaNode::UvmTools), Some(chr(238, 1)));
@@ -523,10 +551,27 @@ mod tests {
 
     #[test]
     fn node_names_round_trip_and_refuse_lookalikes() {
-        for n in [NvidiaNode::Control, NvidiaNode::Modeset, NvidiaNode::Gpu(0), NvidiaNode::Gpu(17), NvidiaNode::Uvm] {
+        for n in [
+            NvidiaNode::Control,
+            NvidiaNode::Modeset,
+            NvidiaNode::Gpu(0),
+            NvidiaNode::Gpu(17),
+            NvidiaNode::Uvm,
+            NvidiaNode::Cap(2),
+        ] {
             assert_eq!(NvidiaNode::from_dev_name(&n.dev_name()), Some(n));
         }
-        for bad in ["nvidia", "nvidia01", "nvidia254", "nvidia-caps", "nvidia-1", "../nvidia0", "nvidia0 "] {
+        for bad in [
+            "nvidia",
+            "nvidia01",
+            "nvidia254",
+            "nvidia-caps",
+            "nvidia-1",
+            "../nvidia0",
+            "nvidia0 ",
+            "nvidia-caps/nvidia-cap01",
+            "nvidia-caps/../nvidia-cap1",
+        ] {
             assert_eq!(NvidiaNode::from_dev_name(bad), None, "{bad}");
         }
     }

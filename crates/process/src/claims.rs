@@ -165,12 +165,21 @@ pub fn reopen_node(node: NvidiaNode, want: DevNumber, flags: i32) -> Result<Owne
     let name = node.dev_name();
     let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let root = rustix::fs::open("/", dir, Mode::empty()).map_err(ReopenError::Dev)?;
-    let dev = rustix::fs::openat(&root, "dev", dir, Mode::empty()).map_err(ReopenError::Dev)?;
+    let mut parent = rustix::fs::openat(&root, "dev", dir, Mode::empty()).map_err(ReopenError::Dev)?;
+    // A capability node lies one directory down (`nvidia-caps/`): walked component by component, no link followed.
+    let (dirs, leaf) = match name.rsplit_once('/') {
+        Some((d, l)) => (d.split('/').collect::<Vec<_>>(), l.to_string()),
+        None => (Vec::new(), name.clone()),
+    };
+    for d in dirs {
+        parent = rustix::fs::openat(&parent, d, dir, Mode::empty())
+            .map_err(|errno| ReopenError::Missing { name: name.clone(), errno })?;
+    }
     let shown = |st: &rustix::fs::Stat| match number_of(st) {
         Some(n) => n.to_string(),
         None => format!("{:?}", FileType::from_raw_mode(st.st_mode)),
     };
-    let before = rustix::fs::statat(&dev, name.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
+    let before = rustix::fs::statat(&parent, leaf.as_str(), rustix::fs::AtFlags::SYMLINK_NOFOLLOW)
         .map_err(|errno| ReopenError::Missing { name: name.clone(), errno })?;
     if number_of(&before) != Some(want) {
         return Err(ReopenError::NotTheDevice { name, want, got: shown(&before) });
@@ -179,7 +188,7 @@ pub fn reopen_node(node: NvidiaNode, want: DevNumber, flags: i32) -> Result<Owne
     let given = OFlags::from_bits_truncate(u32::try_from(flags).unwrap_or(0));
     let keep = OFlags::RWMODE | OFlags::NONBLOCK | OFlags::APPEND | OFlags::SYNC | OFlags::DSYNC;
     let open = (given & keep) | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC;
-    let fd = rustix::fs::openat(&dev, name.as_str(), open, Mode::empty())
+    let fd = rustix::fs::openat(&parent, leaf.as_str(), open, Mode::empty())
         .map_err(|errno| ReopenError::Open { name: name.clone(), errno })?;
     let after = rustix::fs::fstat(&fd).map_err(|errno| ReopenError::Open { name: name.clone(), errno })?;
     if number_of(&after) != Some(want) || after.st_ino != before.st_ino {

@@ -145,6 +145,26 @@ pub fn video_memory(pids: &[u32]) -> Result<PidMemoryReport, RmError> {
     Ok(PidMemoryReport { driver_version: session.version, gpus, seconds: started.elapsed().as_secs_f64() })
 }
 
+/// [`video_memory`] asked `rounds` times on one client: every GPU's objects made and freed again each time. On a
+/// one-GPU machine this is the shape of a multi-GPU node's query (the handles of one client must differ for
+/// every object it holds); `ccm-bench rm-repeat` runs it on the GPU machine.
+pub fn video_memory_repeated(pids: &[u32], rounds: usize) -> Result<Vec<PidMemoryReport>, RmError> {
+    let session = Session::open()?;
+    let mut out = Vec::with_capacity(rounds);
+    for _ in 0..rounds {
+        let started = Instant::now();
+        let gpus = session
+            .each_gpu(|client, subdevice| client.pid_info(subdevice, &pids[..pids.len().min(abi::PID_INFO_MAX)]))?;
+        let gpus = gpus.into_iter().map(|(pci, minor, pids)| GpuPidMemory { pci, minor, pids }).collect();
+        out.push(PidMemoryReport {
+            driver_version: session.version.clone(),
+            gpus,
+            seconds: started.elapsed().as_secs_f64(),
+        });
+    }
+    Ok(out)
+}
+
 /// One attached GPU's memory as the RM's heap has it (`NV2080_CTRL_CMD_FB_GET_INFO_V2`), in bytes.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
 pub struct GpuFramebuffer {
@@ -210,8 +230,10 @@ impl Session {
             // Held open while the device object exists: the driver allocates a device only for a
             // process that has its node open.
             let _gpu_node = open_nvidia_node(&self.dev, &format!("nvidia{}", card.minor_number), card.minor_number)?;
-            let subdevice = self.client.subdevice(gpu_id, ids)?;
-            let answer = ask(&self.client, subdevice)?;
+            let objects = self.client.subdevice(ids)?;
+            let answer = ask(&self.client, objects.subdevice)?;
+            // The objects go before the GPU's node closes, and before the next GPU's are made.
+            drop(objects);
             let pci = PciAddress {
                 domain: card.domain,
                 bus: card.bus.into(),
@@ -341,13 +363,50 @@ fn card_info(ctl: BorrowedFd<'_>) -> Result<Vec<abi::CardInfo>, RmError> {
 }
 
 /// Handles this client gives its device and subdevice objects (the client's own comes from the RM).
-const DEVICE_HANDLE_BASE: u32 = 0xcc3d_0100;
-const SUBDEVICE_HANDLE_BASE: u32 = 0xcc3d_0200;
+/// The RM's object handles are the client's to choose, and must be unique within the client (a handle
+/// allocated twice is refused with status 0x19, measured). Objects of this client take handles from here,
+/// counting up: never derived from a GPU id, whose low byte is the PCI device number, 00 for every GPU of
+/// the usual bare-metal layout (one GPU per bus: 0000:18:00.0, 0000:2a:00.0, ...).
+#[derive(Debug)]
+struct ObjectHandles {
+    next: u32,
+}
+
+const OBJECT_HANDLE_BASE: u32 = 0xcc3d_0100;
+
+impl ObjectHandles {
+    fn new() -> ObjectHandles {
+        ObjectHandles { next: OBJECT_HANDLE_BASE }
+    }
+
+    /// Two fresh handles: a device's and its subdevice's.
+    fn next_pair(&mut self) -> (u32, u32) {
+        let device = self.next;
+        // 0xcc3d_0100 + 2 per GPU query: a few thousand queries per client would be needed to wrap into
+        // another range, and a client lives for one query of every GPU.
+        self.next = self.next.wrapping_add(2);
+        (device, device.wrapping_add(1))
+    }
+}
 
 /// An RM client on `/dev/nvidiactl`; freed (with every object under it) when dropped.
 struct Client {
     ctl: OwnedFd,
     handle: u32,
+    handles: std::cell::RefCell<ObjectHandles>,
+}
+
+/// A GPU's device and subdevice objects of a client, freed when dropped (the subdevice with its device).
+struct GpuObjects<'c> {
+    client: &'c Client,
+    device: u32,
+    subdevice: u32,
+}
+
+impl Drop for GpuObjects<'_> {
+    fn drop(&mut self) {
+        self.client.free(self.client.handle, self.device);
+    }
 }
 
 impl Client {
@@ -358,7 +417,7 @@ impl Client {
         let mut params =
             abi::ClientAllocParams { client: 0, process_id: std::process::id(), process_name: name, os_pid_info: 0 };
         let handle = alloc(ctl.as_fd(), 0, 0, 0, abi::CLASS_ROOT, &mut params, "client")?;
-        Ok(Client { ctl, handle })
+        Ok(Client { ctl, handle, handles: std::cell::RefCell::new(ObjectHandles::new()) })
     }
 
     fn control<P>(&self, object: u32, cmd: u32, call: &'static str, params: &mut P) -> Result<(), RmError> {
@@ -377,29 +436,26 @@ impl Client {
         Ok(info)
     }
 
-    /// A device and a subdevice object for the GPU; the subdevice's handle.
-    fn subdevice(&self, gpu_id: u32, ids: abi::IdInfoV2) -> Result<u32, RmError> {
-        let slot = gpu_id & 0xff;
+    /// A device and a subdevice object for the GPU, under handles no other object of this client has
+    /// ([`ObjectHandles`]); freed (the device, and the subdevice with it) when the guard drops.
+    fn subdevice(&self, ids: abi::IdInfoV2) -> Result<GpuObjects<'_>, RmError> {
+        let (device_handle, subdevice_handle) = self.handles.borrow_mut().next_pair();
         let mut device = abi::DeviceAllocParams { device_id: ids.device_instance, ..Default::default() };
-        let d = alloc(
-            self.ctl.as_fd(),
-            self.handle,
-            self.handle,
-            DEVICE_HANDLE_BASE | slot,
-            abi::CLASS_DEVICE,
-            &mut device,
-            "device",
-        )?;
+        let d =
+            alloc(self.ctl.as_fd(), self.handle, self.handle, device_handle, abi::CLASS_DEVICE, &mut device, "device")?;
+        let objects = GpuObjects { client: self, device: d, subdevice: 0 };
         let mut sub = abi::SubdeviceAllocParams { subdevice_id: ids.subdevice_instance };
-        alloc(
-            self.ctl.as_fd(),
-            self.handle,
-            d,
-            SUBDEVICE_HANDLE_BASE | slot,
-            abi::CLASS_SUBDEVICE,
-            &mut sub,
-            "subdevice",
-        )
+        let subdevice =
+            alloc(self.ctl.as_fd(), self.handle, d, subdevice_handle, abi::CLASS_SUBDEVICE, &mut sub, "subdevice")?;
+        Ok(GpuObjects { subdevice, ..objects })
+    }
+
+    /// Frees one object of this client (with everything under it).
+    fn free(&self, parent: u32, object: u32) {
+        let mut f = abi::Free { root: self.handle, parent, object, status: 0 };
+        // SAFETY: NVOS00 is NV_ESC_RM_FREE's argument and holds no pointer. A failure leaks the object only
+        // until the client is freed, which frees everything under it.
+        let _ = unsafe { ioctl(self.ctl.as_fd(), abi::ESC_RM_FREE, "NV_ESC_RM_FREE", &mut f) };
     }
 
     fn pid_info(&self, subdevice: u32, pids: &[u32]) -> Result<Vec<PidMemory>, RmError> {
@@ -536,6 +592,31 @@ fn alloc<P>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The RM's gpu id: `(domain << 16) | (bus << 8) | device`.
+    fn gpu_id(bus: u32) -> u32 {
+        bus << 8
+    }
+
+    #[test]
+    fn every_object_of_a_client_gets_its_own_handle_on_a_bare_metal_layout_and_when_asked_twice() {
+        // DGX-style: one GPU per bus, each at device 00, so every gpu id has the same low byte (the scheme of
+        // 2f503ee, `BASE | (gpu_id & 0xff)`, gave all eight GPUs the same device handle: 0x19 from the second on).
+        let dgx: Vec<u32> = [0x18, 0x2a, 0x3a, 0x5d, 0x9a, 0xab, 0xba, 0xdb].into_iter().map(gpu_id).collect();
+        assert!(dgx.iter().all(|id| id & 0xff == 0), "the layout's ids share their low byte");
+        let mut h = ObjectHandles::new();
+        let mut seen = std::collections::BTreeSet::new();
+        // Two queries of every GPU on one client (the one-GPU machine's shape of the collision is the same GPU
+        // twice): every device and subdevice handle differs from every other, and from the client's own.
+        for _round in 0..2 {
+            for _gpu in &dgx {
+                let (d, s) = h.next_pair();
+                assert!(seen.insert(d) && seen.insert(s), "handle reused: {d:#x} or {s:#x}");
+            }
+        }
+        assert_eq!(seen.len(), 32);
+        assert!(seen.iter().all(|&x| x >> 16 == 0xcc3d), "handles stay in the plugin's range");
+    }
 
     #[test]
     fn the_version_is_read_from_the_first_line_of_either_driver_flavour() {

@@ -1,0 +1,612 @@
+#!/usr/bin/env bash
+# Issue 40 on the GPU machine, under real CRIU 4.1.1 with the plugin: jobs whose CUDA process has children forked
+# after CUDA init (DataLoader workers, a multiprocessing Pool, a bare os.fork()) or spawned ones, each dumped
+# mid-run and restored, and compared line by line with an uninterrupted reference run of the same program
+# (tests/gpu/fork_jobs.py); `criu-cuda-migrate job` asked before each dump; an MPS client; what a forked worker
+# holds; and the move of a fork case to another machine.
+#
+#   bash tests/gpu/fork-workers.sh [bare] [container] [mps] [probe]     (all four without arguments)
+#   bash tests/gpu/fork-workers.sh move-dump                            machine A
+#   bash tests/gpu/fork-workers.sh move-restore DIR                     machine B; DIR holds move-dump's parts
+#
+#   bare          rows dl-fork-pin, dl-fork-nopin, dl-forkserver, dl-spawn, pool-fork, bare-fork, c-fork: the
+#                 reference runs (all at once, --sleep 0), then per shape: run with --pause-at, at `ready` the job
+#                 check (exit code and verdict), `criu dump -t ROOT` of the tree (a session of its own: no
+#                 --shell-job), `criu restore -d`, wait for `done`, compare every step line, the parameters' hash
+#                 (and child_exit=7 for the bare forks) with the reference. PASS: job exit 0, dump and restore
+#                 rc 0, identical. KNOWN: the job check said refused, the dump failed (they agree) and the job ran
+#                 on to the reference's result (not moved). FAIL otherwise (a job check that disagrees with the
+#                 dump, a failed restore, any difference).
+#   container     dl-fork-pin inside a runc container given the GPU as CDI does (tests/gpu/container.sh's bundle,
+#                 /opt bound, /opt/torch/.venv/bin/python3): runc checkpoint, runc restore, the same comparison
+#   mps           a private MPS daemon (CUDA_MPS_PIPE_DIRECTORY / CUDA_MPS_LOG_DIRECTORY under $WORK, given to the
+#                 daemon and the client only: CRIU, its plugin and the job check are no MPS clients); the mps
+#                 shape as its client: the job check exits 1 naming MPS, the dump fails (rc 1) with the plugin's
+#                 refusal naming MPS, the client stays RUNNING and advancing; the daemon is stopped at the end
+#                 (always, by the EXIT trap)
+#   probe         dl-fork-pin with pin_memory on and off: what each worker holds (/dev/nvidia* mappings with their
+#                 VmFlags, /dev/nvidia* fds with their fdinfo flags, every fd's kind) in
+#                 $OUT/fork-probe-{pin,nopin}.txt
+#   move-dump     c-fork (libcuda through ctypes, a forked child; images ~1.2 GB, a few MB as xz) started at a high
+#                 pid (ns_last_pid), dumped at step 10; the images, its folder (logs it holds open, at the same
+#                 path) and a reference run's log as one `xz -3` tar in 15 MB parts $OUT/fork-xfer.tar.xz.NN (at
+#                 most 7) and $OUT/fork-xfer-meta.txt
+#   move-restore  unpacks DIR's parts to the same path, prints both GPUs' UUIDs (they must differ), restores, waits
+#                 for `done`, compares with a reference run on this machine and with machine A's, and checks that
+#                 the job's last identity line names this machine's GPU
+#
+# Every row also keeps, in $OUT/fork-logs (tar.gz at the end): CRIU's dump and restore logs, the job check's
+# output, what each process of the tree held before the dump (<row>-holds.txt), the plugin's lines about forked
+# children and claims (<row>-claims.txt: 'claimed|forked|placeholder') and its `timing:` lines (<row>-timing.txt).
+#
+# Needs, carried in .device/ (tests/gpu/prepare.sh): criu-debs, runc-debs, pkg, bin/criu-cuda-migrate; python3
+# with torch at /opt/torch/.venv/bin/python3. Writes $OUT/fork-workers-results.tsv and fork-workers-table.md.
+# Exits 1 when a row FAILs, 2 when the machine is not set up. Knobs: CCM_FORK_STEPS (40), CCM_FORK_PAUSE (10),
+# CCM_FORK_PID_BASE (31000, move-dump), CCM_WORK (/var/tmp/ccm-fork-workers).
+
+set -uo pipefail
+# No -e: a status-recording flow. A failed row is recorded as FAIL and the next one runs.
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+export CCM_WORK=${CCM_WORK:-/var/tmp/ccm-fork-workers}
+# tests/gpu/container.sh: setup (CRIU 4.1.1 in /opt/criu, runc, the package's plugin and runc.conf), make_bundle,
+# start_container, checkpoint, restore_container, container_pid, cleanup; and through it processes.sh
+# (start_detached, track, wait_gone, cleanup_processes, criu_cmd) and tests/lib/common.sh (log, now, elapsed,
+# record, print_table, one_line).
+# shellcheck source=tests/gpu/container.sh
+. "$REPO/tests/gpu/container.sh"
+RESULTS=$RESULTS_DIR/fork-workers-results.tsv
+LOGS=$RESULTS_DIR/fork-logs
+JOBS=$REPO/tests/gpu/fork_jobs.py
+CLI=$DEVICE_DIR/bin/criu-cuda-migrate
+CTL=("$(command -v python3)" "$REPO/tests/gpu/ckpt_ctl.py")
+TORCH_PY=/opt/torch/.venv/bin/python3
+SYS_PY=$(command -v python3)
+STEPS=${CCM_FORK_STEPS:-40}
+PAUSE_AT=${CCM_FORK_PAUSE:-10}
+PID_BASE=${CCM_FORK_PID_BASE:-31000}
+XFER=/var/tmp/ccm-fork-xfer
+REF=$WORK/ref
+# Bounds (seconds): the reference runs together, a job to its `ready`, a job to its `done` after the restore.
+REF_TIMEOUT=240
+READY_S=120
+DONE_S=150
+BARE_SHAPES=(dl-fork-pin dl-fork-nopin dl-forkserver dl-spawn pool-fork bare-fork c-fork)
+RESULT_RE='^(step=[0-9]+ loss=|done params_sha256=|child_exit=)'
+FAILED=0
+MPS_PIPE=""
+MPS_ENV=()
+
+# ---------------------------------------------------------------------------------------------------------------
+# Helpers (state, plugin_line, descendants and job_check as tests/gpu/ipc-refuse.sh has them).
+
+# verdict CASE EXPECTED SEEN RESULT TIMES: a row; FAIL marks the run failed.
+verdict() {
+    [[ $4 == FAIL ]] && FAILED=1
+    record "$1" "$2" "$3" "$4" "${5:--}"
+}
+
+# state PID: the driver's CUDA state of PID (host pid), or GONE.
+state() {
+    alive "$1" || { echo GONE; return; }
+    timeout 30 "${CTL[@]}" state "$1" 2>&1 | tail -n 1 | tr '[:lower:]' '[:upper:]'
+}
+
+# plugin_line LOG REGEX: the first plugin line of LOG matching REGEX, without CRIU's prefix.
+plugin_line() { grep -E -m1 -- "criu-cuda-migrate: .*($2)" "$1" 2>/dev/null | sed 's/^.*criu-cuda-migrate: //' | cut -c1-300; }
+
+descendants() { # PID: PID and every descendant, host pids
+    local p=$1 c
+    echo "$p"
+    cat /proc/"$p"/task/*/children 2>/dev/null | tr ' ' '\n' | while read -r c; do
+        [[ -n $c ]] && descendants "$c"
+    done
+}
+
+# job_check ROOT ROW: criu-cuda-migrate job; sets JOB_RC, JOB_LINE (its verdict line), JOB_HEAD (its count line).
+job_check() {
+    local out
+    out=$("$CLI" job --pid "$1" 2>&1)
+    JOB_RC=$?
+    printf '%s\n' "$out" >"$LOGS/$2-job.txt"
+    JOB_LINE=$(grep -m1 '^verdict:' <<<"$out" | cut -c1-300)
+    JOB_HEAD=$(grep -m1 '^job of pid' <<<"$out" | sed 's/^job of pid [0-9]*: //')
+    log "$2: job --pid $1: rc=$JOB_RC; $JOB_HEAD; $JOB_LINE"
+}
+
+# wait_line FILE ERE SECONDS [PID]: 0 once FILE has a line matching ERE; 1 after SECONDS; 2 as soon as PID is gone
+# without it.
+wait_line() {
+    local deadline=$((SECONDS + $3)) pid=${4:-}
+    until grep -qE -- "$2" "$1" 2>/dev/null; do
+        ((SECONDS >= deadline)) && return 1
+        if [[ -n $pid ]] && ! alive "$pid"; then
+            sleep 0.5
+            grep -qE -- "$2" "$1" 2>/dev/null && return 0
+            return 2
+        fi
+        sleep 0.1
+    done
+}
+
+result_lines() { grep -E -- "$RESULT_RE" "$1" 2>/dev/null; }
+
+# compare REF RUN: 0 when RUN's step, child_exit and done lines equal REF's; CMP says what was seen.
+compare() {
+    local nref nrun first
+    nref=$(result_lines "$1" | wc -l)
+    nrun=$(result_lines "$2" | wc -l)
+    if ! grep -q '^done params_sha256=' "$1" 2>/dev/null; then
+        CMP="no reference result ($(tail -n 1 "$1" 2>/dev/null | cut -c1-120))"
+        return 1
+    fi
+    if ! grep -q '^done params_sha256=' "$2" 2>/dev/null; then
+        CMP="no done line ($(grep -c '^step=' "$2" 2>/dev/null) steps; last: $(tail -n 1 "$2" 2>/dev/null | cut -c1-160))"
+        return 1
+    fi
+    first=$(diff <(result_lines "$1") <(result_lines "$2") | grep -m1 '^[<>]' | cut -c1-160)
+    if [[ -z $first ]]; then
+        CMP="identical: $nrun lines ($(grep -c '^step=' "$2") steps$(grep -m1 '^child_exit=' "$2" | sed 's/^/, /')), $(grep -o 'params_sha256=[0-9a-f]\{16\}' "$2")"
+        return 0
+    fi
+    CMP="differs: $nrun vs reference $nref lines; first: $first"
+    return 1
+}
+
+# fd_flags OCTAL: open flags in words.
+fd_flags() {
+    local f=$((8#$1)) w
+    case $((f & 3)) in 0) w=O_RDONLY ;; 1) w=O_WRONLY ;; *) w=O_RDWR ;; esac
+    ((f & 8#2000000)) && w+="|O_CLOEXEC"
+    ((f & 8#100000)) && w+="|O_LARGEFILE"
+    ((f & 8#4000)) && w+="|O_NONBLOCK"
+    ((f & 8#2000)) && w+="|O_APPEND"
+    echo "$w"
+}
+
+# holds PID: what PID holds of the GPU: its /dev/nvidia* mappings with their VmFlags (smaps), its /dev/nvidia* fds
+# with their fdinfo flags, and a count of its fds by kind.
+holds() {
+    local p=$1 f t fl
+    [[ -e /proc/$p ]] || return
+    echo "## pid $p ppid $(awk '/^PPid:/ {print $2}' "/proc/$p/status") comm $(cat "/proc/$p/comm"): $(tr '\0' ' ' <"/proc/$p/cmdline" | cut -c1-200)"
+    echo "### mappings of /dev/nvidia* (address perms offset dev inode path  VmFlags)"
+    awk '/^[0-9a-f]+-[0-9a-f]+ / { hdr = ($6 ~ /^\/dev\/nvidia/) ? $0 : ""; next }
+         /^VmFlags:/ && hdr != "" { print hdr "  " $0; hdr = "" }' "/proc/$p/smaps" 2>/dev/null
+    echo "### fds on /dev/nvidia*"
+    for f in /proc/"$p"/fd/*; do
+        t=$(readlink "$f" 2>/dev/null) || continue
+        [[ $t == /dev/nvidia* ]] || continue
+        fl=$(awk '/^flags:/ {print $2}' "/proc/$p/fdinfo/${f##*/}" 2>/dev/null)
+        echo "fd ${f##*/} -> $t flags=$fl $(fd_flags "${fl:-0}")"
+    done
+    echo "### every fd, by kind"
+    for f in /proc/"$p"/fd/*; do readlink "$f" 2>/dev/null; done | sed 's/:\[[0-9]*\]$//' | sort | uniq -c
+    echo
+}
+
+holds_tree() { # ROOT: holds of every process of ROOT's tree
+    local p
+    echo "# /proc/devices: $(grep -i nvidia /proc/devices | tr '\n' ' ')"
+    for p in $(descendants "$1"); do holds "$p"; done
+}
+
+# summary_holds FILE: per non-root process, its /dev/nvidia* mappings and fds, short.
+summary_holds() {
+    awk '/^## pid / { if (pid != "") out = out sprintf("%s: %d maps %d fds; ", pid, m, f); pid = $3; m = 0; f = 0; next }
+         /^[0-9a-f]+-[0-9a-f]+ .*\/dev\/nvidia/ { m++ } /^fd [0-9]+ -> \/dev\/nvidia/ { f++ }
+         END { if (pid != "") out = out sprintf("%s: %d maps %d fds", pid, m, f); print out }' "$1" | cut -c1-300
+}
+
+# plugin_notes ROW LOG...: the plugin's claim lines and timing lines of the LOGs, to the row's files; sets NOTES
+# (count and first claim line) and PTIMES (per log: sum of the timing lines, and the largest).
+plugin_notes() {
+    local l claims=$LOGS/$1-claims.txt timing=$LOGS/$1-timing.txt
+    shift
+    : >"$claims"
+    : >"$timing"
+    PTIMES=""
+    for l in "$@"; do
+        [[ -f $l ]] || continue
+        # All lines, not only those with the plugin's prefix: a multi-line message continues without it.
+        grep -iE 'claimed|forked|placeholder' "$l" | sed "s|^|${l##*/}: |" >>"$claims"
+        grep 'timing:' "$l" | sed "s|^|${l##*/}: |" >>"$timing"
+        # Per hook: how many calls and their sum.
+        PTIMES+="${l##*/}: $(grep -o 'timing: .* [0-9.]* s in the plugin' "$l" | awk '
+            { h = $2; sub(/\(.*/, "", h); for (i = NF; i > 2; i--) if ($i == "s" && $(i + 1) == "in") { v = $(i - 1); break }
+              if (!(h in sum)) order[++k] = h; sum[h] += v; cnt[h]++ }
+            END { if (!k) printf "no timing lines"; for (j = 1; j <= k; j++) printf "%s%s %dx %.4f s", (j > 1 ? ", " : ""), order[j], cnt[order[j]], sum[order[j]] }'); "
+    done
+    NOTES="$(wc -l <"$claims") claim/fork lines$(head -n 1 "$claims" | sed 's/^[^:]*: /, first: /; s/criu-cuda-migrate: //' | cut -c1-200)"
+}
+
+py_for() { # SHAPE: the interpreter
+    if [[ $1 == c-fork ]]; then echo "$SYS_PY"; else echo "$TORCH_PY"; fi
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# Reference runs: all shapes at once (the result does not depend on the pace or on the GPU's other work).
+
+start_refs() { # SHAPE...
+    local s
+    mkdir -p "$REF"
+    REF_ROOTS=()
+    for s in "$@"; do
+        rm -f "$REF/$s.log" "$REF/$s.log.release"
+        start_detached "$REF" "$REF/$s.stdout.log" "$(py_for "$s")" "$JOBS" "$s" --steps "$STEPS" --log "$REF/$s.log" --sleep 0
+        REF_ROOTS+=("$s:$STARTED_PID")
+    done
+    log "reference runs started: ${REF_ROOTS[*]}"
+}
+
+wait_refs() {
+    local e s pid deadline=$((SECONDS + REF_TIMEOUT))
+    for e in "${REF_ROOTS[@]}"; do
+        s=${e%%:*} pid=${e##*:}
+        wait_line "$REF/$s.log" '^done ' $((deadline - SECONDS > 1 ? deadline - SECONDS : 1)) "$pid"
+        log "reference $s: $(grep -c '^step=' "$REF/$s.log" 2>/dev/null) steps, $(grep -m1 -o '^done params_sha256=[0-9a-f]\{16\}\|^error.*' "$REF/$s.log" 2>/dev/null | cut -c1-200)"
+    done
+    cleanup_processes
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# Bare rows: criu dump / criu restore of the job's tree.
+
+EXPECT_ROW="job exits 0 (ready); criu dump rc 0; criu restore rc 0; every step line, the parameters' hash (and child_exit=7) equal the reference run's"
+
+# row_result ROW JOB-RC DUMP-RC RESTORE-RC SAME: PASS, KNOWN or FAIL (see the header).
+row_result() {
+    if [[ $2 -eq 0 && $3 -eq 0 && $4 -eq 0 && $5 -eq 0 ]]; then
+        echo PASS
+    elif [[ $2 -ne 0 && $3 -ne 0 && $5 -eq 0 ]]; then
+        echo KNOWN
+    else
+        echo FAIL
+    fi
+}
+
+case_bare() {
+    local shape=$1 name=$1 d=$WORK/run-$1 root rc=1 rrc=- td=- tr=- img_mb tree_pids p same=1 res extra=""
+    log "$name: start"
+    rm -rf "$d"
+    mkdir -p "$d/img"
+    start_detached "$d" "$d/stdout.log" "$(py_for "$shape")" "$JOBS" "$shape" --steps "$STEPS" --log "$d/run.log" --pause-at "$PAUSE_AT"
+    root=$STARTED_PID
+    if ! wait_line "$d/run.log" "^ready step=$PAUSE_AT\$" "$READY_S" "$root"; then
+        verdict "$name" "$EXPECT_ROW" "job not ready: $(tail -n 3 "$d/stdout.log" "$d/run.log" 2>/dev/null | one_line 300)" FAIL
+        cp "$d/stdout.log" "$LOGS/$name-stdout.log" 2>/dev/null
+        cleanup_processes
+        return
+    fi
+    holds_tree "$root" >"$LOGS/$name-holds.txt"
+    job_check "$root" "$name"
+    tree_pids=$(descendants "$root")
+    log "$name: dumping tree $(echo "$tree_pids" | tr '\n' ' ')"
+    local t0
+    t0=$(now)
+    criu_cmd -- dump -t "$root" -D "$d/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log && rc=0 || rc=$?
+    td=$(elapsed "$t0")
+    img_mb=$(du -sm "$d/img" | cut -f1)
+    log "$name: dump rc=$rc in ${td}s, images $img_mb MiB"
+    if [[ $rc -eq 0 ]]; then
+        # Every process of the tree gone (and the root reaped) before its pids are taken again.
+        for p in $tree_pids; do wait_gone "$p" 30; done
+        t0=$(now)
+        (close_inherited_fds && criu_cmd -- restore -d -D "$d/img" --libdir "$PLUGIN_LIBDIR" -v4 -o restore.log) && rrc=0 || rrc=$?
+        tr=$(elapsed "$t0")
+        track "$root"
+        log "$name: restore rc=$rrc in ${tr}s"
+    else
+        extra="; dump error: $(grep -m2 'Error' "$d/img/dump.log" | sed 's/^.*Error ([^)]*): //' | one_line 200)"
+    fi
+    wait_line "$d/run.log" '^done ' "$DONE_S" "$root"
+    compare "$REF/$shape.log" "$d/run.log" && same=0
+    if [[ $shape == *-fork && $shape != pool-fork ]] && ! grep -qx 'child_exit=7' "$d/run.log"; then
+        same=1
+        CMP+="; child_exit: $(grep -m1 '^child_exit=' "$d/run.log" || echo none)"
+    fi
+    [[ $rrc != - && $rrc -ne 0 ]] && extra+="; restore error: $(grep -m2 'Error' "$d/img/restore.log" | sed 's/^.*Error ([^)]*): //' | one_line 200)"
+    plugin_notes "$name" "$d/img/dump.log" "$d/img/restore.log"
+    res=$(row_result "$name" "$JOB_RC" "$rc" "${rrc/-/1}" "$same")
+    verdict "$name" "$EXPECT_ROW" \
+        "job rc=$JOB_RC ($JOB_HEAD; ${JOB_LINE#verdict: }); dump rc=$rc; restore rc=$rrc; $CMP$extra; plugin: $NOTES; tree: $(summary_holds "$LOGS/$name-holds.txt")" \
+        "$res" "dump ${td}s, restore ${tr}s, images $img_mb MiB; plugin $PTIMES"
+    cp "$d/img/dump.log" "$LOGS/$name-dump.log" 2>/dev/null
+    cp "$d/img/restore.log" "$LOGS/$name-restore.log" 2>/dev/null
+    cp "$d/run.log" "$LOGS/$name-run.log" 2>/dev/null
+    cp "$d/stdout.log" "$LOGS/$name-stdout.log" 2>/dev/null
+    rm -rf "$d/img"
+    cleanup_processes
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# The container row: dl-fork-pin in a runc container given the GPU as CDI does.
+
+case_container() {
+    local name=dl-fork-pin-runc c=$WORK/cases/fork-runc id=ccm-fork-runc root rc=1 rrc=- td=- tr=- img_mb same=1 res extra="" args py=$TORCH_PY t0
+    log "$name: start"
+    rm -rf "$c" "$WORK/$id.stdio.log"
+    mkdir -p "$c"
+    args=$(python3 -c 'import json, sys; print(json.dumps(sys.argv[1:]))' "$py" "$JOBS" dl-fork-pin --steps "$STEPS" --log /ctl/run.log --pause-at "$PAUSE_AT")
+    make_bundle "$c/bundle" "$c/ctl" "$args"
+    if ! start_container "$id" "$c/bundle"; then
+        verdict "$name" "container started" "runc run failed: $(tail -n 3 "$WORK/$id.stdio.log" | one_line)" FAIL
+        return
+    fi
+    root=$(container_pid "$id")
+    if ! wait_line "$c/ctl/run.log" "^ready step=$PAUSE_AT\$" "$READY_S" "$root"; then
+        verdict "$name" "job ready in the container" "$(tail -n 3 "$WORK/$id.stdio.log" "$c/ctl/run.log" 2>/dev/null | one_line 300)" FAIL
+        runc_ delete -f "$id" >/dev/null 2>&1
+        return
+    fi
+    holds_tree "$root" >"$LOGS/$name-holds.txt"
+    job_check "$root" "$name"
+    t0=$(now)
+    checkpoint "$id" "$c/img" && rc=0 || rc=$?
+    td=$(elapsed "$t0")
+    img_mb=$(du -sm "$c/img" | cut -f1)
+    log "$name: runc checkpoint rc=$rc in ${td}s, images $img_mb MiB"
+    if [[ $rc -eq 0 ]]; then
+        t0=$(now)
+        restore_container "$id" "$c/bundle" "$c/img" && rrc=0 || rrc=$?
+        tr=$(elapsed "$t0")
+        log "$name: runc restore rc=$rrc in ${tr}s"
+        [[ $rrc -ne 0 ]] && extra+="; restore error: $(grep -m2 'Error' "$c/img.rwork/restore.log" | sed 's/^.*Error ([^)]*): //' | one_line 200)"
+    else
+        extra="; checkpoint error: $(grep -m2 'Error' "$c/img.work/dump.log" | sed 's/^.*Error ([^)]*): //' | one_line 200)"
+    fi
+    wait_line "$c/ctl/run.log" '^done ' "$DONE_S"
+    compare "$REF/dl-fork-pin.log" "$c/ctl/run.log" && same=0
+    plugin_notes "$name" "$c/img.work/dump.log" "$c/img.rwork/restore.log"
+    res=$(row_result "$name" "$JOB_RC" "$rc" "${rrc/-/1}" "$same")
+    verdict "$name" "in a runc container with the GPU as CDI gives it: job exits 0; runc checkpoint and runc restore pass; identical to the reference" \
+        "job rc=$JOB_RC ($JOB_HEAD; ${JOB_LINE#verdict: }); checkpoint rc=$rc; restore rc=$rrc; $CMP$extra; plugin: $NOTES; tree: $(summary_holds "$LOGS/$name-holds.txt")" \
+        "$res" "checkpoint ${td}s, restore ${tr}s, images $img_mb MiB; plugin $PTIMES"
+    cp "$c/img.work/dump.log" "$LOGS/$name-dump.log" 2>/dev/null
+    cp "$c/img.rwork/restore.log" "$LOGS/$name-restore.log" 2>/dev/null
+    cp "$c/ctl/run.log" "$LOGS/$name-run.log" 2>/dev/null
+    cp "$WORK/$id.stdio.log" "$LOGS/$name-stdio.log" 2>/dev/null
+    runc_ delete -f "$id" >/dev/null 2>&1
+    rm -rf "$c/img" "$c/img.work" "$c/img.rwork"
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# MPS: a private daemon, the mps shape as its client.
+
+# mps_stop: tells the private daemon (when one was started) to quit.
+mps_stop() {
+    [[ -n $MPS_PIPE ]] || return 0
+    echo quit | env "${MPS_ENV[@]}" timeout 20 nvidia-cuda-mps-control >/dev/null 2>&1
+    log "MPS daemon of $MPS_PIPE told to quit"
+    MPS_PIPE=""
+}
+
+case_mps() {
+    local name=mps-client d=$WORK/run-mps root rc=1 td ok=0 st before after seen servers line
+    log "$name: start"
+    rm -rf "$d"
+    mkdir -p "$d/img" "$d/mps-pipe" "$d/mps-pipe.log"
+    MPS_PIPE=$d/mps-pipe
+    # Given to the daemon and its client only: CRIU, the plugin's driver agent, the job check and ckpt_ctl.py are
+    # no MPS clients.
+    MPS_ENV=("CUDA_MPS_PIPE_DIRECTORY=$MPS_PIPE" "CUDA_MPS_LOG_DIRECTORY=$MPS_PIPE.log")
+    if ! env "${MPS_ENV[@]}" nvidia-cuda-mps-control -d; then
+        MPS_PIPE=""
+        verdict "$name" "MPS daemon started" "nvidia-cuda-mps-control -d failed" FAIL
+        return
+    fi
+    start_detached "$d" "$d/stdout.log" env "${MPS_ENV[@]}" "$TORCH_PY" "$JOBS" mps --steps 100000 --log "$d/run.log" --pause-at 5
+    root=$STARTED_PID
+    if ! wait_line "$d/run.log" '^ready step=5$' "$READY_S" "$root"; then
+        verdict "$name" "MPS client ready" "$(tail -n 3 "$d/stdout.log" "$d/run.log" "$d"/mps-pipe.log/*.log 2>/dev/null | one_line 300)" FAIL
+        cleanup_processes
+        mps_stop
+        return
+    fi
+    servers=$(echo get_server_list | env "${MPS_ENV[@]}" timeout 10 nvidia-cuda-mps-control 2>&1 | one_line 60)
+    holds_tree "$root" >"$LOGS/$name-holds.txt"
+    job_check "$root" "$name"
+    local t0
+    t0=$(now)
+    criu_cmd -- dump -t "$root" -D "$d/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log && rc=0 || rc=$?
+    td=$(elapsed "$t0")
+    line=$(plugin_line "$d/img/dump.log" 'MPS')
+    st=$(state "$root")
+    before=$(grep -c '^step=' "$d/run.log")
+    sleep 2
+    after=$(grep -c '^step=' "$d/run.log")
+    [[ $JOB_RC -eq 1 && $JOB_LINE == *MPS* ]] || ok=1
+    [[ $rc -eq 1 && -n $line ]] || ok=1
+    [[ $st == RUNNING && $after -gt $before ]] || ok=1
+    ! grep -q '^error' "$d/run.log" || ok=1
+    seen="job rc=$JOB_RC (${JOB_LINE#verdict: }); dump rc=$rc; plugin: ${line:-no line naming MPS ($(grep -m1 'Error' "$d/img/dump.log" | one_line 150))}; client $root $st, steps $before -> $after in 2 s; MPS servers: ${servers:-none}"
+    plugin_notes "$name" "$d/img/dump.log"
+    verdict "$name" "job exits 1 naming MPS; criu dump rc 1, the plugin's refusal names MPS; the client RUNNING and advancing" \
+        "$seen" "$([[ $ok -eq 0 ]] && echo PASS || echo FAIL)" "dump ${td}s; plugin $PTIMES"
+    cp "$d/img/dump.log" "$LOGS/$name-dump.log" 2>/dev/null
+    cp "$d/stdout.log" "$LOGS/$name-stdout.log" 2>/dev/null
+    cp -r "$d/mps-pipe.log" "$LOGS/$name-mps-logs" 2>/dev/null
+    cleanup_processes
+    mps_stop
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# Probe: what a DataLoader worker forked after CUDA init holds, pin_memory on and off (both at once).
+
+case_probe() {
+    local v d roots=() i=0 out n
+    log "probe: start"
+    for v in pin nopin; do
+        d=$WORK/probe-$v
+        rm -rf "$d"
+        mkdir -p "$d"
+        start_detached "$d" "$d/stdout.log" "$TORCH_PY" "$JOBS" "dl-fork-$v" --steps 100000 --log "$d/run.log" --pause-at 3
+        roots+=("$STARTED_PID")
+    done
+    for v in pin nopin; do
+        d=$WORK/probe-$v
+        out=$RESULTS_DIR/fork-probe-$v.txt
+        if ! wait_line "$d/run.log" '^ready step=3$' "$READY_S" "${roots[$i]}"; then
+            verdict "probe-dl-fork-$v" "the workers' GPU fds and mappings written down" "job not ready: $(tail -n 2 "$d/stdout.log" | one_line)" FAIL
+            i=$((i + 1))
+            continue
+        fi
+        {
+            echo "# dl-fork-$v (pin_memory $([[ $v == pin ]] && echo on || echo off)): a DataLoader with 2 persistent workers forked after CUDA init"
+            echo "# $(date -u +%FT%TZ), driver $(nvidia-smi --query-gpu=driver_version --format=csv,noheader | head -n1), kernel $(uname -r)"
+            holds_tree "${roots[$i]}"
+        } >"$out"
+        n=$(descendants "${roots[$i]}" | wc -l)
+        verdict "probe-dl-fork-$v" "the workers' /dev/nvidia* mappings (VmFlags) and fds (flags) written down (fork-probe-$v.txt)" \
+            "$n processes: $(summary_holds "$out"); worker VmFlags: $(grep -m3 -o '/dev/nvidia[a-z0-9-]*  VmFlags:.*' "$out" | one_line 200)" PASS -
+        i=$((i + 1))
+    done
+    cleanup_processes
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+# The move to another machine: c-fork (small images).
+
+phase_move_dump() {
+    local name=move-dump root rc=1 td img_mb tree_pids p t0 parts
+    log "$name: start"
+    rm -rf "$XFER"
+    mkdir -p "$XFER/run" "$XFER/img" "$XFER/ref"
+    REF=$XFER/ref
+    start_refs c-fork
+    wait_refs
+    echo $((PID_BASE - 1)) >/proc/sys/kernel/ns_last_pid
+    start_detached "$XFER/run" "$XFER/run/stdout.log" "$SYS_PY" "$JOBS" c-fork --steps "$STEPS" --log "$XFER/run/run.log" --pause-at "$PAUSE_AT"
+    root=$STARTED_PID
+    if ! wait_line "$XFER/run/run.log" "^ready step=$PAUSE_AT\$" "$READY_S" "$root"; then
+        verdict "$name" "dumped" "job not ready: $(tail -n 3 "$XFER/run/stdout.log" "$XFER/run/run.log" 2>/dev/null | one_line 300)" FAIL
+        cleanup_processes
+        return
+    fi
+    holds_tree "$root" >"$LOGS/$name-holds.txt"
+    job_check "$root" "$name"
+    tree_pids=$(descendants "$root")
+    t0=$(now)
+    criu_cmd -- dump -t "$root" -D "$XFER/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log && rc=0 || rc=$?
+    td=$(elapsed "$t0")
+    for p in $tree_pids; do wait_gone "$p" 30; done
+    img_mb=$(du -sm "$XFER/img" | cut -f1)
+    plugin_notes "$name" "$XFER/img/dump.log"
+    cp "$XFER/img/dump.log" "$LOGS/$name-dump.log" 2>/dev/null
+    if [[ $rc -ne 0 ]]; then
+        verdict "$name" "job exits 0; criu dump rc 0 on machine A" \
+            "job rc=$JOB_RC (${JOB_LINE#verdict: }); dump rc=$rc: $(grep -m2 'Error' "$XFER/img/dump.log" | one_line 250)" FAIL "dump ${td}s"
+        cleanup_processes
+        return
+    fi
+    {
+        echo "gpu_uuid: $GPU_UUID"
+        echo "gpu_bus: $GPU_BUS"
+        echo "host: $(hostname)"
+        echo "root_pid: $root"
+        echo "tree_pids: $(echo "$tree_pids" | tr '\n' ' ')"
+        echo "revision: $(sed -n 's/^revision: //p' "$DEVICE_DIR/MANIFEST" 2>/dev/null)"
+    } >"$XFER/meta.txt"
+    rm -f "$RESULTS_DIR"/fork-xfer.tar.xz.*
+    t0=$(now)
+    tar -C "${XFER%/*}" -cf - "${XFER##*/}" | xz -3 -T2 | split -b 15M -d - "$RESULTS_DIR/fork-xfer.tar.xz."
+    parts=$(count_files "$RESULTS_DIR"/fork-xfer.tar.xz.*)
+    cp "$XFER/meta.txt" "$RESULTS_DIR/fork-xfer-meta.txt"
+    log "$name: archive $(du -ch "$RESULTS_DIR"/fork-xfer.tar.xz.* | tail -n1 | cut -f1) in $parts parts, $(elapsed "$t0") s"
+    verdict "$name" "job exits 0; criu dump rc 0 on machine A; at most 7 parts of 15 MB" \
+        "GPU $GPU_UUID; pid $root; job rc=$JOB_RC (${JOB_LINE#verdict: }); dump rc=$rc; images $img_mb MiB; $parts parts; plugin: $NOTES; tree: $(summary_holds "$LOGS/$name-holds.txt")" \
+        "$([[ $JOB_RC -eq 0 && $parts -le 7 ]] && echo PASS || echo FAIL)" "dump ${td}s; plugin $PTIMES"
+}
+
+phase_move_restore() {
+    local dir=$1 name=move-restore gpu_a root rrc=1 tr t0 same=1 ok=0 ident cmp_a
+    log "$name: start"
+    [[ -n $(ls "$dir"/fork-xfer.tar.xz.* 2>/dev/null) ]] || { echo "no $dir/fork-xfer.tar.xz.*: run move-dump first and carry its parts" >&2; exit 2; }
+    rm -rf "$XFER"
+    cat "$dir"/fork-xfer.tar.xz.* | xz -d | tar -C "${XFER%/*}" -xf -
+    gpu_a=$(sed -n 's/^gpu_uuid: //p' "$XFER/meta.txt")
+    root=$(sed -n 's/^root_pid: //p' "$XFER/meta.txt")
+    log "$name: dumped on GPU $gpu_a ($(sed -n 's/^host: //p' "$XFER/meta.txt")); this machine's GPU $GPU_UUID ($(hostname))"
+    echo "dumped on: $gpu_a; restoring on: $GPU_UUID"
+    REF=$WORK/ref-b
+    rm -rf "$REF"
+    start_refs c-fork
+    wait_refs
+    t0=$(now)
+    (close_inherited_fds && criu_cmd -- restore -d -D "$XFER/img" --libdir "$PLUGIN_LIBDIR" -v4 -o restore.log) && rrc=0 || rrc=$?
+    tr=$(elapsed "$t0")
+    track "$root"
+    log "$name: restore rc=$rrc in ${tr}s"
+    wait_line "$XFER/run/run.log" '^done ' "$DONE_S" "$root"
+    compare "$REF/c-fork.log" "$XFER/run/run.log" && same=0
+    local cmp_b=$CMP
+    compare "$XFER/ref/c-fork.log" "$XFER/run/run.log" || same=1
+    cmp_a=$CMP
+    grep -qx 'child_exit=7' "$XFER/run/run.log" || same=1
+    ident=$(grep -m1 '^identity ' "$XFER/run/run.log")
+    [[ $rrc -eq 0 && $same -eq 0 ]] || ok=1
+    [[ -n $gpu_a && $gpu_a != "$GPU_UUID" ]] || ok=1
+    [[ $ident == *"uuid=$GPU_UUID "* ]] || ok=1
+    plugin_notes "$name" "$XFER/img/restore.log"
+    cp "$XFER/img/restore.log" "$LOGS/$name-restore.log" 2>/dev/null
+    cp "$XFER/img/dump.log" "$LOGS/$name-dump.log" 2>/dev/null
+    cp "$XFER/run/run.log" "$LOGS/$name-run.log" 2>/dev/null
+    verdict "$name" "restored on another GPU (UUIDs differ); identical to the reference runs of both machines; child_exit=7; libcuda names this GPU" \
+        "GPU $gpu_a -> $GPU_UUID; restore rc=$rrc$([[ $rrc -ne 0 ]] && grep -m2 'Error' "$XFER/img/restore.log" | one_line 200 | sed 's/^/: /'); vs this machine's reference: $cmp_b; vs machine A's: $cmp_a; $ident; plugin: $NOTES" \
+        "$([[ $ok -eq 0 ]] && echo PASS || echo FAIL)" "restore ${tr}s; plugin $PTIMES"
+    cleanup_processes
+}
+
+# ---------------------------------------------------------------------------------------------------------------
+
+fork_exit() {
+    mps_stop
+    cleanup
+}
+
+main_fork() {
+    [[ $# -gt 0 ]] || set -- bare container mps probe
+    [[ -d $DEVICE_DIR ]] || { echo "no $DEVICE_DIR: run tests/gpu/prepare.sh and carry .device" >&2; exit 2; }
+    nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU (nvidia-smi -L failed)" >&2; exit 2; }
+    [[ -x $TORCH_PY ]] || TORCH_PY=$(command -v python3)
+    trap fork_exit EXIT
+    setup
+    mkdir -p "$LOGS"
+    : >"$RESULTS"
+    [[ -x $CLI ]] || CLI=$(command -v criu-cuda-migrate)
+    "$CLI" --version >"$LOGS/cli-version.txt" 2>&1
+    log "GPU: $(nvidia-smi --query-gpu=driver_version,name,uuid --format=csv,noheader | head -n1); torch python: $TORCH_PY; CLI: $CLI; steps $STEPS, dump at $PAUSE_AT"
+    local phase s refs=()
+    for phase in "$@"; do
+        case $phase in
+        bare) refs+=("${BARE_SHAPES[@]}") ;;
+        container) [[ " ${refs[*]} " == *" dl-fork-pin "* ]] || refs+=(dl-fork-pin) ;;
+        esac
+    done
+    if [[ ${#refs[@]} -gt 0 ]]; then
+        rm -rf "$REF"
+        start_refs "${refs[@]}"
+        wait_refs
+    fi
+    while [[ $# -gt 0 ]]; do
+        case $1 in
+        bare) for s in "${BARE_SHAPES[@]}"; do case_bare "$s"; done ;;
+        container) case_container ;;
+        mps) case_mps ;;
+        probe) case_probe ;;
+        move-dump) phase_move_dump ;;
+        move-restore)
+            shift
+            phase_move_restore "$(realpath -m "${1:?move-restore needs the folder holding the parts of move-dump}")"
+            ;;
+        *) echo "unknown phase $1" >&2; exit 2 ;;
+        esac
+        shift
+    done
+    print_table | tee "$RESULTS_DIR/fork-workers-table.md"
+    tar -C "$RESULTS_DIR" -czf "$RESULTS_DIR/fork-workers-logs.tar.gz" "${LOGS##*/}" && rm -rf "$LOGS"
+    log "done: $RESULTS_DIR/fork-workers-table.md, fork-workers-results.tsv, fork-workers-logs.tar.gz"
+    return "$FAILED"
+}
+
+main_fork "$@"
