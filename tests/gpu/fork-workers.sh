@@ -9,7 +9,7 @@
 #   bash tests/gpu/fork-workers.sh move-dump                            machine A
 #   bash tests/gpu/fork-workers.sh move-restore DIR                     machine B; DIR holds move-dump's parts
 #
-#   bare          rows dl-fork-pin, dl-fork-nopin, dl-forkserver, dl-spawn, pool-fork, bare-fork, c-fork: the
+#   bare          rows dl-fork-pin, dl-fork-8w (eight workers), dl-fork-nopin, dl-forkserver, dl-spawn, pool-fork, bare-fork, c-fork: the
 #                 reference runs (all at once, --sleep 0), then per shape: run with --pause-at, at `ready` the job
 #                 check (exit code and verdict), `criu dump -t ROOT` of the tree (a session of its own: no
 #                 --shell-job), `criu restore -d`, wait for `done`, compare every step line, the parameters' hash
@@ -71,7 +71,7 @@ REF=$WORK/ref
 REF_TIMEOUT=240
 READY_S=120
 DONE_S=150
-BARE_SHAPES=(dl-fork-pin dl-fork-nopin dl-forkserver dl-spawn pool-fork bare-fork c-fork)
+BARE_SHAPES=(dl-fork-pin dl-fork-8w dl-fork-nopin dl-forkserver dl-spawn pool-fork bare-fork c-fork)
 RESULT_RE='^(step=[0-9]+ loss=|done params_sha256=|child_exit=)'
 FAILED=0
 MPS_PIPE=""

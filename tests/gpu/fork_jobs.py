@@ -41,7 +41,7 @@ D_IN = 64
 HIDDEN = 256
 BATCH = 32
 EPOCH_BATCHES = 8  # the dataset is 8 batches long: the persistent workers feed several epochs
-SHAPES = ("dl-fork-pin", "dl-fork-nopin", "dl-forkserver", "dl-spawn", "pool-fork", "bare-fork", "c-fork", "mps")
+SHAPES = ("dl-fork-pin", "dl-fork-8w", "dl-fork-nopin", "dl-forkserver", "dl-spawn", "pool-fork", "bare-fork", "c-fork", "mps")
 CHILD_EXIT = 7
 
 
@@ -138,7 +138,7 @@ def torch_job(a, log):
     torch.cuda.synchronize()
 
     shape = a.shape
-    pin = shape in ("dl-fork-pin", "dl-forkserver", "dl-spawn")
+    pin = shape in ("dl-fork-pin", "dl-fork-8w", "dl-forkserver", "dl-spawn")
     child = None
     release = a.log + ".release"
     pool = None
@@ -149,7 +149,8 @@ def torch_job(a, log):
             SynthDataset(),
             batch_size=BATCH,
             shuffle=False,
-            num_workers=2,
+            # dl-fork-8w: eight workers, for the claims' cost per process (docs/BENCHMARKS.md).
+            num_workers=8 if shape == "dl-fork-8w" else 2,
             persistent_workers=True,
             pin_memory=pin,
             multiprocessing_context=ctx,

@@ -116,6 +116,15 @@ pub enum ArchiveError {
         Bytes(*.size), Bytes(*.max))]
     MemberTooLarge { archive: String, member: String, what: &'static str, size: u64, max: u64 },
 
+    /// A member replaces an earlier member of another kind at the same path (a link where a directory was, a
+    /// file where a link was), as an extractor applies it.
+    #[error(
+        "`{archive}`: member `{member}` is {kind} where an earlier member (`{earlier}`) made {earlier_kind}: \
+         containerd's and containers/storage's unpack replace the one by the other, so what a restore reads is not \
+         what this tool checked; refused (a checkpoint archive holds each path once, as one kind)"
+    )]
+    Replaces { archive: String, member: String, kind: &'static str, earlier: String, earlier_kind: &'static str },
+
     /// Two members name the same file (also `checkpoint/x` and `./checkpoint/x`).
     #[error(
         "`{archive}`: member `{member}` appears twice (first as `{first}`): a checkpoint archive holds \

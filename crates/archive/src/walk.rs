@@ -108,6 +108,8 @@ impl<'a, 'l> Walk<'a, 'l> {
     fn walk(mut self, mut found: Found) -> Result<Found, ArchiveError> {
         // Canonical path of each recognized member → its name as first seen.
         let mut seen: HashMap<Vec<u8>, String> = HashMap::new();
+        // Canonical path of every member, and of every directory a member implies → what it is and who made it.
+        let mut kinds: HashMap<Vec<u8>, (PathKind, String)> = HashMap::new();
         let mut kept_bytes = 0u64;
         let mut links = LinkTree::default();
         let mut pending = Pending::default();
@@ -307,6 +309,34 @@ impl<'a, 'l> Walk<'a, 'l> {
                 kept_bytes += (key.len() + raw_name.len() + member.len()) as u64;
                 self.kept(kept_bytes)?;
                 seen.insert(key, member.clone());
+            }
+
+            // A member whose path an earlier member made as another kind would replace it when unpacked (a
+            // `checkpoint` link after the `checkpoint/` directory: CRIU then restores the link's target).
+            if !components.is_empty() {
+                let this = PathKind::of(kind, is_dir);
+                let mut claims: Vec<(Vec<u8>, PathKind)> =
+                    (1..components.len()).map(|i| (components[..i].join(&b'/'), PathKind::Dir)).collect();
+                claims.push((components.join(&b'/'), this));
+                for (key, want) in claims {
+                    match kinds.get(&key) {
+                        Some((had, earlier)) if *had != want => {
+                            return Err(ArchiveError::Replaces {
+                                archive: self.archive.clone(),
+                                member,
+                                kind: want.name(),
+                                earlier: earlier.clone(),
+                                earlier_kind: had.name(),
+                            })
+                        }
+                        Some(_) => {}
+                        None => {
+                            kept_bytes += (key.len() + member.len()) as u64;
+                            self.kept(kept_bytes)?;
+                            kinds.insert(key, (want, member.clone()));
+                        }
+                    }
+                }
             }
 
             if let Role::DumpLog { .. } = role {
@@ -779,6 +809,36 @@ fn is_header_only(kind: EntryType) -> bool {
             | EntryType::Directory
             | EntryType::Fifo
     )
+}
+
+/// What a path is once an archive is unpacked, by the member that made it.
+#[derive(Clone, Copy, PartialEq, Eq, Debug)]
+enum PathKind {
+    Dir,
+    File,
+    Link,
+    Special,
+}
+
+impl PathKind {
+    fn of(kind: EntryType, is_dir: bool) -> PathKind {
+        match kind {
+            _ if is_dir => PathKind::Dir,
+            EntryType::Directory => PathKind::Dir,
+            EntryType::Regular | EntryType::Continuous | EntryType::GNUSparse => PathKind::File,
+            EntryType::Link | EntryType::Symlink => PathKind::Link,
+            _ => PathKind::Special,
+        }
+    }
+
+    fn name(self) -> &'static str {
+        match self {
+            PathKind::Dir => "a directory",
+            PathKind::File => "a file",
+            PathKind::Link => "a link",
+            PathKind::Special => "a special file",
+        }
+    }
 }
 
 fn kind_name(kind: EntryType, is_dir: bool) -> &'static str {

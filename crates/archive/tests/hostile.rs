@@ -967,3 +967,85 @@ fn a_lone_zero_block_followed_by_members_is_refused() {
     let python = python_names(&path).unwrap();
     assert!(!python.iter().any(|n| n.ends_with(b"cuda-migrate-1.img")), "Python stops at the zero block");
 }
+
+// --- a member that replaces an earlier one of another kind (issue 41 part 3) ---
+
+fn replaces(err: &ArchiveError) -> (String, &'static str, String, &'static str) {
+    match err {
+        ArchiveError::Replaces { member, kind, earlier, earlier_kind, .. } => {
+            (member.clone(), *kind, earlier.clone(), *earlier_kind)
+        }
+        other => panic!("not a replacement: {other}"),
+    }
+}
+
+/// The red team's archive: a benign `checkpoint/` (its images pass), then a `checkpoint -> evil` link, which
+/// containerd's and containers/storage's unpack put in the directory's place (CRIU then restores `evil/`).
+#[test]
+fn a_link_after_the_checkpoint_directory_is_refused() {
+    let mut t = Tar::new();
+    t.dir("checkpoint")
+        .file("checkpoint/inventory.img", b"inv")
+        .file("checkpoint/cuda-migrate-1.img", &image_bytes(1))
+        .dir("evil")
+        .file("evil/inventory.img", b"other");
+    t.link(EntryType::Symlink, "checkpoint", "evil");
+    let err = refuse(&t.finish());
+    assert_eq!(replaces(&err), ("checkpoint".into(), "a link", "checkpoint".into(), "a directory"));
+    let msg = err.to_string();
+    assert!(msg.contains("containerd") && msg.contains("refused"), "{msg}");
+}
+
+/// At every depth, both ways, and for directories only implied by a file beneath them.
+#[test]
+fn every_change_of_kind_at_one_path_is_refused() {
+    let cases: Vec<(Box<dyn Fn(&mut Tar)>, &str, &str)> = vec![
+        // A directory implied by its file, then a link at its name.
+        (
+            Box::new(|t| {
+                t.file("rootfs/etc/hosts", b"h");
+                t.link(EntryType::Symlink, "rootfs/etc", "other");
+            }),
+            "a link",
+            "a directory",
+        ),
+        // A file, then a directory at its name.
+        (
+            Box::new(|t| {
+                t.file("config.dump", b"{}").dir("config.dump/");
+            }),
+            "a directory",
+            "a file",
+        ),
+        // A hard link where a file was.
+        (
+            Box::new(|t| {
+                t.file("stats-dump", b"s");
+                t.link(EntryType::Link, "stats-dump", "checkpoint/inventory.img");
+            }),
+            "a link",
+            "a file",
+        ),
+    ];
+    for (middle, kind, earlier_kind) in cases {
+        let err = refuse(&around(middle));
+        let (_, k, _, e) = replaces(&err);
+        assert_eq!((k, e), (kind, earlier_kind), "{err}");
+    }
+    // A file where a link was is refused already as written through the link.
+    let err = refuse(&around(|t| {
+        t.link(EntryType::Symlink, "deep/a/b", "x");
+        t.file("deep/a/b", b"y");
+    }));
+    assert!(matches!(err, ArchiveError::ThroughLink { .. }), "{err}");
+}
+
+/// The same kind twice at one path (a directory listed again, as some writers do) is no replacement.
+#[test]
+fn a_directory_listed_twice_is_no_replacement() {
+    let mut t = Tar::new();
+    t.dir("checkpoint").file("checkpoint/inventory.img", b"inv").dir("checkpoint").dir("rootfs").dir("rootfs");
+    let dir = tempfile::tempdir().unwrap();
+    let path = write(dir.path(), "twice.tar", &t.finish());
+    read_archive(&path, &Limits::default()).unwrap();
+}

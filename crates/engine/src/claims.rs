@@ -33,40 +33,7 @@ use crate::host::CriuHost;
 use crate::preflight::ProcessPlan;
 use crate::seam::Targets;
 
-/// Why a claim fails the dump, or a claims file the restore.
-#[derive(Debug, Clone, thiserror::Error)]
-pub enum ClaimError {
-    #[error(
-        "pid {pid} ({comm}) is no CUDA process but holds {what} of the NVIDIA driver's {name}, which criu-cuda-migrate \
-         does not claim: close it in that process before the checkpoint (a child forked after CUDA init inherits \
-         every descriptor of its parent: start such workers with the 'spawn' or 'forkserver' start method)"
-    )]
-    Unclaimable { pid: HostPid, comm: String, what: String, name: String },
-    #[error("pid {pid}: what it holds of the NVIDIA nodes cannot be read ({why}); nothing was checkpointed for it")]
-    Unreadable { pid: HostPid, why: String },
-    #[error(
-        "CRIU met a mapping of {node} that no process of the tree was seen holding at CHECKPOINT_DEVICES; it cannot \
-         be restored. Report this with the dump log"
-    )]
-    UnknownMapping { node: NvidiaNode },
-    #[error("an open file of {node} (CRIU's file {id:#x}) names GPU minor {minor}, which this node's GPU list does not hold")]
-    UnknownGpu { node: NvidiaNode, id: u32, minor: u32 },
-    #[error("the device claims {CLAIMS_FILE_NAME} cannot be written: {0}")]
-    Write(Arc<FileError>),
-    #[error("CRIU gave no image directory to write the device claims {CLAIMS_FILE_NAME} into")]
-    NoImageDir,
-    #[error("the device claims {path}: {why}")]
-    Read { path: PathBuf, why: String },
-    #[error(
-        "the checkpoint's forked workers hold {node} (CRIU's file {id:#x}), which this node cannot give them: {why}. \
-         Nothing was restored; the images are unchanged"
-    )]
-    NoNode { node: NvidiaNode, id: u32, why: String },
-    #[error("restored task {pid}: its NVIDIA descriptor (CRIU's file {id:#x}) cannot be reopened: {why}; the restore fails, the images are unchanged")]
-    Reopen { id: u32, pid: u32, why: Arc<ccm_process::claims::ReopenError> },
-    #[error("restored task {pid}: the placeholder of its device mapping at {addr:#x} cannot be made: {errno}")]
-    Placeholder { pid: u32, addr: u64, errno: ccm_process::claims::Errno },
-}
+pub use crate::error::ClaimError;
 
 /// The NVIDIA device numbers of this node, the test doubles' stand-ins added.
 pub fn node_devices(config: &Config, targets: &dyn Targets) -> NvidiaDevices {

@@ -81,7 +81,7 @@ pub enum EngineError {
     },
     /// A claim of a forked process's NVIDIA nodes, or of a checkpoint's claims at restore.
     #[error(transparent)]
-    Claim(#[from] crate::claims::ClaimError),
+    Claim(#[from] ClaimError),
     /// The tree holds a CUDA IPC importer and `CRIU_CUDA_MIGRATE_IPC=refuse` (the default).
     #[error("{}", sharing::importer_refusal(.0))]
     IpcImporters(Vec<sharing::Importer>),
@@ -163,4 +163,39 @@ pub enum ReconcileFailure {
     Unknown { old: GpuUuid, new: GpuUuid },
     #[error("{old} -> {new}: {why}")]
     Mismatch { old: GpuUuid, new: GpuUuid, why: String },
+}
+
+/// Why a claim fails the dump, or a claims file the restore.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClaimError {
+    #[error(
+        "pid {pid} ({comm}) is no CUDA process but holds {what} of the NVIDIA driver's {name}, which criu-cuda-migrate \
+         does not claim: close it in that process before the checkpoint (a child forked after CUDA init inherits \
+         every descriptor of its parent: start such workers with the 'spawn' or 'forkserver' start method)"
+    )]
+    Unclaimable { pid: ccm_identity::HostPid, comm: String, what: String, name: String },
+    #[error("pid {pid}: what it holds of the NVIDIA nodes cannot be read ({why}); nothing was checkpointed for it")]
+    Unreadable { pid: ccm_identity::HostPid, why: String },
+    #[error(
+        "CRIU met a mapping of {node} that no process of the tree was seen holding at CHECKPOINT_DEVICES; it cannot \
+         be restored. Report this with the dump log"
+    )]
+    UnknownMapping { node: ccm_identity::claims::NvidiaNode },
+    #[error("an open file of {node} (CRIU's file {id:#x}) names GPU minor {minor}, which this node's GPU list does not hold")]
+    UnknownGpu { node: ccm_identity::claims::NvidiaNode, id: u32, minor: u32 },
+    #[error("the device claims cuda-migrate-devices.img cannot be written: {0}")]
+    Write(Arc<ccm_process::dir::FileError>),
+    #[error("CRIU gave no image directory to write the device claims cuda-migrate-devices.img into")]
+    NoImageDir,
+    #[error("the device claims {path}: {why}")]
+    Read { path: std::path::PathBuf, why: String },
+    #[error(
+        "the checkpoint's forked workers hold {node} (CRIU's file {id:#x}), which this node cannot give them: {why}. \
+         Nothing was restored; the images are unchanged"
+    )]
+    NoNode { node: ccm_identity::claims::NvidiaNode, id: u32, why: String },
+    #[error("restored task {pid}: its NVIDIA descriptor (CRIU's file {id:#x}) cannot be reopened: {why}; the restore fails, the images are unchanged")]
+    Reopen { id: u32, pid: u32, why: Arc<ccm_process::claims::ReopenError> },
+    #[error("restored task {pid}: the placeholder of its device mapping at {addr:#x} cannot be made: {errno}")]
+    Placeholder { pid: u32, addr: u64, errno: ccm_process::claims::Errno },
 }
