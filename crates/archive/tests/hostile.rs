@@ -999,7 +999,8 @@ fn a_link_after_the_checkpoint_directory_is_refused() {
 /// At every depth, both ways, and for directories only implied by a file beneath them.
 #[test]
 fn every_change_of_kind_at_one_path_is_refused() {
-    let cases: Vec<(Box<dyn Fn(&mut Tar)>, &str, &str)> = vec![
+    type Case = (Box<dyn Fn(&mut Tar)>, &'static str, &'static str);
+    let cases: Vec<Case> = vec![
         // A directory implied by its file, then a link at its name.
         (
             Box::new(|t| {
