@@ -94,6 +94,8 @@ pub fn run(pid: i32, json: bool) -> CliResult {
     tree.truncate(MAX_TREE);
     let config = ccm_engine::Config::from_sources(|k| std::env::var(k).ok(), &[], &[]).map_err(input)?;
     let node_gpus = ccm_driver::procfs::gpus().unwrap_or_default();
+    // Each pid names the process that has it now: its start time before the question, read again after.
+    let started: Vec<(u32, Option<u64>)> = tree.iter().map(|&p| (p, ccm_process::tree::start_time(p))).collect();
     let rm = ccm_driver::rm::video_memory_within(&tree, RM_DEADLINE);
     let devices = node_devices(&config);
     let rows: Vec<ProcessRow> = tree.iter().map(|&p| row(p, rm.as_ref().ok(), &node_gpus, &devices)).collect();
@@ -112,6 +114,19 @@ pub fn run(pid: i32, json: bool) -> CliResult {
     });
     let cuda_pids: Vec<HostPid> = rows.iter().filter(|r| r.cuda).filter_map(|r| HostPid::new(r.pid.into())).collect();
     let mut facts = rm.as_ref().map(|r| importers_in(r, |pci| node_gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid)));
+    // As the plugin: only live processes holding a GPU node count (a dead process's memory stays under its number).
+    let mut stale_line = None;
+    if let Some(f) = facts.as_mut().ok().filter(|f| !f.importers.is_empty()) {
+        let (live, stale) = ccm_engine::sharing::split_live_importers(std::mem::take(&mut f.importers), |p| {
+            let before = started.iter().find(|(q, _)| *q == p.get()).and_then(|(_, t)| *t);
+            before.is_some_and(|t| ccm_process::tree::start_time(p.get()) == Some(t))
+                && ccm_process::devices::nvidia_minors_in_use(p.get()).is_ok_and(|m| !m.is_empty())
+        });
+        f.importers = live;
+        if !stale.is_empty() {
+            stale_line = Some(ccm_engine::sharing::stale_importers_line(&stale));
+        }
+    }
     // An MPS client reads as an importer (its memory is the MPS server's): named as such, as the plugin does.
     if let Some(f) = facts.as_mut().ok().filter(|f| !f.importers.is_empty()) {
         let servers = ccm_process::tree::processes_running(ccm_engine::sharing::MPS_SERVER_EXE, 64);
@@ -166,6 +181,10 @@ pub fn run(pid: i32, json: bool) -> CliResult {
         message
     } else {
         format!("{message}{}{}", if message.is_empty() { "" } else { "; " }, holders.join("; "))
+    };
+    let message = match stale_line {
+        Some(l) => format!("{message}; {l}"),
+        None => message,
     };
     let report = JobReport {
         pid: root.get(),

@@ -327,13 +327,30 @@ impl DumpSession {
         pids.sort();
         pids.dedup();
         let deadline = RM_DEADLINE.min(self.alarm_budget()).max(Duration::from_millis(50));
+        // Each pid names the process that has it now: its start time before the question, read again after.
+        let started: BTreeMap<HostPid, Option<u64>> =
+            pids.iter().map(|p| (*p, self.seams.targets.start_time(p.get()))).collect();
         match node.agent.video_memory(&pids, deadline) {
             Err(e) => {
                 debug!("importer check of the tree could not run: {e}");
                 self.tree_check = TreeCheck::Unavailable(e.to_string());
             }
             Ok(report) => {
-                let facts = self.facts_of(node, &report);
+                let mut facts = self.facts_of(node, &report);
+                let targets = &self.seams.targets;
+                let (live, stale) = crate::sharing::split_live_importers(std::mem::take(&mut facts.importers), |p| {
+                    let same =
+                        started.get(&p).copied().flatten().is_some_and(|t| targets.start_time(p.get()) == Some(t));
+                    let holds_gpu = targets
+                        .read_maps(p.get())
+                        .and_then(|m| targets.nvidia_minors(p.get(), &m))
+                        .is_ok_and(|minors| !minors.is_empty());
+                    same && holds_gpu
+                });
+                facts.importers = live;
+                if !stale.is_empty() {
+                    warn!("{}", crate::sharing::stale_importers_line(&stale));
+                }
                 info!(
                     "importer check before the first lock: the kernel driver's resource manager was asked about {} \
                      process(es) of the tree of pid {root} ({:.1} ms): {}",

@@ -616,6 +616,27 @@ fn a_tree_holding_an_importer_is_refused_before_the_first_lock_and_every_process
     assert!(d.image(3601).is_none());
 }
 
+/// The resource manager keeps a dead process's memory under its pid number while a descriptor another process
+/// inherited keeps its client alive: a number reused by another process (another start time), or a process that
+/// holds no GPU node, is not refused as an importer; the warning says why (issue 41 part 4).
+#[test]
+fn importers_are_live_processes_holding_a_gpu_node_not_pid_numbers() {
+    let pids = [3641, 3642, 3643];
+    let mut d = dump("ipc-stale", &pids);
+    tree(&d, &pids);
+    // 3642: reported as an importer, but its number was taken by another process during the question.
+    d.agent.script().imported.insert(3642, 64 << 20);
+    d.targets.script().start_times.insert(3642, [100, 200].into());
+    // 3643: reported as an importer, but holds no GPU node (a non-CUDA process, or a dead one's number).
+    d.agent.script().imported.insert(3643, 4 << 20);
+    d.targets.script().minors.insert(3643, Default::default());
+    for p in pids {
+        assert!(done(&d.pause(p)), "pid {p}");
+    }
+    assert_eq!(logged(&["not counted as importers", "pid 3642 has 64 MiB", "pid 3643 has 4 MiB", "reused"]).len(), 1);
+    d.finish(1);
+}
+
 #[test]
 fn a_single_process_importing_from_outside_the_tree_is_refused_too() {
     let mut d = dump("ipc-alone", &[3611]);

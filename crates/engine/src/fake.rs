@@ -439,6 +439,9 @@ pub struct TargetScript {
     pub holdings_fail: BTreeSet<u32>,
     /// The node's MPS servers.
     pub mps_servers: Vec<u32>,
+    /// Start times that differ from the pid's default (the pid itself): a pid listed twice is reused between the
+    /// two reads (first value, then the second).
+    pub start_times: BTreeMap<u32, VecDeque<u64>>,
 }
 
 #[derive(Clone, Default)]
@@ -583,6 +586,14 @@ impl Targets for FakeTargets {
     }
     fn mps_servers(&self) -> Vec<u32> {
         self.script().mps_servers.clone()
+    }
+    fn start_time(&self, pid: u32) -> Option<u64> {
+        let mut s = self.script();
+        match s.start_times.get_mut(&pid) {
+            Some(q) if q.len() > 1 => q.pop_front(),
+            Some(q) => q.front().copied(),
+            None => Some(u64::from(pid)),
+        }
     }
     fn device_holdings(
         &self,

@@ -70,6 +70,8 @@ pub trait Targets: Send + Sync {
     fn hostname(&self) -> String;
     /// The GPUs as the kernel driver lists them in `/proc/driver/nvidia/gpus`.
     fn kernel_gpus(&self) -> Result<Vec<GpuIdentity>, ProcfsError>;
+    /// When `pid` started (it names the process, not its number).
+    fn start_time(&self, pid: u32) -> Option<u64>;
     /// The node's MPS server processes (`crate::sharing::MPS_SERVER_EXE`).
     fn mps_servers(&self) -> Vec<u32>;
     /// The NVIDIA driver's device numbers on this node (`/proc/devices`; empty without the driver).
@@ -198,6 +200,9 @@ impl Targets for RealTargets {
     }
     fn nvidia_devices(&self) -> NvidiaDevices {
         ccm_process::claims::nvidia_devices().unwrap_or_default()
+    }
+    fn start_time(&self, pid: u32) -> Option<u64> {
+        ccm_process::tree::start_time(pid)
     }
     fn mps_servers(&self) -> Vec<u32> {
         ccm_process::tree::processes_running(crate::sharing::MPS_SERVER_EXE, 64)

@@ -86,6 +86,27 @@ impl std::fmt::Display for Importer {
     }
 }
 
+/// The importers that are live processes holding a GPU node, and the others: a process that died while a descriptor
+/// it passed on (a forked child's) keeps its driver client alive leaves its memory under its pid number, which
+/// another process may take (measured by the red team on an H200). `live(pid)`: the process that number names now
+/// is the one the resource manager was asked about (same start time) and holds a GPU node.
+pub fn split_live_importers(
+    importers: Vec<Importer>,
+    live: impl Fn(HostPid) -> bool,
+) -> (Vec<Importer>, Vec<Importer>) {
+    importers.into_iter().partition(|i| live(i.pid))
+}
+
+/// The line for importers that are not counted (see [`split_live_importers`]).
+pub fn stale_importers_line(stale: &[Importer]) -> String {
+    format!(
+        "not counted as importers: {} — the process with that number holds no GPU node now, or is not the one the \
+         resource manager answered for (its number was reused): the memory is a dead process's, kept by a descriptor \
+         another process inherited",
+        importer_list(stale)
+    )
+}
+
 /// The executable of the MPS server (`nvidia-cuda-mps-control` starts one per user and GPU set).
 pub const MPS_SERVER_EXE: &str = "nvidia-cuda-mps-server";
 

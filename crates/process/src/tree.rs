@@ -109,6 +109,13 @@ pub fn processes_running(exe_name: &str, max: usize) -> Vec<u32> {
     found
 }
 
+/// When `pid` started (`/proc/PID/stat` field 22, clock ticks since boot): with the pid, it names one process,
+/// whatever reuses the number later. `None` when it cannot be read (gone).
+pub fn start_time(pid: u32) -> Option<u64> {
+    let stat = read_text(pid, "stat", MAX_SMALL_PROC_FILE).ok()?;
+    stat_field(&stat, 22)?.parse().ok()
+}
+
 /// The parent of `pid` (`/proc/PID/stat` field 4), `None` when it cannot be read.
 pub fn parent_of(pid: u32) -> Option<u32> {
     let stat = read_text(pid, "stat", MAX_SMALL_PROC_FILE).ok()?;
