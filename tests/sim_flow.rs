@@ -88,8 +88,9 @@ fn the_cli_and_the_plugin_give_the_same_preflight_verdicts() {
 
 /// A child forked after cuInit holding NVIDIA nodes (the test doubles' stand-ins: char 10:237 as nvidiactl, a loop
 /// block device as nvidia0, held open and mapped): the job check names it as handled, the dump claims its nodes
-/// and writes them, `inspect` shows them, the restore reopens the descriptors and maps placeholders, and the
-/// child's exit code survives.
+/// and writes them (a `--leave-running` dump first, after which the tree runs on), `inspect` shows them, the restore
+/// reopens the descriptors and maps placeholders, a second dump and restore of the restored tree (a chained move)
+/// claims the reopened descriptors again, and the child's exit code survives.
 #[test]
 fn a_forked_child_holding_nvidia_nodes_moves() {
     run_case("forked");

@@ -340,6 +340,13 @@ forked)
     grep -Eq "^$child +ccm-sample-work +fork" "$WORK/job.txt" || fail "job check did not mark the child: $(cat "$WORK/job.txt")"
     grep -q "pid $child (ccm-sample-work): no CUDA context, 2 NVIDIA descriptor(s) and 1 device mapping(s).*: handled" "$WORK/job.txt" ||
         fail "job check did not name the forked child as handled: $(cat "$WORK/job.txt")"
+    # A --leave-running dump first: the tree runs on, the child with its own descriptors, untouched.
+    mkdir -p "$WORK/img-r"
+    criu dump -R -t "$pid" -D "$WORK/img-r" --libdir "$WORK/plugins" -v4 -o dump.log || fail "criu dump -R failed"
+    [ -f "$WORK/img-r/cuda-migrate-devices.img" ] || fail "no device claims written by the leave-running dump"
+    kill -0 "$child" || fail "the forked child did not run on after --leave-running"
+    go "$WORK/w0" 1 >/dev/null
+    check_agree "$WORK/w0" 1
     dump "$WORK/img" "$pid"
     [ -f "$WORK/img/cuda-migrate-devices.img" ] || fail "no device claims written"
     grep -q "pid $child (ccm-sample-work) is no CUDA process but holds 2 NVIDIA descriptor(s) and 1 device mapping(s)" "$WORK/img/dump.log" ||
@@ -355,12 +362,19 @@ forked)
     grep -qx /dev/nvidiactl <<<"$links" || fail "restored child lacks /dev/nvidiactl: $links"
     grep -qx /dev/nvidia0 <<<"$links" || fail "restored child lacks /dev/nvidia0: $links"
     grep -q "criu-cuda-migrate-placeholder" "/proc/$child/maps" || fail "no placeholder in the child's maps: $(cat "/proc/$child/maps")"
-    go "$WORK/w0" 1 >/dev/null
-    check_agree "$WORK/w0" 1
-    : >"$WORK/w0/child-exit"
     go "$WORK/w0" 2 >/dev/null
-    tr -d ' \n' <"$WORK/w0/report2.json" | grep -q '"forked_child":{"pid":'"$child"',"exit_code":7}' ||
-        fail "the forked child's exit code was not kept: $(cat "$WORK/w0/report2.json")"
+    check_agree "$WORK/w0" 2
+    # A chained move: the restored child (reopened descriptors, placeholders) is dumped and restored again.
+    dump "$WORK/img2" "$pid"
+    grep -q "pid $child (ccm-sample-work) is no CUDA process but holds 2 NVIDIA descriptor(s)" "$WORK/img2/dump.log" ||
+        fail "the second dump did not claim the restored child's descriptors"
+    restore "$WORK/img2" || fail "the chained restore failed"
+    go "$WORK/w0" 3 >/dev/null
+    check_agree "$WORK/w0" 3
+    : >"$WORK/w0/child-exit"
+    go "$WORK/w0" 4 >/dev/null
+    tr -d ' \n' <"$WORK/w0/report4.json" | grep -q '"forked_child":{"pid":'"$child"',"exit_code":7}' ||
+        fail "the forked child's exit code was not kept: $(cat "$WORK/w0/report4.json")"
     ;;
 *)
     fail "unknown case"
