@@ -260,3 +260,10 @@ fn an_image_renamed_to_another_pid_is_refused() {
 fn an_unknown_disable_value_is_refused() {
     run_case("setting-disable-unknown");
 }
+
+/// The default (`CRIU_CUDA_MIGRATE_MULTI_PROCESS=check`): two CUDA processes whose importer check cannot run (the
+/// test doubles have no kernel driver) are refused before any checkpoint, naming why and `=warn`; both run on.
+#[test]
+fn several_cuda_processes_the_importer_check_cannot_clear_are_refused_by_default() {
+    run_case("multi-process-unchecked");
+}

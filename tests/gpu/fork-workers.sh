@@ -42,7 +42,7 @@
 # Needs, carried in .device/ (tests/gpu/prepare.sh): criu-debs, runc-debs, pkg, bin/criu-cuda-migrate; python3
 # with torch at /opt/torch/.venv/bin/python3. Writes $OUT/fork-workers-results.tsv and fork-workers-table.md.
 # Exits 1 when a row FAILs, 2 when the machine is not set up. Knobs: CCM_FORK_STEPS (40), CCM_FORK_PAUSE (10),
-# CCM_FORK_PID_BASE (31000, move-dump), CCM_WORK (/var/tmp/ccm-fork-workers).
+# CCM_FORK_SHAPES (the bare rows, space-separated), CCM_FORK_PID_BASE (31000, move-dump), CCM_WORK (/var/tmp/ccm-fork-workers).
 
 set -uo pipefail
 # No -e: a status-recording flow. A failed row is recorded as FAIL and the next one runs.
@@ -71,7 +71,7 @@ REF=$WORK/ref
 REF_TIMEOUT=240
 READY_S=120
 DONE_S=150
-BARE_SHAPES=(dl-fork-pin dl-fork-8w dl-fork-nopin dl-forkserver dl-spawn pool-fork bare-fork c-fork)
+read -r -a BARE_SHAPES <<<"${CCM_FORK_SHAPES:-dl-fork-pin dl-fork-8w dl-fork-nopin dl-forkserver dl-spawn pool-fork bare-fork c-fork}"
 RESULT_RE='^(step=[0-9]+ loss=|done params_sha256=|child_exit=)'
 FAILED=0
 MPS_PIPE=""
@@ -284,7 +284,7 @@ case_bare() {
     log "$name: dumping tree $(echo "$tree_pids" | tr '\n' ' ')"
     local t0
     t0=$(now)
-    criu_cmd -- dump -t "$root" -D "$d/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log && rc=0 || rc=$?
+    criu_cmd -- dump -t "$root" -D "$d/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log --link-remap && rc=0 || rc=$?
     td=$(elapsed "$t0")
     img_mb=$(du -sm "$d/img" | cut -f1)
     log "$name: dump rc=$rc in ${td}s, images $img_mb MiB"
@@ -487,7 +487,7 @@ phase_move_dump() {
     job_check "$root" "$name"
     tree_pids=$(descendants "$root")
     t0=$(now)
-    criu_cmd -- dump -t "$root" -D "$XFER/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log && rc=0 || rc=$?
+    criu_cmd -- dump -t "$root" -D "$XFER/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log --link-remap && rc=0 || rc=$?
     td=$(elapsed "$t0")
     for p in $tree_pids; do wait_gone "$p" 30; done
     img_mb=$(du -sm "$XFER/img" | cut -f1)

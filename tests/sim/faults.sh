@@ -10,7 +10,7 @@
 #   BIN_DIR  cargo's target dir: libcriu_cuda_migrate.so, ccm-sample-workload, ccm-sim-ctl,
 #            criu-cuda-migrate (the CLI), libcuda_test_double.so, libnvml_test_double.so
 #   CASE     lock-timeout | checkpoint-fail-one-of-two | checkpoint-unsupported | multi-process-refuse |
-#            multi-process-ipc-restore | restore-fail | restore-fail-permissive | unlock-fail |
+#            multi-process-unchecked | multi-process-ipc-restore | restore-fail | restore-fail-permissive | unlock-fail |
 #            criu-killed-mid-restore | nvml-missing-dump |
 #            nvml-missing-restore | libcuda-missing-dump | libcuda-missing-restore | image-missing |
 #            image-missing-one-of-two |
@@ -42,6 +42,9 @@ fail() {
 }
 
 sim_stack_setup 2
+# Trees of two CUDA processes on the test doubles, whose importer check cannot run (no kernel driver): the default
+# (check) refuses them, which the multi-process-unchecked case proves; the other cases dump them with warn.
+export CRIU_CUDA_MIGRATE_MULTI_PROCESS=warn
 
 # Every process this script starts is recorded here and killed at exit (by pid, after checking it is
 # still ours), so a failed case leaves nothing behind.
@@ -299,9 +302,30 @@ multi-process-refuse)
     check_agree "$WORK/w0" 1
     check_agree "$WORK/w1" 1
     ;;
+multi-process-unchecked)
+    # The default (check) and a tree of two CUDA processes where the importer check cannot run (no kernel driver
+    # under the test doubles): refused before any checkpoint, naming why and the setting that dumps them anyway;
+    # no identity image; both unlocked, RUNNING, data intact (issue 41 part 1).
+    unset CRIU_CUDA_MIGRATE_MULTI_PROCESS
+    root=$(start_tree)
+    p0=$(cat "$WORK/w0/ready")
+    p1=$(cat "$WORK/w1/ready")
+    if dump "$WORK/img" "$root"; then fail "the dump of two unchecked CUDA processes was not refused"; fi
+    seen "$WORK/img/dump.log" "refused before any checkpoint: this dump holds 2 CUDA processes \(pids $p0, $p1\), and the importer check could not run \(the resource manager: .*\).*CRIU_CUDA_MIGRATE_MULTI_PROCESS=warn"
+    seen "$WORK/img/dump.log" "pid $p0: rolled back: unlocked, RUNNING again"
+    seen "$WORK/img/dump.log" "pid $p1: rolled back: unlocked, RUNNING again"
+    if compgen -G "$WORK/img/cuda-migrate-*.img" >/dev/null; then fail "a refused dump wrote an identity image"; fi
+    expect_state "$p0" RUNNING
+    expect_state "$p1" RUNNING
+    go "$WORK/w0" 1
+    go "$WORK/w1" 1
+    check_agree "$WORK/w0" 1
+    check_agree "$WORK/w1" 1
+    ;;
 multi-process-ipc-restore)
-    # Two CUDA processes dumped with the default (warn), where the importer check cannot run (no kernel driver
-    # under the test doubles): the dump says why, and what CUDA IPC would do. The driver's restore
+    # Two CUDA processes dumped with CRIU_CUDA_MIGRATE_MULTI_PROCESS=warn (the default, check, refuses them: the
+    # multi-process-unchecked case), where the importer check cannot run (no kernel driver under the test
+    # doubles): the dump says why, and what CUDA IPC would do. The driver's restore
     # then fails as an IPC importer's does on driver 580 (CUDA_ERROR_INVALID_VALUE, knob restore-fail=1): the line
     # names CUDA IPC as the likely cause and says what can and cannot be done; strict mode kills the tree; the
     # images are unchanged.

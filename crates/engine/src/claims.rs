@@ -177,7 +177,10 @@ impl DumpClaims {
         let fd = host.image_dir().ok_or(ClaimError::NoImageDir)?;
         let dir =
             Dir::from_owned(fd, PathBuf::from("CRIU's image directory")).map_err(|e| ClaimError::Write(Arc::new(e)))?;
-        dir.write_file(CLAIMS_FILE_NAME, &claims.encode(), 0o600).map_err(|e| ClaimError::Write(Arc::new(e)))
+        // Rewritten at every claim (a post-dump script may take the images before CRIU's end), so not synced each
+        // time: as durable as CRIU's own images, which CRIU does not sync.
+        dir.write_file_synced(CLAIMS_FILE_NAME, &claims.encode(), 0o600, false)
+            .map_err(|e| ClaimError::Write(Arc::new(e)))
     }
 }
 

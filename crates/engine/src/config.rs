@@ -177,7 +177,7 @@ impl Config {
             None => LeaveRunning::No,
         };
         let multi_process =
-            read(get(&settings::MULTI_PROCESS), value::parse_multi_process)?.map_or(MultiProcess::Warn, |s| s.value);
+            read(get(&settings::MULTI_PROCESS), value::parse_multi_process)?.map_or(MultiProcess::Check, |s| s.value);
         let ipc = read(get(&settings::IPC), value::parse_ipc)?.map_or(IpcImporters::Refuse, |s| s.value);
         let driver_timeout = read(get(&settings::DRIVER_TIMEOUT), value::parse_timeout)?.map(|s| s.value);
         let test_double_devices = env(ENV_TEST_DOUBLE_DEVICES).filter(|v| !v.trim().is_empty());
@@ -261,6 +261,7 @@ impl std::fmt::Display for Config {
                 IpcImporters::Allow => "allow",
             },
             match self.multi_process {
+                MultiProcess::Check => "check",
                 MultiProcess::Warn => "warn",
                 MultiProcess::Refuse => "refuse",
             },
@@ -527,7 +528,7 @@ mod tests {
         assert_eq!(c.lock_timeout, Duration::from_secs(10));
         assert_eq!(
             c.to_string(),
-            format!("device map {C}={D}, usable GPUs all, mode permissive, reconcile on, leave-running no, ipc refuse, multi-process warn, lock timeout 10 s, libcuda default, NVML default")
+            format!("device map {C}={D}, usable GPUs all, mode permissive, reconcile on, leave-running no, ipc refuse, multi-process check, lock timeout 10 s, libcuda default, NVML default")
         );
         let bad = Config::from_sources(|k| (k == ENV_MODE).then(|| "loose".to_string()), &[], &[]);
         assert!(bad.unwrap_err().to_string().contains("strict"));
@@ -553,7 +554,7 @@ mod tests {
         );
         assert_eq!(c.libcuda.as_deref(), Some("/x"));
         assert!(Config::from_sources(|_| None, &[], &[opt("disable", "1")]).unwrap().disabled);
-        assert_eq!(Config::from_sources(|_| None, &[], &[]).unwrap().multi_process, MultiProcess::Warn);
+        assert_eq!(Config::from_sources(|_| None, &[], &[]).unwrap().multi_process, MultiProcess::Check);
         assert_eq!(
             Config::from_sources(|_| None, &[], &[opt("multi-process", "refuse")]).unwrap().multi_process,
             MultiProcess::Refuse

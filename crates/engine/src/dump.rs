@@ -582,6 +582,10 @@ impl DumpSession {
                 self.refuse_all(|| ProcessFailure::SeveralProcessesRefused(pids.clone()));
                 true
             }
+            SharingVerdict::Unchecked(pids, why) => {
+                self.refuse_all(|| ProcessFailure::UncheckedRefused(pids.clone(), why.clone()));
+                true
+            }
             SharingVerdict::Proceed { info, warning } => {
                 if let Some(i) = info {
                     info!("{i}");

@@ -621,19 +621,19 @@ fn a_tree_holding_an_importer_is_refused_before_the_first_lock_and_every_process
 /// holds no GPU node, is not refused as an importer; the warning says why (issue 41 part 4).
 #[test]
 fn importers_are_live_processes_holding_a_gpu_node_not_pid_numbers() {
-    let pids = [3641, 3642, 3643];
+    let pids = [3661, 3662, 3663];
     let mut d = dump("ipc-stale", &pids);
     tree(&d, &pids);
-    // 3642: reported as an importer, but its number was taken by another process during the question.
-    d.agent.script().imported.insert(3642, 64 << 20);
-    d.targets.script().start_times.insert(3642, [100, 200].into());
-    // 3643: reported as an importer, but holds no GPU node (a non-CUDA process, or a dead one's number).
-    d.agent.script().imported.insert(3643, 4 << 20);
-    d.targets.script().minors.insert(3643, Default::default());
+    // 3662: reported as an importer, but its number was taken by another process during the question.
+    d.agent.script().imported.insert(3662, 64 << 20);
+    d.targets.script().start_times.insert(3662, [100, 200].into());
+    // 3663: reported as an importer, but holds no GPU node (a non-CUDA process, or a dead one's number).
+    d.agent.script().imported.insert(3663, 4 << 20);
+    d.targets.script().minors.insert(3663, Default::default());
     for p in pids {
         assert!(done(&d.pause(p)), "pid {p}");
     }
-    assert_eq!(logged(&["not counted as importers", "pid 3642 has 64 MiB", "pid 3643 has 4 MiB", "reused"]).len(), 1);
+    assert_eq!(logged(&["not counted as importers", "pid 3662 has 64 MiB", "pid 3663 has 4 MiB", "reused"]).len(), 1);
     d.finish(1);
 }
 
@@ -698,9 +698,29 @@ fn an_import_between_the_tree_check_and_the_checkpoint_is_caught_while_all_are_o
 }
 
 #[test]
+fn when_the_resource_manager_cannot_be_asked_several_processes_are_refused_by_default_and_all_run_on() {
+    let pids = [3651, 3652];
+    let mut d = dump("ipc-unavailable-check", &pids);
+    tree(&d, &pids);
+    d.agent.script().rm_error =
+        Some(ccm_agent::AgentError::Rm("/dev/nvidiactl cannot be opened (No such file or directory)".into()));
+    for p in pids {
+        assert!(done(&d.pause(p)));
+    }
+    for p in pids {
+        let f = process_failure(d.checkpoint(p));
+        assert!(matches!(f, ProcessFailure::UncheckedRefused(..)), "{f}");
+        assert!(f.to_string().contains("/dev/nvidiactl cannot be opened") && f.to_string().contains("=warn"), "{f}");
+    }
+    assert!(!d.agent.calls().iter().any(|c| c.starts_with("checkpoint")));
+    d.finish(1);
+    assert_eq!(d.states(&pids), vec![Running; 2]);
+}
+
+#[test]
 fn when_the_resource_manager_cannot_be_asked_the_dump_goes_on_with_the_warning_and_why() {
     let pids = [3641, 3642];
-    let mut d = dump("ipc-unavailable", &pids);
+    let mut d = dump_with("ipc-unavailable", config(&[("CRIU_CUDA_MIGRATE_MULTI_PROCESS", "warn")]), &pids, 1);
     tree(&d, &pids);
     d.agent.script().rm_error =
         Some(ccm_agent::AgentError::Rm("/dev/nvidiactl cannot be opened (No such file or directory)".into()));

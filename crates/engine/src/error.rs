@@ -116,6 +116,9 @@ pub enum ProcessFailure {
     /// `CRIU_CUDA_MIGRATE_MULTI_PROCESS=refuse` and the dump holds several CUDA processes.
     #[error("{}", sharing::several_processes_refusal(.0))]
     SeveralProcessesRefused(Vec<ccm_identity::HostPid>),
+    /// Several CUDA processes the importer check could not clear (`CRIU_CUDA_MIGRATE_MULTI_PROCESS=check`).
+    #[error("{}", sharing::unchecked_processes_refusal(.0, .1))]
+    UncheckedRefused(Vec<ccm_identity::HostPid>, String),
     /// A CUDA process of the dump imports another's device memory (`CRIU_CUDA_MIGRATE_IPC=refuse`).
     #[error("{}", sharing::importer_refusal(.0))]
     IpcImportersRefused(Vec<sharing::Importer>),

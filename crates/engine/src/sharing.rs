@@ -248,6 +248,9 @@ pub enum SharingVerdict {
     Importers(Vec<Importer>),
     /// Refused before any checkpoint: several CUDA processes (`multi-process refuse`).
     SeveralProcesses(Vec<HostPid>),
+    /// Refused before any checkpoint: several CUDA processes the importer check could not clear (`multi-process
+    /// check`, the default), and why it could not.
+    Unchecked(Vec<HostPid>, String),
     /// The dump goes on, with a line for the log and a warning when there is one.
     Proceed { info: Option<String>, warning: Option<String> },
 }
@@ -258,6 +261,7 @@ impl SharingVerdict {
         match self {
             SharingVerdict::Importers(i) => Some(importer_refusal(i)),
             SharingVerdict::SeveralProcesses(p) => Some(several_processes_refusal(p)),
+            SharingVerdict::Unchecked(p, why) => Some(unchecked_processes_refusal(p, why)),
             SharingVerdict::Proceed { .. } => None,
         }
     }
@@ -273,14 +277,22 @@ pub fn verdict(
     if cuda_pids.len() > 1 && multi_process == MultiProcess::Refuse {
         return SharingVerdict::SeveralProcesses(cuda_pids.to_vec());
     }
-    let facts = match check {
-        Err(why) if cuda_pids.len() > 1 => {
-            return SharingVerdict::Proceed { info: None, warning: Some(unchecked_processes_warning(cuda_pids, why)) }
+    let unchecked = |why: &str| match multi_process {
+        MultiProcess::Warn => {
+            SharingVerdict::Proceed { info: None, warning: Some(unchecked_processes_warning(cuda_pids, why)) }
         }
+        _ => SharingVerdict::Unchecked(cuda_pids.to_vec(), why.to_string()),
+    };
+    let facts = match check {
+        Err(why) if cuda_pids.len() > 1 => return unchecked(why),
         Err(why) => {
-            let info = (!cuda_pids.is_empty())
-                .then(|| format!("the importer check could not run ({why}); one CUDA process, dumped unchecked"));
-            return SharingVerdict::Proceed { info, warning: None };
+            let warning = (!cuda_pids.is_empty()).then(|| {
+                format!(
+                    "the importer check could not run ({why}); one CUDA process, dumped unchecked: if it has device \
+                     memory of a process outside this dump open through {IPC_KINDS}, driver 580 cannot restore it"
+                )
+            });
+            return SharingVerdict::Proceed { info: None, warning };
         }
         Ok(f) => f,
     };
@@ -293,10 +305,23 @@ pub fn verdict(
         };
     }
     if !facts.unanswered.is_empty() && cuda_pids.len() > 1 {
-        let why = unanswered_text(&facts.unanswered);
-        return SharingVerdict::Proceed { info: None, warning: Some(unchecked_processes_warning(cuda_pids, &why)) };
+        return unchecked(&unanswered_text(&facts.unanswered));
     }
     SharingVerdict::Proceed { info: (!cuda_pids.is_empty()).then(|| no_importer_line(cuda_pids, facts)), warning: None }
+}
+
+/// Why a dump of several CUDA processes the importer check could not clear was refused (`multi-process check`).
+pub fn unchecked_processes_refusal(pids: &[HostPid], why: &str) -> String {
+    format!(
+        "refused before any checkpoint: this dump holds {} CUDA processes (pids {}), and the importer check could not \
+         run ({why}). If one of them has another's device memory open through {IPC_KINDS}, driver 580 checkpoints it \
+         but cannot restore it, not even in place, and the job is lost. Nothing was checkpointed; every process is \
+         unlocked and runs on. Make the check possible (CRIU must see /dev/nvidiactl and the NVIDIA kernel driver), \
+         or set {}=warn to dump such trees unchecked (a warning stays)",
+        pids.len(),
+        pid_list(pids),
+        MULTI_PROCESS.env
+    )
 }
 
 /// Why a dump of several CUDA processes was refused (`multi-process refuse`).
@@ -537,9 +562,29 @@ mod tests {
             matches!(&unchecked, SharingVerdict::Proceed { warning: Some(t), .. } if t.contains("no /dev/nvidiactl"))
         );
         let one = verdict(&two[..1], Err("no /dev/nvidiactl"), r, w);
-        assert!(matches!(&one, SharingVerdict::Proceed { info: Some(_), warning: None }), "{one:?}");
+        assert!(
+            matches!(&one, SharingVerdict::Proceed { info: None, warning: Some(t) } if t.contains("no /dev/nvidiactl")),
+            "{one:?}"
+        );
         let partly = importers_in(&report(&[(6, 41, 0, 0), (6, 42, 0, 0x5e)]), |_| None);
         assert!(matches!(verdict(&two, Ok(&partly), r, w), SharingVerdict::Proceed { warning: Some(_), .. }));
+        // The default, `check`: several processes the check could not clear are refused, naming why and `warn`;
+        // one process gets a warning (issue 41 part 1).
+        let c = MultiProcess::Check;
+        let refused = verdict(&two, Err("no /dev/nvidiactl"), r, c);
+        assert!(matches!(&refused, SharingVerdict::Unchecked(p, why) if p.len() == 2 && why == "no /dev/nvidiactl"));
+        let text = refused.refusal().unwrap();
+        for needle in [
+            "refused before any checkpoint",
+            "pids 41, 42",
+            "no /dev/nvidiactl",
+            "CRIU_CUDA_MIGRATE_MULTI_PROCESS=warn",
+        ] {
+            assert!(text.contains(needle), "{needle}: {text}");
+        }
+        assert!(matches!(verdict(&two, Ok(&partly), r, c), SharingVerdict::Unchecked(..)));
+        assert!(matches!(verdict(&two[..1], Err("x"), r, c), SharingVerdict::Proceed { warning: Some(_), .. }));
+        assert!(matches!(verdict(&two, Ok(&clear), r, c), SharingVerdict::Proceed { warning: None, .. }));
         assert!(verdict(&two, Ok(&importer), r, w).refusal().unwrap().contains("pid 42 has 8 MiB"));
     }
 

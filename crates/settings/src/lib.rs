@@ -89,8 +89,8 @@ pub const MULTI_PROCESS: Setting = Setting {
     env: "CRIU_CUDA_MIGRATE_MULTI_PROCESS",
     option: "multi-process",
     at: "dump",
-    default: "warn",
-    help: "refuse: every dump of more than one CUDA process fails before any checkpoint, every process running on, whatever the importer check says; warn: dump them (warning only when the importer check cannot run)",
+    default: "check",
+    help: "check: dump several CUDA processes when the importer check clears them, and refuse them before any checkpoint when it cannot run (no /dev/nvidiactl, another driver, no answer); warn: dump them even then, with a warning; refuse: every dump of more than one CUDA process fails before any checkpoint, every process running on, whatever the importer check says",
 };
 
 pub const DRIVER_TIMEOUT: Setting = Setting {

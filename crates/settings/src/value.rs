@@ -129,19 +129,24 @@ pub fn parse_ipc(text: &str) -> Result<IpcImporters, ValueError> {
 /// ([`IpcImporters`]) finds: for those who want every multi-process dump refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum MultiProcess {
-    /// Dump them (the default); a warning names the IPC risk only when the importer check cannot run.
+    /// Dump them when the importer check ran and found no importer; refuse them before any checkpoint when it
+    /// cannot run (the default: such trees lose their job when one of them imports another's memory).
+    Check,
+    /// Dump them even when the importer check cannot run, with a warning naming why.
     Warn,
     /// Refuse before any checkpoint: every process is unlocked and runs on.
     Refuse,
 }
 
-/// `warn` or `refuse`.
+/// `check`, `warn` or `refuse`.
 pub fn parse_multi_process(text: &str) -> Result<MultiProcess, ValueError> {
     match text.trim() {
+        "check" => Ok(MultiProcess::Check),
         "warn" => Ok(MultiProcess::Warn),
         "refuse" => Ok(MultiProcess::Refuse),
         _ => Err(expected(
-            "`warn` (dump several CUDA processes; a warning when the importer check cannot run) or `refuse` (fail \
+            "`check` (the default: dump several CUDA processes when the importer check clears them, refuse them when \
+             it cannot run), `warn` (dump them, with a warning when the importer check cannot run) or `refuse` (fail \
              every such dump before any checkpoint)",
         )),
     }

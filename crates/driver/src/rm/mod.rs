@@ -443,11 +443,14 @@ impl Client {
         let mut device = abi::DeviceAllocParams { device_id: ids.device_instance, ..Default::default() };
         let d =
             alloc(self.ctl.as_fd(), self.handle, self.handle, device_handle, abi::CLASS_DEVICE, &mut device, "device")?;
-        let objects = GpuObjects { client: self, device: d, subdevice: 0 };
+        // The guard owns the device from here: a failed subdevice allocation frees it too. (Its fields are Copy:
+        // building the result with `..objects` copied them and freed the device at this scope's end, so every
+        // query met NV_ERR_OBJECT_NOT_FOUND; measured on the H200.)
+        let mut objects = GpuObjects { client: self, device: d, subdevice: 0 };
         let mut sub = abi::SubdeviceAllocParams { subdevice_id: ids.subdevice_instance };
-        let subdevice =
+        objects.subdevice =
             alloc(self.ctl.as_fd(), self.handle, d, subdevice_handle, abi::CLASS_SUBDEVICE, &mut sub, "subdevice")?;
-        Ok(GpuObjects { subdevice, ..objects })
+        Ok(objects)
     }
 
     /// Frees one object of this client (with everything under it).
