@@ -182,6 +182,8 @@ impl DumpSession {
 
     fn new(config: Config, agent: Box<dyn DriverAgent>, seams: Seams) -> DumpSession {
         let config_lock_timeout = config.lock_timeout;
+        // One CRIU run is one dump: its scans share one budget.
+        ccm_process::mem::DumpScanBudget::reset();
         // The dump's agent ends by itself once told (CRIU need not wait for the driver's teardown).
         agent.exit_without_waiting();
         DumpSession {

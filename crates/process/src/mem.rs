@@ -121,6 +121,123 @@ pub struct ScanReport {
     pub prop_sites: Vec<PropSite>,
     /// Look-alikes of such copies, left alone.
     pub prop_lookalikes: usize,
+    /// Bytes of the scanned mappings not read because no page backs them (never touched: they read as zeros,
+    /// which hold no identity word, and reading them would make the kernel fault every page in for the target).
+    pub bytes_not_resident: u64,
+    /// Why the scan stopped before the end, if it did: its byte budget or its deadline ([`ScanLimits`]).
+    pub stopped: Option<String>,
+}
+
+/// What one scan may cost. A process chooses how much address space it maps (2 TiB of untouched `MAP_NORESERVE`
+/// memory costs it nothing), so the scan reads only resident pages, at most `bytes` of them (shared with every other
+/// scan of the same dump through [`DumpScanBudget`]), and stops at `deadline`.
+#[derive(Debug, Clone, Copy)]
+pub struct ScanLimits {
+    pub bytes: u64,
+    pub deadline: Duration,
+}
+
+impl ScanLimits {
+    /// A process's scan: 4 GiB of resident memory (a PyTorch process with a model's host copy scanned 1.7 GiB),
+    /// 20 s (1.7 GiB took 0.58 s).
+    pub const PROCESS: ScanLimits = ScanLimits { bytes: 4 << 30, deadline: Duration::from_secs(20) };
+}
+
+/// Resident bytes all scans of one dump may read together (16 GiB), shared by its processes' scans.
+pub const DUMP_SCAN_BYTES: u64 = 16 << 30;
+
+/// The dump's shared scan budget: what is left of [`DUMP_SCAN_BYTES`]. One CRIU run is one dump, so the plugin
+/// resets it at each `init(DUMP)`.
+pub struct DumpScanBudget;
+
+static DUMP_SCAN_LEFT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(DUMP_SCAN_BYTES);
+
+impl DumpScanBudget {
+    pub fn reset() {
+        DUMP_SCAN_LEFT.store(DUMP_SCAN_BYTES, std::sync::atomic::Ordering::SeqCst);
+    }
+
+    /// Takes `n` bytes from the dump's budget; false when fewer are left.
+    fn take(n: u64) -> bool {
+        DUMP_SCAN_LEFT
+            .fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |left| {
+                left.checked_sub(n)
+            })
+            .is_ok()
+    }
+}
+
+/// One scan's own budget, shared by its worker threads.
+struct ScanBudget {
+    left: std::sync::atomic::AtomicU64,
+    until: Instant,
+    limits: ScanLimits,
+}
+
+impl ScanBudget {
+    fn new(limits: ScanLimits) -> ScanBudget {
+        ScanBudget {
+            left: std::sync::atomic::AtomicU64::new(limits.bytes),
+            until: Instant::now() + limits.deadline,
+            limits,
+        }
+    }
+
+    /// Takes `n` bytes of this scan's and the dump's budget, or says why not.
+    fn take(&self, n: u64) -> Result<(), String> {
+        if Instant::now() >= self.until {
+            return Err(format!("its deadline of {} s passed", self.limits.deadline.as_secs()));
+        }
+        let ok = self
+            .left
+            .fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |l| {
+                l.checked_sub(n)
+            })
+            .is_ok();
+        if !ok {
+            return Err(format!("it read its budget of {} MiB of resident memory", self.limits.bytes >> 20));
+        }
+        if !DumpScanBudget::take(n) {
+            return Err(format!("the dump's scans read their budget of {} MiB together", DUMP_SCAN_BYTES >> 20));
+        }
+        Ok(())
+    }
+}
+
+/// `/proc/PID/pagemap`: which pages of the target are backed (present, or swapped out).
+struct Pagemap {
+    file: File,
+}
+
+const PAGE: u64 = 4096;
+const PAGE_BYTES: usize = 4096;
+
+impl Pagemap {
+    fn open(pid: u32) -> Option<Pagemap> {
+        File::open(proc_path(pid, "pagemap")).ok().map(|file| Pagemap { file })
+    }
+
+    /// For each page of `[addr, addr + len)`, whether it is backed; `None` when the kernel does not say.
+    fn backed(&self, addr: u64, len: u64, out: &mut Vec<bool>) -> Option<()> {
+        use std::os::unix::fs::FileExt;
+        let pages = usize::try_from(len.div_ceil(PAGE)).ok()?;
+        let mut raw = vec![0u8; pages * 8];
+        let mut done = 0;
+        while done < raw.len() {
+            let n = self.file.read_at(&mut raw[done..], (addr / PAGE) * 8 + done as u64).ok()?;
+            if n == 0 {
+                return None;
+            }
+            done += n;
+        }
+        out.clear();
+        out.extend(raw.chunks_exact(8).map(|e| {
+            let v = u64::from_le_bytes([e[0], e[1], e[2], e[3], e[4], e[5], e[6], e[7]]);
+            // Bit 63: present in RAM; bit 62: swapped out.
+            v >> 62 != 0
+        }));
+        Some(())
+    }
 }
 
 /// Bytes read per `pread`. Large enough that syscall cost is negligible, small enough to keep
@@ -187,6 +304,8 @@ pub fn scan_identity_over(
         return Ok(report);
     }
     let mem = ProcessMemory::open_read_only(pid)?;
+    let pagemap = Pagemap::open(pid);
+    let budget = ScanBudget::new(ScanLimits::PROCESS);
     let (scannable, skipped): (Vec<&Mapping>, Vec<&Mapping>) = maps.iter().partition(|m| scope.admits(m));
     report.mappings_skipped = skipped.len();
     // A PyTorch process holds gigabytes of host memory: spread the mappings over a few threads
@@ -206,12 +325,17 @@ pub fn scan_identity_over(
             .iter()
             .filter(|g| !g.1.is_empty())
             .map(|(_, group)| {
-                let mem = &mem;
+                let (mem, pagemap, budget) = (&mem, pagemap.as_ref(), &budget);
                 scope.spawn(move || {
                     let mut part = ScanReport::default();
                     let mut buf = vec![0u8; SCAN_OVERLAP_BYTES + SCAN_CHUNK_BYTES];
+                    let reader = Reader { mem, pagemap, budget };
                     for mapping in group {
-                        scan_one(pid, mem, mapping, wanted, props, &mut buf, &mut part)?;
+                        if part.stopped.is_some() {
+                            part.mappings_skipped += 1;
+                            continue;
+                        }
+                        scan_one(pid, &reader, mapping, wanted, props, &mut buf, &mut part)?;
                     }
                     Ok(part)
                 })
@@ -234,6 +358,10 @@ pub fn scan_identity_over(
         report.mappings_skipped += part.mappings_skipped;
         report.prop_sites.extend(part.prop_sites);
         report.prop_lookalikes += part.prop_lookalikes;
+        report.bytes_not_resident += part.bytes_not_resident;
+        if report.stopped.is_none() {
+            report.stopped = part.stopped;
+        }
     }
     report.sites.sort_by_key(|s| s.addr);
     report.prop_sites.sort_by_key(|s| s.addr);
@@ -245,9 +373,16 @@ pub fn scan_identity_over(
 const MAX_SCAN_THREADS: usize = 8;
 
 /// Scans one mapping; a mapping that vanished since the maps were read is skipped with a warning.
+/// What a scan reads through: the target's memory, which of its pages are backed, and the scan's budget.
+struct Reader<'a> {
+    mem: &'a ProcessMemory,
+    pagemap: Option<&'a Pagemap>,
+    budget: &'a ScanBudget,
+}
+
 fn scan_one(
     pid: u32,
-    mem: &ProcessMemory,
+    mem: &Reader<'_>,
     mapping: &Mapping,
     wanted: &[(GpuUuid, PciSignature)],
     props: &[GpuIdentity],
@@ -283,7 +418,7 @@ fn scan_one(
 
 /// Scans one mapping in chunks, appending its sites to `report`.
 fn scan_mapping(
-    mem: &ProcessMemory,
+    reader: &Reader<'_>,
     mapping: &Mapping,
     wanted: &[(GpuUuid, PciSignature)],
     props: &[GpuIdentity],
@@ -294,13 +429,29 @@ fn scan_mapping(
     // The runtime's property copies are whole structs, so one on the stack is real; PCI words there are not.
     let wanted = if pattern::mapping_may_hold_pci_words(&mapping.path) { wanted } else { &[] };
     // `buf[..carried]` holds the last bytes of the previous window, at `next - carried`.
+    let mem = reader.mem;
     let mut next = mapping.start;
     let mut carried = 0usize;
+    let mut backed = Vec::new();
     while next < mapping.end {
         let remaining = usize::try_from(mapping.end - next).unwrap_or(usize::MAX);
         // Chunks start at `mapping.start + k * SCAN_CHUNK_BYTES`; `buf` has room for the carry.
         let want = remaining.min(SCAN_CHUNK_BYTES);
-        let got = read_some(mem, next, &mut buf[carried..carried + want])?;
+        let absent_before = report.bytes_not_resident;
+        let got = match read_resident(reader, next, &mut buf[carried..carried + want], &mut backed, report) {
+            Ok(n) => n,
+            // A chunk no page backs: nothing to scan, and no signature can run from the carried bytes into its zeros
+            // (a signature's last words, the PCI ids, are never zero).
+            Err(Stop(why)) if why.is_empty() => {
+                next += want as u64;
+                carried = 0;
+                continue;
+            }
+            Err(Stop(why)) => {
+                report.stopped = Some(why);
+                return Ok(());
+            }
+        }?;
         if got == 0 {
             // pread on /proc/PID/mem returns 0 only when the address space is gone.
             return Err(ProcessError::NoSuchProcess { pid: mem.pid(), path: proc_path(mem.pid(), "mem") });
@@ -340,7 +491,7 @@ fn scan_mapping(
             }
             report.prop_lookalikes += found.lookalikes.into_iter().filter(|a| new_here(*a)).count();
         }
-        report.bytes_scanned += got as u64;
+        report.bytes_scanned += (got as u64).saturating_sub(report.bytes_not_resident - absent_before);
         next += got as u64;
         let keep = SCAN_OVERLAP_BYTES.min(window.len());
         let window_len = window.len();
@@ -348,6 +499,58 @@ fn scan_mapping(
         carried = keep;
     }
     Ok(())
+}
+
+/// Why a scan stops early: its budget or its deadline.
+struct Stop(String);
+
+/// Fills `buf` with the target's memory at `addr`, reading only the backed pages (the others are zeros, as the
+/// target would read them) and charging what it reads to the scan's budget. The bytes that count (as
+/// [`read_some`]), or why the scan stops.
+fn read_resident(
+    reader: &Reader<'_>,
+    addr: u64,
+    buf: &mut [u8],
+    backed: &mut Vec<bool>,
+    report: &mut ScanReport,
+) -> Result<Result<usize, ProcessError>, Stop> {
+    let len = buf.len() as u64;
+    let known = reader.pagemap.and_then(|p| p.backed(addr, len, backed));
+    if known.is_none() {
+        // The kernel does not say: read it all, within the budget.
+        reader.budget.take(len).map_err(Stop)?;
+        return Ok(read_some(reader.mem, addr, buf));
+    }
+    let resident = backed.iter().filter(|b| **b).count() as u64 * PAGE;
+    if resident == 0 {
+        // Nothing backs this chunk: it reads as zeros and holds no identity word; the caller skips it unscanned.
+        report.bytes_not_resident += len;
+        return Err(Stop(String::new()));
+    }
+    reader.budget.take(resident.min(len)).map_err(Stop)?;
+    let mut page = 0usize;
+    while page < backed.len() {
+        let from = page;
+        let is_backed = backed[page];
+        while page < backed.len() && backed[page] == is_backed {
+            page += 1;
+        }
+        let start = from * PAGE_BYTES;
+        let end = (page * PAGE_BYTES).min(buf.len());
+        if is_backed {
+            match read_some(reader.mem, addr + start as u64, &mut buf[start..end]) {
+                Ok(n) if n == end - start => {}
+                // Unreadable from here: what was read counts, as read_some says.
+                Ok(n) => return Ok(Ok(start + n)),
+                Err(e) if start == 0 => return Ok(Err(e)),
+                Err(_) => return Ok(Ok(start)),
+            }
+        } else {
+            buf[start..end].fill(0);
+            report.bytes_not_resident += (end - start) as u64;
+        }
+    }
+    Ok(Ok(buf.len()))
 }
 
 /// Reads as much of `buf` as the target allows at `addr`: stops early at the end of readable

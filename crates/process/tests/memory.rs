@@ -58,7 +58,9 @@ fn scan_finds_and_rewrites_a_heap_signature() {
     assert!(site.mapping_start <= small && small + 24 <= site.mapping_end);
     assert!(!report.sites.iter().any(|s| s.gpu == gpu(0xb)), "the new signature is nowhere yet");
     assert!(!report.sites.iter().any(|s| s.addr >= big && s.addr < big + common::BIG_BUFFER_BYTES as u64));
-    assert!(report.bytes_scanned >= common::BIG_BUFFER_BYTES as u64);
+    // The big buffer is calloc'd and never touched: its pages are skipped as not resident, not read (issue 41 part 2).
+    assert!(report.bytes_scanned + report.bytes_not_resident >= common::BIG_BUFFER_BYTES as u64);
+    assert!(report.bytes_not_resident >= (common::BIG_BUFFER_BYTES as u64) - (1 << 20), "{report:?}");
     assert!(report.mappings_scanned > 0 && report.mappings_skipped > 0);
 
     let mem = ProcessMemory::open_read_write(pid).expect("open mem");

@@ -132,6 +132,18 @@ pub(super) fn collect_identity(
         warn!("pid {pid}: its identity holds control characters (in a mapping name, its environment or the hostname); they are recorded escaped");
     }
     log_identity(pid, &img, scan.prop_lookalikes, scan.bytes_scanned, scan.mappings_scanned, scan.elapsed, t0);
+    info!(
+        "timing: identity scan of pid {pid}: {} MiB of resident memory read, {} MiB not resident skipped, {:.4} s",
+        scan.bytes_scanned >> 20,
+        scan.bytes_not_resident >> 20,
+        scan.elapsed.as_secs_f64()
+    );
+    if let Some(why) = &scan.stopped {
+        warn!(
+            "pid {pid}: the identity scan stopped early: {why}; what it found is recorded (a restore onto GPUs at other \
+             PCI locations may then leave some PCI words unrewritten, which its validation reports)"
+        );
+    }
     Ok(img)
 }
 
