@@ -95,22 +95,10 @@ state() {
 # plugin_line LOG REGEX: the first plugin line of LOG matching REGEX, without CRIU's prefix.
 plugin_line() { grep -E -m1 -- "criu-cuda-migrate: .*($2)" "$1" 2>/dev/null | sed 's/^.*criu-cuda-migrate: //' | cut -c1-300; }
 
-descendants() { # PID: PID and every descendant, host pids
-    local p=$1 c
-    echo "$p"
-    cat /proc/"$p"/task/*/children 2>/dev/null | tr ' ' '\n' | while read -r c; do
-        [[ -n $c ]] && descendants "$c"
-    done
-}
-
 # job_check ROOT ROW: criu-cuda-migrate job; sets JOB_RC, JOB_LINE (its verdict line), JOB_HEAD (its count line).
 job_check() {
-    local out
-    out=$("$CLI" job --pid "$1" 2>&1)
-    JOB_RC=$?
-    printf '%s\n' "$out" >"$LOGS/$2-job.txt"
-    JOB_LINE=$(grep -m1 '^verdict:' <<<"$out" | cut -c1-300)
-    JOB_HEAD=$(grep -m1 '^job of pid' <<<"$out" | sed 's/^job of pid [0-9]*: //')
+    job_report "$1" "$LOGS/$2-job.txt"
+    JOB_HEAD=$(grep -m1 '^job of pid' <<<"$JOB_OUT" | sed 's/^job of pid [0-9]*: //')
     log "$2: job --pid $1: rc=$JOB_RC; $JOB_HEAD; $JOB_LINE"
 }
 

@@ -67,22 +67,10 @@ host_pid() {
     done
 }
 
-descendants() { # PID: PID and every descendant, host pids
-    local p=$1 c
-    echo "$p"
-    cat /proc/"$p"/task/*/children 2>/dev/null | tr ' ' '\n' | while read -r c; do
-        [[ -n $c ]] && descendants "$c"
-    done
-}
-
 # job_check ROOT EXPECTED-RC LABEL: criu-cuda-migrate job; sets JOB_RC, JOB_LINE (its verdict line) and JOB_MS.
 job_check() {
-    local out
-    out=$("$CLI" job --pid "$1" 2>&1)
-    JOB_RC=$?
-    printf '%s\n' "$out" >"$RESULTS_DIR/logs/$3-job.txt"
-    JOB_LINE=$(grep -m1 '^verdict:' <<<"$out" | cut -c1-300)
-    JOB_MS=$(grep -o 'answered in [0-9.]* ms' <<<"$out" | grep -o '[0-9.]*')
+    job_report "$1" "$RESULTS_DIR/logs/$3-job.txt"
+    JOB_MS=$(grep -o 'answered in [0-9.]* ms' <<<"$JOB_OUT" | grep -o '[0-9.]*')
 }
 
 setup_ipc() {

@@ -9,6 +9,25 @@
 
 # Every process a case started or restored, by pid: cleanup kills exactly these (and, as each is
 # a session and group leader, its process group).
+# descendants PID: PID and every descendant (host pids), depth first.
+descendants() {
+    local p=$1 c
+    echo "$p"
+    cat /proc/"$p"/task/*/children 2>/dev/null | tr ' ' '\n' | while read -r c; do
+        [[ -n $c ]] && descendants "$c"
+    done
+}
+
+# job_report ROOT FILE: `criu-cuda-migrate job --pid ROOT` ($CLI) into FILE; sets JOB_RC, JOB_LINE (its verdict line)
+# and JOB_OUT (the whole output).
+# shellcheck disable=SC2034 # JOB_RC and JOB_LINE are for the scripts that source this file
+job_report() {
+    JOB_OUT=$("$CLI" job --pid "$1" 2>&1)
+    JOB_RC=$?
+    printf '%s\n' "$JOB_OUT" >"$2"
+    JOB_LINE=$(grep -m1 '^verdict:' <<<"$JOB_OUT" | cut -c1-300)
+}
+
 track() { printf '%s\n' "$1" >>"$WORK/pids"; }
 
 cleanup_processes() {

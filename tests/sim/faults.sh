@@ -242,6 +242,16 @@ restore_works() {
     check_agree "$3" "$4"
 }
 
+# both_run_on P0 P1: the tree's two workloads RUNNING, each reporting its data intact (after a refused dump).
+both_run_on() {
+    expect_state "$1" RUNNING
+    expect_state "$2" RUNNING
+    go "$WORK/w0" 1
+    go "$WORK/w1" 1
+    check_agree "$WORK/w0" 1
+    check_agree "$WORK/w1" 1
+}
+
 case $CASE in
 lock-timeout)
     # The driver does not lock in time: PAUSE_DEVICES fails, CRIU aborts the dump, nothing changed.
@@ -315,12 +325,7 @@ multi-process-unchecked)
     seen "$WORK/img/dump.log" "pid $p0: rolled back: unlocked, RUNNING again"
     seen "$WORK/img/dump.log" "pid $p1: rolled back: unlocked, RUNNING again"
     if compgen -G "$WORK/img/cuda-migrate-*.img" >/dev/null; then fail "a refused dump wrote an identity image"; fi
-    expect_state "$p0" RUNNING
-    expect_state "$p1" RUNNING
-    go "$WORK/w0" 1
-    go "$WORK/w1" 1
-    check_agree "$WORK/w0" 1
-    check_agree "$WORK/w1" 1
+    both_run_on "$p0" "$p1"
     ;;
 multi-process-ipc-restore)
     # Two CUDA processes dumped with CRIU_CUDA_MIGRATE_MULTI_PROCESS=warn (the default, check, refuses them: the
@@ -487,12 +492,7 @@ image-missing-one-of-two)
     [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "identity images changed"
     CRIU_CUDA_MIGRATE_MODE=permissive restore "$WORK/img" || fail "the permissive restore failed"
     seen "$WORK/img/restore.log" "pid $p1: CHECKPOINTED CUDA process without identity image \(cuda-migrate-$p1.img\); restoring it onto the same GPUs, unchecked \(permissive mode\)"
-    expect_state "$p0" RUNNING
-    expect_state "$p1" RUNNING
-    go "$WORK/w0" 1
-    go "$WORK/w1" 1
-    check_agree "$WORK/w0" 1
-    check_agree "$WORK/w1" 1
+    both_run_on "$p0" "$p1"
     ;;
 image-truncated | image-newer-version)
     pid=$(start "$WORK/w0" 0,1)

@@ -697,16 +697,22 @@ fn an_import_between_the_tree_check_and_the_checkpoint_is_caught_while_all_are_o
     assert_eq!(d.states(&pids), vec![Running; 2]);
 }
 
+/// A tree of `pids` whose resource manager cannot be asked, every process paused (locked).
+fn paused_without_rm(d: Dump, pids: &[u32]) -> Dump {
+    tree(&d, pids);
+    d.agent.script().rm_error =
+        Some(ccm_agent::AgentError::Rm("/dev/nvidiactl cannot be opened (No such file or directory)".into()));
+    let mut d = d;
+    for &p in pids {
+        assert!(done(&d.pause(p)));
+    }
+    d
+}
+
 #[test]
 fn when_the_resource_manager_cannot_be_asked_several_processes_are_refused_by_default_and_all_run_on() {
     let pids = [3651, 3652];
-    let mut d = dump("ipc-unavailable-check", &pids);
-    tree(&d, &pids);
-    d.agent.script().rm_error =
-        Some(ccm_agent::AgentError::Rm("/dev/nvidiactl cannot be opened (No such file or directory)".into()));
-    for p in pids {
-        assert!(done(&d.pause(p)));
-    }
+    let mut d = paused_without_rm(dump("ipc-unavailable-check", &pids), &pids);
     for p in pids {
         let f = process_failure(d.checkpoint(p));
         assert!(matches!(f, ProcessFailure::UncheckedRefused(..)), "{f}");
@@ -720,13 +726,8 @@ fn when_the_resource_manager_cannot_be_asked_several_processes_are_refused_by_de
 #[test]
 fn when_the_resource_manager_cannot_be_asked_the_dump_goes_on_with_the_warning_and_why() {
     let pids = [3641, 3642];
-    let mut d = dump_with("ipc-unavailable", config(&[("CRIU_CUDA_MIGRATE_MULTI_PROCESS", "warn")]), &pids, 1);
-    tree(&d, &pids);
-    d.agent.script().rm_error =
-        Some(ccm_agent::AgentError::Rm("/dev/nvidiactl cannot be opened (No such file or directory)".into()));
-    for p in pids {
-        assert!(done(&d.pause(p)));
-    }
+    let warn = config(&[("CRIU_CUDA_MIGRATE_MULTI_PROCESS", "warn")]);
+    let mut d = paused_without_rm(dump_with("ipc-unavailable", warn, &pids, 1), &pids);
     for p in pids {
         assert!(done(&d.checkpoint(p)));
     }
