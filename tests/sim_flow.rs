@@ -95,3 +95,10 @@ fn the_cli_and_the_plugin_give_the_same_preflight_verdicts() {
 fn a_forked_child_holding_nvidia_nodes_moves() {
     run_case("forked");
 }
+
+/// The forked child restored with the swap map: its GPU descriptor is reopened as the node of the GPU the map gives
+/// (the test doubles' stand-in of /dev/nvidia1), as `criu-cuda-migrate preflight` plans it; the parent moves too.
+#[test]
+fn a_forked_childs_gpu_descriptor_follows_the_device_map() {
+    run_case("forked-swap");
+}

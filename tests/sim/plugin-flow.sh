@@ -5,7 +5,8 @@
 #
 # Runs inside the trixie root: tests/criu-root.sh run tests/sim/plugin-flow.sh BIN_DIR CASE
 #   BIN_DIR  cargo's target dir holding libcriu_cuda_migrate.so, ccm-sample-workload, the doubles
-#   CASE     same | swap | swap-noreconcile | chain3 | refuse | cycle3 | no-plugin | two-procs | memory | forked
+#   CASE     same | swap | swap-noreconcile | chain3 | refuse | cycle3 | no-plugin | two-procs | memory | forked |
+#            forked-swap
 # Prints `FLOW <case> OK` and exits 0 when the case shows what it must; exits 1 with logs otherwise.
 set -euo pipefail
 
@@ -86,6 +87,33 @@ check_props() {
     grep -q '"device_props":{' <<<"$flat" || fail "no device_props in $r"
     grep -q '"decoys_intact":true' <<<"$flat" || fail "a decoy cudaDeviceProp was touched: $(cat "$r")"
     grep -q '"decoys_intact":true,"all_agree":true' <<<"$flat" || fail "a cudaDeviceProp copy names the old GPU: $(cat "$r")"
+}
+
+# stand_in_cleanup: what sim_stack_cleanup ends, and the stand-ins' loop devices detached.
+stand_in_cleanup() {
+    local l
+    sim_stack_cleanup
+    for l in "${LOOPS[@]}"; do losetup -d "$l" 2>/dev/null || true; done
+}
+
+# stand_in_nodes GPUS: the NVIDIA nodes as the test doubles present them to the plugin (docs/TEST-DOUBLES.md):
+# loop-control (char 10:237) as /dev/nvidiactl and, for each of the first GPUS GPUs, a loop block device over a scratch
+# file as /dev/nvidiaN (a device a forked child can hold open and map, which CRIU cannot dump, as the driver's).
+stand_in_nodes() {
+    local i dev devs="char:10:237=nvidiactl"
+    [ -e /dev/loop-control ] || mknod /dev/loop-control c 10 237
+    for i in $(seq 0 63); do [ -e "/dev/loop$i" ] || mknod "/dev/loop$i" b 7 "$i"; done
+    LOOPS=()
+    trap stand_in_cleanup EXIT
+    for ((i = 0; i < $1; i++)); do
+        truncate -s 1M "$WORK/loop$i.img"
+        dev=$(losetup -f --show "$WORK/loop$i.img") || fail "no free loop device for the stand-in of /dev/nvidia$i"
+        LOOPS+=("$dev")
+        mknod "/dev/nvidia$i" b 7 "${dev#/dev/loop}"
+        devs+=",block:7:${dev#/dev/loop}=nvidia$i"
+    done
+    mknod /dev/nvidiactl c 10 237
+    export CCM_TEST_DOUBLE_NVIDIA_DEVICES=$devs
 }
 
 case $CASE in
@@ -325,15 +353,7 @@ forked)
     # The test doubles present as the NVIDIA nodes two devices this machine has (docs/TEST-DOUBLES.md):
     # loop-control (char 10:237) as /dev/nvidiactl, and a loop block device over a scratch file as /dev/nvidia0,
     # which the child both holds open and maps (a mapping of a device CRIU cannot dump, as the driver's).
-    truncate -s 1M "$WORK/loop.img"
-    [ -e /dev/loop-control ] || mknod /dev/loop-control c 10 237
-    for i in $(seq 0 63); do [ -e "/dev/loop$i" ] || mknod "/dev/loop$i" b 7 "$i"; done
-    loopdev=$(losetup -f --show "$WORK/loop.img") || fail "no free loop device for the stand-in GPU node"
-    trap 'sim_stack_cleanup; losetup -d "$loopdev" 2>/dev/null || true' EXIT
-    n=${loopdev#/dev/loop}
-    mknod /dev/nvidiactl c 10 237
-    mknod /dev/nvidia0 b 7 "$n"
-    export CCM_TEST_DOUBLE_NVIDIA_DEVICES="char:10:237=nvidiactl,block:7:$n=nvidia0"
+    stand_in_nodes 1
     pid=$(WL_ARGS="--forked-child --child-open /dev/nvidiactl,/dev/nvidia0 --child-map /dev/nvidia0:65536" start "$WORK/w0" 0)
     child=$(cat "$WORK/w0/forked")
     # The job check names the child as a process without a CUDA context whose nodes are handled, and says ready (it
@@ -377,6 +397,25 @@ forked)
     go "$WORK/w0" 4 >/dev/null
     tr -d ' \n' <"$WORK/w0/report4.json" | grep -q '"forked_child":{"pid":'"$child"',"exit_code":7}' ||
         fail "the forked child's exit code was not kept: $(cat "$WORK/w0/report4.json")"
+    ;;
+forked-swap)
+    # The same child on node A's GPU 0, restored with the swap map: its GPU descriptor is reopened as the node of the
+    # GPU the map gives (/dev/nvidia1), never by the path in the images; the parent's identity is reconciled.
+    stand_in_nodes 2
+    pid=$(WL_ARGS="--forked-child --child-open /dev/nvidiactl,/dev/nvidia0 --child-map /dev/nvidia0:65536" start "$WORK/w0" 0)
+    child=$(cat "$WORK/w0/forked")
+    dump "$WORK/img" "$pid"
+    export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
+    "$BIN/criu-cuda-migrate" preflight "$WORK/img" >"$WORK/preflight.txt" 2>&1 || fail "preflight refused: $(cat "$WORK/preflight.txt")"
+    grep -q "reopened as /dev/nvidia1" "$WORK/preflight.txt" || fail "preflight does not plan /dev/nvidia1: $(cat "$WORK/preflight.txt")"
+    restore "$WORK/img" || fail "criu restore with the swap map failed"
+    grep -q "reopened as /dev/nvidia1 (block 7:" "$WORK/img/restore.log" || fail "the plan did not map the child's GPU node"
+    links=$(for f in "/proc/$child"/fd/*; do readlink "$f"; done)
+    grep -qx /dev/nvidia1 <<<"$links" || fail "the restored child does not hold /dev/nvidia1: $links"
+    if grep -qx /dev/nvidia0 <<<"$links"; then fail "the restored child still holds /dev/nvidia0: $links"; fi
+    go "$WORK/w0" 1 >/dev/null
+    check_agree "$WORK/w0" 1
+    [ "$(ordinal_uuid "$WORK/w0/report1.json" 0)" = "$G1" ] || fail "the parent is not on $G1 after the swap"
     ;;
 *)
     fail "unknown case"
