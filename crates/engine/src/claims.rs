@@ -50,6 +50,8 @@ pub fn node_devices(config: &Config, targets: &dyn Targets) -> NvidiaDevices {
 pub struct DumpClaims {
     devices: Option<NvidiaDevices>,
     claims: Option<DeviceClaims>,
+    /// The claims file, created at the first claim and rewritten in place at each.
+    file: Option<ccm_process::dir::RewrittenFile>,
 }
 
 /// What HANDLE_DEVICE_VMA and DUMP_EXT_FILE answer.
@@ -172,15 +174,23 @@ impl DumpClaims {
         self.claims.as_ref().is_some_and(|c| !c.is_empty())
     }
 
-    fn write(&self, host: &dyn CriuHost) -> Result<(), ClaimError> {
+    /// Writes the claims so far: at every claim, since a post-dump script may take the images before CRIU's end.
+    /// Created once (not through a link, mode 0600) and rewritten in place: a temp file and a rename per claim cost
+    /// 0.2 ms each, 23 of them for a DataLoader's workers. Not synced: as durable as CRIU's own images.
+    fn write(&mut self, host: &dyn CriuHost) -> Result<(), ClaimError> {
         let Some(claims) = &self.claims else { return Ok(()) };
-        let fd = host.image_dir().ok_or(ClaimError::NoImageDir)?;
-        let dir =
-            Dir::from_owned(fd, PathBuf::from("CRIU's image directory")).map_err(|e| ClaimError::Write(Arc::new(e)))?;
-        // Rewritten at every claim (a post-dump script may take the images before CRIU's end), so not synced each
-        // time: as durable as CRIU's own images, which CRIU does not sync.
-        dir.write_file_synced(CLAIMS_FILE_NAME, &claims.encode(), 0o600, false)
-            .map_err(|e| ClaimError::Write(Arc::new(e)))
+        let bytes = claims.encode();
+        if self.file.is_none() {
+            let fd = host.image_dir().ok_or(ClaimError::NoImageDir)?;
+            let dir = Dir::from_owned(fd, PathBuf::from("CRIU's image directory"))
+                .map_err(|e| ClaimError::Write(Arc::new(e)))?;
+            self.file =
+                Some(dir.create_rewritten(CLAIMS_FILE_NAME, 0o600).map_err(|e| ClaimError::Write(Arc::new(e)))?);
+        }
+        match &self.file {
+            Some(f) => f.rewrite(&bytes).map_err(|e| ClaimError::Write(Arc::new(e))),
+            None => Err(ClaimError::NoImageDir),
+        }
     }
 }
 

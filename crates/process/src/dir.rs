@@ -93,6 +93,24 @@ pub struct Dir {
     shown: PathBuf,
 }
 
+/// A file of an image directory rewritten in place (its whole content each time: an `fsync`-free `pwrite` and a
+/// truncation, tens of microseconds): for a record that grows during one CRIU run and must be whole whenever CRIU's
+/// post-dump script may copy the directory, but need not survive a crash of that run (CRIU's own images do not).
+#[derive(Debug)]
+pub struct RewrittenFile {
+    file: std::fs::File,
+    path: PathBuf,
+}
+
+impl RewrittenFile {
+    pub fn rewrite(&self, bytes: &[u8]) -> Result<(), FileError> {
+        use std::os::unix::fs::FileExt;
+        let io = |source| FileError::Io { action: "write", path: self.path.clone(), source };
+        self.file.write_all_at(bytes, 0).map_err(io)?;
+        self.file.set_len(bytes.len() as u64).map_err(io)
+    }
+}
+
 fn io_err(action: &'static str, path: PathBuf) -> impl FnOnce(rustix::io::Errno) -> FileError {
     move |e| match e {
         rustix::io::Errno::NOENT => FileError::Missing { path },
@@ -248,6 +266,33 @@ impl Dir {
     /// blob, too large for [`Dir::read_file`]), by the same rules: not through a link, a FIFO or device
     /// never opened, the inode opened the one probed. Returns the file and its size at open; the
     /// caller reads at most that many bytes.
+    /// Creates `name` (or empties the regular file there), not through a link, with exactly `mode`, for a file
+    /// rewritten in place many times within one CRIU run ([`RewrittenFile`]); a link or anything but a regular file
+    /// under the name is refused.
+    pub fn create_rewritten(&self, name: &str, mode: u32) -> Result<RewrittenFile, FileError> {
+        check_name(&self.shown, name)?;
+        let path = self.shown_file(name);
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::WRONLY | OFlags::CREATE | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::from_raw_mode(mode),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => FileError::Replaced { path: path.clone() },
+            e => io_err("create", path.clone())(e),
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(io_err("stat", path.clone()))?;
+        if FileType::from_raw_mode(st.st_mode) != FileType::RegularFile {
+            return Err(FileError::NotRegular { path, kind: kind_name(FileType::from_raw_mode(st.st_mode)) });
+        }
+        // The umask may have narrowed the mode: the file gets exactly `mode`.
+        rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(io_err("chmod", path.clone()))?;
+        let file = RewrittenFile { file: std::fs::File::from(fd), path };
+        file.rewrite(&[])?;
+        Ok(file)
+    }
+
     pub fn open_file(&self, name: &str) -> Result<(std::fs::File, u64), FileError> {
         let (file, size, _) = self.open_regular(name, None)?;
         Ok((file, size))
