@@ -26,7 +26,7 @@ use ccm_identity::claims::{
 };
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid};
 use ccm_process::dir::{Dir, FileError};
-use log::{debug, info};
+use log::{debug, info, warn};
 
 use crate::config::Config;
 use crate::host::CriuHost;
@@ -85,9 +85,16 @@ impl DumpClaims {
         if devices.is_empty() {
             return Ok(None);
         }
-        let (comm, held) = targets
-            .device_holdings(pid.get(), &devices)
-            .map_err(|e| ClaimError::Unreadable { pid, why: e.to_string() })?;
+        // Every process of every tree dumped on a GPU node comes here: one whose holdings cannot be read is left to
+        // CRIU, which fails the dump itself, naming the mapping, if it does hold an NVIDIA node (a warning says why
+        // the plugin could not claim it), and dumps it as before if it does not.
+        let (comm, held) = match targets.device_holdings(pid.get(), &devices) {
+            Ok(h) => h,
+            Err(e) => {
+                warn!("{}", ClaimError::Unreadable { pid, why: e.to_string() });
+                return Ok(None);
+            }
+        };
         if let Some((what, name)) = held.unclaimed.first() {
             return Err(ClaimError::Unclaimable {
                 pid,

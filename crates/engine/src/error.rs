@@ -177,7 +177,7 @@ pub enum ClaimError {
          every descriptor of its parent: start such workers with the 'spawn' or 'forkserver' start method)"
     )]
     Unclaimable { pid: ccm_identity::HostPid, comm: String, what: String, name: String },
-    #[error("pid {pid}: what it holds of the NVIDIA nodes cannot be read ({why}); nothing was checkpointed for it")]
+    #[error("pid {pid}: what it holds of the NVIDIA nodes cannot be read ({why}); nothing is claimed for it, and CRIU dumps it as it can")]
     Unreadable { pid: ccm_identity::HostPid, why: String },
     #[error(
         "CRIU met a mapping of {node} that no process of the tree was seen holding at CHECKPOINT_DEVICES; it cannot \
