@@ -167,6 +167,16 @@ fn containerd_2_1_refuses_or_unpacks_otherwise_each_image_this_reader_refuses() 
         .file("checkpoint/.wh.cuda-migrate-7.img", b"");
     let wh = wh.finish();
     all.push(("whiteout", image_of(&wh, gz, config_of(&[&digest(&wh)]))));
+    // The red team's layer (issue 41 part 3): a benign checkpoint/, then a `checkpoint -> evil` link.
+    let mut swap = Tar::new();
+    swap.dir("checkpoint")
+        .file("checkpoint/inventory.img", b"checkpoint A")
+        .file("checkpoint/cuda-migrate-7.img", &image_bytes(7))
+        .dir("evil")
+        .file("evil/inventory.img", b"evil");
+    swap.link(tar::EntryType::Symlink, "checkpoint", "evil");
+    let swap = swap.finish();
+    all.push(("checkpoint-link-after-dir", image_of(&swap, gz, config_of(&[&digest(&swap)]))));
     // index.json → nested index (annotated) → manifest: containerd's image target is the nested index.
     let mut nested = parts.image();
     let inner = format!(
@@ -271,6 +281,9 @@ fn containerd_2_1_refuses_or_unpacks_otherwise_each_image_this_reader_refuses() 
     let c = check("diffid-other-on-a-node-with-it", false, "diff_ids naming a snapshot the node has");
     assert_eq!(c.rc, 0, "containerd skips the unpack where the snapshot exists: {}", c.err);
     assert_eq!(c.inventory, "checkpoint A", "containerd's snapshot is checkpoint A's, the layer holds B's");
+    let c = check("checkpoint-link-after-dir", false, "a checkpoint link replacing the checkpoint directory");
+    assert_eq!(c.rc, 0, "{}", c.err);
+    assert_eq!(c.inventory, "evil", "containerd's unpack put the link in the directory's place: {}", c.files);
     let c = check("whiteout", false, "a whiteout");
     assert_eq!(c.rc, 0, "{}", c.err);
     assert!(!c.files.contains("cuda-migrate-7.img"), "the whiteout deleted the image at unpack: {}", c.files);
