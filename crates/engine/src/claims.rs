@@ -33,7 +33,7 @@ use crate::host::CriuHost;
 use crate::preflight::ProcessPlan;
 use crate::seam::Targets;
 
-pub use crate::error::ClaimError;
+pub use crate::error::{ClaimError, ClaimsReadError, NoNodeReason};
 
 /// The NVIDIA device numbers of this node, the test doubles' stand-ins added.
 pub fn node_devices(config: &Config, targets: &dyn Targets) -> NvidiaDevices {
@@ -91,7 +91,7 @@ impl DumpClaims {
         let (comm, held) = match targets.device_holdings(pid.get(), &devices) {
             Ok(h) => h,
             Err(e) => {
-                warn!("{}", ClaimError::Unreadable { pid, why: e.to_string() });
+                warn!("{}", ClaimError::Unreadable { pid, why: Arc::new(e) });
                 return Ok(None);
             }
         };
@@ -207,9 +207,9 @@ pub fn read_claims(dir: &Dir) -> Result<Option<DeviceClaims>, ClaimError> {
     let bytes = match dir.read_file(CLAIMS_FILE_NAME, MAX_CLAIMS_BYTES as u64) {
         Ok(b) => b,
         Err(FileError::Missing { .. }) => return Ok(None),
-        Err(e) => return Err(ClaimError::Read { path, why: e.to_string() }),
+        Err(e) => return Err(ClaimError::Read { path, why: ClaimsReadError::File(Arc::new(e)) }),
     };
-    DeviceClaims::decode(&bytes).map(Some).map_err(|e| ClaimError::Read { path, why: e.to_string() })
+    DeviceClaims::decode(&bytes).map(Some).map_err(|e| ClaimError::Read { path, why: e.into() })
 }
 
 /// The restore's side: the claims and, for each claimed open file, the node it opens here.
@@ -233,7 +233,7 @@ impl RestoreClaims {
     ) -> Result<RestoreClaims, ClaimError> {
         let mut reopen = BTreeMap::new();
         for f in &claims.files {
-            let no = |why: String| ClaimError::NoNode { node: f.node, id: f.id, why };
+            let no = |why: NoNodeReason| ClaimError::NoNode { node: f.node, id: f.id, why };
             let node = match (f.node, f.gpu) {
                 (NvidiaNode::Gpu(_), Some(old)) => {
                     let new = gpu_target(old, plans, node_gpus, usable).map_err(no)?;
@@ -241,14 +241,12 @@ impl RestoreClaims {
                         .iter()
                         .find(|g| g.uuid == new)
                         .map(|g| g.minor)
-                        .ok_or_else(|| no(format!("GPU {new} has no minor in this node's GPU list")))?;
+                        .ok_or_else(|| no(NoNodeReason::NoMinor(new)))?;
                     NvidiaNode::Gpu(minor)
                 }
                 (n, _) => n,
             };
-            let number = devices.number_of(node).ok_or_else(|| {
-                no(format!("this node's driver registered no {} (see /proc/devices)", node.dev_name()))
-            })?;
+            let number = devices.number_of(node).ok_or_else(|| no(NoNodeReason::NotRegistered(node.dev_name())))?;
             reopen.insert(f.id, (node, number, f.flags));
         }
         Ok(RestoreClaims { claims, reopen })
@@ -284,7 +282,7 @@ fn gpu_target(
     plans: &[ProcessPlan],
     node_gpus: &[GpuIdentity],
     usable: &[GpuUuid],
-) -> Result<GpuUuid, String> {
+) -> Result<GpuUuid, NoNodeReason> {
     let mut paired: Vec<GpuUuid> =
         plans.iter().flat_map(|p| p.map.pairs.iter()).filter(|pair| pair.old == old).map(|pair| pair.new).collect();
     paired.sort();
@@ -292,25 +290,14 @@ fn gpu_target(
     match paired.as_slice() {
         [one] => return Ok(*one),
         [] => {}
-        many => {
-            return Err(format!(
-                "the CUDA processes' device maps send dump GPU {old} to {} different GPUs ({}); give one map with \
-                 CRIU_CUDA_MIGRATE_DEVICE_MAP",
-                many.len(),
-                many.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", ")
-            ))
-        }
+        many => return Err(NoNodeReason::MapsDisagree { old, new: many.to_vec() }),
     }
     if usable.contains(&old) && node_gpus.iter().any(|g| g.uuid == old) {
         return Ok(old);
     }
     match usable {
         [only] => Ok(*only),
-        _ => Err(format!(
-            "dump GPU {old} is in no CUDA process's device map and not on this node, and {} GPUs are usable here: name \
-             its GPU with CRIU_CUDA_MIGRATE_DEVICE_MAP",
-            usable.len()
-        )),
+        _ => Err(NoNodeReason::Unplaced { old, usable: usable.len() }),
     }
 }
 

@@ -178,7 +178,7 @@ pub enum ClaimError {
     )]
     Unclaimable { pid: ccm_identity::HostPid, comm: String, what: String, name: String },
     #[error("pid {pid}: what it holds of the NVIDIA nodes cannot be read ({why}); nothing is claimed for it, and CRIU dumps it as it can")]
-    Unreadable { pid: ccm_identity::HostPid, why: String },
+    Unreadable { pid: ccm_identity::HostPid, why: Arc<ProcessError> },
     #[error(
         "CRIU met a mapping of {node} that no process of the tree was seen holding at CHECKPOINT_DEVICES; it cannot \
          be restored. Report this with the dump log"
@@ -191,14 +191,44 @@ pub enum ClaimError {
     #[error("CRIU gave no image directory to write the device claims cuda-migrate-devices.img into")]
     NoImageDir,
     #[error("the device claims {path}: {why}")]
-    Read { path: std::path::PathBuf, why: String },
+    Read { path: std::path::PathBuf, why: ClaimsReadError },
     #[error(
         "the checkpoint's forked workers hold {node} (CRIU's file {id:#x}), which this node cannot give them: {why}. \
          Nothing was restored; the images are unchanged"
     )]
-    NoNode { node: ccm_identity::claims::NvidiaNode, id: u32, why: String },
+    NoNode { node: ccm_identity::claims::NvidiaNode, id: u32, why: NoNodeReason },
     #[error("restored task {pid}: its NVIDIA descriptor (CRIU's file {id:#x}) cannot be reopened: {why}; the restore fails, the images are unchanged")]
     Reopen { id: u32, pid: u32, why: Arc<ccm_process::claims::ReopenError> },
     #[error("restored task {pid}: the placeholder of its device mapping at {addr:#x} cannot be made: {errno}")]
     Placeholder { pid: u32, addr: u64, errno: ccm_process::claims::Errno },
+}
+
+/// Why the claims file of a checkpoint cannot be read.
+#[derive(Debug, Clone, thiserror::Error)]
+pub enum ClaimsReadError {
+    #[error(transparent)]
+    File(Arc<ccm_process::dir::FileError>),
+    #[error(transparent)]
+    Format(#[from] ccm_identity::claims::ClaimsError),
+}
+
+/// Why the restoring node cannot give a forked process a node it held.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum NoNodeReason {
+    #[error(
+        "the CUDA processes' device maps send dump GPU {old} to {} different GPUs ({}); give one map with \
+         CRIU_CUDA_MIGRATE_DEVICE_MAP",
+        .new.len(),
+        .new.iter().map(|u| u.to_string()).collect::<Vec<_>>().join(", ")
+    )]
+    MapsDisagree { old: GpuUuid, new: Vec<GpuUuid> },
+    #[error(
+        "dump GPU {old} is in no CUDA process's device map and not on this node, and {usable} GPUs are usable here: \
+         name its GPU with CRIU_CUDA_MIGRATE_DEVICE_MAP"
+    )]
+    Unplaced { old: GpuUuid, usable: usize },
+    #[error("GPU {0} has no minor in this node's GPU list")]
+    NoMinor(GpuUuid),
+    #[error("this node's driver registered no {0} (see /proc/devices)")]
+    NotRegistered(String),
 }

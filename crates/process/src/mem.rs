@@ -125,7 +125,24 @@ pub struct ScanReport {
     /// which hold no identity word, and reading them would make the kernel fault every page in for the target).
     pub bytes_not_resident: u64,
     /// Why the scan stopped before the end, if it did: its byte budget or its deadline ([`ScanLimits`]).
-    pub stopped: Option<String>,
+    pub stopped: Option<ScanStop>,
+}
+
+/// Why a scan stopped before the end of its mappings.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum ScanStop {
+    #[error("its deadline of {} s passed", .0.as_secs())]
+    Deadline(Duration),
+    #[error("it read its budget of {} MiB of resident memory", .0 >> 20)]
+    ProcessBudget(u64),
+    #[error("the dump's scans read their budget of {} MiB together", DUMP_SCAN_BYTES >> 20)]
+    DumpBudget,
+}
+
+/// Takes `n` from `left`; false when fewer are left (nothing is taken then).
+fn take_from(left: &std::sync::atomic::AtomicU64, n: u64) -> bool {
+    use std::sync::atomic::Ordering::SeqCst;
+    left.fetch_update(SeqCst, SeqCst, |l| l.checked_sub(n)).is_ok()
 }
 
 /// What one scan may cost. A process chooses how much address space it maps (2 TiB of untouched `MAP_NORESERVE`
@@ -159,11 +176,7 @@ impl DumpScanBudget {
 
     /// Takes `n` bytes from the dump's budget; false when fewer are left.
     fn take(n: u64) -> bool {
-        DUMP_SCAN_LEFT
-            .fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |left| {
-                left.checked_sub(n)
-            })
-            .is_ok()
+        take_from(&DUMP_SCAN_LEFT, n)
     }
 }
 
@@ -184,21 +197,15 @@ impl ScanBudget {
     }
 
     /// Takes `n` bytes of this scan's and the dump's budget, or says why not.
-    fn take(&self, n: u64) -> Result<(), String> {
+    fn take(&self, n: u64) -> Result<(), ScanStop> {
         if Instant::now() >= self.until {
-            return Err(format!("its deadline of {} s passed", self.limits.deadline.as_secs()));
+            return Err(ScanStop::Deadline(self.limits.deadline));
         }
-        let ok = self
-            .left
-            .fetch_update(std::sync::atomic::Ordering::SeqCst, std::sync::atomic::Ordering::SeqCst, |l| {
-                l.checked_sub(n)
-            })
-            .is_ok();
-        if !ok {
-            return Err(format!("it read its budget of {} MiB of resident memory", self.limits.bytes >> 20));
+        if !take_from(&self.left, n) {
+            return Err(ScanStop::ProcessBudget(self.limits.bytes));
         }
         if !DumpScanBudget::take(n) {
-            return Err(format!("the dump's scans read their budget of {} MiB together", DUMP_SCAN_BYTES >> 20));
+            return Err(ScanStop::DumpBudget);
         }
         Ok(())
     }
@@ -209,6 +216,9 @@ struct Pagemap {
     file: File,
 }
 
+/// Most bytes of pagemap read at once: one scan chunk's pages (8 bytes a page), whatever a caller asks.
+const MAX_PAGEMAP_BYTES: usize = (SCAN_CHUNK_BYTES + SCAN_OVERLAP_BYTES) / PAGE_BYTES * 8 + 8;
+
 const PAGE: u64 = 4096;
 const PAGE_BYTES: usize = 4096;
 
@@ -217,11 +227,15 @@ impl Pagemap {
         File::open(proc_path(pid, "pagemap")).ok().map(|file| Pagemap { file })
     }
 
-    /// For each page of `[addr, addr + len)`, whether it is backed; `None` when the kernel does not say.
+    /// For each page of `[addr, addr + len)`, whether it is backed; `None` when the kernel does not say, or for a
+    /// range larger than one scan chunk (the caller then reads it all, within its budget).
     fn backed(&self, addr: u64, len: u64, out: &mut Vec<bool>) -> Option<()> {
         use std::os::unix::fs::FileExt;
-        let pages = usize::try_from(len.div_ceil(PAGE)).ok()?;
-        let mut raw = vec![0u8; pages * 8];
+        let bytes = usize::try_from(len.div_ceil(PAGE)).ok()?.checked_mul(8)?;
+        if bytes > MAX_PAGEMAP_BYTES {
+            return None;
+        }
+        let mut raw = vec![0u8; bytes];
         let mut done = 0;
         while done < raw.len() {
             let n = self.file.read_at(&mut raw[done..], (addr / PAGE) * 8 + done as u64).ok()?;
@@ -439,19 +453,20 @@ fn scan_mapping(
         let want = remaining.min(SCAN_CHUNK_BYTES);
         let absent_before = report.bytes_not_resident;
         let got = match read_resident(reader, next, &mut buf[carried..carried + want], &mut backed, report) {
-            Ok(n) => n,
+            Ok(Chunk::Read(n)) => n,
             // A chunk no page backs: nothing to scan, and no signature can run from the carried bytes into its zeros
             // (a signature's last words, the PCI ids, are never zero).
-            Err(Stop(why)) if why.is_empty() => {
+            Ok(Chunk::NothingBacked) => {
                 next += want as u64;
                 carried = 0;
                 continue;
             }
-            Err(Stop(why)) => {
+            Err(ReadStop::Target(e)) => return Err(e),
+            Err(ReadStop::Scan(why)) => {
                 report.stopped = Some(why);
                 return Ok(());
             }
-        }?;
+        };
         if got == 0 {
             // pread on /proc/PID/mem returns 0 only when the address space is gone.
             return Err(ProcessError::NoSuchProcess { pid: mem.pid(), path: proc_path(mem.pid(), "mem") });
@@ -501,33 +516,42 @@ fn scan_mapping(
     Ok(())
 }
 
-/// Why a scan stops early: its budget or its deadline.
-struct Stop(String);
+/// What one chunk of a mapping gave.
+enum Chunk {
+    /// The bytes that count at the front of the buffer (as [`read_some`]).
+    Read(usize),
+    /// No page of it is backed: it reads as zeros and holds no identity word; skipped unscanned.
+    NothingBacked,
+}
+
+/// Why a chunk was not read: the target's memory failed, or the scan's budget or deadline ended it.
+enum ReadStop {
+    Target(ProcessError),
+    Scan(ScanStop),
+}
 
 /// Fills `buf` with the target's memory at `addr`, reading only the backed pages (the others are zeros, as the
-/// target would read them) and charging what it reads to the scan's budget. The bytes that count (as
-/// [`read_some`]), or why the scan stops.
+/// target would read them) and charging what it reads to the scan's budget.
 fn read_resident(
     reader: &Reader<'_>,
     addr: u64,
     buf: &mut [u8],
     backed: &mut Vec<bool>,
     report: &mut ScanReport,
-) -> Result<Result<usize, ProcessError>, Stop> {
+) -> Result<Chunk, ReadStop> {
     let len = buf.len() as u64;
     let known = reader.pagemap.and_then(|p| p.backed(addr, len, backed));
     if known.is_none() {
         // The kernel does not say: read it all, within the budget.
-        reader.budget.take(len).map_err(Stop)?;
-        return Ok(read_some(reader.mem, addr, buf));
+        reader.budget.take(len).map_err(ReadStop::Scan)?;
+        return read_some(reader.mem, addr, buf).map(Chunk::Read).map_err(ReadStop::Target);
     }
     let resident = backed.iter().filter(|b| **b).count() as u64 * PAGE;
     if resident == 0 {
-        // Nothing backs this chunk: it reads as zeros and holds no identity word; the caller skips it unscanned.
         report.bytes_not_resident += len;
-        return Err(Stop(String::new()));
+        return Ok(Chunk::NothingBacked);
     }
-    reader.budget.take(resident.min(len)).map_err(Stop)?;
+    reader.budget.take(resident.min(len)).map_err(ReadStop::Scan)?;
     let mut page = 0usize;
     while page < backed.len() {
         let from = page;
@@ -541,16 +565,16 @@ fn read_resident(
             match read_some(reader.mem, addr + start as u64, &mut buf[start..end]) {
                 Ok(n) if n == end - start => {}
                 // Unreadable from here: what was read counts, as read_some says.
-                Ok(n) => return Ok(Ok(start + n)),
-                Err(e) if start == 0 => return Ok(Err(e)),
-                Err(_) => return Ok(Ok(start)),
+                Ok(n) => return Ok(Chunk::Read(start + n)),
+                Err(e) if start == 0 => return Err(ReadStop::Target(e)),
+                Err(_) => return Ok(Chunk::Read(start)),
             }
         } else {
             buf[start..end].fill(0);
             report.bytes_not_resident += (end - start) as u64;
         }
     }
-    Ok(Ok(buf.len()))
+    Ok(Chunk::Read(buf.len()))
 }
 
 /// Reads as much of `buf` as the target allows at `addr`: stops early at the end of readable
