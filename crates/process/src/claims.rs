@@ -28,8 +28,9 @@ pub const MAX_FDS_LOOKED_AT: usize = 1 << 16;
 /// The NVIDIA device numbers of this node, from `/proc/devices`.
 pub fn nvidia_devices() -> Result<NvidiaDevices, std::io::Error> {
     use std::io::Read;
+    let fd = rustix::fs::open(PROC_DEVICES, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())?;
     let mut text = String::new();
-    std::fs::File::open(PROC_DEVICES)?.take(MAX_PROC_DEVICES).read_to_string(&mut text)?;
+    std::fs::File::from(fd).take(MAX_PROC_DEVICES).read_to_string(&mut text)?;
     Ok(NvidiaDevices::from_proc_devices(&text))
 }
 
@@ -162,10 +163,21 @@ pub enum ReopenError {
 /// and status flags. No link is followed (neither `/dev` nor the node), nothing is created, and the
 /// node must be `want` both before the open (a FIFO or a file is never opened) and after it.
 pub fn reopen_node(node: NvidiaNode, want: DevNumber, flags: i32) -> Result<OwnedFd, ReopenError> {
-    let name = node.dev_name();
     let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let root = rustix::fs::open("/", dir, Mode::empty()).map_err(ReopenError::Dev)?;
-    let mut parent = rustix::fs::openat(&root, "dev", dir, Mode::empty()).map_err(ReopenError::Dev)?;
+    reopen_node_in(root.as_fd(), node, want, flags)
+}
+
+/// [`reopen_node`] under the root directory `root` (its `dev/`).
+pub fn reopen_node_in(
+    root: BorrowedFd<'_>,
+    node: NvidiaNode,
+    want: DevNumber,
+    flags: i32,
+) -> Result<OwnedFd, ReopenError> {
+    let name = node.dev_name();
+    let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let mut parent = rustix::fs::openat(root, "dev", dir, Mode::empty()).map_err(ReopenError::Dev)?;
     // A capability node lies one directory down (`nvidia-caps/`): walked component by component, no link followed.
     let (dirs, leaf) = match name.rsplit_once('/') {
         Some((d, l)) => (d.split('/').collect::<Vec<_>>(), l.to_string()),
@@ -257,6 +269,57 @@ mod tests {
         let h = holdings(me, &crate::read_maps(me).unwrap(), &devices).unwrap();
         assert!(h.fds.iter().any(|c| c.node == NvidiaNode::Control), "{h:?}");
         drop(f);
+    }
+
+    /// A restored container's `/dev` is its tenant's: every shape of it that is not the planned device is refused
+    /// without opening it (a FIFO would block, a link could point anywhere), and nothing is created.
+    #[test]
+    fn a_hostile_dev_is_refused_and_the_planned_device_opened() {
+        let null = DevNumber { kind: DevType::Char, major: 1, minor: 3 };
+        let root = tempfile::tempdir().unwrap();
+        let open_root = || std::fs::File::open(root.path()).unwrap();
+        let reopen = |node| reopen_node_in(open_root().as_fd(), node, null, libc::O_RDWR);
+        // No /dev at all, then /dev a link to the host's.
+        assert!(matches!(reopen(NvidiaNode::Control), Err(ReopenError::Dev(_))));
+        std::os::unix::fs::symlink("/dev", root.path().join("dev")).unwrap();
+        assert!(matches!(reopen(NvidiaNode::Control), Err(ReopenError::Dev(_))), "a /dev that is a link");
+        std::fs::remove_file(root.path().join("dev")).unwrap();
+        let dev = root.path().join("dev");
+        std::fs::create_dir(&dev).unwrap();
+        // The node missing: refused, not created.
+        assert!(matches!(reopen(NvidiaNode::Control), Err(ReopenError::Missing { .. })));
+        assert!(!dev.join("nvidiactl").exists());
+        // A link to the right device, a FIFO, a regular file: each refused as not the device.
+        std::os::unix::fs::symlink("/dev/null", dev.join("nvidiactl")).unwrap();
+        let fifo = dev.join("nvidia0");
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+        std::fs::write(dev.join("nvidia-uvm"), b"not a device").unwrap();
+        for node in [NvidiaNode::Control, NvidiaNode::Gpu(0), NvidiaNode::Uvm] {
+            match reopen(node) {
+                Err(ReopenError::NotTheDevice { .. }) => {}
+                other => panic!("{node}: {other:?}"),
+            }
+        }
+        // A capability node's directory that is a link is refused the same way.
+        std::os::unix::fs::symlink("/dev", dev.join("nvidia-caps")).unwrap();
+        assert!(matches!(reopen(NvidiaNode::Cap(1)), Err(ReopenError::Missing { .. })));
+        // As root: the device itself, at a name the plan gives it (here char 1:3, /dev/null's number), opens.
+        if rustix::process::geteuid().is_root() {
+            let real = dev.join("nvidia-modeset");
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                &real,
+                FileType::CharacterDevice,
+                Mode::from_raw_mode(0o600),
+                rustix::fs::makedev(1, 3),
+            )
+            .unwrap();
+            let fd = reopen(NvidiaNode::Modeset).unwrap();
+            assert_eq!(device_of_fd(fd.as_fd()), Some(null));
+            // The wrong device number at the right name: refused.
+            let other = reopen_node_in(open_root().as_fd(), NvidiaNode::Modeset, DevNumber { minor: 5, ..null }, 2);
+            assert!(matches!(other, Err(ReopenError::NotTheDevice { .. })));
+        }
     }
 
     #[test]
