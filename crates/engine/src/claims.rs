@@ -176,11 +176,6 @@ impl DumpClaims {
         }
     }
 
-    /// Whether anything was claimed.
-    pub fn any(&self) -> bool {
-        self.claims.as_ref().is_some_and(|c| !c.is_empty())
-    }
-
     /// Writes the claims so far: at every claim, since a post-dump script may take the images before CRIU's end.
     /// Created once (not through a link, mode 0600) and rewritten in place: a temp file and a rename per claim cost
     /// 0.2 ms each, 23 of them for a DataLoader's workers. Not synced: as durable as CRIU's own images.

@@ -376,12 +376,6 @@ impl Dir {
     /// then renamed over `name`. Whatever stood at `name` (a link planted there included) is
     /// replaced, never written through.
     pub fn write_file(&self, name: &str, bytes: &[u8], mode: u32) -> Result<(), FileError> {
-        self.write_file_synced(name, bytes, mode, true)
-    }
-
-    /// [`Dir::write_file`], with the data synced to disk before the rename only when `sync` says so (a file
-    /// rewritten many times within one CRIU run, as CRIU's own images, which it does not sync either).
-    pub fn write_file_synced(&self, name: &str, bytes: &[u8], mode: u32, sync: bool) -> Result<(), FileError> {
         check_name(&self.shown, name)?;
         let path = self.shown_file(name);
         let nanos =
@@ -399,10 +393,7 @@ impl Dir {
             rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)).map_err(std::io::Error::from)?;
             let mut f = std::fs::File::from(fd);
             f.write_all(bytes)?;
-            if sync {
-                f.sync_all()?;
-            }
-            Ok(())
+            f.sync_all()
         })();
         let renamed =
             written.map_err(|source| FileError::Io { action: "write", path: self.shown_file(&tmp), source }).and_then(
