@@ -224,11 +224,7 @@ pub fn run(pid: i32, json: bool) -> CliResult {
 
 /// The NVIDIA device numbers as the plugin reads them (`/proc/devices`, and the test doubles' stand-ins).
 fn node_devices(config: &ccm_engine::Config) -> NvidiaDevices {
-    let real = ccm_process::claims::nvidia_devices().unwrap_or_default();
-    match &config.test_double_devices {
-        Some(v) => real.clone().with_stand_ins(v).unwrap_or(real),
-        None => real,
-    }
+    ccm_engine::claims::with_stand_ins(config, ccm_process::claims::nvidia_devices().unwrap_or_default())
 }
 
 /// A process that looks like a CUDA process (it maps libcuda and holds a GPU node) but holds only its CUDA

@@ -821,11 +821,8 @@ fn run_preflight(
     let claims = match checkpoint.claims {
         Some(cl) => {
             let usable_uuids: Vec<_> = node.gpus().iter().map(|g| g.uuid).collect();
-            let devices = ccm_process::claims::nvidia_devices().unwrap_or_default();
-            let devices = match &config.test_double_devices {
-                Some(v) => devices.clone().with_stand_ins(v).unwrap_or(devices),
-                None => devices,
-            };
+            let devices =
+                ccm_engine::claims::with_stand_ins(&config, ccm_process::claims::nvidia_devices().unwrap_or_default());
             Some(
                 ccm_engine::claims::RestoreClaims::plan(cl, &devices, plans, node.gpus(), &usable_uuids)
                     .map_err(|e| Failure::Refused(e.to_string()))?,

@@ -37,7 +37,12 @@ pub use crate::error::{ClaimError, ClaimsReadError, NoNodeReason};
 
 /// The NVIDIA device numbers of this node, the test doubles' stand-ins added.
 pub fn node_devices(config: &Config, targets: &dyn Targets) -> NvidiaDevices {
-    let real = targets.nvidia_devices();
+    with_stand_ins(config, targets.nvidia_devices())
+}
+
+/// `real` (a node's NVIDIA device numbers) with the test doubles' stand-ins the configuration names added: the one
+/// rule the plugin, `job` and `preflight` read devices by.
+pub fn with_stand_ins(config: &Config, real: NvidiaDevices) -> NvidiaDevices {
     match &config.test_double_devices {
         // Checked when the configuration was read.
         Some(v) => real.clone().with_stand_ins(v).unwrap_or(real),
