@@ -96,6 +96,13 @@ fn a_forked_child_holding_nvidia_nodes_moves() {
     run_case("forked");
 }
 
+/// A CUDA process mapping managed memory (the doubles' stand-in of /dev/nvidia-uvm, 64 MiB): the dump refuses it
+/// before any lock, naming it; it runs on.
+#[test]
+fn managed_memory_is_refused_before_the_lock() {
+    run_case("managed");
+}
+
 /// The forked child restored with the swap map: its GPU descriptor is reopened as the node of the GPU the map gives
 /// (the test doubles' stand-in of /dev/nvidia1), as `criu-cuda-migrate preflight` plans it; the parent moves too.
 #[test]

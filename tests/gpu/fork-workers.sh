@@ -5,11 +5,12 @@
 # (tests/gpu/fork_jobs.py); `criu-cuda-migrate job` asked before each dump; an MPS client; what a forked worker
 # holds; and the move of a fork case to another machine.
 #
-#   bash tests/gpu/fork-workers.sh [bare] [container] [mps] [probe]     (all four without arguments)
+#   bash tests/gpu/fork-workers.sh [bare] [container] [mps] [probe] [probe-uvm]   (all five without arguments)
 #   bash tests/gpu/fork-workers.sh move-dump                            machine A
 #   bash tests/gpu/fork-workers.sh move-restore DIR                     machine B; DIR holds move-dump's parts
 #
-#   bare          rows dl-fork-pin, dl-fork-8w (eight workers), dl-fork-nopin, dl-forkserver, dl-spawn, pool-fork, bare-fork, c-fork: the
+#   bare          rows dl-fork-pin, dl-fork-8w (eight workers), dl-fork-nopin, dl-forkserver, dl-spawn, pool-fork, bare-fork, c-fork,
+#                 c-uvm (managed memory: expected KNOWN, the job check and the dump both refuse): the
 #                 reference runs (all at once, --sleep 0), then per shape: run with --pause-at, at `ready` the job
 #                 check (exit code and verdict), `criu dump -t ROOT` of the tree (a session of its own: no
 #                 --shell-job), `criu restore -d`, wait for `done`, compare every step line, the parameters' hash
@@ -27,6 +28,8 @@
 #   probe         dl-fork-pin with pin_memory on and off: what each worker holds (/dev/nvidia* mappings with their
 #                 VmFlags, /dev/nvidia* fds with their fdinfo flags, every fd's kind) in
 #                 $OUT/fork-probe-{pin,nopin}.txt
+#   probe-uvm     c-fork's parent and c-uvm: their /dev/nvidia-uvm mappings (Size, Rss, Swap, VmFlags), their
+#                 mappings by path and the job check, in $OUT/fork-probe-uvm.txt
 #   move-dump     c-fork (libcuda through ctypes, a forked child; images ~1.2 GB, a few MB as xz) started at a high
 #                 pid (ns_last_pid), dumped at step 10; the images, its folder (logs it holds open, at the same
 #                 path) and a reference run's log as one `xz -3` tar in 15 MB parts $OUT/fork-xfer.tar.xz.NN (at
@@ -71,7 +74,7 @@ REF=$WORK/ref
 REF_TIMEOUT=240
 READY_S=120
 DONE_S=150
-read -r -a BARE_SHAPES <<<"${CCM_FORK_SHAPES:-dl-fork-pin dl-fork-8w dl-fork-nopin dl-forkserver dl-spawn pool-fork bare-fork c-fork}"
+read -r -a BARE_SHAPES <<<"${CCM_FORK_SHAPES:-dl-fork-pin dl-fork-8w dl-fork-nopin dl-forkserver dl-spawn pool-fork bare-fork c-fork c-uvm}"
 RESULT_RE='^(step=[0-9]+ loss=|done params_sha256=|child_exit=)'
 FAILED=0
 MPS_PIPE=""
@@ -209,7 +212,7 @@ plugin_notes() {
 }
 
 py_for() { # SHAPE: the interpreter
-    if [[ $1 == c-fork ]]; then echo "$SYS_PY"; else echo "$TORCH_PY"; fi
+    if [[ $1 == c-* ]]; then echo "$SYS_PY"; else echo "$TORCH_PY"; fi
 }
 
 # ---------------------------------------------------------------------------------------------------------------
@@ -452,6 +455,49 @@ case_probe() {
     cleanup_processes
 }
 
+# uvm_maps PID: every /dev/nvidia-uvm mapping of PID with its size, resident and swapped kB and VmFlags.
+uvm_maps() {
+    awk '/^[0-9a-f]+-[0-9a-f]+ / { hdr = ($6 ~ /^\/dev\/nvidia-uvm/) ? $1 " " $2 " " $3 : ""; next }
+         hdr != "" && /^(Size|Rss|Swap):/ { hdr = hdr " " $1 $2 }
+         hdr != "" && /^VmFlags:/ { print hdr "  " $0; hdr = "" }' "/proc/$1/smaps" 2>/dev/null
+}
+
+# The probe of managed memory: what a process with cuMemAllocManaged memory maps of /dev/nvidia-uvm, next to a
+# process without (c-fork's parent), for the job check's UVM rule.
+case_probe_uvm() {
+    local d s out=$RESULTS_DIR/fork-probe-uvm.txt root i=0 extra
+    log "probe-uvm: start"
+    : >"$out"
+    # c-fork's parent (no managed memory), c-uvm (64 MiB), c-uvm with 4 KiB, 1 MiB and 2 MiB more.
+    for s in c-fork c-uvm c-uvm; do
+        i=$((i + 1))
+        extra=()
+        [[ $i -eq 3 ]] && extra=(--extra-managed "4096,1048576,2097152")
+        d=$WORK/probe-$i-$s
+        rm -rf "$d"
+        mkdir -p "$d"
+        start_detached "$d" "$d/stdout.log" "$SYS_PY" "$JOBS" "$s" --steps 100000 --log "$d/run.log" --pause-at 3 "${extra[@]}"
+        root=$STARTED_PID
+        if ! wait_line "$d/run.log" '^ready step=3$' "$READY_S" "$root"; then
+            verdict "probe-$s${extra[*]:+ ${extra[*]}}" "the /dev/nvidia-uvm mappings written down" "job not ready: $(tail -n 2 "$d/stdout.log" "$d/run.log" 2>/dev/null | one_line)" FAIL
+            continue
+        fi
+        {
+            echo "# $s${extra[*]:+ ${extra[*]}}, pid $root: /dev/nvidia-uvm mappings (range perms offset Size Rss Swap VmFlags)"
+            uvm_maps "$root"
+            echo "# $s: every mapping's path, by count"
+            awk '{ print $6 }' "/proc/$root/maps" | sort | uniq -c | sort -rn | head -n 5
+            echo "# $s: job --pid $root"
+            timeout 60 "$CLI" job --pid "$root" 2>&1
+            echo
+        } >>"$out"
+        verdict "probe-$s${extra[*]:+ ${extra[*]}}" "the /dev/nvidia-uvm mappings written down (fork-probe-uvm.txt)" \
+            "$(uvm_maps "$root" | wc -l) uvm mappings: $(uvm_maps "$root" | awk '{ print $1, $4 }' | one_line 300); job: $(timeout 60 "$CLI" job --pid "$root" 2>&1 | grep -m1 '^verdict' | cut -c1-200)" PASS -
+        kill -9 "$root" 2>/dev/null
+    done
+    cleanup_processes
+}
+
 # ---------------------------------------------------------------------------------------------------------------
 # The move to another machine: c-fork (small images).
 
@@ -553,7 +599,7 @@ fork_exit() {
 }
 
 main_fork() {
-    [[ $# -gt 0 ]] || set -- bare container mps probe
+    [[ $# -gt 0 ]] || set -- bare container mps probe probe-uvm
     [[ -d $DEVICE_DIR ]] || { echo "no $DEVICE_DIR: run tests/gpu/prepare.sh and carry .device" >&2; exit 2; }
     nvidia-smi -L >/dev/null 2>&1 || { echo "no GPU (nvidia-smi -L failed)" >&2; exit 2; }
     [[ -x $TORCH_PY ]] || TORCH_PY=$(command -v python3)
@@ -582,6 +628,7 @@ main_fork() {
         container) case_container ;;
         mps) case_mps ;;
         probe) case_probe ;;
+        probe-uvm) case_probe_uvm ;;
         move-dump) phase_move_dump ;;
         move-restore)
             shift

@@ -18,7 +18,12 @@ SHAPE:
   c-fork          bare-fork without torch: libcuda through ctypes (a 16 KiB state buffer updated every step and
                   16 MiB of patterned device memory), for small images (cross-machine moves); runs on a python3
                   without torch
+  c-uvm           c-fork without the fork, plus 64 MiB of managed memory (cuMemAllocManaged, attached globally)
+                  written on the GPU and read by the host every step: driver 580's checkpoint refuses managed memory
+                  (CUDA_ERROR_NOT_SUPPORTED), so the job check must not say ready and the dump must leave it running
   mps             the training loop without workers, meant to run as an MPS client (the test starts the daemon)
+
+--extra-managed SIZES (c-uvm): more managed allocations of those byte sizes, for the probe of what they map.
 
 FILE gets, every step, `step=i loss=<repr of the float>`; at step K (--pause-at) also `ready step=K` (the test
 dumps after that line) and the job goes on; at the end `identity uuid=... bus=...` (c-fork only: what libcuda
@@ -41,7 +46,7 @@ D_IN = 64
 HIDDEN = 256
 BATCH = 32
 EPOCH_BATCHES = 8  # the dataset is 8 batches long: the persistent workers feed several epochs
-SHAPES = ("dl-fork-pin", "dl-fork-8w", "dl-fork-nopin", "dl-forkserver", "dl-spawn", "pool-fork", "bare-fork", "c-fork", "mps")
+SHAPES = ("dl-fork-pin", "dl-fork-8w", "dl-fork-nopin", "dl-forkserver", "dl-spawn", "pool-fork", "bare-fork", "c-fork", "c-uvm", "mps")
 CHILD_EXIT = 7
 
 
@@ -243,6 +248,8 @@ def c_fork_job(a, log):
     cu.cuMemcpyHtoD_v2.argtypes = [u64, ctypes.c_void_p, ctypes.c_size_t]
     cu.cuDeviceGetPCIBusId.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
     cu.cuDeviceGetUuid_v2.argtypes = [ctypes.c_void_p, ctypes.c_int]
+    cu.cuMemsetD8_v2.argtypes = [u64, ctypes.c_ubyte, ctypes.c_size_t]
+    cu.cuMemAllocManaged.argtypes = [ctypes.POINTER(u64), ctypes.c_size_t, ctypes.c_uint]
 
     def check(name, rc):
         if rc != 0:
@@ -261,12 +268,20 @@ def c_fork_job(a, log):
     check("cuMemAlloc", cu.cuMemAlloc_v2(ctypes.byref(ballast), n_ballast * 4))
     check("cuMemsetD32", cu.cuMemsetD32_v2(state, 1, n_state))
     check("cuMemsetD32", cu.cuMemsetD32_v2(ballast, 0x5EED0001, n_ballast))
+    managed, n_managed = u64(), 16 << 20  # c-uvm: 64 MiB of managed memory
+    if a.shape == "c-uvm":
+        check("cuMemAllocManaged", cu.cuMemAllocManaged(ctypes.byref(managed), n_managed * 4, 1))  # CU_MEM_ATTACH_GLOBAL
+        check("cuMemsetD32", cu.cuMemsetD32_v2(managed.value, 0x0C0FFEE0, n_managed))
+        for size in a.extra_managed:
+            extra = u64()
+            check("cuMemAllocManaged", cu.cuMemAllocManaged(ctypes.byref(extra), size, 1))
+            check("cuMemsetD8", cu.cuMemsetD8_v2(extra.value, 0x5A, size))
     check("cuCtxSynchronize", cu.cuCtxSynchronize())
     host = (ctypes.c_uint32 * n_state)()
 
     release = a.log + ".release"
     parent = os.getpid()
-    child = os.fork()
+    child = os.fork() if a.shape == "c-fork" else -1
     if child == 0:
         child_wait(release, parent)
 
@@ -275,6 +290,11 @@ def c_fork_job(a, log):
         for i in range(n_state):
             host[i] = (host[i] * 1103515245 + 12345 + step * i) & 0xFFFFFFFF
         check("cuMemcpyHtoD", cu.cuMemcpyHtoD_v2(state, host, n_state * 4))
+        if managed.value:
+            # The host reads and writes the managed words the GPU wrote (page migration both ways).
+            view = (ctypes.c_uint32 * 1024).from_address(managed.value + (step % 64) * 4096)
+            view[step % 1024] ^= host[step % n_state]
+            check("cuMemsetD32", cu.cuMemsetD32_v2(managed.value + (step % 64) * 4096 + 4096 * 64, step, 1024))
         check("cuCtxSynchronize", cu.cuCtxSynchronize())
         log("step=%d loss=%r" % (step, sum(host) / (n_state * 4294967296.0)))
         if step == a.pause_at:
@@ -286,14 +306,17 @@ def c_fork_job(a, log):
 
     if not os.path.exists(release):
         open(release, "w").close()
-    _, status = os.waitpid(child, 0)
-    log("child_exit=%d" % os.waitstatus_to_exitcode(status))
+    if child > 0:
+        _, status = os.waitpid(child, 0)
+        log("child_exit=%d" % os.waitstatus_to_exitcode(status))
     big = (ctypes.c_uint32 * n_ballast)()
     check("cuMemcpyDtoH", cu.cuMemcpyDtoH_v2(big, ballast, n_ballast * 4))
     check("cuMemcpyDtoH", cu.cuMemcpyDtoH_v2(host, state, n_state * 4))
     h = hashlib.sha256()
     h.update(bytes(host))
     h.update(bytes(big))
+    if managed.value:
+        h.update(bytes((ctypes.c_uint32 * n_managed).from_address(managed.value)))
     bus = ctypes.create_string_buffer(64)
     uuid = (ctypes.c_ubyte * 16)()
     check("cuDeviceGetPCIBusId", cu.cuDeviceGetPCIBusId(bus, 64, dev))
@@ -312,11 +335,13 @@ def main():
     p.add_argument("--log", required=True)
     p.add_argument("--pause-at", type=int, default=0)
     p.add_argument("--sleep", type=float, default=0.2)
+    p.add_argument("--extra-managed", type=lambda t: [int(x) for x in t.split(",") if x], default=[],
+                   help="c-uvm: more managed allocations of these byte sizes (comma-separated), for the probe")
     a = p.parse_args()
     a.log = os.path.abspath(a.log)
     log = Log(a.log)
     try:
-        if a.shape == "c-fork":
+        if a.shape in ("c-fork", "c-uvm"):
             return c_fork_job(a, log)
         return torch_job(a, log)
     except Exception as e:  # noqa: BLE001 - the test reads what failed

@@ -6,7 +6,7 @@
 # Runs inside the trixie root: tests/criu-root.sh run tests/sim/plugin-flow.sh BIN_DIR CASE
 #   BIN_DIR  cargo's target dir holding libcriu_cuda_migrate.so, ccm-sample-workload, the doubles
 #   CASE     same | swap | swap-noreconcile | chain3 | refuse | cycle3 | no-plugin | two-procs | memory | forked |
-#            forked-swap
+#            forked-swap | managed
 # Prints `FLOW <case> OK` and exits 0 when the case shows what it must; exits 1 with logs otherwise.
 set -euo pipefail
 
@@ -416,6 +416,28 @@ forked-swap)
     go "$WORK/w0" 1 >/dev/null
     check_agree "$WORK/w0" 1
     [ "$(ordinal_uuid "$WORK/w0/report1.json" 0)" = "$G1" ] || fail "the parent is not on $G1 after the swap"
+    ;;
+managed)
+    # A CUDA process with managed memory: the test doubles present a loop block device over a 64 MiB scratch file as
+    # /dev/nvidia-uvm, and the workload maps all of it (where the kernel places mmaps), as a cuMemAllocManaged
+    # allocation maps the driver's node. The dump refuses it before any lock; it runs on.
+    stand_in_nodes 1
+    truncate -s 64M "$WORK/uvm.img"
+    uvm=$(losetup -f --show "$WORK/uvm.img") || fail "no free loop device for the stand-in of /dev/nvidia-uvm"
+    LOOPS+=("$uvm")
+    mknod /dev/nvidia-uvm b 7 "${uvm#/dev/loop}"
+    export CCM_TEST_DOUBLE_NVIDIA_DEVICES="$CCM_TEST_DOUBLE_NVIDIA_DEVICES,block:7:${uvm#/dev/loop}=nvidia-uvm"
+    pid=$(WL_ARGS="--map /dev/nvidia-uvm:$((64 << 20))" start "$WORK/w0" 0)
+    # (The job check's verdict on managed memory is proven on the GPU: it tells CUDA processes by the kernel driver's
+    # view, which the doubles do not fake, so here it sees no CUDA process.)
+    mkdir -p "$WORK/img"
+    if criu dump -t "$pid" -D "$WORK/img" --libdir "$WORK/plugins" -v4 -o dump.log; then fail "criu dump went through"; fi
+    grep -q "refused before any lock: pid $pid (ccm-sample-work) maps 64 MiB of CUDA managed memory (1 /dev/nvidia-uvm mapping(s)" "$WORK/img/dump.log" ||
+        fail "the dump's refusal does not name the managed memory"
+    if grep -q "cuCheckpointProcessLock" "$WORK/img/dump.log"; then fail "the process was locked"; fi
+    kill -0 "$pid" || fail "the workload did not run on"
+    go "$WORK/w0" 1 >/dev/null
+    check_agree "$WORK/w0" 1
     ;;
 *)
     fail "unknown case"

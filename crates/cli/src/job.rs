@@ -112,6 +112,23 @@ pub fn run(pid: i32, json: bool) -> CliResult {
             .to_string()
         })
     });
+    // Managed memory, which driver 580 cannot checkpoint, refuses the dump before any lock, in the plugin's words.
+    let managed = (config.managed == ccm_engine::config::ManagedMemory::Refuse)
+        .then(|| {
+            rows.iter().filter(|r| r.cuda).find_map(|r| {
+                let m = ccm_engine::sharing::managed_memory_of(&r.holdings);
+                (!m.is_empty()).then(|| {
+                    ccm_engine::EngineError::ManagedMemoryRefused {
+                        pid: HostPid::new(r.pid.into()).unwrap_or(root),
+                        comm: r.command.clone(),
+                        managed: m,
+                    }
+                    .to_string()
+                })
+            })
+        })
+        .flatten();
+    let refused_first = unclaimable.or(managed);
     let cuda_pids: Vec<HostPid> = rows.iter().filter(|r| r.cuda).filter_map(|r| HostPid::new(r.pid.into())).collect();
     let mut facts = rm.as_ref().map(|r| importers_in(r, |pci| node_gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid)));
     // As the plugin: only live processes holding a GPU node count (a dead process's memory stays under its number).
@@ -165,7 +182,7 @@ pub fn run(pid: i32, json: bool) -> CliResult {
         })
         .collect();
     let (verdict_word, message, code) = match &v {
-        _ if unclaimable.is_some() => ("refused", unclaimable.clone().unwrap_or_default(), 1),
+        _ if refused_first.is_some() => ("refused", refused_first.clone().unwrap_or_default(), 1),
         SharingVerdict::Proceed { warning: Some(w), .. } => ("ready", w.clone(), 0),
         SharingVerdict::Proceed { info, .. } if cuda_pids.is_empty() => (
             "ready",

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-pub use ccm_settings::value::{IpcImporters, MultiProcess, Strictness};
+pub use ccm_settings::value::{IpcImporters, ManagedMemory, MultiProcess, Strictness};
 
 /// A setting's value and where it came from (`CRIU_CUDA_MIGRATE_DEVICE_MAP`,
 /// `--plugin-option criu-cuda-migrate.device-map`, the CLI's `--device-map`), so that an error
@@ -37,6 +37,8 @@ pub struct Config {
     pub multi_process: MultiProcess,
     /// `CRIU_CUDA_MIGRATE_IPC`: what a dump whose tree holds a CUDA IPC importer does.
     pub ipc: IpcImporters,
+    /// `CRIU_CUDA_MIGRATE_MANAGED`: what a dump of a CUDA process with managed memory does.
+    pub managed: ManagedMemory,
     /// `CRIU_CUDA_MIGRATE_LIBCUDA` / `_LIBNVML` (the driver agent reads them from the same
     /// environment); shown in the `settings:` line.
     pub libcuda: Option<String>,
@@ -179,6 +181,7 @@ impl Config {
         let multi_process =
             read(get(&settings::MULTI_PROCESS), value::parse_multi_process)?.map_or(MultiProcess::Check, |s| s.value);
         let ipc = read(get(&settings::IPC), value::parse_ipc)?.map_or(IpcImporters::Refuse, |s| s.value);
+        let managed = read(get(&settings::MANAGED), value::parse_managed)?.map_or(ManagedMemory::Refuse, |s| s.value);
         let driver_timeout = read(get(&settings::DRIVER_TIMEOUT), value::parse_timeout)?.map(|s| s.value);
         let test_double_devices = env(ENV_TEST_DOUBLE_DEVICES).filter(|v| !v.trim().is_empty());
         if let Some(v) = &test_double_devices {
@@ -198,6 +201,7 @@ impl Config {
             leave_running,
             multi_process,
             ipc,
+            managed,
             libcuda,
             libnvml,
             test_double_devices,
@@ -240,7 +244,7 @@ impl std::fmt::Display for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, ipc {}, multi-process {}, lock timeout {} s, libcuda {}, NVML {}",
+            "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, ipc {}, multi-process {}, managed {}, lock timeout {} s, libcuda {}, NVML {}",
             self.device_map
                 .as_ref()
                 .map(|m| m.value.iter().map(|(o, n)| format!("{o}={n}")).collect::<Vec<_>>().join(","))
@@ -264,6 +268,10 @@ impl std::fmt::Display for Config {
                 MultiProcess::Check => "check",
                 MultiProcess::Warn => "warn",
                 MultiProcess::Refuse => "refuse",
+            },
+            match self.managed {
+                ManagedMemory::Refuse => "refuse",
+                ManagedMemory::Try => "try",
             },
             self.lock_timeout.as_secs(),
             self.libcuda.as_deref().unwrap_or("default"),
@@ -528,7 +536,7 @@ mod tests {
         assert_eq!(c.lock_timeout, Duration::from_secs(10));
         assert_eq!(
             c.to_string(),
-            format!("device map {C}={D}, usable GPUs all, mode permissive, reconcile on, leave-running no, ipc refuse, multi-process check, lock timeout 10 s, libcuda default, NVML default")
+            format!("device map {C}={D}, usable GPUs all, mode permissive, reconcile on, leave-running no, ipc refuse, multi-process check, managed refuse, lock timeout 10 s, libcuda default, NVML default")
         );
         let bad = Config::from_sources(|k| (k == ENV_MODE).then(|| "loose".to_string()), &[], &[]);
         assert!(bad.unwrap_err().to_string().contains("strict"));

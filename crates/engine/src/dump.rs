@@ -265,6 +265,11 @@ impl DumpSession {
             }
             Err(e) => return HookOutcome::Failed(e),
         };
+        // Before its lock: managed memory, which driver 580 cannot checkpoint (it would answer NOT_SUPPORTED after
+        // the lock, and the tree would be unlocked again).
+        if let Err(e) = self.check_managed_memory(pid) {
+            return HookOutcome::Failed(e);
+        }
         // Before the first lock: a tree holding a CUDA IPC importer is refused while nothing is locked.
         if let Err(e) = self.check_tree_for_importers(&node, pid) {
             return HookOutcome::Failed(e);
@@ -307,6 +312,27 @@ impl DumpSession {
         }
         info!("pid {pid}: CUDA process, restore thread {restore_tid}, initial state {initial}");
         HookOutcome::Done
+    }
+
+    /// `CRIU_CUDA_MIGRATE_MANAGED=refuse` (the default): a CUDA process that maps managed memory
+    /// ([`ccm_identity::managed`]) is refused before its lock. Mappings that cannot be read leave it to the driver.
+    fn check_managed_memory(&mut self, pid: HostPid) -> Result<(), EngineError> {
+        if self.config.managed == crate::config::ManagedMemory::Try {
+            return Ok(());
+        }
+        let devices = crate::claims::node_devices(&self.config, &*self.seams.targets);
+        let (comm, held) = match self.seams.targets.device_holdings(pid.get(), &devices) {
+            Ok(h) => h,
+            Err(e) => {
+                debug!("pid {pid}: its mappings cannot be read for the managed-memory check ({e}); the driver decides");
+                return Ok(());
+            }
+        };
+        let managed = crate::sharing::managed_memory_of(&held);
+        if managed.is_empty() {
+            return Ok(());
+        }
+        Err(EngineError::ManagedMemoryRefused { pid, comm: ccm_identity::text::shown(&comm), managed })
     }
 
     /// The importer check of the whole tree, once, at the first CUDA process (before its lock): the

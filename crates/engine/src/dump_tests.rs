@@ -369,6 +369,63 @@ fn a_checkpoint_failing_mid_batch_fails_that_process_and_the_rollback_puts_all_b
     assert_eq!(logged(&["reports no device memory imported", "pids 2401, 2402, 2403"]).len(), 1);
 }
 
+/// The measured shape of a process with 64 MiB of managed memory: the driver's own 2 MiB region low down, and the
+/// allocation's mapping up where mmaps go.
+fn managed_holdings() -> ccm_process::claims::Holdings {
+    let uvm = |start: u64, len: u64| ccm_identity::claims::ClaimedMapping {
+        start,
+        end: start + len,
+        perms: "rw-s".into(),
+        offset: start,
+        node: ccm_identity::claims::NvidiaNode::Uvm,
+    };
+    ccm_process::claims::Holdings {
+        mappings: vec![uvm(0x2_04a0_0000, 2 << 20), uvm(0x7f33_8800_0000, 64 << 20)],
+        ..Default::default()
+    }
+}
+
+#[test]
+fn managed_memory_is_refused_before_the_lock() {
+    let mut d = dump("managed", &[2551]);
+    d.targets.script().holdings.insert(2551, managed_holdings());
+    let e = failure(d.pause(2551));
+    assert!(matches!(e, EngineError::ManagedMemoryRefused { .. }), "{e}");
+    let text = e.to_string();
+    for part in [
+        "refused before any lock",
+        "pid 2551 (proc2551) maps 64 MiB of CUDA managed memory",
+        "1 /dev/nvidia-uvm mapping(s)",
+        "at 0x7f3388000000",
+        "CRIU_CUDA_MIGRATE_MANAGED=try",
+    ] {
+        assert!(text.contains(part), "{part}: {text}");
+    }
+    assert!(!d.agent.called("lock 2551"));
+    assert_eq!(d.agent.state_of(2551), Running);
+    d.finish(1);
+}
+
+#[test]
+fn managed_memory_try_and_the_driver_region_alone_lock() {
+    // Only the driver's own region: no managed memory.
+    let mut d = dump("managed-none", &[2552]);
+    let mut own = managed_holdings();
+    own.mappings.truncate(1);
+    d.targets.script().holdings.insert(2552, own);
+    assert!(done(&d.pause(2552)));
+    assert!(d.agent.called("lock 2552"));
+    // `try`: locked; the driver decides.
+    let mut d = dump_with("managed-try", config(&[("CRIU_CUDA_MIGRATE_MANAGED", "try")]), &[2553], 1);
+    d.targets.script().holdings.insert(2553, managed_holdings());
+    assert!(done(&d.pause(2553)));
+    assert!(d.agent.called("lock 2553"));
+    // Mappings that cannot be read: left to the driver.
+    let mut d = dump("managed-unread", &[2554]);
+    d.targets.script().holdings_fail.insert(2554);
+    assert!(done(&d.pause(2554)));
+}
+
 #[test]
 fn not_supported_at_checkpoint_names_managed_memory_mps_and_mig() {
     let mut d = dump("unsupported", &[2501]);

@@ -85,6 +85,9 @@ pub enum EngineError {
     /// The tree holds a CUDA IPC importer and `CRIU_CUDA_MIGRATE_IPC=refuse` (the default).
     #[error("{}", sharing::importer_refusal(.0))]
     IpcImporters(Vec<sharing::Importer>),
+    /// A CUDA process of the dump maps managed memory (`CRIU_CUDA_MIGRATE_MANAGED=refuse`).
+    #[error("{}", sharing::managed_refusal(*.pid, .comm, .managed))]
+    ManagedMemoryRefused { pid: ccm_identity::HostPid, comm: String, managed: ccm_identity::managed::ManagedMemory },
 }
 
 /// Why one CUDA process's checkpoint or restore failed.

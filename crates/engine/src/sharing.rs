@@ -25,7 +25,7 @@ use ccm_driver::abi::CudaCode;
 use ccm_driver::rm::{PidMemoryReport, RmStatus};
 use ccm_identity::{GpuUuid, HostPid, PciAddress};
 use ccm_settings::value::{IpcImporters, MultiProcess};
-use ccm_settings::{IPC, MULTI_PROCESS};
+use ccm_settings::{IPC, MANAGED, MULTI_PROCESS};
 
 /// The ways of sharing device memory users meet, for the lines below.
 const IPC_KINDS: &str = "CUDA IPC (cudaIpcOpenMemHandle, or cuMemImportFromShareableHandle: torch.multiprocessing \
@@ -344,6 +344,32 @@ pub fn checkpoint_failure_cause(code: Option<CudaCode>) -> Option<&'static str> 
          (cudaMallocManaged, cuMemAllocManaged), MPS clients or processes on a MIG instance. The dump fails and \
          the process is put back to RUNNING with its data (the rollback lines say so); free the managed memory \
          (or stop MPS, or use a whole GPU) before the checkpoint",
+    )
+}
+
+/// The managed memory among what a process holds of the NVIDIA nodes (its `/dev/nvidia-uvm` mappings).
+pub fn managed_memory_of(held: &ccm_process::claims::Holdings) -> ccm_identity::managed::ManagedMemory {
+    let uvm = held.mappings.iter().filter(|m| m.node == ccm_identity::claims::NvidiaNode::Uvm);
+    ccm_identity::managed::managed_memory(uvm.map(|m| ccm_identity::managed::UvmMapping { start: m.start, end: m.end }))
+}
+
+/// Why a dump of a process with managed memory is refused before any lock (`managed refuse`, the default).
+pub fn managed_refusal(pid: HostPid, comm: &str, managed: &ccm_identity::managed::ManagedMemory) -> String {
+    let largest = managed
+        .largest
+        .map(|l| format!(", the largest {} at {:#x}", ccm_identity::memory::format_precise(l.len()), l.start))
+        .unwrap_or_default();
+    format!(
+        "refused before any lock: pid {pid} ({comm}) maps {} of CUDA managed memory ({} /dev/nvidia-uvm mapping(s) \
+         beyond the driver's own{largest}): driver 580's checkpoint does not support managed memory (cudaMallocManaged, \
+         cuMemAllocManaged; it answers CUDA_ERROR_NOT_SUPPORTED). Nothing was locked; every process of the tree runs \
+         on with its data. To checkpoint it: allocate device memory with cudaMalloc or the framework's default \
+         allocator instead (CuPy: not cupy.cuda.malloc_managed; PyTorch: no managed CUDAPluggableAllocator; JAX/XLA: \
+         no managed client allocator), or free the managed memory before the checkpoint. {}=try locks it and lets the \
+         driver decide",
+        ccm_identity::memory::format_precise(managed.bytes),
+        managed.mappings,
+        MANAGED.env
     )
 }
 

@@ -14,6 +14,7 @@ pub mod devprop;
 pub mod env;
 pub mod gpu;
 pub mod image;
+pub mod managed;
 pub mod map;
 pub mod memory;
 pub mod pattern;

@@ -91,7 +91,8 @@ pub fn describe_bytes(b: u64) -> String {
     format!("{} ({b} bytes)", format_precise(b))
 }
 
-fn format_precise(b: u64) -> String {
+/// `12.3 GiB`, `64 MiB`.
+pub fn format_precise(b: u64) -> String {
     const MIB: f64 = (1u64 << 20) as f64;
     const GIB: f64 = (1u64 << 30) as f64;
     if b as f64 >= GIB {

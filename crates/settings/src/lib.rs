@@ -93,6 +93,14 @@ pub const MULTI_PROCESS: Setting = Setting {
     help: "check: dump several CUDA processes when the importer check clears them, and refuse them before any checkpoint when it cannot run (no /dev/nvidiactl, another driver, no answer); warn: dump them even then, with a warning; refuse: every dump of more than one CUDA process fails before any checkpoint, every process running on, whatever the importer check says",
 };
 
+pub const MANAGED: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_MANAGED",
+    option: "managed",
+    at: "dump",
+    default: "refuse",
+    help: "refuse: a dump whose CUDA process maps managed memory (cudaMallocManaged: /dev/nvidia-uvm mappings beyond the driver's own) fails before any lock, every process running on, because driver 580's checkpoint does not support managed memory; try: lock and let the driver decide (it answers CUDA_ERROR_NOT_SUPPORTED, and the plugin unlocks the tree again)",
+};
+
 pub const DRIVER_TIMEOUT: Setting = Setting {
     env: "CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT",
     option: "driver-timeout",
@@ -126,7 +134,7 @@ pub const LIBNVML: Setting = Setting {
 };
 
 /// All of them, in the order of the documentation tables.
-pub const ALL: [Setting; 12] = [
+pub const ALL: [Setting; 13] = [
     DEVICE_MAP,
     USABLE_GPUS,
     MODE,
@@ -135,6 +143,7 @@ pub const ALL: [Setting; 12] = [
     LEAVE_RUNNING,
     IPC,
     MULTI_PROCESS,
+    MANAGED,
     DRIVER_TIMEOUT,
     DISABLE,
     LIBCUDA,

@@ -125,6 +125,28 @@ pub fn parse_ipc(text: &str) -> Result<IpcImporters, ValueError> {
     }
 }
 
+/// What a dump of a CUDA process with managed memory does (`CRIU_CUDA_MIGRATE_MANAGED`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ManagedMemory {
+    /// Refuse before any lock (the default: driver 580's checkpoint answers CUDA_ERROR_NOT_SUPPORTED anyway).
+    Refuse,
+    /// Lock and let the driver decide (for a driver that checkpoints managed memory, or a mapping the check
+    /// takes for managed memory wrongly).
+    Try,
+}
+
+/// `refuse` or `try`.
+pub fn parse_managed(text: &str) -> Result<ManagedMemory, ValueError> {
+    match text.trim() {
+        "refuse" => Ok(ManagedMemory::Refuse),
+        "try" => Ok(ManagedMemory::Try),
+        _ => Err(expected(
+            "`refuse` (the default: a CUDA process with managed memory is refused before any lock) or `try` (lock it \
+             and let the driver decide)",
+        )),
+    }
+}
+
 /// What a dump of more than one CUDA process does (`CRIU_CUDA_MIGRATE_MULTI_PROCESS`), whatever the importer check
 /// ([`IpcImporters`]) finds: for those who want every multi-process dump refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -215,6 +237,9 @@ mod tests {
         assert_eq!(parse_ipc(" refuse"), Ok(IpcImporters::Refuse));
         assert_eq!(parse_ipc("allow"), Ok(IpcImporters::Allow));
         assert!(parse_ipc("warn").unwrap_err().expected.contains("`allow`"));
+        assert_eq!(parse_managed(" try "), Ok(ManagedMemory::Try));
+        assert_eq!(parse_managed("refuse"), Ok(ManagedMemory::Refuse));
+        assert!(parse_managed("allow").unwrap_err().expected.contains("`try`"));
         assert!(parse_multi_process("sometimes").unwrap_err().expected.contains("`refuse`"));
         assert_eq!(parse_timeout(" 90 "), Ok(Duration::from_secs(90)));
         assert_eq!(parse_timeout("86400"), Ok(Duration::from_secs(86_400)));

@@ -39,22 +39,8 @@ fn child_main(dir: &Path, holds: &ChildHolds) -> ! {
         }
     }
     if let Some((path, len)) = &holds.map {
-        let f =
-            std::fs::File::open(path).unwrap_or_else(|e| child_fail(&format!("cannot open {}: {e}", path.display())));
-        // SAFETY: a fresh shared read-only mapping at an address the kernel chooses; nothing in this
-        // process refers to it, and it stays mapped until the child exits.
-        let r = unsafe {
-            libc::mmap(
-                std::ptr::null_mut(),
-                *len,
-                libc::PROT_READ,
-                libc::MAP_SHARED,
-                std::os::fd::AsRawFd::as_raw_fd(&f),
-                0,
-            )
-        };
-        if r == libc::MAP_FAILED {
-            child_fail(&format!("cannot map {}: {}", path.display(), std::io::Error::last_os_error()));
+        if let Err(e) = map_node(path, *len) {
+            child_fail(&format!("cannot map {}: {e}", path.display()));
         }
     }
     let _ = crate::files::write_atomic(dir, "forked", format!("{}\n", std::process::id()).as_bytes());
@@ -64,6 +50,28 @@ fn child_main(dir: &Path, holds: &ChildHolds) -> ! {
     drop(kept);
     // SAFETY: ends the child at once, without the parent's atexit handlers (they are the parent's).
     unsafe { libc::_exit(CHILD_EXIT_CODE) }
+}
+
+/// Maps `len` bytes of the node at `path`, shared and read-only, for the rest of the process's life (the stand-in
+/// of a driver mapping: a forked child's inherited one, or managed memory's `/dev/nvidia-uvm` mapping).
+pub fn map_node(path: &Path, len: usize) -> Result<(), std::io::Error> {
+    let f = std::fs::File::open(path)?;
+    // SAFETY: a fresh shared read-only mapping at an address the kernel chooses; nothing in this process refers
+    // to it, and it stays mapped until the process exits (the descriptor may close: the mapping keeps the file).
+    let r = unsafe {
+        libc::mmap(
+            std::ptr::null_mut(),
+            len,
+            libc::PROT_READ,
+            libc::MAP_SHARED,
+            std::os::fd::AsRawFd::as_raw_fd(&f),
+            0,
+        )
+    };
+    if r == libc::MAP_FAILED {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(())
 }
 
 fn child_fail(why: &str) -> ! {

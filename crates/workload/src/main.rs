@@ -70,6 +70,10 @@ struct Args {
     /// A device node the forked child maps, shared and read-only: PATH:BYTES.
     #[arg(long, requires = "forked_child")]
     child_map: Option<String>,
+    /// A device node this process maps, shared and read-only: PATH:BYTES (the test doubles' stand-in of
+    /// `/dev/nvidia-uvm` for managed memory, which the plugin refuses before the lock).
+    #[arg(long)]
+    map: Option<String>,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -93,6 +97,14 @@ enum WorkloadError {
     Json(#[from] serde_json::Error),
     #[error("--child-map {0}: write PATH:BYTES")]
     ChildMap(String),
+    #[error("--map {0}: write PATH:BYTES")]
+    Map(String),
+}
+
+/// `PATH:BYTES`.
+fn path_bytes(m: &str) -> Option<(PathBuf, usize)> {
+    let (path, bytes) = m.rsplit_once(':')?;
+    Some((PathBuf::from(path), bytes.parse().ok()?))
 }
 
 fn main() -> ExitCode {
@@ -135,13 +147,14 @@ fn run(args: &Args) -> Result<(), WorkloadError> {
     let dir = args.dir.as_deref().ok_or(WorkloadError::NoDir)?;
     let io = |what, path: PathBuf| move |source| WorkloadError::Io { what, path, source };
     let pid = std::process::id();
+    if let Some(m) = &args.map {
+        let (path, bytes) = path_bytes(m).ok_or_else(|| WorkloadError::Map(m.clone()))?;
+        forked::map_node(&path, bytes).map_err(io("cannot map", path.clone()))?;
+    }
     let child = if args.forked_child {
         let map = match &args.child_map {
             None => None,
-            Some(m) => {
-                let (path, bytes) = m.rsplit_once(':').ok_or_else(|| WorkloadError::ChildMap(m.clone()))?;
-                Some((PathBuf::from(path), bytes.parse().map_err(|_| WorkloadError::ChildMap(m.clone()))?))
-            }
+            Some(m) => Some(path_bytes(m).ok_or_else(|| WorkloadError::ChildMap(m.clone()))?),
         };
         let holds = forked::ChildHolds { open: args.child_open.clone(), map };
         let child = forked::fork_child(dir, &holds).map_err(io("cannot fork a child in", dir.to_path_buf()))?;
