@@ -8,6 +8,9 @@ pub enum BenchError {
     #[error("the kernel driver's resource manager: {0}")]
     Rm(String),
 
+    #[error("{0}; pass the pid of a live process (a DataLoader worker: `pgrep -f pt_data_worker`)")]
+    Process(#[from] ccm_process::ProcessError),
+
     #[error("{0}")]
     Load(#[from] LoadError),
 

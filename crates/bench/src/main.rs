@@ -14,6 +14,7 @@
 
 mod error;
 mod floor;
+mod holdings;
 mod per_action;
 
 use std::process::ExitCode;
@@ -65,6 +66,15 @@ enum Cmd {
         #[arg(long, default_value_t = 2)]
         rounds: usize,
     },
+    /// What a forked worker's record costs at dump (issue 40): `pid`'s maps read, then its NVIDIA nodes found the
+    /// product's way (`ccm_process::claims::holdings`: one `stat` per mapped file) and, side by side, the earlier
+    /// way (one `stat` per file mapping), `rounds` times each, alternating. Prints every round's times.
+    Holdings {
+        #[arg(long)]
+        pid: u32,
+        #[arg(long, default_value_t = 5)]
+        rounds: usize,
+    },
     /// One action in this fresh process (what `per-action` starts).
     Action {
         #[arg(value_enum)]
@@ -93,6 +103,7 @@ fn run(cli: Cli) -> Result<(), BenchError> {
         Cmd::RmRepeat { pid, rounds } => {
             print_json(&ccm_driver::rm::video_memory_repeated(&pid, rounds).map_err(|e| BenchError::Rm(e.to_string()))?)
         }
+        Cmd::Holdings { pid, rounds } => print_json(&holdings::run(pid, rounds)?),
         Cmd::Action { action, pid, lock_timeout_ms } => {
             print_json(&per_action::run_action(action, pid, lock_timeout_ms)?)
         }
