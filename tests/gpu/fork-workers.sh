@@ -28,6 +28,8 @@
 #   probe         dl-fork-pin with pin_memory on and off: what each worker holds (/dev/nvidia* mappings with their
 #                 VmFlags, /dev/nvidia* fds with their fdinfo flags, every fd's kind) in
 #                 $OUT/fork-probe-{pin,nopin}.txt
+#   holdings-bench  dl-fork-8w's first worker: `ccm-bench holdings` (what its record at dump costs, both ways) in
+#                 $OUT/holdings-bench.json
 #   probe-uvm     c-fork's parent and c-uvm: their /dev/nvidia-uvm mappings (Size, Rss, Swap, VmFlags), their
 #                 mappings by path and the job check, in $OUT/fork-probe-uvm.txt
 #   move-dump     c-fork (libcuda through ctypes, a forked child; images ~1.2 GB, a few MB as xz) started at a high
@@ -498,6 +500,32 @@ case_probe_uvm() {
     cleanup_processes
 }
 
+# What a worker's record costs: dl-fork-8w at `ready`, `ccm-bench holdings` on its first worker (the product's
+# one `stat` per mapped file against one per mapping, alternating rounds) into $OUT/holdings-bench.json.
+case_holdings_bench() {
+    local d=$WORK/holdings-bench root worker out=$RESULTS_DIR/holdings-bench.json
+    log "holdings-bench: start"
+    rm -rf "$d"
+    mkdir -p "$d"
+    start_detached "$d" "$d/stdout.log" "$TORCH_PY" "$JOBS" dl-fork-8w --steps 100000 --log "$d/run.log" --pause-at 3
+    root=$STARTED_PID
+    if ! wait_line "$d/run.log" '^ready step=3$' "$READY_S" "$root"; then
+        verdict holdings-bench "a worker's holdings timed" "job not ready: $(tail -n 2 "$d/stdout.log" | one_line)" FAIL
+        cleanup_processes
+        return
+    fi
+    worker=$(descendants "$root" | sed -n 2p)
+    "$DEVICE_DIR/bin/ccm-bench" holdings --pid "$worker" --rounds 20 >"$out" 2>&1
+    verdict holdings-bench "a worker's holdings timed, both ways (holdings-bench.json)" "$(python3 -c '
+import json, statistics, sys
+r = json.load(open(sys.argv[1]))
+med = lambda k: statistics.median(x[k] for x in r["rounds"])
+print("worker %d: %d mappings (%d of files, %d files), %d NVIDIA mappings, %d NVIDIA descriptors; median of %d rounds: maps read %.3f ms, holdings %.3f ms (descriptors alone %.3f ms), a stat per mapping %.3f ms" % (
+    r["pid"], r["mappings"], r["file_mappings"], r["mapped_files"], r["nvidia_mappings"], r["nvidia_descriptors"], len(r["rounds"]),
+    med("maps_ms"), med("holdings_ms"), med("descriptors_ms"), med("stat_per_mapping_ms")))' "$out" 2>&1 | one_line 400)" PASS -
+    cleanup_processes
+}
+
 # ---------------------------------------------------------------------------------------------------------------
 # The move to another machine: c-fork (small images).
 
@@ -629,6 +657,7 @@ main_fork() {
         mps) case_mps ;;
         probe) case_probe ;;
         probe-uvm) case_probe_uvm ;;
+        holdings-bench) case_holdings_bench ;;
         move-dump) phase_move_dump ;;
         move-restore)
             shift
