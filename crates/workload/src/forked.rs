@@ -59,14 +59,7 @@ pub fn map_node(path: &Path, len: usize) -> Result<(), std::io::Error> {
     // SAFETY: a fresh shared read-only mapping at an address the kernel chooses; nothing in this process refers
     // to it, and it stays mapped until the process exits (the descriptor may close: the mapping keeps the file).
     let r = unsafe {
-        libc::mmap(
-            std::ptr::null_mut(),
-            len,
-            libc::PROT_READ,
-            libc::MAP_SHARED,
-            std::os::fd::AsRawFd::as_raw_fd(&f),
-            0,
-        )
+        libc::mmap(std::ptr::null_mut(), len, libc::PROT_READ, libc::MAP_SHARED, std::os::fd::AsRawFd::as_raw_fd(&f), 0)
     };
     if r == libc::MAP_FAILED {
         return Err(std::io::Error::last_os_error());
