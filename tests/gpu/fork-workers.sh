@@ -32,7 +32,7 @@
 #                 $OUT/holdings-bench.json
 #   probe-uvm     c-fork's parent and c-uvm: their /dev/nvidia-uvm mappings (Size, Rss, Swap, VmFlags), their
 #                 mappings by path and the job check, in $OUT/fork-probe-uvm.txt
-#   move-dump     c-fork (libcuda through ctypes, a forked child; images ~1.2 GB, a few MB as xz) started at a high
+#   move-dump     CCM_MOVE_SHAPE (default c-fork: libcuda through ctypes, a forked child; images ~1.2 GB, a few MB as xz) started at a high
 #                 pid (ns_last_pid), dumped at step 10; the images, its folder (logs it holds open, at the same
 #                 path) and a reference run's log as one `xz -3` tar in 15 MB parts $OUT/fork-xfer.tar.xz.NN (at
 #                 most 7) and $OUT/fork-xfer-meta.txt
@@ -70,6 +70,8 @@ SYS_PY=$(command -v python3)
 STEPS=${CCM_FORK_STEPS:-40}
 PAUSE_AT=${CCM_FORK_PAUSE:-10}
 PID_BASE=${CCM_FORK_PID_BASE:-31000}
+# The shape the move carries to another machine (c-fork: small images; dl-fork-pin: the DataLoader training).
+MOVE_SHAPE=${CCM_MOVE_SHAPE:-c-fork}
 XFER=/var/tmp/ccm-fork-xfer
 REF=$WORK/ref
 # Bounds (seconds): the reference runs together, a job to its `ready`, a job to its `done` after the restore.
@@ -535,10 +537,10 @@ phase_move_dump() {
     rm -rf "$XFER"
     mkdir -p "$XFER/run" "$XFER/img" "$XFER/ref"
     REF=$XFER/ref
-    start_refs c-fork
+    start_refs "$MOVE_SHAPE"
     wait_refs
     echo $((PID_BASE - 1)) >/proc/sys/kernel/ns_last_pid
-    start_detached "$XFER/run" "$XFER/run/stdout.log" "$SYS_PY" "$JOBS" c-fork --steps "$STEPS" --log "$XFER/run/run.log" --pause-at "$PAUSE_AT"
+    start_detached "$XFER/run" "$XFER/run/stdout.log" "$(py_for "$MOVE_SHAPE")" "$JOBS" "$MOVE_SHAPE" --steps "$STEPS" --log "$XFER/run/run.log" --pause-at "$PAUSE_AT"
     root=$STARTED_PID
     if ! wait_line "$XFER/run/run.log" "^ready step=$PAUSE_AT\$" "$READY_S" "$root"; then
         verdict "$name" "dumped" "job not ready: $(tail -n 3 "$XFER/run/stdout.log" "$XFER/run/run.log" 2>/dev/null | one_line 300)" FAIL
@@ -566,6 +568,7 @@ phase_move_dump() {
         echo "gpu_bus: $GPU_BUS"
         echo "host: $(hostname)"
         echo "root_pid: $root"
+        echo "shape: $MOVE_SHAPE"
         echo "tree_pids: $(echo "$tree_pids" | tr '\n' ' ')"
         echo "revision: $(sed -n 's/^revision: //p' "$DEVICE_DIR/MANIFEST" 2>/dev/null)"
     } >"$XFER/meta.txt"
@@ -588,11 +591,13 @@ phase_move_restore() {
     cat "$dir"/fork-xfer.tar.xz.* | xz -d | tar -C "${XFER%/*}" -xf -
     gpu_a=$(sed -n 's/^gpu_uuid: //p' "$XFER/meta.txt")
     root=$(sed -n 's/^root_pid: //p' "$XFER/meta.txt")
+    MOVE_SHAPE=$(sed -n 's/^shape: //p' "$XFER/meta.txt")
+    MOVE_SHAPE=${MOVE_SHAPE:-c-fork}
     log "$name: dumped on GPU $gpu_a ($(sed -n 's/^host: //p' "$XFER/meta.txt")); this machine's GPU $GPU_UUID ($(hostname))"
     echo "dumped on: $gpu_a; restoring on: $GPU_UUID"
     REF=$WORK/ref-b
     rm -rf "$REF"
-    start_refs c-fork
+    start_refs "$MOVE_SHAPE"
     wait_refs
     t0=$(now)
     (close_inherited_fds && criu_cmd -- restore -d -D "$XFER/img" --libdir "$PLUGIN_LIBDIR" -v4 -o restore.log) && rrc=0 || rrc=$?
@@ -600,11 +605,11 @@ phase_move_restore() {
     track "$root"
     log "$name: restore rc=$rrc in ${tr}s"
     wait_line "$XFER/run/run.log" '^done ' "$DONE_S" "$root"
-    compare "$REF/c-fork.log" "$XFER/run/run.log" && same=0
+    compare "$REF/$MOVE_SHAPE.log" "$XFER/run/run.log" && same=0
     local cmp_b=$CMP
-    compare "$XFER/ref/c-fork.log" "$XFER/run/run.log" || same=1
+    compare "$XFER/ref/$MOVE_SHAPE.log" "$XFER/run/run.log" || same=1
     cmp_a=$CMP
-    grep -qx 'child_exit=7' "$XFER/run/run.log" || same=1
+    if [[ $MOVE_SHAPE == c-fork ]] && ! grep -qx 'child_exit=7' "$XFER/run/run.log"; then same=1; fi
     ident=$(grep -m1 '^identity ' "$XFER/run/run.log")
     [[ $rrc -eq 0 && $same -eq 0 ]] || ok=1
     [[ -n $gpu_a && $gpu_a != "$GPU_UUID" ]] || ok=1

@@ -27,7 +27,7 @@ SHAPE:
 
 FILE gets, every step, `step=i loss=<repr of the float>`; at step K (--pause-at) also `ready step=K` (the test
 dumps after that line) and the job goes on; at the end `identity uuid=... bus=...` (c-fork only: what libcuda
-names after a move), then `done params_sha256=<hex>` (the parameters' bytes; c-fork: the device buffers'), and
+names after a move; the torch shapes: torch's device properties), then `done params_sha256=<hex>` (the parameters' bytes; c-fork: the device buffers'), and
 exit 0. Each line is one open/append/close: no fd of FILE stays open between steps. --sleep (default 0.2 s) paces
 the steps so that a dump lands mid-run; a reference run uses --sleep 0 (the results do not depend on it).
 Inherited fds above stdio are closed first (CRIU cannot dump fds of the launcher's files).
@@ -225,6 +225,10 @@ def torch_job(a, log):
     if loader is not None:
         del it
         del loader
+    # What the process's CUDA names its GPU after a move (torch's cached properties, which the plugin rewrites).
+    prop = torch.cuda.get_device_properties(0)
+    pci = [getattr(prop, k, 0) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    log("identity uuid=GPU-%s bus=%04x:%02x:%02x.0" % (prop.uuid, pci[0], pci[1], pci[2]))
     log("done params_sha256=%s" % digest)
     return 0
 
