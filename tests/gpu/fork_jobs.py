@@ -240,31 +240,10 @@ def torch_job(a, log):
 def c_fork_job(a, log):
     import ctypes
 
-    u64 = ctypes.c_uint64
-    cu = ctypes.CDLL("libcuda.so.1")
-    cu.cuInit.argtypes = [ctypes.c_uint]
-    cu.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
-    cu.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
-    cu.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
-    cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(u64), ctypes.c_size_t]
-    cu.cuMemsetD32_v2.argtypes = [u64, ctypes.c_uint, ctypes.c_size_t]
-    cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, u64, ctypes.c_size_t]
-    cu.cuMemcpyHtoD_v2.argtypes = [u64, ctypes.c_void_p, ctypes.c_size_t]
-    cu.cuDeviceGetPCIBusId.argtypes = [ctypes.c_char_p, ctypes.c_int, ctypes.c_int]
-    cu.cuDeviceGetUuid_v2.argtypes = [ctypes.c_void_p, ctypes.c_int]
-    cu.cuMemsetD8_v2.argtypes = [u64, ctypes.c_ubyte, ctypes.c_size_t]
-    cu.cuMemAllocManaged.argtypes = [ctypes.POINTER(u64), ctypes.c_size_t, ctypes.c_uint]
+    from cuda_ctypes import check, libcuda, primary_context, u64
 
-    def check(name, rc):
-        if rc != 0:
-            raise RuntimeError("%s failed: CUresult %d" % (name, rc))
-
-    check("cuInit", cu.cuInit(0))
-    dev = ctypes.c_int()
-    check("cuDeviceGet", cu.cuDeviceGet(ctypes.byref(dev), 0))
-    ctx = ctypes.c_void_p()
-    check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
-    check("cuCtxSetCurrent", cu.cuCtxSetCurrent(ctx))
+    cu = libcuda()
+    dev = primary_context(cu)
     n_state = 4096  # 16 KiB, updated every step
     n_ballast = 4 << 20  # 16 MiB of a pattern, read back at the end
     state, ballast = u64(), u64()

@@ -82,25 +82,11 @@ def tenant(d):
     import ctypes
     import mmap
 
-    u64 = ctypes.c_uint64
-    cu = ctypes.CDLL("libcuda.so.1")
-    cu.cuInit.argtypes = [ctypes.c_uint]
-    cu.cuDeviceGet.argtypes = [ctypes.POINTER(ctypes.c_int), ctypes.c_int]
-    cu.cuDevicePrimaryCtxRetain.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_int]
-    cu.cuCtxSetCurrent.argtypes = [ctypes.c_void_p]
-    cu.cuMemAlloc_v2.argtypes = [ctypes.POINTER(u64), ctypes.c_size_t]
-    cu.cuMemsetD32_v2.argtypes = [u64, ctypes.c_uint, ctypes.c_size_t]
-    cu.cuMemcpyDtoH_v2.argtypes = [ctypes.c_void_p, u64, ctypes.c_size_t]
+    from cuda_ctypes import check, libcuda, primary_context, u64
 
-    def check(name, rc):
-        if rc != 0:
-            raise RuntimeError("%s failed: CUresult %d" % (name, rc))
-
-    check("cuInit", cu.cuInit(0))
-    dev, ctx, buf = ctypes.c_int(), ctypes.c_void_p(), u64()
-    check("cuDeviceGet", cu.cuDeviceGet(ctypes.byref(dev), 0))
-    check("cuDevicePrimaryCtxRetain", cu.cuDevicePrimaryCtxRetain(ctypes.byref(ctx), dev))
-    check("cuCtxSetCurrent", cu.cuCtxSetCurrent(ctx))
+    cu = libcuda()
+    primary_context(cu)
+    buf = u64()
     n = 16 << 20
     check("cuMemAlloc", cu.cuMemAlloc_v2(ctypes.byref(buf), n * 4))
     check("cuMemsetD32", cu.cuMemsetD32_v2(buf, 0x7E4A47, n))
