@@ -47,7 +47,8 @@
 # Needs, carried in .device/ (tests/gpu/prepare.sh): criu-debs, runc-debs, pkg, bin/criu-cuda-migrate; python3
 # with torch at /opt/torch/.venv/bin/python3. Writes $OUT/fork-workers-results.tsv and fork-workers-table.md.
 # Exits 1 when a row FAILs, 2 when the machine is not set up. Knobs: CCM_FORK_STEPS (40), CCM_FORK_PAUSE (10),
-# CCM_FORK_SHAPES (the bare rows, space-separated), CCM_FORK_PID_BASE (31000, move-dump), CCM_WORK (/var/tmp/ccm-fork-workers).
+# CCM_FORK_SHAPES (the bare rows, space-separated), CCM_FORK_PID_BASE (31000, move-dump), CCM_MOVE_SHAPE (c-fork),
+# CCM_XFER_XZ_LEVEL (3), CCM_XFER_PART_MB (15), CCM_XFER_MAX_PARTS (7), CCM_WORK (/var/tmp/ccm-fork-workers).
 
 set -uo pipefail
 # No -e: a status-recording flow. A failed row is recorded as FAIL and the next one runs.
@@ -574,13 +575,13 @@ phase_move_dump() {
     } >"$XFER/meta.txt"
     rm -f "$RESULTS_DIR"/fork-xfer.tar.xz.*
     t0=$(now)
-    tar -C "${XFER%/*}" -cf - "${XFER##*/}" | xz -3 -T2 | split -b 15M -d - "$RESULTS_DIR/fork-xfer.tar.xz."
+    tar -C "${XFER%/*}" -cf - "${XFER##*/}" | xz "-${CCM_XFER_XZ_LEVEL:-3}" -T0 | split -b "${CCM_XFER_PART_MB:-15}M" -d - "$RESULTS_DIR/fork-xfer.tar.xz."
     parts=$(count_files "$RESULTS_DIR"/fork-xfer.tar.xz.*)
     cp "$XFER/meta.txt" "$RESULTS_DIR/fork-xfer-meta.txt"
     log "$name: archive $(du -ch "$RESULTS_DIR"/fork-xfer.tar.xz.* | tail -n1 | cut -f1) in $parts parts, $(elapsed "$t0") s"
-    verdict "$name" "job exits 0; criu dump rc 0 on machine A; at most 7 parts of 15 MB" \
+    verdict "$name" "job exits 0; criu dump rc 0 on machine A; at most 7 parts" \
         "GPU $GPU_UUID; pid $root; job rc=$JOB_RC (${JOB_LINE#verdict: }); dump rc=$rc; images $img_mb MiB; $parts parts; plugin: $NOTES; tree: $(summary_holds "$LOGS/$name-holds.txt")" \
-        "$([[ $JOB_RC -eq 0 && $parts -le 7 ]] && echo PASS || echo FAIL)" "dump ${td}s; plugin $PTIMES"
+        "$([[ $JOB_RC -eq 0 && $parts -le ${CCM_XFER_MAX_PARTS:-7} ]] && echo PASS || echo FAIL)" "dump ${td}s; plugin $PTIMES"
 }
 
 phase_move_restore() {
