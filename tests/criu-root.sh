@@ -22,6 +22,12 @@
 #                                                source with CRIU PR #3138's plugin options backported
 #                                                (tests/criu-patches/, tests/plugin_options.rs); about 1 minute
 #   tests/criu-root.sh patched-path              print its path
+#   tests/criu-root.sh prepare-zdtm              make the zdtm root if it is missing: a copy of the root holding CRIU's
+#                                                source tree of the root's CRIU version (Debian's source package) in
+#                                                /opt/criu, with pycriu's protobuf modules generated and the zdtm
+#                                                tests of tests/zdtm/tests.txt built, and what zdtm.py needs
+#                                                (tests/zdtm/run.sh, tests/zdtm_plugin.rs); about 1 minute
+#   tests/criu-root.sh zdtm-path                 print its path
 #
 # `run` enters whichever root CCM_TRIXIE_ROOT names; the tests point it at a copy of one of the two.
 #
@@ -34,6 +40,7 @@
 #                        it outside the clone so CI can cache it; the name is older than the second suite)
 #   CCM_RUNTIMES_ROOT    where the runtimes root lives (default $CCM_TRIXIE_ROOT-runtimes)
 #   CCM_PATCHED_ROOT     where the patched forky root lives (default /var/cache/criu-cuda-migrate/forky-plugin-options)
+#   CCM_ZDTM_ROOT        where the zdtm root lives (default $CCM_TRIXIE_ROOT-zdtm)
 #   CCM_DEBIAN_MIRROR    mirror for debootstrap (default: the Debian mirror of this machine's own apt sources; with
 #                        neither, prepare stops and says so)
 #
@@ -91,6 +98,15 @@ CRI_PROTO=usr/share/gocode/src/k8s.io/cri-api/pkg/apis/runtime/v1/api.proto
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd -P)
 PATCHED_ROOT=${CCM_PATCHED_ROOT:-/var/cache/criu-cuda-migrate/forky-plugin-options}
 CRIU_PATCH=$REPO/tests/criu-patches/criu-4.2.1-plugin-options.patch
+ZDTM_ROOT=${CCM_ZDTM_ROOT:-$ROOT-zdtm}
+# The tests to build (tests/zdtm/run.sh runs them); where the source tree lies inside the zdtm root.
+ZDTM_LIST=$REPO/tests/zdtm/tests.txt
+ZDTM_TREE=/opt/criu
+# What zdtm.py needs besides CRIU: make and gcc (it builds and starts each test through make), Python with PyYAML and
+# protobuf (pycriu), protoc with protobuf's own .proto files (pycriu's modules are generated from CRIU's images/),
+# ip (zdtm_ct brings up lo in the test's network namespace), iptables (CRIU locks a network namespace's network with
+# it), ps (zdtm.py lists processes when one does not die), xz (the source tarball).
+ZDTM_PACKAGES="make gcc libc6-dev python3 python3-yaml python3-protobuf protobuf-compiler libprotobuf-dev iproute2 iptables procps xz-utils"
 DEBIAN_PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 die() {
@@ -205,6 +221,40 @@ cmd_prepare_runtimes() {
     echo "criu-root.sh: runtimes root ready at $RUNTIMES_ROOT"
 }
 
+# copy_with_sources DEST: a copy of the root at DEST whose apt also knows Debian's source packages (a deb-src line for
+# each deb line) and resolves names as this machine does. prepare-patched and prepare-zdtm start from it.
+copy_with_sources() {
+    local dest=$1 deb_src
+    rm -rf "$dest"
+    cp -a "$ROOT" "$dest"
+    cp /etc/resolv.conf "$dest/etc/resolv.conf" 2>/dev/null || true
+    deb_src=$(sed -n 's/^deb \(.*\)$/deb-src \1/p' "$dest/etc/apt/sources.list")
+    if [ -n "$deb_src" ]; then echo "$deb_src" >>"$dest/etc/apt/sources.list"; fi
+}
+
+# apt_in_copy DIR LOG COMMANDS: runs COMMANDS with the copy's /bin/sh chrooted into DIR (apt in a chroot is enough
+# here: nothing runs CRIU yet), in a mount namespace of its own with /proc mounted, after an `apt-get update`;
+# everything it prints goes to LOG. Fails as COMMANDS fail.
+apt_in_copy() {
+    local dir=$1 log=$2 commands=$3
+    unshare --mount --propagation private -- chroot "$dir" /bin/sh -c '
+        mount -t proc proc /proc &&
+        export DEBIAN_FRONTEND=noninteractive &&
+        apt-get '"$APT_OPTS"' update -qq && '"$commands" </dev/null >"$log" 2>&1
+}
+
+# criu_source_commands PACKAGE VERSION MISSING: the commands (for apt_in_copy) that fetch Debian's source package of
+# criu (PACKAGE: `criu`, or `criu=DEBIAN-VERSION` for that very version) and unpack its upstream tarball of CRIU
+# VERSION as /tmp/criu-VERSION; MISSING is what they say when the archive has no such tarball. `apt-get source` may
+# miss the Debian packaging tarball on a stale mirror snapshot; the upstream one holds everything these roots need.
+criu_source_commands() {
+    local package=$1 version=$2 missing=$3
+    # shellcheck disable=SC2016 # the chroot's shell expands $(ls ...)
+    printf '%s' 'cd /tmp && { apt-get source --download-only '"'$package'"' || true; } &&
+        { ls criu_'"$version"'.orig.tar.* || { echo "'"$missing"': $(ls criu_*.dsc criu_*.orig.tar.* 2>/dev/null)"; false; }; } &&
+        tar xf criu_'"$version"'.orig.tar.* && rm -f criu_*.orig.tar.* criu_*.dsc criu_*.debian.tar.*'
+}
+
 # Complete when its CRIU was built with today's patch (the patch's checksum is stamped into it).
 patched_root_is_complete() {
     [ -x "$PATCHED_ROOT/usr/sbin/criu" ] &&
@@ -226,28 +276,17 @@ cmd_prepare_patched() {
     fi
     [ -e "$PATCHED_ROOT" ] && rm -rf "$PATCHED_ROOT"
     local build="$PATCHED_ROOT.build.$$" tmp="$PATCHED_ROOT.partial.$$" log="$PATCHED_ROOT.build.log"
-    rm -rf "$build" "$tmp"
-    cp -a "$ROOT" "$build"
-    cp /etc/resolv.conf "$build/etc/resolv.conf" 2>/dev/null || true
-    local deb_src
-    deb_src=$(sed -n 's/^deb \(.*\)$/deb-src \1/p' "$build/etc/apt/sources.list")
-    if [ -n "$deb_src" ]; then echo "$deb_src" >>"$build/etc/apt/sources.list"; fi
+    rm -rf "$tmp"
+    copy_with_sources "$build"
     cp "$CRIU_PATCH" "$build/tmp/plugin-options.patch"
     echo "criu-root.sh: building CRIU 4.2.1 with plugin options into $PATCHED_ROOT (about 1 minute)" >&2
-    # apt-get source may miss the Debian packaging tarball on a stale mirror snapshot; the upstream one is all
-    # `make criu` needs.
-    # shellcheck disable=SC2016 # the chroot's shell expands the script; only $APT_OPTS is put in from here
-    if ! unshare --mount --propagation private -- chroot "$build" /bin/sh -c '
-            mount -t proc proc /proc &&
-            export DEBIAN_FRONTEND=noninteractive &&
-            apt-get '"$APT_OPTS"' update -qq &&
+    # shellcheck disable=SC2016 # the chroot's shell expands $(nproc)
+    if ! apt_in_copy "$build" "$log" '
             apt-get install -y -qq --no-install-recommends patch xz-utils make gcc &&
             apt-get build-dep -y -qq --no-install-recommends criu &&
-            cd /tmp && { apt-get source --download-only criu || true; } &&
-            { ls criu_4.2.1.orig.tar.* || { echo "forky no longer has the criu 4.2.1 source: $(ls criu_*.dsc 2>/dev/null); port tests/criu-patches/ to it"; false; }; } &&
-            tar xf criu_4.2.1.orig.tar.* &&
+            '"$(criu_source_commands criu 4.2.1 "forky no longer has the criu 4.2.1 source; port tests/criu-patches/ to it")"' &&
             cd criu-4.2.1 && patch -p1 <../plugin-options.patch &&
-            make -j"$(nproc)" criu' </dev/null >"$log" 2>&1; then
+            make -j"$(nproc)" criu'; then
         tail -n 30 "$log" >&2 || true
         rm -rf "$build"
         die "building the patched CRIU failed (log: $log)"
@@ -259,6 +298,71 @@ cmd_prepare_patched() {
     sha256sum <"$CRIU_PATCH" | cut -d' ' -f1 >"$tmp/.ccm-criu-patch"
     mv "$tmp" "$PATCHED_ROOT"
     echo "criu-root.sh: patched root ready at $PATCHED_ROOT"
+}
+
+# The tests tests/zdtm/tests.txt names (`zdtm/static/NAME [flavors] [suites] # comment` lines), one a line, sorted.
+zdtm_tests() {
+    sed -e 's/#.*//' "$ZDTM_LIST" | awk 'NF { print $1 }' | sort -u
+}
+
+# The zdtm root's stamp: what it was made of (the root's CRIU, the packages, the tests), so that a change of any
+# makes prepare-zdtm build it again (and an edit of the list's comments or flavors does not).
+zdtm_stamp() {
+    echo "criu $(criu_version); packages $ZDTM_PACKAGES; tests $(zdtm_tests | sha256sum | cut -d' ' -f1)"
+}
+
+zdtm_root_is_complete() {
+    [ -x "$ZDTM_ROOT/usr/sbin/criu" ] && [ -f "$ZDTM_ROOT$ZDTM_TREE/test/zdtm.py" ] &&
+        [ "$(cat "$ZDTM_ROOT/.ccm-zdtm" 2>/dev/null)" = "$(zdtm_stamp)" ]
+}
+
+# A copy of the root that holds CRIU's own test suite, zdtm, for the root's CRIU: the upstream tree of Debian's
+# source package of that very version in /opt/criu, pycriu's protobuf modules generated from its images/ (zdtm.py
+# imports pycriu), zdtm's library and helpers and the tests tests/zdtm/tests.txt names built (libc headers are all
+# they need), and what zdtm.py runs (ZDTM_PACKAGES). Nothing of CRIU itself is built: zdtm runs the root's criu.
+cmd_prepare_zdtm() {
+    need_root
+    cmd_prepare >/dev/null
+    [ -f "$ZDTM_LIST" ] || die "$ZDTM_LIST is missing"
+    exec 6>"$ZDTM_ROOT.lock"
+    flock 6
+    if zdtm_root_is_complete; then
+        echo "criu-root.sh: zdtm root ready at $ZDTM_ROOT (criu $(criu_version))"
+        return 0
+    fi
+    [ -e "$ZDTM_ROOT" ] && rm -rf "$ZDTM_ROOT"
+    local tmp="$ZDTM_ROOT.partial.$$" log="$ZDTM_ROOT.build.log" debian_version version tests
+    debian_version=$(criu_version)
+    # 4.1.1-1 -> 4.1.1, the upstream tarball's version (without an epoch; a +dfsg-like suffix would name another
+    # tarball, and the source step says which it found)
+    version=${debian_version%-*}
+    version=${version#*:}
+    tests=$(zdtm_tests)
+    [ -n "$tests" ] || die "$ZDTM_LIST names no test"
+    copy_with_sources "$tmp"
+    printf '%s\n' "$tests" >"$tmp/tmp/zdtm-tests"
+    echo "criu-root.sh: making the zdtm root of CRIU $version at $ZDTM_ROOT (about 1 minute)" >&2
+    # shellcheck disable=SC2016 # the chroot's shell expands the loop and $(nproc)
+    if ! apt_in_copy "$tmp" "$log" '
+            apt-get install -y -qq --no-install-recommends '"$ZDTM_PACKAGES"' &&
+            '"$(criu_source_commands "criu=$debian_version" "$version" "the archive has no source of criu $debian_version, the CRIU of $ROOT; make that root again (rm -rf $ROOT) to get the CRIU the archive has now")"' &&
+            mv /tmp/criu-'"$version"' '"$ZDTM_TREE"' && cd '"$ZDTM_TREE"' &&
+            make -r -R -f scripts/nmk/scripts/main.mk __nmk_dir=scripts/nmk/scripts/ makefile=Makefile obj=lib/pycriu \
+                PYTHON=python3 CRIU_VERSION='"$version"' all &&
+            cd test && make umount2 zdtm_ct && make -C zdtm/lib -j"$(nproc)" &&
+            for dir in $(sed "s|/[^/]*\$||" /tmp/zdtm-tests | sort -u); do
+                make -C "$dir" -j"$(nproc)" $(sed -n "s|^$dir/\\([^/]*\\)\$|\\1|p" /tmp/zdtm-tests) || exit 1
+            done &&
+            for t in $(cat /tmp/zdtm-tests); do [ -x "$t" ] || { echo "$t was not built"; exit 1; }; done &&
+            python3 -c "import sys; sys.path.insert(0, \".\"); import yaml, pycriu; print(\"pycriu\", pycriu.__version__)" &&
+            rm -f /tmp/zdtm-tests && apt-get clean'; then
+        tail -n 30 "$log" >&2 || true
+        rm -rf "$tmp"
+        die "making the zdtm root failed (log: $log)"
+    fi
+    zdtm_stamp >"$tmp/.ccm-zdtm"
+    mv "$tmp" "$ZDTM_ROOT"
+    echo "criu-root.sh: zdtm root ready at $ZDTM_ROOT (criu $debian_version)"
 }
 
 # Runs in the fresh mount namespace (as the host's bash, before pivot_root): mounts, pivot_root, then exec CMD.
@@ -348,12 +452,14 @@ prepare-runtimes) cmd_prepare_runtimes ;;
 runtimes-path) echo "$RUNTIMES_ROOT" ;;
 prepare-patched) cmd_prepare_patched ;;
 patched-path) echo "$PATCHED_ROOT" ;;
+prepare-zdtm) cmd_prepare_zdtm ;;
+zdtm-path) echo "$ZDTM_ROOT" ;;
 __enter)
     shift
     enter_root "$@"
     ;;
 *)
-    echo "usage: $0 prepare | run [--bind DIR]... [--] CMD [ARG]... | path | suite | prepare-runtimes | runtimes-path | prepare-patched | patched-path" >&2
+    echo "usage: $0 prepare | run [--bind DIR]... [--] CMD [ARG]... | path | suite | prepare-runtimes | runtimes-path | prepare-patched | patched-path | prepare-zdtm | zdtm-path" >&2
     exit 2
     ;;
 esac

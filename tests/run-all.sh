@@ -2,8 +2,9 @@
 # THE test command of criu-cuda-migrate (README, .ci/run): installs what is missing, makes the two Debian roots with
 # real CRIU (trixie: CRIU 4.1.1, runc 1.1, crun 1.21, Podman 5.4, containerd 1.7; forky: CRIU 4.2.1, runc 1.3,
 # crun 1.28, Podman 5.8, containerd 2.1), builds the workspace once and runs every test on trixie, then the
-# real-CRIU suites (criu_plain, package_install, sim_flow, sim_faults, container_runtime) again on forky with the
-# same plugin file; tests/plugin_options.rs runs on a copy of forky's CRIU rebuilt with plugin options.
+# real-CRIU suites (criu_plain, package_install, sim_flow, sim_faults, container_runtime, zdtm_plugin) again on forky
+# with the same plugin file; tests/plugin_options.rs runs on a copy of forky's CRIU rebuilt with plugin options, and
+# tests/zdtm_plugin.rs (CRIU's own zdtm suite with the plugin loaded and without it) on each suite's zdtm root.
 #
 #   bash tests/run-all.sh
 #
@@ -64,6 +65,9 @@ step "Debian forky root with CRIU 4.2.1, and its runtimes (CCM_CRIU_SUITE=forky 
 as_root "${forky[@]}" bash tests/criu-root.sh prepare-runtimes
 step "forky's CRIU 4.2.1 rebuilt with CRIU PR #3138's plugin options (CCM_CRIU_SUITE=forky tests/criu-root.sh prepare-patched)"
 as_root "${forky[@]}" bash tests/criu-root.sh prepare-patched
+step "CRIU's zdtm suite for both roots: Debian's criu source with the tests built (tests/criu-root.sh prepare-zdtm)"
+as_root bash tests/criu-root.sh prepare-zdtm
+as_root "${forky[@]}" bash tests/criu-root.sh prepare-zdtm
 
 step "cargo build --workspace"
 cargo build --workspace
@@ -79,9 +83,9 @@ step "the real-CRIU suites again on CRIU 4.2.1 and the forky runtimes (CCM_CRIU_
 # trixie's header, which is what this pass proves. (`cargo test --test criu_plain ...` would build the root package's
 # tests on their own, and cargo builds the build-time crates they do not share with the rest of the workspace (fnv and
 # strsim, under nvml-wrapper's derive macro) with other debug settings: 11 crates and the plugin compiled again.)
-forky_suites=(criu_plain package_install sim_flow sim_faults container_runtime)
+forky_suites=(criu_plain package_install sim_flow sim_faults container_runtime zdtm_plugin)
 forky_pass() {
-    local built suite exe left failed=() deadline=$((SECONDS + 1200))
+    local built suite exe left failed=() deadline=$((SECONDS + 1800))
     built=$(cargo test --workspace --no-run --message-format=json)
     for suite in "${forky_suites[@]}"; do
         exe=$(grep -F "\"src_path\":\"$REPO/tests/$suite.rs\"" <<<"$built" | grep -o '"executable":"[^"]*"' | cut -d'"' -f4 || true)
@@ -92,7 +96,7 @@ forky_pass() {
         fi
         echo
         echo "     Running tests/$suite.rs ($exe) [forky]"
-        # cargo test runs a package's tests from its directory, the repository root here; all five share the limit.
+        # cargo test runs a package's tests from its directory, the repository root here; all six share the limit.
         left=$((deadline - SECONDS))
         [ "$left" -gt 0 ] || left=1
         bounded "$left" "${forky[@]}" "$exe" "${cargo_test_args[@]}" || failed+=("$suite")

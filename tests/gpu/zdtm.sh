@@ -1,0 +1,98 @@
+#!/usr/bin/env bash
+# Issue 41 part 6 on the GPU machine: CRIU's zdtm suite with the plugin loaded on the REAL driver, and without it.
+# The same tests as CI (tests/zdtm/tests.txt, the trixie ones, CRIU 4.1.1), the tree built in CI's zdtm root
+# (tests/criu-root.sh prepare-zdtm): zdtm.py with `--criu-bin` naming the carried CRIU 4.1.1; with the plugin in the
+# tree's test/plugins (zdtm starts every criu with CRIU_LIBS_DIR there) the plugin's driver agent loads the machine's
+# libcuda, asks about every process and leaves each to CRIU.
+#
+#   bash tests/gpu/zdtm.sh bundle     HERE: the tree (built tests, pycriu's generated modules) and pure-Python PyYAML
+#                                     and protobuf from the zdtm root into .device/zdtm/ (carried with .device)
+#   bash tests/gpu/zdtm.sh run        ON THE GPU MACHINE: both passes, per flavor, zdtm's own --parallel
+#
+# Writes $OUT/zdtm-gpu-results.tsv (test, flavor, without, with), $OUT/zdtm-gpu-table.md, the plugin's evidence
+# (zdtm-gpu-plugin.txt) and zdtm's output of both passes (zdtm-gpu-logs.tar.gz). Exits 1 when a test's outcome
+# differs between the passes or the plugin pass shows no driver agent.
+set -uo pipefail
+
+REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
+LIST=$REPO/tests/zdtm/tests.txt
+BUNDLE=$REPO/.device/zdtm
+
+# The tests of the list for SUITE, "TEST FLAVORS AREA" per line (tests/zdtm/run.sh's format).
+list_tests() {
+    awk -v suite="$2" '
+        /^## / { area = $2; next }
+        { sub(/#.*/, "") }
+        NF < 2 { next }
+        { suites = (NF >= 3 ? $3 : "trixie,forky") }
+        index("," suites ",", "," suite ",") { print $1, $2, area }
+    ' "$1"
+}
+
+bundle() {
+    local root
+    root=$(CCM_CRIU_SUITE=trixie bash "$REPO/tests/criu-root.sh" zdtm-path 2>/dev/null) || root=/var/cache/criu-cuda-migrate/trixie-zdtm
+    [[ -d $root/opt/criu/test ]] || { echo "no zdtm root at $root: run tests/criu-root.sh prepare-zdtm" >&2; exit 2; }
+    rm -rf "$BUNDLE"
+    mkdir -p "$BUNDLE"
+    tar -C "$root/opt" --exclude='*.o' --exclude='*.d' --exclude=Documentation -cJf "$BUNDLE/criu-tree.tar.xz" criu
+    tar -C "$root/usr/lib/python3/dist-packages" --exclude='*.so' -cJf "$BUNDLE/python.tar.xz" yaml google
+    du -sh "$BUNDLE"/*
+}
+
+run() {
+    export CCM_WORK=${CCM_WORK:-/var/tmp/ccm-zdtm-gpu}
+    # shellcheck source=tests/gpu/container.sh
+    . "$REPO/tests/gpu/container.sh"
+    RESULTS=$RESULTS_DIR/zdtm-gpu-results.tsv
+    setup
+    local z=$WORK/zdtm py=$WORK/zdtm-py logs=$RESULTS_DIR/zdtm-gpu-logs pass flavor t fl area failed=0 n
+    rm -rf "$z" "$py" "$logs"
+    mkdir -p "$z" "$py" "$logs"
+    tar -C "$z" -xJf "$BUNDLE/criu-tree.tar.xz"
+    tar -C "$py" -xJf "$BUNDLE/python.tar.xz"
+    # zdtm.py and pycriu on this machine's python3: the carried pure-Python PyYAML and protobuf.
+    export PYTHONPATH=$py PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python NCCL_NVLS_ENABLE=0
+    list_tests "$LIST" trixie >"$WORK/tests.txt"
+    for pass in without with; do
+        rm -rf "$z/criu/test/plugins"
+        mkdir -p "$z/criu/test/plugins"
+        [[ $pass == with ]] && cp "$PLUGIN_LIBDIR/libcriu_cuda_migrate.so" "$z/criu/test/plugins/"
+        for flavor in h ns uns; do
+            awk -v f="$flavor" 'index("," $2 ",", "," f ",") { print $1 }' "$WORK/tests.txt" >"$WORK/$flavor.list"
+            [[ -s $WORK/$flavor.list ]] || continue
+            (cd "$z/criu/test" && timeout 900 python3 ./zdtm.py run -F "$WORK/$flavor.list" -f "$flavor" --parallel 4 \
+                --keep-going --keep-img always --criu-bin "$WORK/bin/criu") >"$logs/$pass-$flavor.log" 2>&1
+            log "zdtm $pass $flavor: $(grep -E 'TEST\(S\) (PASSED|FAILED)' "$logs/$pass-$flavor.log" | tail -n1)"
+        done
+        # The plugin's evidence in CRIU's logs (zdtm keeps every test's images and logs under dump/).
+        grep -rh 'criu-cuda-migrate: ' "$z/criu/test/dump" 2>/dev/null | sed 's/^([^)]*) //' | sort | uniq -c | sort -rn | head -n 40 >"$RESULTS_DIR/zdtm-gpu-plugin-$pass.txt"
+        mv "$z/criu/test/dump" "$logs/dump-$pass" 2>/dev/null
+    done
+    : >"$RESULTS"
+    while read -r t fl area; do
+        for flavor in ${fl//,/ }; do
+            local w=PASS p=PASS
+            grep -qE "^ +\* $t\($flavor\)" "$logs/without-$flavor.log" && w=FAIL
+            grep -qE "^ +\* $t\($flavor\)" "$logs/with-$flavor.log" && p=FAIL
+            [[ $w != "$p" ]] && failed=1
+            printf '%s\t%s\t%s\t%s\t%s\n' "$t" "$area" "$flavor" "$w" "$p" >>"$RESULTS"
+        done
+    done <"$WORK/tests.txt"
+    n=$(grep -c 'driver agent pid' "$RESULTS_DIR/zdtm-gpu-plugin-with.txt" 2>/dev/null)
+    [[ ${n:-0} -gt 0 ]] || { echo "the plugin pass shows no driver agent" >&2; failed=1; }
+    {
+        echo "| test | area | flavor | without the plugin | with the plugin |"
+        echo "|---|---|---|---|---|"
+        awk -F'\t' '{ printf "| %s | %s | %s | %s | %s |\n", $1, $2, $3, $4, $5 }' "$RESULTS"
+    } >"$RESULTS_DIR/zdtm-gpu-table.md"
+    log "zdtm on the GPU: $(awk -F'\t' '$4 == $5' "$RESULTS" | wc -l) of $(wc -l <"$RESULTS") test runs alike; without: $(grep -c $'\tPASS\t[A-Z]*$' "$RESULTS") PASS; with: $(grep -c $'\tPASS$' "$RESULTS") PASS"
+    tar -C "$RESULTS_DIR" -czf "$RESULTS_DIR/zdtm-gpu-logs.tar.gz" --exclude='*.img' --exclude='pages-*' "${logs##*/}" && rm -rf "$logs"
+    return "$failed"
+}
+
+case ${1:-} in
+bundle) bundle ;;
+run) run ;;
+*) echo "usage: tests/gpu/zdtm.sh bundle|run" >&2; exit 2 ;;
+esac
