@@ -29,6 +29,18 @@ list_tests() {
     ' "$1"
 }
 
+# outcome LOG TEST FLAVOR: FAIL when zdtm's summary lists it, PASS when the summary says all or some passed and it is
+# not listed, NONE when zdtm did not get to a summary (it could not start).
+outcome() {
+    if grep -qE "^ +\* $2\($3\)" "$1"; then
+        echo FAIL
+    elif grep -qE 'TEST\(S\) (PASSED|FAILED)' "$1"; then
+        echo PASS
+    else
+        echo NONE
+    fi
+}
+
 bundle() {
     local root
     root=$(CCM_CRIU_SUITE=trixie bash "$REPO/tests/criu-root.sh" zdtm-path 2>/dev/null) || root=/var/cache/criu-cuda-migrate/trixie-zdtm
@@ -46,22 +58,33 @@ run() {
     . "$REPO/tests/gpu/container.sh"
     RESULTS=$RESULTS_DIR/zdtm-gpu-results.tsv
     setup
-    local z=$WORK/zdtm py=$WORK/zdtm-py logs=$RESULTS_DIR/zdtm-gpu-logs pass flavor t fl area failed=0 n
+    local names=() z=$WORK/zdtm py=$WORK/zdtm-py logs=$RESULTS_DIR/zdtm-gpu-logs pass flavor t fl area failed=0 n
     rm -rf "$z" "$py" "$logs"
     mkdir -p "$z" "$py" "$logs"
     tar -C "$z" -xJf "$BUNDLE/criu-tree.tar.xz"
-    tar -C "$py" -xJf "$BUNDLE/python.tar.xz"
-    # zdtm.py and pycriu on this machine's python3: the carried pure-Python PyYAML and protobuf.
-    export PYTHONPATH=$py PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python NCCL_NVLS_ENABLE=0
+    # zdtm.py and pycriu on this machine's python3: its own PyYAML and protobuf where it has them (google is a
+    # namespace package: a carried protobuf beside the machine's own upb module breaks both), else the carried
+    # pure-Python ones.
+    export NCCL_NVLS_ENABLE=0
+    local m
+    for m in yaml google; do
+        if ! python3 -c "import ${m/google/google.protobuf}" 2>/dev/null; then
+            tar -C "$py" -xJf "$BUNDLE/python.tar.xz" "$m"
+            export PYTHONPATH=$py PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python
+        fi
+    done
+    log "python3 for zdtm: yaml $(python3 -c 'import yaml; print(yaml.__version__, yaml.__file__)' 2>&1 | tail -n1), protobuf $(python3 -c 'import google.protobuf as p; print(p.__version__, p.__file__)' 2>&1 | tail -n1)"
     list_tests "$LIST" trixie >"$WORK/tests.txt"
     for pass in without with; do
-        rm -rf "$z/criu/test/plugins"
-        mkdir -p "$z/criu/test/plugins"
+        # zdtm's own plugins/ (its Makefile: zdtm runs `make -C plugins clean`) keeps everything but ours.
+        rm -f "$z/criu/test/plugins/libcriu_cuda_migrate.so"
         [[ $pass == with ]] && cp "$PLUGIN_LIBDIR/libcriu_cuda_migrate.so" "$z/criu/test/plugins/"
         for flavor in h ns uns; do
             awk -v f="$flavor" 'index("," $2 ",", "," f ",") { print $1 }' "$WORK/tests.txt" >"$WORK/$flavor.list"
             [[ -s $WORK/$flavor.list ]] || continue
-            (cd "$z/criu/test" && timeout 900 python3 ./zdtm.py run -F "$WORK/$flavor.list" -f "$flavor" --parallel 4 \
+            # -t per test: zdtm.py 4.1.1's -F closes its file before reading it.
+            mapfile -t names <"$WORK/$flavor.list"
+            (cd "$z/criu/test" && timeout 900 python3 ./zdtm.py run "${names[@]/#/-t}" -f "$flavor" --parallel 4 \
                 --keep-going --keep-img always --criu-bin "$WORK/bin/criu") >"$logs/$pass-$flavor.log" 2>&1
             log "zdtm $pass $flavor: $(grep -E 'TEST\(S\) (PASSED|FAILED)' "$logs/$pass-$flavor.log" | tail -n1)"
         done
@@ -72,15 +95,16 @@ run() {
     : >"$RESULTS"
     while read -r t fl area; do
         for flavor in ${fl//,/ }; do
-            local w=PASS p=PASS
-            grep -qE "^ +\* $t\($flavor\)" "$logs/without-$flavor.log" && w=FAIL
-            grep -qE "^ +\* $t\($flavor\)" "$logs/with-$flavor.log" && p=FAIL
+            local w p
+            w=$(outcome "$logs/without-$flavor.log" "$t" "$flavor")
+            p=$(outcome "$logs/with-$flavor.log" "$t" "$flavor")
             [[ $w != "$p" ]] && failed=1
             printf '%s\t%s\t%s\t%s\t%s\n' "$t" "$area" "$flavor" "$w" "$p" >>"$RESULTS"
         done
     done <"$WORK/tests.txt"
     n=$(grep -c 'driver agent pid' "$RESULTS_DIR/zdtm-gpu-plugin-with.txt" 2>/dev/null)
     [[ ${n:-0} -gt 0 ]] || { echo "the plugin pass shows no driver agent" >&2; failed=1; }
+    grep -q $'\tNONE' "$RESULTS" && { echo "zdtm did not run every flavor: see zdtm-gpu-logs.tar.gz" >&2; failed=1; }
     {
         echo "| test | area | flavor | without the plugin | with the plugin |"
         echo "|---|---|---|---|---|"
