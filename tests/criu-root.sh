@@ -137,16 +137,21 @@ ensure_debootstrap() {
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends debootstrap </dev/null >/dev/null
 }
 
+# cache_ready CACHE COMPLETE WHAT: takes CACHE's lock (two preparations at once, two shells or two CI steps, must not
+# both build into the same place; held until this script ends) and, when the function COMPLETE finds the cache whole,
+# says so and returns 0.
+cache_ready() {
+    local fd
+    exec {fd}>"$1.lock"
+    flock "$fd"
+    "$2" || return 1
+    echo "criu-root.sh: $3 ready at $1"
+}
+
 cmd_prepare() {
     need_root
     mkdir -p "$(dirname "$ROOT")"
-    # Two preparations at once (two shells, two CI steps) must not both debootstrap into the same place.
-    exec 9>"$ROOT.lock"
-    flock 9
-    if root_is_complete; then
-        echo "criu-root.sh: $SUITE root ready at $ROOT (criu $(criu_version))"
-        return 0
-    fi
+    if cache_ready "$ROOT" root_is_complete "$SUITE root (criu $(criu_version 2>/dev/null))"; then return 0; fi
     [ -e "$ROOT" ] && die "$ROOT exists but lacks usr/sbin/criu or usr/include/criu/criu-plugin.h; remove it (rm -rf '$ROOT') and run prepare again"
     ensure_debootstrap
     local tmp="$ROOT.partial.$$"
@@ -180,12 +185,7 @@ runtimes_root_is_complete() {
 cmd_prepare_runtimes() {
     need_root
     cmd_prepare >/dev/null
-    exec 8>"$RUNTIMES_ROOT.lock"
-    flock 8
-    if runtimes_root_is_complete; then
-        echo "criu-root.sh: runtimes root ready at $RUNTIMES_ROOT"
-        return 0
-    fi
+    if cache_ready "$RUNTIMES_ROOT" runtimes_root_is_complete "runtimes root"; then return 0; fi
     # A cache made with another package list (or half made) is ours to replace.
     [ -e "$RUNTIMES_ROOT" ] && rm -rf "$RUNTIMES_ROOT"
     local tmp="$RUNTIMES_ROOT.partial.$$" log="$RUNTIMES_ROOT.apt.log"
@@ -268,12 +268,7 @@ cmd_prepare_patched() {
     need_root
     [ "$SUITE" = forky ] || die "prepare-patched needs the forky root (CCM_CRIU_SUITE=forky)"
     cmd_prepare >/dev/null
-    exec 7>"$PATCHED_ROOT.lock"
-    flock 7
-    if patched_root_is_complete; then
-        echo "criu-root.sh: patched root ready at $PATCHED_ROOT"
-        return 0
-    fi
+    if cache_ready "$PATCHED_ROOT" patched_root_is_complete "patched root"; then return 0; fi
     [ -e "$PATCHED_ROOT" ] && rm -rf "$PATCHED_ROOT"
     local build="$PATCHED_ROOT.build.$$" tmp="$PATCHED_ROOT.partial.$$" log="$PATCHED_ROOT.build.log"
     rm -rf "$tmp"
@@ -324,12 +319,7 @@ cmd_prepare_zdtm() {
     need_root
     cmd_prepare >/dev/null
     [ -f "$ZDTM_LIST" ] || die "$ZDTM_LIST is missing"
-    exec 6>"$ZDTM_ROOT.lock"
-    flock 6
-    if zdtm_root_is_complete; then
-        echo "criu-root.sh: zdtm root ready at $ZDTM_ROOT (criu $(criu_version))"
-        return 0
-    fi
+    if cache_ready "$ZDTM_ROOT" zdtm_root_is_complete "zdtm root (criu $(criu_version 2>/dev/null))"; then return 0; fi
     [ -e "$ZDTM_ROOT" ] && rm -rf "$ZDTM_ROOT"
     local tmp="$ZDTM_ROOT.partial.$$" log="$ZDTM_ROOT.build.log" debian_version version tests
     debian_version=$(criu_version)
