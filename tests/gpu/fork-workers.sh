@@ -125,6 +125,16 @@ wait_line() {
     done
 }
 
+# first_errors LOG: CRIU's first two Error lines of LOG, without their prefix, on one line.
+first_errors() { grep -m2 'Error' "$1" 2>/dev/null | sed 's/^.*Error ([^)]*): //' | one_line 200; }
+
+# keep_logs ROW KIND=FILE...: each FILE among the row's logs as ROW-KIND.log (one that is missing is skipped).
+keep_logs() {
+    local row=$1 kv
+    shift
+    for kv in "$@"; do cp "${kv#*=}" "$LOGS/$row-${kv%%=*}.log" 2>/dev/null; done
+}
+
 result_lines() { grep -E -- "$RESULT_RE" "$1" 2>/dev/null; }
 
 # compare REF RUN: 0 when RUN's step, child_exit and done lines equal REF's; CMP says what was seen.
@@ -293,7 +303,7 @@ case_bare() {
         track "$root"
         log "$name: restore rc=$rrc in ${tr}s"
     else
-        extra="; dump error: $(grep -m2 'Error' "$d/img/dump.log" | sed 's/^.*Error ([^)]*): //' | one_line 200)"
+        extra="; dump error: $(first_errors "$d/img/dump.log")"
     fi
     wait_line "$d/run.log" '^done ' "$DONE_S" "$root"
     compare "$REF/$shape.log" "$d/run.log" && same=0
@@ -301,16 +311,13 @@ case_bare() {
         same=1
         CMP+="; child_exit: $(grep -m1 '^child_exit=' "$d/run.log" || echo none)"
     fi
-    [[ $rrc != - && $rrc -ne 0 ]] && extra+="; restore error: $(grep -m2 'Error' "$d/img/restore.log" | sed 's/^.*Error ([^)]*): //' | one_line 200)"
+    [[ $rrc != - && $rrc -ne 0 ]] && extra+="; restore error: $(first_errors "$d/img/restore.log")"
     plugin_notes "$name" "$d/img/dump.log" "$d/img/restore.log"
     res=$(row_result "$name" "$JOB_RC" "$rc" "${rrc/-/1}" "$same")
     verdict "$name" "$EXPECT_ROW" \
         "job rc=$JOB_RC ($JOB_HEAD; ${JOB_LINE#verdict: }); dump rc=$rc; restore rc=$rrc; $CMP$extra; plugin: $NOTES; tree: $(summary_holds "$LOGS/$name-holds.txt")" \
         "$res" "dump ${td}s, restore ${tr}s, images $img_mb MiB; plugin $PTIMES"
-    cp "$d/img/dump.log" "$LOGS/$name-dump.log" 2>/dev/null
-    cp "$d/img/restore.log" "$LOGS/$name-restore.log" 2>/dev/null
-    cp "$d/run.log" "$LOGS/$name-run.log" 2>/dev/null
-    cp "$d/stdout.log" "$LOGS/$name-stdout.log" 2>/dev/null
+    keep_logs "$name" dump="$d/img/dump.log" restore="$d/img/restore.log" run="$d/run.log" stdout="$d/stdout.log"
     rm -rf "$d/img"
     cleanup_processes
 }
@@ -347,9 +354,9 @@ case_container() {
         restore_container "$id" "$c/bundle" "$c/img" && rrc=0 || rrc=$?
         tr=$(elapsed "$t0")
         log "$name: runc restore rc=$rrc in ${tr}s"
-        [[ $rrc -ne 0 ]] && extra+="; restore error: $(grep -m2 'Error' "$c/img.rwork/restore.log" | sed 's/^.*Error ([^)]*): //' | one_line 200)"
+        [[ $rrc -ne 0 ]] && extra+="; restore error: $(first_errors "$c/img.rwork/restore.log")"
     else
-        extra="; checkpoint error: $(grep -m2 'Error' "$c/img.work/dump.log" | sed 's/^.*Error ([^)]*): //' | one_line 200)"
+        extra="; checkpoint error: $(first_errors "$c/img.work/dump.log")"
     fi
     wait_line "$c/ctl/run.log" '^done ' "$DONE_S"
     compare "$REF/dl-fork-pin.log" "$c/ctl/run.log" && same=0
@@ -358,10 +365,7 @@ case_container() {
     verdict "$name" "in a runc container with the GPU as CDI gives it: job exits 0; runc checkpoint and runc restore pass; identical to the reference" \
         "job rc=$JOB_RC ($JOB_HEAD; ${JOB_LINE#verdict: }); checkpoint rc=$rc; restore rc=$rrc; $CMP$extra; plugin: $NOTES; tree: $(summary_holds "$LOGS/$name-holds.txt")" \
         "$res" "checkpoint ${td}s, restore ${tr}s, images $img_mb MiB; plugin $PTIMES"
-    cp "$c/img.work/dump.log" "$LOGS/$name-dump.log" 2>/dev/null
-    cp "$c/img.rwork/restore.log" "$LOGS/$name-restore.log" 2>/dev/null
-    cp "$c/ctl/run.log" "$LOGS/$name-run.log" 2>/dev/null
-    cp "$WORK/$id.stdio.log" "$LOGS/$name-stdio.log" 2>/dev/null
+    keep_logs "$name" dump="$c/img.work/dump.log" restore="$c/img.rwork/restore.log" run="$c/ctl/run.log" stdio="$WORK/$id.stdio.log"
     runc_ delete -f "$id" >/dev/null 2>&1
     rm -rf "$c/img" "$c/img.work" "$c/img.rwork"
 }
@@ -419,8 +423,7 @@ case_mps() {
     plugin_notes "$name" "$d/img/dump.log"
     verdict "$name" "job exits 1 naming MPS; criu dump rc 1, the plugin's refusal names MPS; the client RUNNING and advancing" \
         "$seen" "$([[ $ok -eq 0 ]] && echo PASS || echo FAIL)" "dump ${td}s; plugin $PTIMES"
-    cp "$d/img/dump.log" "$LOGS/$name-dump.log" 2>/dev/null
-    cp "$d/stdout.log" "$LOGS/$name-stdout.log" 2>/dev/null
+    keep_logs "$name" dump="$d/img/dump.log" stdout="$d/stdout.log"
     cp -r "$d/mps-pipe.log" "$LOGS/$name-mps-logs" 2>/dev/null
     cleanup_processes
     mps_stop
@@ -560,7 +563,7 @@ phase_move_dump() {
     cp "$XFER/img/dump.log" "$LOGS/$name-dump.log" 2>/dev/null
     if [[ $rc -ne 0 ]]; then
         verdict "$name" "job exits 0; criu dump rc 0 on machine A" \
-            "job rc=$JOB_RC (${JOB_LINE#verdict: }); dump rc=$rc: $(grep -m2 'Error' "$XFER/img/dump.log" | one_line 250)" FAIL "dump ${td}s"
+            "job rc=$JOB_RC (${JOB_LINE#verdict: }); dump rc=$rc: $(first_errors "$XFER/img/dump.log")" FAIL "dump ${td}s"
         cleanup_processes
         return
     fi
@@ -616,11 +619,9 @@ phase_move_restore() {
     [[ -n $gpu_a && $gpu_a != "$GPU_UUID" ]] || ok=1
     [[ $ident == *"uuid=$GPU_UUID "* ]] || ok=1
     plugin_notes "$name" "$XFER/img/restore.log"
-    cp "$XFER/img/restore.log" "$LOGS/$name-restore.log" 2>/dev/null
-    cp "$XFER/img/dump.log" "$LOGS/$name-dump.log" 2>/dev/null
-    cp "$XFER/run/run.log" "$LOGS/$name-run.log" 2>/dev/null
+    keep_logs "$name" restore="$XFER/img/restore.log" dump="$XFER/img/dump.log" run="$XFER/run/run.log"
     verdict "$name" "restored on another GPU (UUIDs differ); identical to the reference runs of both machines; child_exit=7; libcuda names this GPU" \
-        "GPU $gpu_a -> $GPU_UUID; restore rc=$rrc$([[ $rrc -ne 0 ]] && grep -m2 'Error' "$XFER/img/restore.log" | one_line 200 | sed 's/^/: /'); vs this machine's reference: $cmp_b; vs machine A's: $cmp_a; $ident; plugin: $NOTES" \
+        "GPU $gpu_a -> $GPU_UUID; restore rc=$rrc$([[ $rrc -ne 0 ]] && first_errors "$XFER/img/restore.log" | sed 's/^/: /'); vs this machine's reference: $cmp_b; vs machine A's: $cmp_a; $ident; plugin: $NOTES" \
         "$([[ $ok -eq 0 ]] && echo PASS || echo FAIL)" "restore ${tr}s; plugin $PTIMES"
     cleanup_processes
 }
