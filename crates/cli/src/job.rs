@@ -113,21 +113,14 @@ pub fn run(pid: i32, json: bool) -> CliResult {
         })
     });
     // Managed memory, which driver 580 cannot checkpoint, refuses the dump before any lock, in the plugin's words.
-    let managed = (config.managed == ccm_engine::config::ManagedMemory::Refuse)
-        .then(|| {
-            rows.iter().filter(|r| r.cuda).find_map(|r| {
-                let m = ccm_engine::sharing::managed_memory_of(&r.holdings);
-                (!m.is_empty()).then(|| {
-                    ccm_engine::EngineError::ManagedMemoryRefused {
-                        pid: HostPid::new(r.pid.into()).unwrap_or(root),
-                        comm: r.command.clone(),
-                        managed: m,
-                    }
-                    .to_string()
-                })
-            })
+    let refuse_managed = config.managed == ccm_engine::config::ManagedMemory::Refuse;
+    let managed = rows.iter().filter(|r| r.cuda && refuse_managed).find_map(|r| {
+        let managed = ccm_engine::sharing::managed_memory_of(&r.holdings);
+        (!managed.is_empty()).then(|| {
+            let pid = HostPid::new(r.pid.into()).unwrap_or(root);
+            ccm_engine::EngineError::ManagedMemoryRefused { pid, comm: r.command.clone(), managed }.to_string()
         })
-        .flatten();
+    });
     let refused_first = unclaimable.or(managed);
     let cuda_pids: Vec<HostPid> = rows.iter().filter(|r| r.cuda).filter_map(|r| HostPid::new(r.pid.into())).collect();
     let mut facts = rm.as_ref().map(|r| importers_in(r, |pci| node_gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid)));

@@ -70,7 +70,8 @@ pub enum Claim {
 }
 
 impl DumpClaims {
-    fn devices(&mut self, config: &Config, targets: &dyn Targets) -> &NvidiaDevices {
+    /// The node's NVIDIA device numbers, read once per dump (the claims and the managed-memory check share them).
+    pub(crate) fn devices(&mut self, config: &Config, targets: &dyn Targets) -> &NvidiaDevices {
         self.devices.get_or_insert_with(|| node_devices(config, targets))
     }
 

@@ -320,8 +320,8 @@ impl DumpSession {
         if self.config.managed == crate::config::ManagedMemory::Try {
             return Ok(());
         }
-        let devices = crate::claims::node_devices(&self.config, &*self.seams.targets);
-        let (comm, held) = match self.seams.targets.device_holdings(pid.get(), &devices) {
+        let devices = self.claims.devices(&self.config, &*self.seams.targets);
+        let (comm, held) = match self.seams.targets.device_holdings(pid.get(), devices) {
             Ok(h) => h,
             Err(e) => {
                 debug!("pid {pid}: its mappings cannot be read for the managed-memory check ({e}); the driver decides");
