@@ -386,7 +386,6 @@ pub fn scan_identity_over(
 /// Most threads one scan uses.
 const MAX_SCAN_THREADS: usize = 8;
 
-/// Scans one mapping; a mapping that vanished since the maps were read is skipped with a warning.
 /// What a scan reads through: the target's memory, which of its pages are backed, and the scan's budget.
 struct Reader<'a> {
     mem: &'a ProcessMemory,
@@ -394,16 +393,17 @@ struct Reader<'a> {
     budget: &'a ScanBudget,
 }
 
+/// Scans one mapping; a mapping that vanished since the maps were read is skipped with a warning.
 fn scan_one(
     pid: u32,
-    mem: &Reader<'_>,
+    reader: &Reader<'_>,
     mapping: &Mapping,
     wanted: &[(GpuUuid, PciSignature)],
     props: &[GpuIdentity],
     buf: &mut [u8],
     report: &mut ScanReport,
 ) -> Result<(), ProcessError> {
-    match scan_mapping(mem, mapping, wanted, props, buf, report) {
+    match scan_mapping(reader, mapping, wanted, props, buf, report) {
         Ok(()) => report.mappings_scanned += 1,
         Err(ProcessError::Unmapped { addr, source, .. }) if addr == mapping.start => {
             log::warn!(
