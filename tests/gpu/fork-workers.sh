@@ -34,8 +34,10 @@
 #                 mappings by path and the job check, in $OUT/fork-probe-uvm.txt
 #   move-dump     CCM_MOVE_SHAPE (default c-fork: libcuda through ctypes, a forked child; images ~1.2 GB, a few MB as xz) started at a high
 #                 pid (ns_last_pid), dumped at step 10; the images, its folder (logs it holds open, at the same
-#                 path) and a reference run's log as one `xz -3` tar in 15 MB parts $OUT/fork-xfer.tar.xz.NN (at
-#                 most 7) and $OUT/fork-xfer-meta.txt
+#                 path) and a reference run's log as one tar (`zstd -19 --long=31` with .device/bin/zstd, else
+#                 `xz -3`) in 15 MB parts /var/tmp/ccm-fork-parts/fork-xfer.tar.{zst,xz}.NN, the first 7 also in
+#                 $OUT, and $OUT/fork-xfer-meta.txt (dl-fork-pin: ~2.4 GiB of images; fetch the other parts with
+#                 later calls of the same machine, e.g. `ls -d /var/tmp/ccm-fork-parts/* | sed -n 8,15p | xargs cp -t $OUT`)
 #   move-restore  unpacks DIR's parts to the same path, prints both GPUs' UUIDs (they must differ), restores, waits
 #                 for `done`, compares with a reference run on this machine and with machine A's, and checks that
 #                 the job's last identity line names this machine's GPU
@@ -48,7 +50,8 @@
 # with torch at /opt/torch/.venv/bin/python3. Writes $OUT/fork-workers-results.tsv and fork-workers-table.md.
 # Exits 1 when a row FAILs, 2 when the machine is not set up. Knobs: CCM_FORK_STEPS (40), CCM_FORK_PAUSE (10),
 # CCM_FORK_SHAPES (the bare rows, space-separated), CCM_FORK_PID_BASE (31000, move-dump), CCM_MOVE_SHAPE (c-fork),
-# CCM_XFER_XZ_LEVEL (3), CCM_XFER_PART_MB (15), CCM_XFER_MAX_PARTS (7), CCM_WORK (/var/tmp/ccm-fork-workers).
+# CCM_XFER_XZ_LEVEL (3), CCM_XFER_ZSTD_LEVEL (19), CCM_XFER_PART_MB (15), CCM_XFER_MAX_PARTS (7: more FAILs the row),
+# CCM_XFER_OUT_PARTS (7: how many go to $OUT), CCM_WORK (/var/tmp/ccm-fork-workers).
 
 set -uo pipefail
 # No -e: a status-recording flow. A failed row is recorded as FAIL and the next one runs.
@@ -74,6 +77,8 @@ PID_BASE=${CCM_FORK_PID_BASE:-31000}
 # The shape the move carries to another machine (c-fork: small images; dl-fork-pin: the DataLoader training).
 MOVE_SHAPE=${CCM_MOVE_SHAPE:-c-fork}
 XFER=/var/tmp/ccm-fork-xfer
+# Every part of the move's archive (move-dump); $OUT gets the first few.
+XFER_PARTS=/var/tmp/ccm-fork-parts
 REF=$WORK/ref
 # Bounds (seconds): the reference runs together, a job to its `ready`, a job to its `done` after the restore.
 REF_TIMEOUT=240
@@ -576,23 +581,56 @@ phase_move_dump() {
         echo "tree_pids: $(echo "$tree_pids" | tr '\n' ' ')"
         echo "revision: $(sed -n 's/^revision: //p' "$DEVICE_DIR/MANIFEST" 2>/dev/null)"
     } >"$XFER/meta.txt"
-    rm -f "$RESULTS_DIR"/fork-xfer.tar.xz.*
     t0=$(now)
-    tar -C "${XFER%/*}" -cf - "${XFER##*/}" | xz "-${CCM_XFER_XZ_LEVEL:-3}" -T0 | split -b "${CCM_XFER_PART_MB:-15}M" -d - "$RESULTS_DIR/fork-xfer.tar.xz."
-    parts=$(count_files "$RESULTS_DIR"/fork-xfer.tar.xz.*)
+    parts=$(xfer_pack)
     cp "$XFER/meta.txt" "$RESULTS_DIR/fork-xfer-meta.txt"
-    log "$name: archive $(du -ch "$RESULTS_DIR"/fork-xfer.tar.xz.* | tail -n1 | cut -f1) in $parts parts, $(elapsed "$t0") s"
-    verdict "$name" "job exits 0; criu dump rc 0 on machine A; at most 7 parts" \
-        "GPU $GPU_UUID; pid $root; job rc=$JOB_RC (${JOB_LINE#verdict: }); dump rc=$rc; images $img_mb MiB; $parts parts; plugin: $NOTES; tree: $(summary_holds "$LOGS/$name-holds.txt")" \
+    log "$name: archive $(du -ch "$XFER_PARTS"/fork-xfer.tar.* | tail -n1 | cut -f1) in $parts parts ($(xfer_codec)), $(elapsed "$t0") s"
+    verdict "$name" "job exits 0; criu dump rc 0 on machine A; at most ${CCM_XFER_MAX_PARTS:-7} parts" \
+        "GPU $GPU_UUID; pid $root; job rc=$JOB_RC (${JOB_LINE#verdict: }); dump rc=$rc; images $img_mb MiB; $parts parts ($(xfer_codec), $(elapsed "$t0") s); plugin: $NOTES; tree: $(summary_holds "$LOGS/$name-holds.txt")" \
         "$([[ $JOB_RC -eq 0 && $parts -le ${CCM_XFER_MAX_PARTS:-7} ]] && echo PASS || echo FAIL)" "dump ${td}s; plugin $PTIMES"
+}
+
+# The codec of the move's archive: the carried zstd when it runs here (its long-distance matching over a 2 GiB
+# window finds the pages forked workers share with their parent, megabytes apart in the images), else xz.
+xfer_codec() {
+    if "$DEVICE_DIR/bin/zstd" --version >/dev/null 2>&1; then echo zstd; else echo xz; fi
+}
+
+# xfer_pack: $XFER as one compressed tar in CCM_XFER_PART_MB parts in $XFER_PARTS (the first CCM_XFER_OUT_PARTS
+# of them are also in $OUT: the device tool returns a few files per call; the rest are fetched by later calls of
+# the same warm machine). Prints the number of parts.
+xfer_pack() {
+    local codec
+    codec=$(xfer_codec)
+    rm -rf "$XFER_PARTS"
+    mkdir -p "$XFER_PARTS"
+    rm -f "$RESULTS_DIR"/fork-xfer.tar.*
+    if [[ $codec == zstd ]]; then
+        tar -C "${XFER%/*}" -cf - "${XFER##*/}" | "$DEVICE_DIR/bin/zstd" -q "-${CCM_XFER_ZSTD_LEVEL:-19}" --long=31 -T0 |
+            split -b "${CCM_XFER_PART_MB:-15}M" -d - "$XFER_PARTS/fork-xfer.tar.zst."
+    else
+        tar -C "${XFER%/*}" -cf - "${XFER##*/}" | xz "-${CCM_XFER_XZ_LEVEL:-3}" -T0 |
+            split -b "${CCM_XFER_PART_MB:-15}M" -d - "$XFER_PARTS/fork-xfer.tar.xz."
+    fi
+    find "$XFER_PARTS" -maxdepth 1 -name 'fork-xfer.tar.*' | sort | head -n "${CCM_XFER_OUT_PARTS:-7}" | xargs -r cp -t "$RESULTS_DIR"
+    count_files "$XFER_PARTS"/fork-xfer.tar.*
+}
+
+# xfer_unpack DIR: DIR's parts (either codec) unpacked to $XFER.
+xfer_unpack() {
+    if compgen -G "$1/fork-xfer.tar.zst.*" >/dev/null; then
+        cat "$1"/fork-xfer.tar.zst.* | "$DEVICE_DIR/bin/zstd" -q -d --long=31 | tar -C "${XFER%/*}" -xf -
+    else
+        cat "$1"/fork-xfer.tar.xz.* | xz -d | tar -C "${XFER%/*}" -xf -
+    fi
 }
 
 phase_move_restore() {
     local dir=$1 name=move-restore gpu_a root rrc=1 tr t0 same=1 ok=0 ident cmp_a
     log "$name: start"
-    [[ -n $(ls "$dir"/fork-xfer.tar.xz.* 2>/dev/null) ]] || { echo "no $dir/fork-xfer.tar.xz.*: run move-dump first and carry its parts" >&2; exit 2; }
+    compgen -G "$dir/fork-xfer.tar.*" >/dev/null || { echo "no $dir/fork-xfer.tar.*: run move-dump first and carry its parts" >&2; exit 2; }
     rm -rf "$XFER"
-    cat "$dir"/fork-xfer.tar.xz.* | xz -d | tar -C "${XFER%/*}" -xf -
+    xfer_unpack "$dir" || { echo "$dir's parts do not unpack: are they all there?" >&2; exit 2; }
     gpu_a=$(sed -n 's/^gpu_uuid: //p' "$XFER/meta.txt")
     root=$(sed -n 's/^root_pid: //p' "$XFER/meta.txt")
     MOVE_SHAPE=$(sed -n 's/^shape: //p' "$XFER/meta.txt")

@@ -6,6 +6,7 @@
 #   .device/bin/ccm-sample-workload          the sample CUDA workload
 #   .device/bin/ccm-bench                    the benchmark controller (bench/run-gpu.sh)
 #   .device/bin/criu-cuda-migrate            the CLI, when crates/cli builds (optional)
+#   .device/bin/zstd                         this machine's zstd, when it has one (the GPU machine has none)
 #   .device/criu-debs/*.deb                  CRIU 4.1.1 and its libraries (unpacked there by run.sh)
 #   .device/runc-debs/*.deb                  runc and libseccomp2 from Debian trixie (tests/gpu/container.sh)
 #   .device/pkg/criu-cuda-migrate_*.deb      the project's own package (container.sh installs its files)
@@ -146,6 +147,11 @@ if ((CLI_BUILT)) && [[ -x target/release/criu-cuda-migrate ]]; then
     cp target/release/criu-cuda-migrate "$DEST/bin/"
 fi
 cp "$DEBS"/*.deb "$DEST/criu-debs/"
+# The GPU machine has xz but no zstd; moves of big image trees (tests/gpu/fork-workers.sh move-dump) use zstd's
+# long-distance matching, which finds the pages forked workers share with their parent (xz's window cannot).
+if command -v zstd >/dev/null; then
+    cp "$(command -v zstd)" "$DEST/bin/"
+fi
 
 # runc from Debian trixie, downloaded inside the trixie root that tests/criu-root.sh makes (the GPU
 # machine reaches no registry).
