@@ -36,8 +36,9 @@ set -euo pipefail
 REPO=$(cd "$(dirname "${BASH_SOURCE[0]}")/../.." && pwd)
 cd "$REPO"
 DEST=${CCM_PREPARE_DEST:-$REPO/.device}
-# The carried folder must stay well under the device tool's 64 MiB for all carried paths.
-LIMIT_MIB=60
+# The carried folder must stay well under the device tool's 64 MiB for all carried paths (CCM_DEVICE_LIMIT_MIB
+# lower leaves room for more beside it, e.g. the parts of a move: the plugin then loses its line tables).
+LIMIT_MIB=${CCM_DEVICE_LIMIT_MIB:-60}
 
 find_debs() {
     local d
