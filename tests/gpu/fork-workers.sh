@@ -549,7 +549,11 @@ phase_move_dump() {
     start_refs "$MOVE_SHAPE"
     wait_refs
     echo $((PID_BASE - 1)) >/proc/sys/kernel/ns_last_pid
-    start_detached "$XFER/run" "$XFER/run/stdout.log" "$(py_for "$MOVE_SHAPE")" "$JOBS" "$MOVE_SHAPE" --steps "$STEPS" --log "$XFER/run/run.log" --pause-at "$PAUSE_AT"
+    # TMPDIR inside the carried folder: Python's multiprocessing binds its workers' listener sockets in
+    # $TMPDIR/pymp-*, and CRIU binds them again at the same path at restore, so that folder must travel with the
+    # images (a container's /tmp travels in its root file system; a bare process's files are the mover's to carry).
+    mkdir -p "$XFER/run/tmp"
+    start_detached "$XFER/run" "$XFER/run/stdout.log" env "TMPDIR=$XFER/run/tmp" "$(py_for "$MOVE_SHAPE")" "$JOBS" "$MOVE_SHAPE" --steps "$STEPS" --log "$XFER/run/run.log" --pause-at "$PAUSE_AT"
     root=$STARTED_PID
     if ! wait_line "$XFER/run/run.log" "^ready step=$PAUSE_AT\$" "$READY_S" "$root"; then
         verdict "$name" "dumped" "job not ready: $(tail -n 3 "$XFER/run/stdout.log" "$XFER/run/run.log" 2>/dev/null | one_line 300)" FAIL
