@@ -66,6 +66,27 @@ bundle() {
     du -sh "$BUNDLE"/*
 }
 
+# install_ip: iproute2's ip at /usr/sbin/ip when the machine has none (zdtm_ct runs `ip link set up dev lo` in each
+# test's network namespace; the ns flavors copy /sbin/ip or /bin/ip with the libraries ldd names into the test's
+# root, at the same paths, so it must be a real binary whose libraries sit in the default search path: the ones this
+# machine lacks go to /usr/lib/x86_64-linux-gnu, where nothing of its own uses them).
+install_ip() {
+    command -v ip >/dev/null && return 0
+    local tools=$WORK/tools l added=()
+    rm -rf "$tools"
+    mkdir -p "$tools"
+    tar -C "$tools" -xJf "$BUNDLE/tools.tar.xz"
+    for l in "$tools"/lib/*; do
+        ldconfig -p | grep -q "^[[:space:]]*${l##*/} " && continue
+        install -m 0644 "$l" /usr/lib/x86_64-linux-gnu/
+        added+=("${l##*/}")
+    done
+    ldconfig
+    install -m 0755 "$tools/bin/ip" /usr/sbin/ip
+    ip link show lo >/dev/null || { echo "ip does not run here: zdtm_ct needs it" >&2; return 1; }
+    log "ip: installed /usr/sbin/ip ($(ip -V)); libraries added to /usr/lib/x86_64-linux-gnu: ${added[*]}"
+}
+
 run() {
     export CCM_WORK=${CCM_WORK:-/var/tmp/ccm-zdtm-gpu}
     # shellcheck source=tests/gpu/container.sh
@@ -76,10 +97,11 @@ run() {
     rm -rf "$z" "$py" "$logs"
     mkdir -p "$z" "$py" "$logs"
     tar -C "$z" -xJf "$BUNDLE/criu-tree.tar.xz"
-    # zdtm.py and pycriu on this machine's python3: its own PyYAML and protobuf where it has them (google is a
-    # namespace package: a carried protobuf beside the machine's own upb module breaks both), else the carried
-    # pure-Python ones.
-    export NCCL_NVLS_ENABLE=0
+    # zdtm.py and pycriu on the system's python3 (zdtm_ct runs zdtm.py by its `env python3` line, so PATH decides),
+    # not the torch venv's: pycriu 4.1.1 reads FieldDescriptor.label, which the venv's protobuf 7 no longer has.
+    # Its own PyYAML and protobuf where it has them (google is a namespace package: a carried protobuf beside a
+    # machine's own upb module breaks both), else the carried pure-Python ones (Debian trixie's).
+    export PATH=$WORK/bin:/usr/bin:/bin:$PATH NCCL_NVLS_ENABLE=0
     local m
     for m in yaml google; do
         if ! python3 -c "import ${m/google/google.protobuf}" 2>/dev/null; then
@@ -88,13 +110,15 @@ run() {
         fi
     done
     log "python3 for zdtm: yaml $(python3 -c 'import yaml; print(yaml.__version__, yaml.__file__)' 2>&1 | tail -n1), protobuf $(python3 -c 'import google.protobuf as p; print(p.__version__, p.__file__)' 2>&1 | tail -n1)"
-    if ! command -v ip >/dev/null; then
-        mkdir -p "$WORK/tools"
-        tar -C "$WORK/tools" -xJf "$BUNDLE/tools.tar.xz"
-        printf '#!/bin/sh\nLD_LIBRARY_PATH=%s exec %s "$@"\n' "$WORK/tools/lib" "$WORK/tools/bin/ip" >"$WORK/bin/ip"
-        chmod +x "$WORK/bin/ip"
+    install_ip || return 2
+    # CRIU locks a test's network namespace with iptables-restore, which the GPU machine lacks: zdtm's criu is a
+    # wrapper that asks for CRIU's nftables lock instead (libnftables, among the carried CRIU debs), in both passes.
+    local criu_bin=$WORK/bin/criu
+    if ! command -v iptables-restore >/dev/null; then
+        criu_bin=$WORK/bin/criu-zdtm
+        printf '#!/bin/sh\nexec %s "$@" --network-lock nftables\n' "$WORK/bin/criu" >"$criu_bin"
+        chmod +x "$criu_bin"
     fi
-    ip link show lo >/dev/null || { echo "ip does not run here: zdtm_ct needs it" >&2; return 2; }
     list_tests "$LIST" trixie >"$WORK/tests.txt"
     for pass in without with; do
         # zdtm's own plugins/ (its Makefile: zdtm runs `make -C plugins clean`) keeps everything but ours.
@@ -110,7 +134,7 @@ run() {
             # kernel is tainted by the NVIDIA module (4096, out of tree), which zdtm otherwise refuses to start on.
             mapfile -t names <"$WORK/$flavor.list"
             (cd "$z/criu/test" && timeout 900 python3 ./zdtm.py run "${names[@]/#/-t}" -f "$flavor" --parallel 4 \
-                --ignore-taint --keep-going --keep-img always --criu-bin "$WORK/bin/criu") >"$logs/$pass-$flavor.log" 2>&1
+                --ignore-taint --keep-going --keep-img always --criu-bin "$criu_bin") >"$logs/$pass-$flavor.log" 2>&1
             log "zdtm $pass $flavor: $(grep -E 'TEST\(S\) (PASSED|FAILED)' "$logs/$pass-$flavor.log" | tail -n1)"
         done
         # The plugin's evidence in CRIU's logs (zdtm keeps every test's images and logs under dump/).

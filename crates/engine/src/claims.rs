@@ -20,12 +20,15 @@ use std::collections::BTreeMap;
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
+use std::time::{Duration, Instant};
 
 use ccm_identity::claims::{
     ClaimedFile, DevNumber, DeviceClaims, DeviceHolder, NvidiaDevices, NvidiaNode, CLAIMS_FILE_NAME, MAX_CLAIMS_BYTES,
 };
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid};
+use ccm_process::claims::Holdings;
 use ccm_process::dir::{Dir, FileError};
+use ccm_process::ProcessError;
 use log::{debug, info, warn};
 
 use crate::config::Config;
@@ -48,6 +51,57 @@ pub fn with_stand_ins(config: &Config, real: NvidiaDevices) -> NvidiaDevices {
         Some(v) => real.clone().with_stand_ins(v).unwrap_or(real),
         None => real,
     }
+}
+
+/// What processes hold of the NVIDIA nodes, read ahead of their hooks ([`read_holdings`]): each entry is taken once.
+#[derive(Debug, Default)]
+pub struct ReadHoldings {
+    by_pid: BTreeMap<u32, Result<(String, Holdings), ProcessError>>,
+    /// The kernel driver's GPUs (the claims' minors), read beside them when any process holds a node.
+    pub kernel_gpus: Option<Vec<GpuIdentity>>,
+    elapsed: Duration,
+}
+
+impl ReadHoldings {
+    /// `pid`'s holdings, if they were read (and not taken yet).
+    pub fn take(&mut self, pid: u32) -> Option<Result<(String, Holdings), ProcessError>> {
+        self.by_pid.remove(&pid)
+    }
+    pub fn len(&self) -> usize {
+        self.by_pid.len()
+    }
+    pub fn is_empty(&self) -> bool {
+        self.by_pid.is_empty()
+    }
+    pub fn elapsed_ms(&self) -> f64 {
+        self.elapsed.as_secs_f64() * 1e3
+    }
+}
+
+/// Processes one reading thread takes at least (a thread costs about what reading one process does).
+const PIDS_PER_READER: usize = 4;
+/// Most reading threads (each reads `/proc`, one process after the other).
+const MAX_READERS: usize = 4;
+
+/// What each of `pids` holds of `devices`, read in up to [`MAX_READERS`] threads (all joined before it returns).
+/// A process whose thread panicked is left out: its hook reads it.
+pub fn read_holdings(targets: &dyn Targets, devices: &NvidiaDevices, pids: &[u32]) -> ReadHoldings {
+    let t0 = Instant::now();
+    if pids.is_empty() {
+        return ReadHoldings::default();
+    }
+    let readers = pids.len().div_ceil(PIDS_PER_READER).clamp(1, MAX_READERS);
+    let chunk = pids.len().div_ceil(readers);
+    let by_pid = std::thread::scope(|s| {
+        let threads: Vec<_> = pids
+            .chunks(chunk)
+            .map(|c| s.spawn(move || c.iter().map(|&p| (p, targets.device_holdings(p, devices))).collect::<Vec<_>>()))
+            .collect();
+        threads.into_iter().filter_map(|t| t.join().ok()).flatten().collect::<BTreeMap<_, _>>()
+    });
+    let holds_any = by_pid.values().any(|r| r.as_ref().is_ok_and(|(_, h)| !h.mappings.is_empty() || !h.fds.is_empty()));
+    let kernel_gpus = holds_any.then(|| targets.kernel_gpus().ok()).flatten().filter(|g| !g.is_empty());
+    ReadHoldings { by_pid, kernel_gpus, elapsed: t0.elapsed() }
 }
 
 /// The dump's side.
@@ -77,11 +131,13 @@ impl DumpClaims {
 
     /// CHECKPOINT_DEVICES of `pid`, which is no CUDA process: records the NVIDIA nodes it holds. What it
     /// recorded (a line for the log), or `None` when it holds none.
+    /// `read`: its holdings when read already (the tree's, at the first hook), else they are read here.
     #[allow(clippy::too_many_arguments)]
     pub fn record_holder(
         &mut self,
         pid: HostPid,
         ns_pid: u32,
+        read: Option<Result<(String, Holdings), ProcessError>>,
         config: &Config,
         targets: &dyn Targets,
         gpus: impl FnOnce() -> Vec<GpuIdentity>,
@@ -94,7 +150,7 @@ impl DumpClaims {
         // Every process of every tree dumped on a GPU node comes here: one whose holdings cannot be read is left to
         // CRIU, which fails the dump itself, naming the mapping, if it does hold an NVIDIA node (a warning says why
         // the plugin could not claim it), and dumps it as before if it does not.
-        let (comm, held) = match targets.device_holdings(pid.get(), &devices) {
+        let (comm, held) = match read.unwrap_or_else(|| targets.device_holdings(pid.get(), &devices)) {
             Ok(h) => h,
             Err(e) => {
                 warn!("{}", ClaimError::Unreadable { pid, why: Arc::new(e) });

@@ -111,6 +111,57 @@ fn a_forked_worker_is_recorded_claimed_and_written_while_its_parent_is_checkpoin
 }
 
 #[test]
+fn the_trees_holdings_are_read_once_beside_the_checkpoint_and_each_workers_hook_records_its_own() {
+    let mut d = dump("claims-read-ahead", worker());
+    {
+        let mut s = d.targets.script();
+        s.children.insert(9100, vec![9101, 9102]);
+        s.holdings.insert(9102, worker());
+        s.ns_pids.insert(9102, 13);
+    }
+    assert!(matches!(d.session.pause_devices(9100, &d.criu), HookOutcome::Done));
+    assert!(matches!(d.session.pause_devices(9101, &d.criu), HookOutcome::NotMine));
+    assert!(matches!(d.session.pause_devices(9102, &d.criu), HookOutcome::NotMine));
+    // (The managed-memory check read the CUDA parent's at its PAUSE_DEVICES.)
+    assert_eq!(std::mem::take(&mut d.targets.script().holdings_read), [9100]);
+    assert!(matches!(d.session.checkpoint_devices(9100, &d.criu), HookOutcome::Done));
+    // Both workers were read in their parent's hook (the CUDA parent itself is not: the driver's checkpoint has it).
+    let mut read = d.targets.script().holdings_read.clone();
+    read.sort_unstable();
+    assert_eq!(read, [9101, 9102]);
+    assert!(seen(&["holdings of 2 other process(es) of the tree read in", "beside the checkpoint"]));
+    // Each worker's hook records what was read for it, and reads nothing again.
+    assert!(matches!(d.session.checkpoint_devices(9101, &d.criu), HookOutcome::Done));
+    assert!(matches!(d.session.checkpoint_devices(9102, &d.criu), HookOutcome::Done));
+    assert_eq!(d.targets.script().holdings_read.len(), 2);
+    let c = d.claims();
+    assert_eq!(c.holders.iter().map(|h| (h.pid, h.host_pid)).collect::<Vec<_>>(), [(12, 9101), (13, 9102)]);
+    d.session.finish(0, &d.criu);
+}
+
+#[test]
+fn a_root_that_is_no_cuda_process_reads_its_own_holdings_and_the_rest_of_the_tree_ahead() {
+    let mut d = dump("claims-read-ahead-root", worker());
+    {
+        let mut s = d.targets.script();
+        // A container's init 9000 (no CUDA, no NVIDIA node), the CUDA parent 9100 and its worker 9101.
+        s.children.insert(9000, vec![9100]);
+        s.children.insert(9100, vec![9101]);
+    }
+    assert!(matches!(d.session.pause_devices(9000, &d.criu), HookOutcome::NotMine));
+    assert!(matches!(d.session.pause_devices(9100, &d.criu), HookOutcome::Done));
+    assert_eq!(std::mem::take(&mut d.targets.script().holdings_read), [9100]);
+    assert!(matches!(d.session.checkpoint_devices(9000, &d.criu), HookOutcome::NotMine));
+    // The root's hook read the worker ahead and itself in its own turn; not the CUDA process.
+    assert_eq!(d.targets.script().holdings_read, [9101, 9000]);
+    assert!(matches!(d.session.checkpoint_devices(9100, &d.criu), HookOutcome::Done));
+    assert!(matches!(d.session.checkpoint_devices(9101, &d.criu), HookOutcome::Done));
+    assert_eq!(d.targets.script().holdings_read.len(), 2);
+    assert_eq!(d.claims().holders.len(), 1);
+    d.session.finish(0, &d.criu);
+}
+
+#[test]
 fn a_process_without_nvidia_nodes_and_a_node_without_the_driver_are_left_to_criu() {
     let mut d = dump("claims-none", Holdings::default());
     assert!(matches!(d.session.checkpoint_devices(9101, &d.criu), HookOutcome::NotMine));

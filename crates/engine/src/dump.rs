@@ -24,7 +24,7 @@ mod identity;
 use identity::{collect_identity, device_memory_by_pid, write_image, BeforeCheckpoint};
 
 use crate::batch::{with_restore_threads_running, BatchError, OnResumeError};
-use crate::claims::{Claim, DumpClaims};
+use crate::claims::{read_holdings, Claim, DumpClaims, ReadHoldings};
 use crate::host::CriuHost;
 use crate::node::Node;
 use crate::seam::{DriverAgent, Seams, Targets, ThawedCgroup};
@@ -87,6 +87,9 @@ pub struct DumpSession {
     tree_check: TreeCheck,
     /// The NVIDIA nodes of processes that are no CUDA processes (forked workers), claimed for CRIU.
     claims: DumpClaims,
+    /// What each process of the tree that is no CUDA process holds of the NVIDIA nodes, read at the first
+    /// CHECKPOINT_DEVICES beside the checkpoint (`None` before it); each one's own hook takes its entry.
+    holdings: Option<ReadHoldings>,
 }
 
 /// The importer check of the tree at the first CUDA process's PAUSE_DEVICES.
@@ -200,6 +203,7 @@ impl DumpSession {
             root: None,
             tree_check: TreeCheck::NotAsked,
             claims: DumpClaims::default(),
+            holdings: None,
         }
     }
 
@@ -489,6 +493,9 @@ impl DumpSession {
     /// processes at once; later calls report the stored result.
     pub fn checkpoint_devices(&mut self, pid: i32, host: &dyn CriuHost) -> HookOutcome {
         let Some(pid) = HostPid::new(pid.into()) else { return HookOutcome::NotMine };
+        if self.holdings.is_none() {
+            self.first_checkpoint_hook(pid, host);
+        }
         if !self.tracked.contains_key(&pid) {
             return self.claim_holder(pid, host);
         }
@@ -502,6 +509,57 @@ impl DumpSession {
         }
     }
 
+    /// The first CHECKPOINT_DEVICES (every task is seized now: no mapping or descriptor changes until the dump
+    /// ends): what every other process of the tree that is no CUDA process holds of the NVIDIA nodes is read
+    /// beside the CUDA processes' checkpoint (hundreds of ms), in a few threads, so that each one's own hook only
+    /// records it (a DataLoader worker's maps and descriptors took 1-2.5 ms on the GPU machines, read in its hook).
+    /// Every thread is joined before the hook returns: CRIU's process stays single-threaded between hooks.
+    fn first_checkpoint_hook(&mut self, pid: HostPid, host: &dyn CriuHost) {
+        let devices = self.claims.devices(&self.config, &*self.seams.targets).clone();
+        let pids: Vec<u32> = if devices.is_empty() {
+            Vec::new()
+        } else {
+            let root = self.root.unwrap_or(pid).get();
+            let mut pids: Vec<u32> = std::iter::once(root)
+                .chain(self.seams.targets.children_recursive(root))
+                .take(MAX_TREE_PIDS)
+                .filter(|&p| p != pid.get() && HostPid::new(p.into()).is_none_or(|h| !self.tracked.contains_key(&h)))
+                .collect();
+            let mut seen = std::collections::BTreeSet::new();
+            pids.retain(|p| seen.insert(*p));
+            pids
+        };
+        let targets = self.seams.targets.clone();
+        let run_batch = self.tracked.contains_key(&pid) && !self.batch_done;
+        let t0 = Instant::now();
+        let read = std::thread::scope(|s| {
+            let reader = s.spawn(|| read_holdings(&*targets, &devices, &pids));
+            if run_batch {
+                self.batch_done = true;
+                self.checkpoint_all(host);
+            }
+            reader.join()
+        });
+        match read {
+            Ok(read) => {
+                debug!(
+                    "holdings of {} other process(es) of the tree read in {:.1} ms{}",
+                    read.len(),
+                    read.elapsed_ms(),
+                    if run_batch { ", beside the checkpoint" } else { "" }
+                );
+                self.holdings = Some(read);
+            }
+            Err(_) => {
+                warn!(
+                    "reading the tree's holdings panicked after {:.1} ms; each process is read in its own hook",
+                    t0.elapsed().as_secs_f64() * 1e3
+                );
+                self.holdings = Some(ReadHoldings::default());
+            }
+        }
+    }
+
     /// CHECKPOINT_DEVICES of a process that is no CUDA process: what it holds of the NVIDIA nodes (a child
     /// forked after its parent's cuInit inherits its descriptors and mappings) is claimed for CRIU, which
     /// cannot dump them. `Done` (with its timing line) when it held any, else `NotMine`.
@@ -510,7 +568,8 @@ impl DumpSession {
         let mut claims = std::mem::take(&mut self.claims);
         let targets = self.seams.targets.clone();
         let config = self.config.clone();
-        let r = claims.record_holder(pid, ns_pid, &config, &*targets, || self.dump_node_gpus(), host);
+        let read = self.holdings.as_mut().and_then(|h| h.take(pid.get()));
+        let r = claims.record_holder(pid, ns_pid, read, &config, &*targets, || self.dump_node_gpus(), host);
         self.claims = claims;
         match r {
             Ok(Some(line)) => {
@@ -525,8 +584,12 @@ impl DumpSession {
         }
     }
 
-    /// The dump node's GPUs with their minors: the kernel driver's list, else NVML's through the agent.
+    /// The dump node's GPUs with their minors: the kernel driver's list (read ahead with the tree's holdings, or
+    /// now), else NVML's through the agent.
     fn dump_node_gpus(&mut self) -> Vec<ccm_identity::GpuIdentity> {
+        if let Some(g) = self.holdings.as_mut().and_then(|h| h.kernel_gpus.take()) {
+            return g;
+        }
         match self.seams.targets.kernel_gpus() {
             Ok(g) if !g.is_empty() => g,
             _ => self.node().map(|n| n.gpus().to_vec()).unwrap_or_default(),

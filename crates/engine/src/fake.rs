@@ -437,6 +437,8 @@ pub struct TargetScript {
     pub holdings: BTreeMap<u32, ccm_process::claims::Holdings>,
     /// Pids whose holdings cannot be read.
     pub holdings_fail: BTreeSet<u32>,
+    /// Every pid whose holdings were read, in order.
+    pub holdings_read: Vec<u32>,
     /// The node's MPS servers.
     pub mps_servers: Vec<u32>,
     /// Start times that differ from the pid's default (the pid itself): a pid listed twice is reused between the
@@ -600,7 +602,8 @@ impl Targets for FakeTargets {
         pid: u32,
         _: &ccm_identity::claims::NvidiaDevices,
     ) -> Result<(String, ccm_process::claims::Holdings), ProcessError> {
-        let s = self.script();
+        let mut s = self.script();
+        s.holdings_read.push(pid);
         if s.holdings_fail.contains(&pid) {
             return Err(no_such(pid));
         }
