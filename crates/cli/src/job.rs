@@ -69,7 +69,19 @@ struct JobReport {
     /// The plugin's line: the refusal, the warning, or the line it logs.
     message: String,
     exit_code: u8,
+    /// Unix sockets of the tree bound to a path: CRIU binds each again at restore, so a move to another node needs
+    /// their folders there (not part of the verdict: on this node they exist).
+    bound_sockets: Vec<BoundSocket>,
 }
+
+#[derive(Serialize)]
+struct BoundSocket {
+    pid: u32,
+    path: String,
+}
+
+/// The most bound sockets listed.
+const MAX_BOUND_SOCKETS: usize = 256;
 
 #[derive(Serialize)]
 struct ImporterCheck {
@@ -213,6 +225,7 @@ pub fn run(pid: i32, json: bool) -> CliResult {
         verdict: verdict_word,
         message,
         exit_code: code,
+        bound_sockets: bound_sockets(&tree),
     };
     if json {
         println!("{}", serde_json::to_string_pretty(&report).map_err(input)?);
@@ -320,6 +333,55 @@ fn row(pid: u32, rm: Option<&PidMemoryReport>, node_gpus: &[GpuIdentity], device
     ProcessRow { pid, command, cuda, importer: false, gpus, forked_holder: None, holdings }
 }
 
+/// The unix sockets the processes of `tree` hold that are bound to a path, each namespace's list read once.
+fn bound_sockets(tree: &[u32]) -> Vec<BoundSocket> {
+    use ccm_process::sockets;
+    let mut by_namespace: std::collections::BTreeMap<u64, std::collections::BTreeMap<u64, String>> = Default::default();
+    let mut out = Vec::new();
+    for &pid in tree {
+        let Ok(inodes) = sockets::socket_inodes(pid) else { continue };
+        if inodes.is_empty() {
+            continue;
+        }
+        let Ok(ns) = sockets::net_namespace(pid) else { continue };
+        let bound = by_namespace.entry(ns).or_insert_with(|| sockets::bound_unix_sockets(pid).unwrap_or_default());
+        out.extend(
+            inodes
+                .iter()
+                .filter_map(|i| bound.get(i))
+                .map(|path| BoundSocket { pid, path: ccm_identity::text::shown(path) }),
+        );
+        if out.len() >= MAX_BOUND_SOCKETS {
+            out.truncate(MAX_BOUND_SOCKETS);
+            break;
+        }
+    }
+    out
+}
+
+/// The line for a move to another node: the folders of the tree's bound unix sockets, with the pids binding there.
+fn bound_sockets_line(sockets: &[BoundSocket]) -> Option<String> {
+    if sockets.is_empty() {
+        return None;
+    }
+    let mut folders: std::collections::BTreeMap<&str, BTreeSet<u32>> = Default::default();
+    for s in sockets {
+        let folder = s.path.rsplit_once('/').map(|(d, _)| if d.is_empty() { "/" } else { d }).unwrap_or("/");
+        folders.entry(folder).or_default().insert(s.pid);
+    }
+    let listed: Vec<String> = folders
+        .iter()
+        .map(|(f, pids)| format!("{f} (pid {})", pids.iter().map(u32::to_string).collect::<Vec<_>>().join(", ")))
+        .collect();
+    Some(format!(
+        "for a move to another node: {} unix socket(s) bound in {}: CRIU binds each again at restore, at the same path, \
+         so these folders must exist on the restoring node (a container's checkpoint carries what it wrote in its own \
+         file system; for a bare process, copy them with the images, or start it with TMPDIR inside a folder you carry)",
+        sockets.len(),
+        listed.join(", ")
+    ))
+}
+
 fn mib(b: u64) -> String {
     format!("{} MiB", b.div_ceil(1 << 20))
 }
@@ -368,6 +430,32 @@ fn print_table(r: &JobReport) {
         ),
         (None, None) => {}
     }
+    if let Some(line) = bound_sockets_line(&r.bound_sockets) {
+        println!("{line}");
+    }
     let head = if r.verdict == "ready" { "ready" } else { "would be refused" };
     println!("verdict: {head}: {}", r.message);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn bound_sockets_are_named_by_folder_with_the_pids_binding_there() {
+        assert_eq!(bound_sockets_line(&[]), None);
+        let sockets = [
+            BoundSocket { pid: 41, path: "/tmp/pymp-a1/listener-x".into() },
+            BoundSocket { pid: 42, path: "/tmp/pymp-a1/listener-y".into() },
+            BoundSocket { pid: 40, path: "/ctl.sock".into() },
+        ];
+        let line = bound_sockets_line(&sockets).unwrap();
+        assert!(
+            line.starts_with(
+                "for a move to another node: 3 unix socket(s) bound in / (pid 40), /tmp/pymp-a1 (pid 41, 42): "
+            ),
+            "{line}"
+        );
+        assert!(line.contains("must exist on the restoring node"));
+    }
 }

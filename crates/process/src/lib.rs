@@ -34,6 +34,7 @@ pub mod mountinfo;
 pub mod netns;
 mod procfs;
 pub mod ptrace;
+pub mod sockets;
 pub mod tree;
 
 pub use devices::{maps_library, nvidia_minors_in_use};
