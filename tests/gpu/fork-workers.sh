@@ -32,7 +32,7 @@
 #                 $OUT/holdings-bench.json
 #   probe-uvm     c-fork's parent and c-uvm: their /dev/nvidia-uvm mappings (Size, Rss, Swap, VmFlags), their
 #                 mappings by path and the job check, in $OUT/fork-probe-uvm.txt
-#   move-dump     CCM_MOVE_SHAPE (default c-fork: libcuda through ctypes, a forked child; images ~1.2 GB, a few MB as xz) started at a high
+#   move-dump     CCM_MOVE_SHAPE (default c-fork: libcuda through ctypes, a forked child; images ~600 MiB, a few MB compressed) started at a high
 #                 pid (ns_last_pid), dumped at step 10; the images, its folder (logs it holds open, at the same
 #                 path) and a reference run's log as one tar (`zstd -19 --long=31` with .device/bin/zstd, else
 #                 `xz -3`) in 15 MB parts /var/tmp/ccm-fork-parts/fork-xfer.tar.{zst,xz}.NN, the first 7 also in
