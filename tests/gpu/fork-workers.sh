@@ -94,11 +94,6 @@ MPS_ENV=()
 # Helpers (state, plugin_line, descendants and job_check as tests/gpu/ipc-refuse.sh has them).
 
 # verdict CASE EXPECTED SEEN RESULT TIMES: a row; FAIL marks the run failed.
-verdict() {
-    [[ $4 == FAIL ]] && FAILED=1
-    record "$1" "$2" "$3" "$4" "${5:--}"
-}
-
 # state PID: the driver's CUDA state of PID (host pid), or GONE.
 state() {
     alive "$1" || { echo GONE; return; }

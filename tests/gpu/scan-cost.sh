@@ -27,11 +27,6 @@ JOBS=$REPO/tests/gpu/scan_jobs.py
 TORCH_PY=/opt/torch/.venv/bin/python3
 FAILED=0
 
-verdict() {
-    [[ $4 == FAIL ]] && FAILED=1
-    record "$1" "$2" "$3" "$4" "${5:--}"
-}
-
 # rusage_run CMD...: CMD's exit status; prints `maxrss_kib=N wall_s=S` of CMD and what it waited for, on fd 3.
 rusage_run() {
     python3 -c '

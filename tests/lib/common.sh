@@ -25,6 +25,13 @@ record() {
     log "$1: $4 ($3) [$5]"
 }
 
+# verdict CASE EXPECTED SEEN RESULT [TIMES]: record, and FAILED=1 when RESULT is FAIL (a script's exit code).
+verdict() {
+    # shellcheck disable=SC2034 # FAILED is the sourcing script's: its exit code.
+    [[ $4 == FAIL ]] && FAILED=1
+    record "$1" "$2" "$3" "$4" "${5:--}"
+}
+
 # print_table: the rows of $RESULTS as a Markdown table (the form docs/GPU-TESTING.md quotes).
 print_table() {
     echo

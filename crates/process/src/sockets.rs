@@ -7,6 +7,8 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 
+use rustix::fs::{Mode, OFlags};
+
 use crate::claims::MAX_FDS_LOOKED_AT;
 use crate::procfs::{io_error, proc_path, read_text};
 use crate::ProcessError;
@@ -15,16 +17,31 @@ use crate::ProcessError;
 /// some 100 000 sockets with long paths; a host's namespace with more is refused, not read whole.
 pub const MAX_NET_UNIX_BYTES: u64 = 16 << 20;
 
-/// The inodes of the sockets `pid` holds open (at most [`MAX_FDS_LOOKED_AT`] descriptors looked at).
+/// A `rustix` error on a `/proc` path as the crate's error for it.
+fn errno_error<'a>(
+    pid: u32,
+    action: &'static str,
+    path: &'a std::path::Path,
+) -> impl FnOnce(rustix::io::Errno) -> ProcessError + 'a {
+    move |e| io_error(pid, action, path, e.into())
+}
+
+/// The inodes of the sockets `pid` holds open (at most [`MAX_FDS_LOOKED_AT`] descriptors looked at): each link of
+/// `/proc/PID/fd` read (never followed) relative to that directory, opened without following a link.
 pub fn socket_inodes(pid: u32) -> Result<BTreeSet<u64>, ProcessError> {
-    let dir = proc_path(pid, "fd");
-    let entries = std::fs::read_dir(&dir).map_err(|e| io_error(pid, "listing", &dir, e))?;
-    Ok(entries
-        .flatten()
-        .take(MAX_FDS_LOOKED_AT)
-        .filter_map(|e| std::fs::read_link(e.path()).ok())
-        .filter_map(|target| socket_inode(&target.to_string_lossy()))
-        .collect())
+    let path = proc_path(pid, "fd");
+    let flags = OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let fd = rustix::fs::open(&path, flags, Mode::empty()).map_err(errno_error(pid, "opening", &path))?;
+    let dir = rustix::fs::Dir::read_from(&fd).map_err(errno_error(pid, "listing", &path))?;
+    let mut inodes = BTreeSet::new();
+    for entry in dir.take(MAX_FDS_LOOKED_AT) {
+        let Ok(entry) = entry else { break };
+        let Ok(target) = rustix::fs::readlinkat(&fd, entry.file_name(), Vec::new()) else { continue };
+        if let Some(inode) = socket_inode(&target.to_string_lossy()) {
+            inodes.insert(inode);
+        }
+    }
+    Ok(inodes)
 }
 
 /// The inode of a descriptor's link text `socket:[INODE]`.
@@ -32,12 +49,18 @@ fn socket_inode(link: &str) -> Option<u64> {
     link.strip_prefix("socket:[")?.strip_suffix(']')?.parse().ok()
 }
 
-/// The identity of `pid`'s network namespace (the inode of `/proc/PID/ns/net`): processes with the same one see the
-/// same `/proc/PID/net/unix`.
+/// The identity of `pid`'s network namespace (`/proc/PID/ns/net`'s link text `net:[INODE]`, read, not followed):
+/// processes with the same one see the same `/proc/PID/net/unix`.
 pub fn net_namespace(pid: u32) -> Result<u64, ProcessError> {
-    use std::os::unix::fs::MetadataExt;
-    let p = proc_path(pid, "ns/net");
-    std::fs::metadata(&p).map(|m| m.ino()).map_err(|e| io_error(pid, "stat", &p, e))
+    let path = proc_path(pid, "ns/net");
+    let text = rustix::fs::readlink(&path, Vec::new()).map_err(errno_error(pid, "reading the link", &path))?;
+    text.to_string_lossy()
+        .strip_prefix("net:[")
+        .and_then(|t| t.strip_suffix(']'))
+        .and_then(|t| t.parse().ok())
+        .ok_or_else(|| {
+            io_error(pid, "reading the link", &path, std::io::Error::other(format!("not a namespace link: {text:?}")))
+        })
 }
 
 /// The unix sockets of `pid`'s network namespace that are bound to a path, by inode.
@@ -99,10 +122,8 @@ garbage
 
     #[test]
     fn this_process_sees_its_own_bound_socket() {
-        let dir = std::env::temp_dir().join(format!("ccm-sockets-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("listener");
-        let _ = std::fs::remove_file(&path);
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("listener");
         let listener = std::os::unix::net::UnixListener::bind(&path).unwrap();
         let me = std::process::id();
         let inodes = socket_inodes(me).unwrap();
@@ -111,6 +132,5 @@ garbage
         assert!(mine.iter().any(|p| p.as_str() == path.to_str().unwrap()), "{mine:?}");
         assert!(net_namespace(me).unwrap() > 0);
         drop(listener);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
