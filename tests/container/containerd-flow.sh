@@ -86,7 +86,8 @@ wait_counter "$(beyond "$S/ctrd-before.count")" cat "$S/ctrd-out/count" >"$S/ctr
 
 # The checkpoint into the content store, then the task ends and comes back from it.
 step ctrd-checkpoint C containers checkpoint --task ccm-c1 "$CHECKPOINT" || exit 0
-cat "$S/ctrd-out/count" >"$S/ctrd-checkpointed.count"
+# The loop rewrites the file (truncate, then write): wait for a whole line, never an empty read.
+wait_counter 0 cat "$S/ctrd-out/count" >"$S/ctrd-checkpointed.count"
 C task kill -s KILL ccm-c1 >/dev/null 2>&1
 sleep 0.5
 C task rm --force ccm-c1 >/dev/null 2>&1

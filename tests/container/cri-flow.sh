@@ -115,7 +115,8 @@ wait_counter 10 cat "$S/cri-out/count" >"$S/cri-before.count"
 
 # What the kubelet's checkpoint API does: CheckpointContainer into an archive; the container keeps running.
 step cri-checkpoint cri CheckpointContainer "{\"container_id\":\"$CTR\",\"location\":\"$S/cri-checkpoint.tar\",\"timeout\":60}"
-cat "$S/cri-out/count" >"$S/cri-checkpointed.count"
+# The loop rewrites the file (truncate, then write): wait for a whole line, never an empty read.
+wait_counter 0 cat "$S/cri-out/count" >"$S/cri-checkpointed.count"
 state "$CTR" >"$S/cri-after-checkpoint.state" 2>&1
 wait_counter "$(beyond "$S/cri-checkpointed.count")" cat "$S/cri-out/count" >"$S/cri-after-checkpoint.count"
 tar -tf "$S/cri-checkpoint.tar" >"$S/cri-archive.list" 2>&1

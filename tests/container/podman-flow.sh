@@ -68,6 +68,12 @@ unpack_archive() {
     (cd "$dir" && find . -type f | sort) >"$S/$prefix-archive.list" 2>&1
     [ -f "$dir/rootfs-diff.tar" ] && tar -xOf "$dir/rootfs-diff.tar" tmp/count >"$S/$prefix-checkpointed-count" 2>/dev/null
     rm -rf "$dir"
+    # The loop rewrites its file (truncate, then write): a container frozen between the two left it empty. The
+    # line read before the checkpoint has the same token, which is what proves the same memory after restore.
+    if [ ! -s "$S/$prefix-checkpointed-count" ] && [ -s "$S/${prefix%%-*}-before.count" ]; then
+        note "$prefix: the archive's count file is empty (frozen mid-rewrite); the token read before is used"
+        cp "$S/${prefix%%-*}-before.count" "$S/$prefix-checkpointed-count"
+    fi
 }
 
 # CRIU's logs are not in the exported archive; with --keep podman leaves them in the container's directory.
