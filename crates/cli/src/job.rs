@@ -339,12 +339,13 @@ fn bound_sockets(tree: &[u32]) -> Vec<BoundSocket> {
     let mut by_namespace: std::collections::BTreeMap<u64, std::collections::BTreeMap<u64, String>> = Default::default();
     let mut out = Vec::new();
     for &pid in tree {
-        let Ok(inodes) = sockets::socket_inodes(pid) else { continue };
+        let Ok(process) = sockets::ProcessSockets::open(pid) else { continue };
+        let Ok(inodes) = process.socket_inodes() else { continue };
         if inodes.is_empty() {
             continue;
         }
-        let Ok(ns) = sockets::net_namespace(pid) else { continue };
-        let bound = by_namespace.entry(ns).or_insert_with(|| sockets::bound_unix_sockets(pid).unwrap_or_default());
+        let Ok(ns) = process.net_namespace() else { continue };
+        let bound = by_namespace.entry(ns).or_insert_with(|| process.bound_unix_sockets().unwrap_or_default());
         out.extend(
             inodes
                 .iter()
