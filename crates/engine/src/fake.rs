@@ -444,6 +444,11 @@ pub struct TargetScript {
     /// Start times that differ from the pid's default (the pid itself): a pid listed twice is reused between the
     /// two reads (first value, then the second).
     pub start_times: BTreeMap<u32, VecDeque<u64>>,
+    /// Pid numbers taken in CRIU's namespace: what holds each and how many more checks find it taken
+    /// (`u32::MAX`: every check).
+    pub taken_pids: BTreeMap<u32, (ccm_process::pid_use::PidHolder, u32)>,
+    /// The pids of each check whether they are free, in order.
+    pub pid_checks: Vec<Vec<u32>>,
 }
 
 #[derive(Clone, Default)]
@@ -608,6 +613,22 @@ impl Targets for FakeTargets {
             return Err(no_such(pid));
         }
         Ok((format!("proc{pid}"), s.holdings.get(&pid).cloned().unwrap_or_default()))
+    }
+    fn pid_holders(&self, pids: &[u32]) -> Result<BTreeMap<u32, ccm_process::pid_use::PidHolder>, ProcessError> {
+        let mut s = self.script();
+        s.pid_checks.push(pids.to_vec());
+        let mut held = BTreeMap::new();
+        for p in pids {
+            if let Some((h, left)) = s.taken_pids.get_mut(p) {
+                if *left > 0 {
+                    held.insert(*p, h.clone());
+                    if *left != u32::MAX {
+                        *left -= 1;
+                    }
+                }
+            }
+        }
+        Ok(held)
     }
 }
 

@@ -24,6 +24,7 @@ pub mod dump;
 pub mod error;
 pub mod host;
 pub mod node;
+pub mod pid_wait;
 pub mod preflight;
 pub mod reconcile;
 pub mod restore;

@@ -5,7 +5,7 @@
 use std::collections::BTreeMap;
 use std::os::fd::AsRawFd;
 use std::path::PathBuf;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use ccm_driver::checkpoint::{timed, ProcessState};
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid, HostTid, NsPid};
@@ -52,6 +52,39 @@ impl RestoreSession {
 
     /// [`RestoreSession::init`] through the given seams.
     pub fn init_with(config: Config, host: &dyn CriuHost, seams: Seams) -> Result<RestoreSession, EngineError> {
+        RestoreSession::init_waiting(config, host, seams, crate::pid_wait::PID_WAIT)
+    }
+
+    /// [`RestoreSession::init_with`], then a wait of at most `pid_wait` until CRIU can fork the checkpoint's
+    /// tasks with their pids (`crate::pid_wait`).
+    pub(crate) fn init_waiting(
+        config: Config,
+        host: &dyn CriuHost,
+        seams: Seams,
+        pid_wait: Duration,
+    ) -> Result<RestoreSession, EngineError> {
+        let s = RestoreSession::init_checked(config, host, seams)?;
+        s.wait_for_checkpoint_pids(pid_wait);
+        Ok(s)
+    }
+
+    /// Waits until the checkpoint's pid numbers are free, when the dump shared CRIU's pid namespace (the
+    /// plugin's records say) and CRIU's `pstree.img` can be read; never fails.
+    fn wait_for_checkpoint_pids(&self, wait: Duration) {
+        let Some(dir) = &self.image_dir else { return };
+        let records: Vec<(u32, u32)> = self
+            .plans
+            .iter()
+            .map(|p| (p.image.pid, p.image.host_pid))
+            .chain(self.claims.iter().flat_map(|c| c.claims.holders.iter().map(|h| (h.pid, h.host_pid))))
+            .collect();
+        if let Some(pids) = crate::pid_wait::checkpoint_pids(dir, &records) {
+            crate::pid_wait::wait_until_free(&*self.seams.targets, &pids, wait, crate::pid_wait::PID_POLL);
+        }
+    }
+
+    /// The checks of `init(RESTORE)`, before any wait.
+    fn init_checked(config: Config, host: &dyn CriuHost, seams: Seams) -> Result<RestoreSession, EngineError> {
         let image_dir = open_image_dir(host)?;
         // Our inventory entry (if the dump added one) must be claimed, or CRIU reports us missing.
         let in_inventory = host.check_and_remove_inventory_plugin(PLUGIN_NAME);

@@ -523,3 +523,161 @@ fn a_container_s_dev_gets_its_new_gpu_nodes_or_is_left_alone_with_a_reason() {
     assert!(seen(&["pid 7111: container /dev: its own tmpfs, GPU nodes [0]; the GPUs keep their minors"]));
     assert!(seen(&["pid 7112: ", "the GPUs keep their minors, so it needs no change"]));
 }
+
+// ----- init(RESTORE): the checkpoint's pid numbers, free before CRIU forks its tasks ----------------------------
+
+use std::time::Duration;
+
+/// CRIU's `pstree.img` of processes `(pid, threads)`, each in a group and a session of its own, threads unpacked
+/// (as protobuf-c writes them).
+fn pstree(procs: &[(u32, &[u32])]) -> Vec<u8> {
+    fn varint(out: &mut Vec<u8>, mut v: u32) {
+        while v >= 0x80 {
+            out.push(u8::try_from(v & 0x7f).unwrap() | 0x80);
+            v >>= 7;
+        }
+        out.push(u8::try_from(v).unwrap());
+    }
+    let mut f = Vec::new();
+    f.extend(ccm_identity::criu_pstree::IMG_COMMON_MAGIC.to_le_bytes());
+    f.extend(ccm_identity::criu_pstree::PSTREE_MAGIC.to_le_bytes());
+    for (pid, threads) in procs {
+        let mut m = Vec::new();
+        for (field, v) in [(1u8, *pid), (2, 1), (3, *pid), (4, *pid)] {
+            m.push(field << 3);
+            varint(&mut m, v);
+        }
+        for t in *threads {
+            m.push(5 << 3);
+            varint(&mut m, *t);
+        }
+        f.extend(u32::try_from(m.len()).unwrap().to_le_bytes());
+        f.extend(m);
+    }
+    f
+}
+
+fn holder(pid: u32, comm: &str, how: ccm_process::pid_use::Holds) -> ccm_process::pid_use::PidHolder {
+    ccm_process::pid_use::PidHolder { pid, comm: comm.into(), how }
+}
+
+/// The restore of host pid `pid` (its image: namespace pid = host pid at dump = `pid - 1000`) with CRIU's
+/// `pstree.img` of `procs` (none: no `pstree.img`), waiting at most `wait`; how long init took.
+fn init_waiting(
+    name: &'static str,
+    pid: u32,
+    procs: Option<&[(u32, &[u32])]>,
+    taken: &[(u32, ccm_process::pid_use::PidHolder, u32)],
+    wait: Duration,
+) -> (Result<RestoreSession, EngineError>, FakeTargets, FakeCriu, Duration) {
+    let s = Setup::new(name, &[pid]);
+    let (agent, targets, criu) = s.parts();
+    if let Some(procs) = procs {
+        std::fs::write(criu.path().join(ccm_identity::criu_pstree::PSTREE_FILE), pstree(procs)).unwrap();
+    }
+    for (p, h, checks) in taken {
+        targets.script().taken_pids.insert(*p, (h.clone(), *checks));
+    }
+    let (seams, _) = seams(&targets, vec![Ok(agent)]);
+    let t0 = std::time::Instant::now();
+    let r = RestoreSession::init_waiting(s.config, &criu, seams, wait);
+    (r, targets, criu, t0.elapsed())
+}
+
+#[test]
+fn checkpoint_pids_that_are_free_are_checked_once_without_a_wait() {
+    let (r, targets, _criu, took) =
+        init_waiting("rpidfree", 9801, Some(&[(8801, &[8801, 8802]), (8803, &[8803])]), &[], Duration::from_secs(5));
+    r.unwrap();
+    assert_eq!(targets.script().pid_checks, vec![vec![8801, 8802, 8803]]);
+    assert!(took < Duration::from_secs(2), "{took:?}");
+    assert!(!seen(&["pid 8801 of the checkpoint"]) && !seen(&["pid 8802 of the checkpoint"]));
+}
+
+#[test]
+fn a_pid_still_taken_is_waited_for_until_it_is_free() {
+    use ccm_process::pid_use::Holds;
+    // 8812 (a thread of the dumped process) is the process group of a short-lived process outside the tree for
+    // the first three checks.
+    let (r, targets, _criu, took) = init_waiting(
+        "rpidwait",
+        9811,
+        Some(&[(8811, &[8811, 8812])]),
+        &[(8812, holder(8899, "python3", Holds::ProcessGroup), 3)],
+        Duration::from_secs(5),
+    );
+    r.unwrap();
+    let checks = targets.script().pid_checks.clone();
+    assert_eq!(checks, vec![vec![8811, 8812], vec![8812], vec![8812], vec![8812]]);
+    assert!(took >= crate::pid_wait::PID_POLL * 3, "{took:?}");
+    let lines = logged(&["pid 8812 of the checkpoint was still taken (process group of pid 8899 (python3)); waited "]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("INFO") && lines[0].ends_with(" s until it was free"), "{lines:?}");
+    assert!(!seen(&["pid 8812 of the checkpoint is still taken"]));
+}
+
+#[test]
+fn a_pid_never_freed_is_named_with_its_holder_and_the_restore_goes_on() {
+    use ccm_process::pid_use::Holds;
+    let (r, targets, _criu, took) = init_waiting(
+        "rpidheld",
+        9821,
+        Some(&[(8821, &[8821]), (8822, &[8822])]),
+        &[(8822, holder(8898, "bash", Holds::Session), u32::MAX)],
+        Duration::from_millis(150),
+    );
+    let mut s = r.expect("init does not fail: CRIU fails by itself");
+    assert!(took >= Duration::from_millis(150) && took < Duration::from_secs(3), "{took:?}");
+    assert!(targets.script().pid_checks.len() >= 2);
+    let lines = logged(&["pid 8822 of the checkpoint is still taken by session of pid 8898 (bash) after "]);
+    assert_eq!(lines.len(), 1, "{lines:?}");
+    assert!(lines[0].starts_with("ERROR"), "{lines:?}");
+    assert!(
+        lines[0].ends_with(
+            "CRIU will fail with \"Can't fork for PID: File exists\": wait until pid 8898 (bash) ends, or end it, \
+             then restore again"
+        ),
+        "{lines:?}"
+    );
+    assert!(!seen(&["pid 8821 of the checkpoint"]));
+    // The session is ready for CRIU's restore as without the wait.
+    assert!(matches!(s.resume_devices_late(9821), (HookOutcome::Done, true)));
+}
+
+#[test]
+fn without_a_readable_pstree_the_pids_are_not_checked() {
+    use ccm_process::pid_use::Holds;
+    let taken = [(8831, holder(8831, "x", Holds::Process), u32::MAX)];
+    let (r, targets, criu, _) = init_waiting("rpidnotree", 9831, None, &taken, Duration::from_secs(5));
+    r.unwrap();
+    assert!(targets.script().pid_checks.is_empty());
+    let tree = criu.path().join("pstree.img").display().to_string();
+    assert!(seen(&["DEBUG the checkpoint's pids are not checked: ", &tree, "does not exist"]));
+
+    let s = Setup::new("rpidbadtree", &[9832]);
+    let (agent, targets, criu) = s.parts();
+    std::fs::write(criu.path().join("pstree.img"), b"not CRIU's").unwrap();
+    let (seams, _) = seams(&targets, vec![Ok(agent)]);
+    RestoreSession::init_waiting(s.config, &criu, seams, Duration::from_secs(5)).unwrap();
+    assert!(targets.script().pid_checks.is_empty());
+    assert!(seen(&["DEBUG the checkpoint's pids are not checked: pstree.img starts with 0x"]));
+}
+
+#[test]
+fn a_dump_in_a_pid_namespace_of_its_own_is_not_checked() {
+    use ccm_process::pid_use::Holds;
+    let s = Setup::new("rpidns", &[9841]);
+    let (agent, targets, criu) = s.parts();
+    // Pid 1 of its namespace, 8841 to CRIU: the tree is restored into a new pid namespace.
+    let mut own = image(1, 1 << 30);
+    own.host_pid = 8841;
+    std::fs::remove_file(criu.path().join(IdentityImage::file_name(8841))).unwrap();
+    std::fs::write(criu.path().join(IdentityImage::file_name(1)), own.try_encode().unwrap()).unwrap();
+    targets.script().ns_pids.insert(9841, 1);
+    std::fs::write(criu.path().join("pstree.img"), pstree(&[(1, &[1])])).unwrap();
+    targets.script().taken_pids.insert(1, (holder(1, "init", Holds::Process), u32::MAX));
+    let (seams, _) = seams(&targets, vec![Ok(agent)]);
+    RestoreSession::init_waiting(s.config, &criu, seams, Duration::from_secs(5)).unwrap();
+    assert!(targets.script().pid_checks.is_empty());
+    assert!(seen(&["the dump ran in a pid namespace of its own (pid 1 there was 8841 to CRIU)"]));
+}

@@ -8,7 +8,7 @@
 //! The real implementations add nothing: each method is the one `ccm_process` or agent call the
 //! sessions made before, so behaviour and log lines stay as they were.
 
-use std::collections::BTreeSet;
+use std::collections::{BTreeMap, BTreeSet};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -21,6 +21,7 @@ use ccm_process::claims::Holdings;
 use ccm_process::container::{ForeignDev, NodeEditError, RuntimeSpec};
 use ccm_process::dir::FileError;
 use ccm_process::mem::ScanReport;
+use ccm_process::pid_use::PidHolder;
 use ccm_process::{Mapping, ProcessError, PtraceError, ScanScope};
 
 pub use crate::driver_agent::{AgentStarter, DriverAgent, RealAgents};
@@ -78,6 +79,9 @@ pub trait Targets: Send + Sync {
     fn nvidia_devices(&self) -> NvidiaDevices;
     /// The NVIDIA nodes `pid` maps and holds open, and its name.
     fn device_holdings(&self, pid: u32, devices: &NvidiaDevices) -> Result<(String, Holdings), ProcessError>;
+    /// What keeps each of `pids` taken in CRIU's pid namespace (a task, a zombie, a process group or session);
+    /// the free ones left out (`ccm_process::pid_use`).
+    fn pid_holders(&self, pids: &[u32]) -> Result<BTreeMap<u32, PidHolder>, ProcessError>;
 }
 
 /// A restore thread let run; [`RunningThread::stop`] stops it again.
@@ -211,6 +215,16 @@ impl Targets for RealTargets {
         let maps = ccm_process::read_maps(pid)?;
         let held = ccm_process::claims::holdings(pid, &maps, devices)?;
         Ok((ccm_process::claims::comm(pid), held))
+    }
+    fn pid_holders(&self, pids: &[u32]) -> Result<BTreeMap<u32, PidHolder>, ProcessError> {
+        use ccm_process::pid_use::PidUse;
+        Ok(ccm_process::pid_use::pid_uses(pids)?
+            .into_iter()
+            .filter_map(|(p, u)| match u {
+                PidUse::TakenBy(h) => Some((p, h)),
+                PidUse::Free => None,
+            })
+            .collect())
     }
 }
 

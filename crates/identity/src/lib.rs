@@ -10,6 +10,7 @@
 #![forbid(unsafe_code)]
 
 pub mod claims;
+pub mod criu_pstree;
 pub mod devprop;
 pub mod env;
 pub mod gpu;

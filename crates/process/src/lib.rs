@@ -14,6 +14,7 @@
 //! - [`cgroup`]: which cgroup a process is in, and moving the driver agent into CRIU's;
 //! - [`devices`]: which `/dev/nvidiaN` a process holds open or mapped, and which libraries it maps;
 //! - [`tree`]: namespace pids, process tree, threads;
+//! - [`pid_use`]: who keeps a pid number taken (a task, a zombie, a thread, a process group or session);
 //! - [`helper`]: forking the detached helper process that makes the plugin's driver calls;
 //! - [`ptrace`]: resuming and re-stopping the CUDA restore thread of a task that CRIU holds
 //!   ptrace-stopped (CRIU is the tracer; see the threads rule on that module).
@@ -32,6 +33,7 @@ pub mod maps;
 pub mod mem;
 pub mod mountinfo;
 pub mod netns;
+pub mod pid_use;
 mod procfs;
 pub mod ptrace;
 pub mod sockets;
