@@ -1,12 +1,14 @@
 #!/usr/bin/env bash
-# A SHORT coverage-guided fuzz run of the identity image reader (`IdentityImage::decode`) for CI: cargo-fuzz
-# (libFuzzer + AddressSanitizer, nightly Rust), both targets of fuzz/, seeded with the checked-in corpus
-# fuzz/seeds/identity_image/ (real images from dumps on the test doubles + hand-made edge cases).
+# A SHORT coverage-guided fuzz run for CI: cargo-fuzz (libFuzzer + AddressSanitizer, nightly Rust), every target
+# of fuzz/, each seeded with its checked-in corpus: the identity image reader (`IdentityImage::decode`: two targets,
+# fuzz/seeds/identity_image/, real images from dumps on the test doubles + hand-made edge cases), the device claims
+# reader (`DeviceClaims::decode`, fuzz/seeds/device_claims/) and the `/proc/PID/net/unix` parser
+# (`ccm_process::sockets::parse_net_unix`, fuzz/seeds/net_unix/).
 # tests/run-all.sh runs it after the workspace tests.
 #
 #   bash tests/suite-fuzz.sh
 #
-# Fuzzing time: CCM_FUZZ_SECONDS per target (default 25, so 50 s in all; the first build of libFuzzer comes
+# Fuzzing time: CCM_FUZZ_SECONDS per target (default 25, so 100 s in all; the first build of libFuzzer comes
 # on top). Long runs by hand: `cargo +nightly fuzz run identity_image_payload /tmp/corpus fuzz/seeds/identity_image
 # -- -runs=10000000` (docs/RELIABILITY.md).
 #
@@ -21,7 +23,8 @@ cd "$REPO"
 
 skip() {
     echo "######## SKIPPED suite-fuzz: $* ########"
-    echo "(the stable-Rust mutation test tests/identity_image_mutation.rs covers the same oracle in cargo test)"
+    echo "(in cargo test on every toolchain: the mutation test tests/identity_image_mutation.rs, same oracle, and the"
+    echo " unit tests of the claims reader and of ccm_process::sockets::parse_net_unix)"
     exit 0
 }
 
@@ -34,15 +37,19 @@ if ! cargo fuzz --version >/dev/null 2>&1; then
 fi
 
 seconds=${CCM_FUZZ_SECONDS:-25}
-seeds=fuzz/seeds/identity_image
-[ -n "$(ls -A "$seeds")" ] || { echo "suite-fuzz: the seed corpus $seeds is empty" >&2; exit 1; }
-for target in identity_image_decode identity_image_payload; do
+# Every target of fuzz/Cargo.toml, with its seed corpus.
+targets="identity_image_decode:identity_image identity_image_payload:identity_image device_claims_decode:device_claims
+net_unix_parse:net_unix"
+for pair in $targets; do
+    target=${pair%%:*}
+    seeds=fuzz/seeds/${pair#*:}
+    [ -n "$(ls -A "$seeds")" ] || { echo "suite-fuzz: the seed corpus $seeds is empty" >&2; exit 1; }
     # libFuzzer adds what it finds to the FIRST corpus directory: a scratch one, so the checked-in seeds
     # stay as they are.
     scratch=$(mktemp -d /tmp/ccm-fuzz-corpus.XXXXXX)
     echo "suite-fuzz: $target for ${seconds} s"
-    # -malloc_limit_mb: a single allocation above 64 MiB is a finding (the reader bounds every count by the
-    # bytes left); -timeout: one input taking over 5 s is a hang; -max_len: above the largest real image.
+    # -malloc_limit_mb: a single allocation above 64 MiB is a finding (the readers bound every count by the
+    # bytes left); -timeout: one input taking over 5 s is a hang; -max_len: above the largest real input.
     if ! cargo +nightly fuzz run "$target" "$scratch" "$seeds" -- \
         -max_total_time="$seconds" -malloc_limit_mb=64 -rss_limit_mb=1024 -timeout=5 -max_len=16384 \
         -print_final_stats=1 2>&1 | tail -n 25; then
@@ -52,4 +59,4 @@ for target in identity_image_decode identity_image_payload; do
     fi
     rm -rf "$scratch"
 done
-echo "suite-fuzz: both targets ran ${seconds} s each without a crash, hang or oversized allocation"
+echo "suite-fuzz: every target ran ${seconds} s without a crash, hang or oversized allocation"

@@ -174,11 +174,32 @@ pub fn reopen_node(node: NvidiaNode, want: DevNumber, flags: i32) -> Result<Owne
 }
 
 /// [`reopen_node`] under the root directory `root` (its `dev/`).
+///
+/// The node is looked at by name before the open and opened by name, so another node can be put at that name in
+/// between: the open never blocks on what it finds there (`O_NONBLOCK`, always: a FIFO opened for reading alone
+/// would wait for a writer without end), its result must be `want` (`fstat`, the same inode as before), and only
+/// then is `O_NONBLOCK` cleared again when `flags` did not ask for it (`fcntl(F_SETFL)`).
+///
+/// On the NVIDIA driver an `O_NONBLOCK` open of `/dev/nvidiaN` whose GPU is not initialized yet (no other open
+/// file, no persistence) is completed on the driver's own thread (`nvidia_open_deferred`) and the first `ioctl`
+/// waits for it (what libcuda's own opens do): a failure of that open shows there, not here.
 pub fn reopen_node_in(
     root: BorrowedFd<'_>,
     node: NvidiaNode,
     want: DevNumber,
     flags: i32,
+) -> Result<OwnedFd, ReopenError> {
+    reopen_node_in_with(root, node, want, flags, || {})
+}
+
+/// [`reopen_node_in`] with `between` run after the node is looked at by name and before it is opened: the tests put
+/// another node at the name there.
+fn reopen_node_in_with(
+    root: BorrowedFd<'_>,
+    node: NvidiaNode,
+    want: DevNumber,
+    flags: i32,
+    between: impl FnOnce(),
 ) -> Result<OwnedFd, ReopenError> {
     let name = node.dev_name();
     let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
@@ -204,12 +225,17 @@ pub fn reopen_node_in(
     // Only the access mode and the status flags a device keeps; never O_CREAT, O_TRUNC and the like.
     let given = OFlags::from_bits_truncate(u32::try_from(flags).unwrap_or(0));
     let keep = OFlags::RWMODE | OFlags::NONBLOCK | OFlags::APPEND | OFlags::SYNC | OFlags::DSYNC;
-    let open = (given & keep) | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC;
+    let open = (given & keep) | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC;
+    between();
     let fd = rustix::fs::openat(&parent, leaf.as_str(), open, Mode::empty())
         .map_err(|errno| ReopenError::Open { name: name.clone(), errno })?;
     let after = rustix::fs::fstat(&fd).map_err(|errno| ReopenError::Open { name: name.clone(), errno })?;
     if number_of(&after) != Some(want) || after.st_ino != before.st_ino {
         return Err(ReopenError::NotTheDevice { name, want, got: shown(&after) });
+    }
+    if !given.contains(OFlags::NONBLOCK) {
+        let now = rustix::fs::fcntl_getfl(&fd).map_err(|errno| ReopenError::Open { name: name.clone(), errno })?;
+        rustix::fs::fcntl_setfl(&fd, now - OFlags::NONBLOCK).map_err(|errno| ReopenError::Open { name, errno })?;
     }
     Ok(fd)
 }
@@ -324,6 +350,88 @@ mod tests {
             // The wrong device number at the right name: refused.
             let other = reopen_node_in(open_root().as_fd(), NvidiaNode::Modeset, DevNumber { minor: 5, ..null }, 2);
             assert!(matches!(other, Err(ReopenError::NotTheDevice { .. })));
+        }
+    }
+
+    /// Runs `reopen` on a thread of its own and gives its answer, or panics when it has not answered within 10 s
+    /// (a blocked open), after opening `fifo` for writing, which lets a reader blocked in its open go.
+    fn answered_promptly<T: Send + 'static>(fifo: &std::path::Path, reopen: impl FnOnce() -> T + Send + 'static) -> T {
+        let (tx, rx) = std::sync::mpsc::channel();
+        std::thread::spawn(move || {
+            let _ = tx.send(reopen());
+        });
+        match rx.recv_timeout(std::time::Duration::from_secs(10)) {
+            Ok(answer) => answer,
+            Err(_) => {
+                let _ = rustix::fs::open(fifo, OFlags::WRONLY | OFlags::NONBLOCK | OFlags::CLOEXEC, Mode::empty());
+                panic!("the reopen blocked on the FIFO at {} for 10 s", fifo.display());
+            }
+        }
+    }
+
+    /// A root standing for a restored task's, with an empty `dev/`.
+    fn root_with_dev() -> (tempfile::TempDir, std::path::PathBuf) {
+        let root = tempfile::tempdir().unwrap();
+        let dev = root.path().join("dev");
+        std::fs::create_dir(&dev).unwrap();
+        (root, dev)
+    }
+
+    /// Guards the open of a restored node against blocking on a FIFO at its name, asked for reading alone (the flags
+    /// a forked worker's read-only capability node has): an error, at once. (This passed before the fix too: the
+    /// look before the open refuses a FIFO already there; the swap test below is the one that failed.)
+    #[test]
+    fn a_fifo_at_the_nodes_name_is_refused_promptly() {
+        let null = DevNumber { kind: DevType::Char, major: 1, minor: 3 };
+        let (root, dev) = root_with_dev();
+        let fifo = dev.join("nvidiactl");
+        rustix::fs::mknodat(rustix::fs::CWD, &fifo, FileType::Fifo, Mode::from_raw_mode(0o600), 0).unwrap();
+        let path = root.path().to_path_buf();
+        let answer = answered_promptly(&fifo, move || {
+            let root = std::fs::File::open(path).unwrap();
+            reopen_node_in(root.as_fd(), NvidiaNode::Control, null, libc::O_RDONLY).map(|_| ())
+        });
+        assert!(matches!(answer, Err(ReopenError::NotTheDevice { .. })), "{answer:?}");
+    }
+
+    /// Guards the window between the look at the node and its open (review finding: a FIFO put at the name there
+    /// made the open wait without end, in the restored task, inside CRIU's restore): the device is there when it is
+    /// looked at, a FIFO when it is opened. Before the fix the open blocked (this test's 10 s guard fired); now it is
+    /// refused at once as not the device. Root only: it makes a character device.
+    #[test]
+    fn a_fifo_swapped_in_after_the_check_is_refused_without_blocking() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: making a character device needs root");
+            return;
+        }
+        let null = DevNumber { kind: DevType::Char, major: 1, minor: 3 };
+        let (root, dev) = root_with_dev();
+        let node = dev.join("nvidiactl");
+        let char_dev = |path: &std::path::Path| {
+            let mode = Mode::from_raw_mode(0o600);
+            rustix::fs::mknodat(rustix::fs::CWD, path, FileType::CharacterDevice, mode, rustix::fs::makedev(1, 3))
+        };
+        char_dev(&node).unwrap();
+        let (path, swapped) = (root.path().to_path_buf(), node.clone());
+        let answer = answered_promptly(&node, move || {
+            let root = std::fs::File::open(path).unwrap();
+            reopen_node_in_with(root.as_fd(), NvidiaNode::Control, null, libc::O_RDONLY, || {
+                std::fs::remove_file(&swapped).unwrap();
+                let fifo = Mode::from_raw_mode(0o600);
+                rustix::fs::mknodat(rustix::fs::CWD, &swapped, FileType::Fifo, fifo, 0).unwrap();
+            })
+            .map(|_| ())
+        });
+        assert!(matches!(answer, Err(ReopenError::NotTheDevice { .. })), "{answer:?}");
+        // The device back at its name: it opens, without O_NONBLOCK unless the recorded flags had it.
+        std::fs::remove_file(&node).unwrap();
+        char_dev(&node).unwrap();
+        let open_root = || std::fs::File::open(root.path()).unwrap();
+        for (flags, nonblocking) in [(libc::O_RDWR, false), (libc::O_RDWR | libc::O_NONBLOCK, true)] {
+            let fd = reopen_node_in(open_root().as_fd(), NvidiaNode::Control, null, flags).unwrap();
+            let got = rustix::fs::fcntl_getfl(&fd).unwrap();
+            assert_eq!(got.contains(OFlags::NONBLOCK), nonblocking, "{flags:#o}: {got:?}");
+            assert_eq!(got & OFlags::RWMODE, OFlags::RDWR);
         }
     }
 

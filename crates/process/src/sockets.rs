@@ -87,7 +87,7 @@ impl ProcessSockets {
         if bytes.len() as u64 > MAX_NET_UNIX_BYTES {
             return Err(ProcessError::ProcFileTooLarge { pid: self.pid, path, limit: MAX_NET_UNIX_BYTES });
         }
-        Ok(parse_net_unix(&String::from_utf8_lossy(&bytes)))
+        Ok(parse_net_unix(&bytes))
     }
 
     /// A directory below `/proc/PID` by one name, opened relative to its parent without following a link.
@@ -127,27 +127,86 @@ fn net_namespace_inode(link: &str) -> Option<u64> {
     link.strip_prefix("net:[")?.strip_suffix(']')?.parse().ok()
 }
 
-/// The bound paths of `/proc/net/unix` by inode. A line is `Num RefCount Protocol Flags Type St Inode Path`; the path
-/// is the rest of the line after the seventh field, absent for an unbound socket and starting with `@` for an
-/// abstract one (no file: nothing to carry), both left out.
-pub fn parse_net_unix(text: &str) -> BTreeMap<u64, String> {
-    let mut out = BTreeMap::new();
-    for line in text.lines().skip(1) {
-        let mut rest = line;
-        let mut fields = Vec::with_capacity(7);
-        for _ in 0..7 {
-            rest = rest.trim_start_matches(' ');
-            let end = rest.find(' ').unwrap_or(rest.len());
-            fields.push(&rest[..end]);
-            rest = &rest[end..];
+/// The bound paths of `/proc/net/unix` by inode; pure (no I/O), bounded by its input (one pass, the output no larger
+/// than it) and never panicking, whatever the bytes (`fuzz/fuzz_targets/net_unix_parse.rs`).
+///
+/// A record is `Num: RefCount Protocol Flags Type St Inode[ Path]` and a line break, the path absent for an unbound
+/// socket and starting with `@` for an abstract one (no file: nothing to carry), both left out. The kernel writes a
+/// path's bytes as they are, line breaks included, so the text is not cut into records at every line break:
+///
+/// - a line that is no record header (see [`record_header`]) continues the path of the record before it (joined
+///   with `\n`); text before the first record (the column titles) is no record's;
+/// - a path can still hold a line that reads as a whole record (`/a\n0000000000000000: 00000002 00000000 00010000
+///   0001 01 12345 /forged`); such a line names an inode that some record of the namespace names too when that
+///   socket is there, so an inode named by more than one record is ambiguous and left out, never reported with
+///   either path. (What the forger's own record then shows is the part of its path before the forged line.)
+///
+/// Paths that are no UTF-8 are read lossily (U+FFFD for each bad byte).
+pub fn parse_net_unix(text: &[u8]) -> BTreeMap<u64, String> {
+    // The text ends with the last record's line break; what follows it is no continuation.
+    let body = text.strip_suffix(b"\n").unwrap_or(text);
+    let mut records: Vec<(u64, Option<Vec<u8>>)> = Vec::new();
+    for line in body.split(|&b| b == b'\n') {
+        match record_header(line) {
+            Some((inode, path)) => records.push((inode, path.map(<[u8]>::to_vec))),
+            None => {
+                if let Some((_, path)) = records.last_mut() {
+                    // After an unbound socket's record the kernel writes no path, so nothing can continue it: a
+                    // path made of a line break and the rest, which starts with no `/`, is never reported.
+                    let path = path.get_or_insert_with(Vec::new);
+                    path.push(b'\n');
+                    path.extend_from_slice(line);
+                }
+            }
         }
-        let path = rest.strip_prefix(' ').unwrap_or(rest);
-        let Some(inode) = fields.get(6).and_then(|f| f.parse::<u64>().ok()) else { continue };
-        if path.starts_with('/') {
-            out.insert(inode, path.to_string());
+    }
+    let mut seen: BTreeMap<u64, usize> = BTreeMap::new();
+    for (inode, _) in &records {
+        *seen.entry(*inode).or_insert(0) += 1;
+    }
+    let mut out = BTreeMap::new();
+    for (inode, path) in records {
+        let Some(path) = path else { continue };
+        if seen.get(&inode) == Some(&1) && path.first() == Some(&b'/') {
+            out.insert(inode, String::from_utf8_lossy(&path).into_owned());
         }
     }
     out
+}
+
+/// A line of `/proc/net/unix` as a record header, as the kernel prints it (`unix_seq_show`: `"%pK: %08X %08X %08X
+/// %04X %02X %5lu"`, then a space and the path if the socket has one): the inode and the path's first line. `None`
+/// for anything else: 1 to 16 hex digits and a colon, five hex fields of exactly 8, 8, 8, 4 and 2 digits each after
+/// one space, one space and the decimal inode (spaces before it, at most 20 digits), then the end or one space and
+/// the path.
+fn record_header(line: &[u8]) -> Option<(u64, Option<&[u8]>)> {
+    let is_hex = |field: &[u8]| field.iter().all(u8::is_ascii_hexdigit);
+    let colon = line.iter().position(|&b| b == b':')?;
+    let (num, rest) = line.split_at_checked(colon)?;
+    if num.is_empty() || num.len() > 16 || !is_hex(num) {
+        return None;
+    }
+    let mut rest = rest.strip_prefix(b":")?;
+    for width in [8, 8, 8, 4, 2] {
+        let (field, tail) = rest.strip_prefix(b" ")?.split_at_checked(width)?;
+        if !is_hex(field) {
+            return None;
+        }
+        rest = tail;
+    }
+    let rest = rest.strip_prefix(b" ")?;
+    let rest = rest.get(rest.iter().take_while(|&&b| b == b' ').count()..)?;
+    let digits = rest.iter().take_while(|b| b.is_ascii_digit()).count();
+    if digits == 0 || digits > 20 {
+        return None;
+    }
+    let (number, after) = rest.split_at_checked(digits)?;
+    let inode = std::str::from_utf8(number).ok()?.parse::<u64>().ok()?;
+    match after {
+        [] => Some((inode, None)),
+        [b' ', path @ ..] => Some((inode, Some(path))),
+        _ => None,
+    }
 }
 
 #[cfg(test)]
@@ -164,11 +223,83 @@ garbage
 
     #[test]
     fn bound_paths_are_read_by_inode_and_abstract_or_unbound_sockets_are_left_out() {
-        let m = parse_net_unix(NET_UNIX);
+        let m = parse_net_unix(NET_UNIX.as_bytes());
         assert_eq!(m.len(), 2);
         assert_eq!(m[&8276], "/tmp/pymp-x_jh4uwe/listener-ndkxs15z");
         // A padded inode, and a path with spaces (the rest of the line).
         assert_eq!(m[&9001], "/run/dbus/system bus socket");
+    }
+
+    /// Guards the record boundaries of `/proc/net/unix` (review finding: the text was cut at every line break). A
+    /// path holding a line break and a whole forged record line must not give the forged inode a path, nor cut the
+    /// real paths: before, inode 12345 read `/forged` (or `/real/socket`, whichever line came last) and the
+    /// multi-line path was cut at its first line.
+    #[test]
+    fn a_line_break_in_a_path_cannot_forge_a_record_or_cut_a_path() {
+        let record = |inode: u64, path: &str| {
+            format!("0000000000000000: 00000002 00000000 00010000 0001 01 {inode:>5} {path}\n")
+        };
+        // The forger binds `/a` + a line break + a record line of inode 12345, before or after the real 12345.
+        let forger = record(4242, &format!("/a\n{}", record(12345, "/forged").trim_end()));
+        let real = record(12345, "/real/socket");
+        let rest = record(7000, "/tmp/two\nlines")
+            + &record(7001, "/tmp/ends with a break\n")
+            + &record(7002, "@abstract\n/not/a/path");
+        for (first, second) in [(&forger, &real), (&real, &forger)] {
+            let text = format!("Num       RefCount Protocol Flags    Type St Inode Path\n{first}{second}{rest}");
+            let m = parse_net_unix(text.as_bytes());
+            assert!(!m.contains_key(&12345), "an inode of two records is ambiguous: {m:?}");
+            // The forger's own socket reads as the part of its path before the forged line.
+            assert_eq!(m.get(&4242).map(String::as_str), Some("/a"), "{m:?}");
+            assert_eq!(m.get(&7000).map(String::as_str), Some("/tmp/two\nlines"), "{m:?}");
+            assert_eq!(m.get(&7001).map(String::as_str), Some("/tmp/ends with a break\n"), "{m:?}");
+            assert!(!m.contains_key(&7002), "an abstract name with a line break is still abstract: {m:?}");
+            assert_eq!(m.len(), 3, "{m:?}");
+        }
+        // A line break before any record, or after an unbound socket's record, makes no path.
+        let m = parse_net_unix(b"/x\n0000000000000000: 00000003 00000000 00000000 0001 03 22222\n/y\n");
+        assert!(m.is_empty(), "{m:?}");
+        // Bytes that are no UTF-8 are kept lossily; a CR stays part of the path.
+        let m = parse_net_unix(b"0000000000000000: 00000002 00000000 00010000 0001 01  9 /a\xff\r\n");
+        assert_eq!(m.get(&9).map(String::as_str), Some("/a\u{fffd}\r"));
+    }
+
+    /// Guards the strictness of a record header (a path's continuation line must not be taken for a record unless it
+    /// has the kernel's whole form) and that no input panics: every cut and every one-byte change of the fixture.
+    #[test]
+    fn only_the_kernels_header_form_starts_a_record_and_no_input_panics() {
+        let good = b"0000000000000000: 00000002 00000000 00010000 0001 01  8276 /p";
+        assert_eq!(record_header(good), Some((8276, Some(&b"/p"[..]))));
+        assert_eq!(record_header(b"ffff0000: 00000002 00000000 00010000 0001 01 8276"), Some((8276, None)));
+        for bad in [
+            &b"0000000000000000 00000002 00000000 00010000 0001 01  8276 /p"[..],
+            b"00000000000000000: 00000002 00000000 00010000 0001 01  8276 /p",
+            b": 00000002 00000000 00010000 0001 01  8276 /p",
+            b"0000000000000000: 0000002 00000000 00010000 0001 01  8276 /p",
+            b"0000000000000000: 00000002 00000000 00010000 0001 1  8276 /p",
+            b"0000000000000000: 00000002 00000000 00010000 000g 01  8276 /p",
+            b"0000000000000000: 00000002 00000000 00010000 0001 01  8276x /p",
+            b"0000000000000000: 00000002 00000000 00010000 0001 01 ",
+            b"0000000000000000: 00000002 00000000 00010000 0001 01  99999999999999999999999 /p",
+            b"Num       RefCount Protocol Flags    Type St Inode Path",
+        ] {
+            assert_eq!(record_header(bad), None, "{}", String::from_utf8_lossy(bad));
+        }
+        let fixture = NET_UNIX.as_bytes();
+        for cut in 0..=fixture.len() {
+            parse_net_unix(&fixture[..cut]);
+        }
+        let mut changed = fixture.to_vec();
+        for at in 0..changed.len() {
+            let was = changed[at];
+            for b in [b'\n', b' ', b':', b'0', b'/', 0xff] {
+                changed[at] = b;
+                for path in parse_net_unix(&changed).values() {
+                    assert!(path.starts_with('/'), "{path:?}");
+                }
+            }
+            changed[at] = was;
+        }
     }
 
     #[test]

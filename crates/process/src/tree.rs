@@ -83,23 +83,21 @@ pub fn comm(pid: u32) -> Option<String> {
     read_text(pid, "comm", MAX_SMALL_PROC_FILE).ok().map(|c| c.trim_end_matches('\n').to_string())
 }
 
-/// The node's MPS server processes (`nvidia-cuda-mps-server`, by their executable's name), at most `max`.
+/// The node's MPS server processes (`exe_name` is `nvidia-cuda-mps-server`), at most `max`: those whose command name
+/// is `exe_name`'s first 15 bytes and whose executable, the file the process runs, is named `exe_name`, is root's and
+/// is writable by neither its group nor others ([`runs_roots_executable_named`]). A name alone is anyone's to give a
+/// program: a user's own `nvidia-cuda-mps-server` is not counted.
 pub fn processes_running(exe_name: &str, max: usize) -> Vec<u32> {
     let Ok(entries) = std::fs::read_dir("/proc") else { return Vec::new() };
+    // The name first (cheap, at most 15 bytes: a prefix of the executable's), then the executable itself.
+    let prefix: String = exe_name.chars().take(15).collect();
     let mut found = Vec::new();
     for e in entries.flatten().take(1 << 20) {
         let Some(pid) = e.file_name().to_str().and_then(|n| n.parse::<u32>().ok()) else { continue };
-        // The name first (cheap, at most 15 bytes: a prefix of the executable's), then the executable itself.
-        let prefix: String = exe_name.chars().take(15).collect();
         if comm(pid).is_none_or(|c| c != prefix) {
             continue;
         }
-        let exe = std::fs::read_link(proc_path(pid, "exe")).ok();
-        if exe
-            .as_ref()
-            .and_then(|p| p.file_name())
-            .is_some_and(|n| n.to_string_lossy().trim_end_matches(" (deleted)") == exe_name)
-        {
+        if runs_roots_executable_named(pid, exe_name) {
             found.push(pid);
             if found.len() >= max {
                 break;
@@ -107,6 +105,34 @@ pub fn processes_running(exe_name: &str, max: usize) -> Vec<u32> {
         }
     }
     found
+}
+
+/// Whether `pid` runs a file named `exe_name` that is root's and that only root can write ([`is_roots_executable`]).
+/// `/proc/PID/exe` is opened once (`O_PATH`: the link followed to the file the process runs, nothing of the file
+/// opened for reading); its owner and mode come from `fstat` of that descriptor and its name from the descriptor's
+/// own link, so both are of one file even if the process execs another meanwhile. `false` when any step fails (the
+/// process gone, or not ours to look at).
+fn runs_roots_executable_named(pid: u32, exe_name: &str) -> bool {
+    use std::os::fd::AsRawFd;
+    let flags = rustix::fs::OFlags::PATH | rustix::fs::OFlags::CLOEXEC;
+    let Ok(exe) = rustix::fs::open(proc_path(pid, "exe"), flags, rustix::fs::Mode::empty()) else { return false };
+    if !rustix::fs::fstat(&exe).is_ok_and(|st| is_roots_executable(&st)) {
+        return false;
+    }
+    let Ok(path) = rustix::fs::readlink(format!("/proc/self/fd/{}", exe.as_raw_fd()), Vec::new()) else {
+        return false;
+    };
+    let path = path.to_string_lossy();
+    let name = path.rsplit('/').next().unwrap_or_default();
+    name.trim_end_matches(" (deleted)") == exe_name
+}
+
+/// Whether a `stat` is of a regular file owned by root that neither its group nor others may write: a program only
+/// root can have put there (what the MPS server the driver's packages install is).
+fn is_roots_executable(st: &rustix::fs::Stat) -> bool {
+    rustix::fs::FileType::from_raw_mode(st.st_mode) == rustix::fs::FileType::RegularFile
+        && st.st_uid == 0
+        && st.st_mode & 0o022 == 0
 }
 
 /// When `pid` started (`/proc/PID/stat` field 22, clock ticks since boot): with the pid, it names one process,
@@ -276,6 +302,55 @@ mod tests {
     fn children_text() {
         assert_eq!(parse_children("12 13 200 \n"), vec![12, 13, 200]);
         assert_eq!(parse_children(""), Vec::<u32>::new());
+    }
+
+    /// A copy of `sleep` named `nvidia-cuda-mps-server`, started as `mode` (and `owner`'s when given), and whether
+    /// [`processes_running`] counts it as an MPS server. The child is killed when this returns.
+    fn counted_as_mps_server(mode: u32, owner: Option<u32>) -> bool {
+        use std::os::unix::fs::PermissionsExt;
+        const NAME: &str = "nvidia-cuda-mps-server";
+        let dir = tempfile::tempdir().unwrap();
+        let exe = dir.path().join(NAME);
+        std::fs::copy("/bin/sleep", &exe).unwrap();
+        if let Some(uid) = owner {
+            std::os::unix::fs::chown(&exe, Some(uid), None).unwrap();
+        }
+        std::fs::set_permissions(&exe, std::fs::Permissions::from_mode(mode)).unwrap();
+        // Another test's fork may hold the copy's write descriptor for a moment (ETXTBSY): try again.
+        let mut child = None;
+        for _ in 0..100 {
+            match std::process::Command::new(&exe).arg("60").spawn() {
+                Ok(c) => {
+                    child = Some(c);
+                    break;
+                }
+                Err(e) if e.raw_os_error() == Some(libc::ETXTBSY) => {
+                    std::thread::sleep(std::time::Duration::from_millis(20))
+                }
+                Err(e) => panic!("starting {}: {e}", exe.display()),
+            }
+        }
+        let mut child = child.expect("the copy never stopped being busy");
+        let pid = child.id();
+        // The exec is done when spawn returns; the name is the exec's.
+        assert_eq!(comm(pid).as_deref(), Some("nvidia-cuda-mps"), "the kernel keeps 15 bytes of the name");
+        let counted = processes_running(NAME, 1 << 16).contains(&pid);
+        child.kill().unwrap();
+        child.wait().unwrap();
+        counted
+    }
+
+    /// Guards the MPS server check (review finding: any user could run a binary called `nvidia-cuda-mps-server` and
+    /// be counted as the node's MPS server): a program others can write, or, as root, one another user owns, is not
+    /// counted; root's own, writable by root alone, is (so the refusals are not for another reason).
+    #[test]
+    fn only_a_roots_executable_counts_as_an_mps_server() {
+        assert!(!counted_as_mps_server(0o777, None), "writable by others");
+        assert!(!counted_as_mps_server(0o775, None), "writable by its group");
+        if rustix::process::geteuid().is_root() {
+            assert!(!counted_as_mps_server(0o755, Some(65534)), "owned by nobody");
+            assert!(counted_as_mps_server(0o755, None), "root's, 0755");
+        }
     }
 
     #[test]
