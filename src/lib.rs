@@ -305,7 +305,7 @@ extern "C" fn handle_device_vma(fd: c_int, st: *const libc::stat) -> c_int {
         let (mode, rdev) = unsafe { ((*st).st_mode, (*st).st_rdev) };
         let Some(number) = dev_number(mode, rdev) else { return -libc::ENOTSUP };
         let claim = match &mut *session() {
-            Session::Dump(d) => d.handle_device_vma(number),
+            Session::Dump(d) => d.handle_device_vma(number, ccm_process::criu_self::task_being_parsed()),
             _ => Claim::NotMine,
         };
         claim_code("HANDLE_DEVICE_VMA", format_args!("fd {fd}, {number}"), claim, started)

@@ -6,6 +6,7 @@
 # holds; and the move of a fork case to another machine.
 #
 #   bash tests/gpu/fork-workers.sh [bare] [container] [mps] [probe] [probe-uvm]   (all five without arguments)
+#   CCM_FORK_SHAPES="tr-uring tr-wayout tr-scale" bash tests/gpu/fork-workers.sh uring-probe bare   (issue 46)
 #   bash tests/gpu/fork-workers.sh move-dump                            machine A
 #   bash tests/gpu/fork-workers.sh move-restore DIR                     machine B; DIR holds move-dump's parts
 #
@@ -25,6 +26,11 @@
 #                 shape as its client: the job check exits 1 naming MPS, the dump fails (rc 1) with the plugin's
 #                 refusal naming MPS, the client stays RUNNING and advancing; the daemon is stopped at the end
 #                 (always, by the EXIT trap)
+#   uring-probe   which way of starting torchrun leaves its tree without an io_uring (CRIU cannot dump one): each
+#                 variant (TR_VARIANTS) runs `torchrun --no-python sleep`; the agent's and the tree's io_uring
+#                 descriptors and mappings, its threads, and the torch source lines that decide libuv, in
+#                 $OUT/torchrun-uring-probe.txt; the first clean variant becomes the tr-* rows' way out
+#   tr-*          torchrun shapes for `bare` (CCM_FORK_SHAPES): see launch() below
 #   probe         dl-fork-pin with pin_memory on and off: what each worker holds (/dev/nvidia* mappings with their
 #                 VmFlags, /dev/nvidia* fds with their fdinfo flags, every fd's kind) in
 #                 $OUT/fork-probe-{pin,nopin}.txt
@@ -230,6 +236,133 @@ py_for() { # SHAPE: the interpreter
     if [[ $1 == c-* ]]; then echo "$SYS_PY"; else echo "$TORCH_PY"; fi
 }
 
+# The torchrun shapes (issue 46): a whole torchrun tree (the elastic agent, its ranks, their DataLoader workers
+# forked after CUDA init, pinned memory) running fork_jobs.py tr-dl; ROOT is the agent.
+#   tr-uring   `torchrun --standalone`, one rank over NCCL, 2 workers: the agent's rendezvous store holds an io_uring
+#              (expected KNOWN: the job check says it would fail, the plugin refuses the dump before any lock naming
+#              the agent, the job runs on to the reference's result)
+#   tr-wayout  the same job started the way the probe (uring-probe) found without an io_uring ($WORK/wayout; the
+#              node's io_uring switched off when no torchrun setting does it): dumped, restored right after the
+#              dump, identical to the reference
+#   tr-scale   tr-wayout with CCM_TR_RANKS ranks (gloo, all on the one GPU) of CCM_TR_WORKERS workers each
+TR_SYSCTL=0
+IO_URING_WAS=0
+TR_RANKS=${CCM_TR_RANKS:-2}
+TR_WORKERS=${CCM_TR_WORKERS:-16}
+TR_PORT_BASE=${CCM_TR_PORT_BASE:-29610}
+# The ways to start torchrun that the probe tries, in order of preference (NAME|ENV|ARGS; PORT is a free port):
+# settings of torchrun first, the node's switch last.
+TR_VARIANTS=(
+    "standalone||--standalone"
+    "standalone-uv0|UV_USE_IO_URING=0|--standalone"
+    "c10d-libuv-0||--standalone --rdzv-conf use_libuv=0"
+    "c10d-libuv-false||--standalone --rdzv-conf use_libuv=False"
+    "static||--rdzv-backend static --master-addr 127.0.0.1 --master-port PORT"
+    "static-uselibuv0|USE_LIBUV=0|--rdzv-backend static --master-addr 127.0.0.1 --master-port PORT"
+    "c10d-uselibuv0|USE_LIBUV=0 TORCH_USE_LIBUV=0|--standalone --rdzv-conf use_libuv=0"
+    "node-io-uring-off|SYSCTL|--standalone"
+)
+
+# tr_variant NAME: sets TR_ENV (array) and TR_ARGS (array) for that way of starting torchrun; TR_SYSCTL=1 when it is
+# the node's switch.
+tr_variant() {
+    local v e a port=$((TR_PORT_BASE + RANDOM % 200))
+    TR_ENV=() TR_ARGS=() TR_SYSCTL=0
+    for v in "${TR_VARIANTS[@]}"; do
+        [[ ${v%%|*} == "$1" ]] || continue
+        e=${v#*|}
+        a=${e#*|}
+        e=${e%%|*}
+        if [[ $e == SYSCTL ]]; then TR_SYSCTL=1; e=""; fi
+        [[ -n $e ]] && read -r -a TR_ENV <<<"$e"
+        read -r -a TR_ARGS <<<"${a//PORT/$port}"
+        return 0
+    done
+    return 1
+}
+
+io_uring_off() { sysctl -qw kernel.io_uring_disabled=2; }
+io_uring_on() { sysctl -qw kernel.io_uring_disabled="${IO_URING_WAS:-0}"; }
+
+# launch DIR STDOUT SHAPE LOG STEPS SLEEP PAUSE [ENV-ASSIGNMENT...]: the job SHAPE, detached (STARTED_PID: its root).
+launch() {
+    local dir=$1 out=$2 shape=$3 logf=$4 steps=$5 sleep_s=$6 pause=$7 nproc=1 workers=2 variant
+    shift 7
+    if [[ $shape != tr-* ]]; then
+        start_detached "$dir" "$out" env "$@" "$(py_for "$shape")" "$JOBS" "$shape" --steps "$steps" --log "$logf" --sleep "$sleep_s" --pause-at "$pause"
+        return
+    fi
+    variant=standalone
+    [[ $shape != tr-uring ]] && variant=$(cat "$WORK/wayout" 2>/dev/null || echo node-io-uring-off)
+    [[ $shape == tr-scale ]] && nproc=$TR_RANKS workers=$TR_WORKERS
+    tr_variant "$variant" || variant=standalone
+    tr_variant "$variant"
+    # The node's switch only for the run that needs it (the tr-uring row needs io_uring on).
+    if ((TR_SYSCTL)); then io_uring_off; else io_uring_on; fi
+    start_detached "$dir" "$out" env "$@" "${TR_ENV[@]}" OMP_NUM_THREADS=1 "$TORCH_PY" -m torch.distributed.run \
+        --nnodes 1 --nproc-per-node "$nproc" "${TR_ARGS[@]}" "$JOBS" tr-dl --workers "$workers" --steps "$steps" \
+        --log "$logf" --sleep "$sleep_s" --pause-at "$pause"
+    log "$shape: torchrun ($variant: ${TR_ENV[*]} ${TR_ARGS[*]}), $nproc rank(s) x $workers workers: agent $STARTED_PID"
+}
+
+# criu_flags SHAPE: what a dump and a restore of SHAPE add (a torchrun tree holds established loopback TCP
+# connections: the ranks' to the agent's store, NCCL's bootstrap).
+criu_flags() {
+    if [[ $1 == tr-* ]]; then echo "--tcp-established --network-lock nftables"; fi
+}
+
+# uring-probe: which way of starting torchrun leaves the tree without an io_uring (the agent's rendezvous store);
+# the first torchrun setting that does is the way out (else the node's switch), written to $WORK/wayout.
+case_uring_probe() {
+    local out=$RESULTS_DIR/torchrun-uring-probe.txt v name d agent rings maps threads tree_rings chosen="" site
+    IO_URING_WAS=$(sysctl -n kernel.io_uring_disabled 2>/dev/null || echo 0)
+    site=$("$TORCH_PY" -c 'import torch, os; print(os.path.dirname(torch.__file__))')
+    {
+        echo "# torch $("$TORCH_PY" -c 'import torch; print(torch.__version__)'); kernel.io_uring_disabled=$IO_URING_WAS"
+        echo "# where torch's launcher decides libuv:"
+        grep -rn "use_libuv\|USE_LIBUV" "$site/distributed/run.py" "$site/distributed/launcher" \
+            "$site/distributed/elastic/rendezvous" "$site/distributed/elastic/utils/distributed.py" \
+            "$site/distributed/rendezvous.py" 2>/dev/null | sed "s|$site/||" | cut -c1-220 | head -40
+        echo "# variant | agent io_uring fds | agent io_uring maps | tree io_uring fds | agent threads (names)"
+    } >"$out"
+    for v in "${TR_VARIANTS[@]}"; do
+        name=${v%%|*}
+        d=$WORK/probe-$name
+        rm -rf "$d"
+        mkdir -p "$d"
+        tr_variant "$name"
+        ((TR_SYSCTL)) && io_uring_off
+        start_detached "$d" "$d/stdout.log" env "${TR_ENV[@]}" "$TORCH_PY" -m torch.distributed.run --nnodes 1 \
+            --nproc-per-node 1 "${TR_ARGS[@]}" --no-python sleep 60
+        agent=$STARTED_PID
+        local deadline=$((SECONDS + 40))
+        until pgrep -P "$agent" -x sleep >/dev/null 2>&1 || ((SECONDS >= deadline)) || ! alive "$agent"; do sleep 0.2; done
+        sleep 1
+        rings=$(find "/proc/$agent/fd" -lname 'anon_inode:\[io_uring\]' 2>/dev/null | wc -l)
+        maps=$(grep -c 'anon_inode:\[io_uring\]' "/proc/$agent/maps" 2>/dev/null)
+        tree_rings=0
+        local p
+        for p in $(descendants "$agent"); do
+            tree_rings=$((tree_rings + $(find "/proc/$p/fd" -lname 'anon_inode:\[io_uring\]' 2>/dev/null | wc -l)))
+        done
+        threads=$(cat /proc/"$agent"/task/*/comm 2>/dev/null | sort | uniq -c | awk '{printf "%s%s*%s", (NR>1?",":""), $2, $1}')
+        local started=no
+        pgrep -P "$agent" -x sleep >/dev/null 2>&1 && started=yes
+        echo "$name | ${rings:-?} | ${maps:-?} | $tree_rings | rank started: $started | $threads" >>"$out"
+        log "uring-probe $name: agent io_uring fds ${rings:-?}, maps ${maps:-?}; rank started: $started"
+        if [[ -z $chosen && $started == yes && ${rings:-1} -eq 0 && ${maps:-1} -eq 0 && $tree_rings -eq 0 ]]; then
+            chosen=$name
+        fi
+        tail -n 5 "$d/stdout.log" | sed "s/^/  $name: /" >>"$out"
+        cleanup_processes
+        io_uring_on
+    done
+    echo "${chosen:-node-io-uring-off}" >"$WORK/wayout"
+    echo "# way out: ${chosen:-none found; node-io-uring-off assumed}" >>"$out"
+    verdict uring-probe "a way to start torchrun without an io_uring in its tree" "way out: ${chosen:-none}; $(grep -c '|' "$out") lines in torchrun-uring-probe.txt" \
+        "$([[ -n $chosen ]] && echo PASS || echo FAIL)"
+}
+
 # ---------------------------------------------------------------------------------------------------------------
 # Reference runs: all shapes at once (the result does not depend on the pace or on the GPU's other work).
 
@@ -239,7 +372,7 @@ start_refs() { # SHAPE...
     REF_ROOTS=()
     for s in "$@"; do
         rm -f "$REF/$s.log" "$REF/$s.log.release"
-        start_detached "$REF" "$REF/$s.stdout.log" "$(py_for "$s")" "$JOBS" "$s" --steps "$STEPS" --log "$REF/$s.log" --sleep 0
+        launch "$REF" "$REF/$s.stdout.log" "$s" "$REF/$s.log" "$STEPS" 0 0
         REF_ROOTS+=("$s:$STARTED_PID")
     done
     log "reference runs started: ${REF_ROOTS[*]}"
@@ -276,7 +409,7 @@ case_bare() {
     log "$name: start"
     rm -rf "$d"
     mkdir -p "$d/img"
-    start_detached "$d" "$d/stdout.log" "$(py_for "$shape")" "$JOBS" "$shape" --steps "$STEPS" --log "$d/run.log" --pause-at "$PAUSE_AT"
+    launch "$d" "$d/stdout.log" "$shape" "$d/run.log" "$STEPS" 0.2 "$PAUSE_AT"
     root=$STARTED_PID
     if ! wait_line "$d/run.log" "^ready step=$PAUSE_AT\$" "$READY_S" "$root"; then
         verdict "$name" "$EXPECT_ROW" "job not ready: $(tail -n 3 "$d/stdout.log" "$d/run.log" 2>/dev/null | one_line 300)" FAIL
@@ -290,15 +423,20 @@ case_bare() {
     log "$name: dumping tree $(echo "$tree_pids" | tr '\n' ' ')"
     local t0
     t0=$(now)
-    criu_cmd -- dump -t "$root" -D "$d/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log --link-remap && rc=0 || rc=$?
+    # shellcheck disable=SC2046 # criu_flags gives words
+    criu_cmd -- dump -t "$root" -D "$d/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log --link-remap $(criu_flags "$shape") && rc=0 || rc=$?
     td=$(elapsed "$t0")
     img_mb=$(du -sm "$d/img" | cut -f1)
     log "$name: dump rc=$rc in ${td}s, images $img_mb MiB"
+    [[ -f $d/img/cuda-migrate-devices.img ]] && extra+="; claims $(stat -c %s "$d/img/cuda-migrate-devices.img") bytes for $(grep -c '^{"holder"' "$d/img/cuda-migrate-devices.img") processes"
     if [[ $rc -eq 0 ]]; then
-        # Every process of the tree gone (and the root reaped) before its pids are taken again.
+        # Every process of the tree gone (and the root reaped) before its pids are taken again: the restore
+        # starts right after (the plugin waits for pids still held as a group or session and says so).
         for p in $tree_pids; do wait_gone "$p" 30; done
         t0=$(now)
-        (close_inherited_fds && criu_cmd -- restore -d -D "$d/img" --libdir "$PLUGIN_LIBDIR" -v4 -o restore.log) && rrc=0 || rrc=$?
+        # shellcheck disable=SC2046
+        (close_inherited_fds && criu_cmd -- restore -d -D "$d/img" --libdir "$PLUGIN_LIBDIR" -v4 -o restore.log $(criu_flags "$shape")) && rrc=0 || rrc=$?
+        extra+="$(grep -m2 -o 'pid [0-9]* of the checkpoint .*' "$d/img/restore.log" | one_line 200 | sed 's/^./; pid wait: &/')"
         tr=$(elapsed "$t0")
         track "$root"
         log "$name: restore rc=$rrc in ${tr}s"
@@ -306,6 +444,7 @@ case_bare() {
         extra="; dump error: $(first_errors "$d/img/dump.log")"
     fi
     wait_line "$d/run.log" '^done ' "$DONE_S" "$root"
+    io_uring_on
     compare "$REF/$shape.log" "$d/run.log" && same=0
     if [[ $shape == *-fork && $shape != pool-fork ]] && ! grep -qx 'child_exit=7' "$d/run.log"; then
         same=1
@@ -548,7 +687,7 @@ phase_move_dump() {
     # $TMPDIR/pymp-*, and CRIU binds them again at the same path at restore, so that folder must travel with the
     # images (a container's /tmp travels in its root file system; a bare process's files are the mover's to carry).
     mkdir -p "$XFER/run/tmp"
-    start_detached "$XFER/run" "$XFER/run/stdout.log" env "TMPDIR=$XFER/run/tmp" "$(py_for "$MOVE_SHAPE")" "$JOBS" "$MOVE_SHAPE" --steps "$STEPS" --log "$XFER/run/run.log" --pause-at "$PAUSE_AT"
+    launch "$XFER/run" "$XFER/run/stdout.log" "$MOVE_SHAPE" "$XFER/run/run.log" "$STEPS" 0.2 "$PAUSE_AT" "TMPDIR=$XFER/run/tmp"
     root=$STARTED_PID
     if ! wait_line "$XFER/run/run.log" "^ready step=$PAUSE_AT\$" "$READY_S" "$root"; then
         verdict "$name" "dumped" "job not ready: $(tail -n 3 "$XFER/run/stdout.log" "$XFER/run/run.log" 2>/dev/null | one_line 300)" FAIL
@@ -559,7 +698,8 @@ phase_move_dump() {
     job_check "$root" "$name"
     tree_pids=$(descendants "$root")
     t0=$(now)
-    criu_cmd -- dump -t "$root" -D "$XFER/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log --link-remap && rc=0 || rc=$?
+    # shellcheck disable=SC2046
+    criu_cmd -- dump -t "$root" -D "$XFER/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log --link-remap $(criu_flags "$MOVE_SHAPE") && rc=0 || rc=$?
     td=$(elapsed "$t0")
     for p in $tree_pids; do wait_gone "$p" 30; done
     img_mb=$(du -sm "$XFER/img" | cut -f1)
@@ -641,7 +781,8 @@ phase_move_restore() {
     start_refs "$MOVE_SHAPE"
     wait_refs
     t0=$(now)
-    (close_inherited_fds && criu_cmd -- restore -d -D "$XFER/img" --libdir "$PLUGIN_LIBDIR" -v4 -o restore.log) && rrc=0 || rrc=$?
+    # shellcheck disable=SC2046
+    (close_inherited_fds && criu_cmd -- restore -d -D "$XFER/img" --libdir "$PLUGIN_LIBDIR" -v4 -o restore.log $(criu_flags "$MOVE_SHAPE")) && rrc=0 || rrc=$?
     tr=$(elapsed "$t0")
     track "$root"
     log "$name: restore rc=$rrc in ${tr}s"
@@ -683,6 +824,9 @@ main_fork() {
     "$CLI" --version >"$LOGS/cli-version.txt" 2>&1
     log "GPU: $(nvidia-smi --query-gpu=driver_version,name,uuid --format=csv,noheader | head -n1); torch python: $TORCH_PY; CLI: $CLI; steps $STEPS, dump at $PAUSE_AT"
     local phase s refs=()
+    IO_URING_WAS=$(sysctl -n kernel.io_uring_disabled 2>/dev/null || echo 0)
+    # The probe first: the torchrun rows' references start the way it found.
+    [[ " $* " == *" uring-probe "* ]] && case_uring_probe
     for phase in "$@"; do
         case $phase in
         bare) refs+=("${BARE_SHAPES[@]}") ;;
@@ -701,6 +845,7 @@ main_fork() {
         mps) case_mps ;;
         probe) case_probe ;;
         probe-uvm) case_probe_uvm ;;
+        uring-probe) ;;
         holdings-bench) case_holdings_bench ;;
         move-dump) phase_move_dump ;;
         move-restore)

@@ -22,6 +22,11 @@ SHAPE:
                   written on the GPU and read by the host every step: driver 580's checkpoint refuses managed memory
                   (CUDA_ERROR_NOT_SUPPORTED), so the job check must not say ready and the dump must leave it running
   mps             the training loop without workers, meant to run as an MPS client (the test starts the daemon)
+  tr-dl           one rank of a torchrun job (issue 46): run by torchrun (RANK, WORLD_SIZE, LOCAL_RANK from it),
+                  DDP over NCCL when the job has one rank, over gloo when several ranks share the one GPU (NCCL
+                  refuses two ranks on one GPU), the model and its data on cuda:0, fed by a DataLoader of
+                  --workers forked workers (pin_memory=True) created after CUDA init; rank 0 logs the all-reduced
+                  loss and the parameters' hash (DDP keeps them equal on every rank), the others log to FILE.rankN
 
 --extra-managed SIZES (c-uvm): more managed allocations of those byte sizes, for the probe of what they map.
 
@@ -46,7 +51,10 @@ D_IN = 64
 HIDDEN = 256
 BATCH = 32
 EPOCH_BATCHES = 8  # the dataset is 8 batches long: the persistent workers feed several epochs
-SHAPES = ("dl-fork-pin", "dl-fork-8w", "dl-fork-nopin", "dl-forkserver", "dl-spawn", "pool-fork", "bare-fork", "c-fork", "c-uvm", "mps")
+SHAPES = (
+    "dl-fork-pin", "dl-fork-8w", "dl-fork-nopin", "dl-forkserver", "dl-spawn", "pool-fork", "bare-fork", "c-fork", "c-uvm",
+    "mps", "tr-dl",
+)
 CHILD_EXIT = 7
 
 
@@ -233,6 +241,79 @@ def torch_job(a, log):
     return 0
 
 
+class RankDataset(SynthDataset):
+    """A rank's share: the samples of SynthDataset shifted by the rank (every rank trains on its own data)."""
+
+    def __init__(self, rank):
+        self.rank = rank
+
+    def __getitem__(self, i):
+        return SynthDataset.__getitem__(self, i + 7 * BATCH * self.rank)
+
+
+def torchrun_job(a, log):
+    """tr-dl: one rank of a torchrun job (see the module's docstring)."""
+    os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
+    import torch
+    import torch.distributed as dist
+
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    if rank != 0:
+        log = Log(a.log + ".rank%d" % rank)
+    torch.manual_seed(0)
+    torch.use_deterministic_algorithms(True)
+    dev = torch.device("cuda:0")
+    torch.cuda.set_device(dev)
+    backend = "nccl" if world == 1 else "gloo"
+    dist.init_process_group(backend)
+    model = torch.nn.Sequential(
+        torch.nn.Linear(D_IN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, 1),
+    ).to(dev)
+    ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0] if backend == "nccl" else None)
+    opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
+    with torch.no_grad():
+        model(torch.zeros(1, D_IN, device=dev))
+    torch.cuda.synchronize()
+    loader = torch.utils.data.DataLoader(
+        RankDataset(rank), batch_size=BATCH, shuffle=False, num_workers=a.workers, persistent_workers=True,
+        pin_memory=True,
+    )
+    it = iter(loader)
+    for step in range(1, a.steps + 1):
+        try:
+            x, y = next(it)
+        except StopIteration:
+            it = iter(loader)
+            x, y = next(it)
+        x, y = x.to(dev, non_blocking=True), y.to(dev, non_blocking=True)
+        loss = torch.nn.functional.mse_loss(ddp(x), y)
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        opt.step()
+        mean = loss.detach().clone()
+        dist.all_reduce(mean)
+        log("step=%d loss=%r" % (step, mean.item() / world))
+        if step == a.pause_at:
+            log("ready step=%d" % step)
+        if a.sleep > 0:
+            time.sleep(a.sleep)
+    torch.cuda.synchronize()
+    digest = params_sha256(model)
+    dist.barrier()
+    del it
+    del loader
+    prop = torch.cuda.get_device_properties(0)
+    pci = [getattr(prop, k, 0) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    log("identity uuid=GPU-%s bus=%04x:%02x:%02x.0" % (prop.uuid, pci[0], pci[1], pci[2]))
+    log("done params_sha256=%s" % digest)
+    dist.destroy_process_group()
+    return 0
+
+
 # ---------------------------------------------------------------------------------------------------------------
 # c-fork: libcuda through ctypes, no torch
 
@@ -320,12 +401,15 @@ def main():
     p.add_argument("--sleep", type=float, default=0.2)
     p.add_argument("--extra-managed", type=lambda t: [int(x) for x in t.split(",") if x], default=[],
                    help="c-uvm: more managed allocations of these byte sizes (comma-separated), for the probe")
+    p.add_argument("--workers", type=int, default=2, help="tr-dl: DataLoader workers per rank")
     a = p.parse_args()
     a.log = os.path.abspath(a.log)
     log = Log(a.log)
     try:
         if a.shape in ("c-fork", "c-uvm"):
             return c_fork_job(a, log)
+        if a.shape == "tr-dl":
+            return torchrun_job(a, log)
         return torch_job(a, log)
     except Exception as e:  # noqa: BLE001 - the test reads what failed
         log("error %s: %s" % (type(e).__name__, e))

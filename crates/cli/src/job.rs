@@ -39,11 +39,15 @@ struct ProcessRow {
     pid: u32,
     command: String,
     cuda: bool,
+    #[serde(skip)]
+    maps_libcuda: bool,
     importer: bool,
     gpus: Vec<GpuUse>,
     /// No CUDA context of its own, but NVIDIA descriptors or mappings (a child forked after its parent's
     /// cuInit): the plugin claims them (reopened, placeholders) and CRIU dumps it.
     forked_holder: Option<HolderFacts>,
+    /// What it holds that CRIU cannot dump (an io_uring, ...): the dump would fail in CRIU.
+    criu_cannot_dump: Vec<ccm_identity::criu_support::Undumpable>,
     #[serde(skip)]
     holdings: ccm_process::claims::Holdings,
 }
@@ -64,7 +68,8 @@ struct JobReport {
     /// The importers that are MPS clients.
     mps_clients: Vec<u32>,
     importer_check: ImporterCheck,
-    /// `ready` or `refused`.
+    /// `ready`, `refused` (the plugin would refuse the dump before any lock) or `would-fail` (CRIU would fail it:
+    /// something it cannot dump, named with the way out).
     verdict: &'static str,
     /// The plugin's line: the refusal, the warning, or the line it logs.
     message: String,
@@ -111,7 +116,7 @@ pub fn run(pid: i32, json: bool) -> CliResult {
     let rm = ccm_driver::rm::video_memory_within(&tree, RM_DEADLINE);
     let devices = node_devices(&config);
     let rows: Vec<ProcessRow> = tree.iter().map(|&p| row(p, rm.as_ref().ok(), &node_gpus, &devices)).collect();
-    let rows = classify_forked(rows);
+    let rows = classify_forked(rows, &devices);
     // What the plugin cannot claim refuses the dump, in its words.
     let unclaimable = rows.iter().find_map(|r| {
         r.holdings.unclaimed.first().map(|(what, name)| {
@@ -133,7 +138,21 @@ pub fn run(pid: i32, json: bool) -> CliResult {
             ccm_engine::EngineError::ManagedMemoryRefused { pid, comm: r.command.clone(), managed }.to_string()
         })
     });
-    let refused_first = unclaimable.or(managed);
+    // What the claims file could not record refuses the dump before any lock (the plugin's check, its words).
+    let over_bound = ccm_engine::claims::check_tree_bounds(
+        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim(),
+        node_gpus.len(),
+        rows.iter().map(|r| (r.pid, r.command.as_str(), &r.holdings)),
+    )
+    .err()
+    .map(|e| e.to_string());
+    let refused_first = unclaimable.or(managed).or(over_bound);
+    // What CRIU itself cannot dump (an io_uring: torchrun's agent) fails the dump in CRIU.
+    let would_fail: Vec<String> = rows
+        .iter()
+        .filter(|r| !r.criu_cannot_dump.is_empty())
+        .map(|r| ccm_identity::criu_support::line(r.pid, &r.command, &r.criu_cannot_dump))
+        .collect();
     let cuda_pids: Vec<HostPid> = rows.iter().filter(|r| r.cuda).filter_map(|r| HostPid::new(r.pid.into())).collect();
     let mut facts = rm.as_ref().map(|r| importers_in(r, |pci| node_gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid)));
     // As the plugin: only live processes holding a GPU node count (a dead process's memory stays under its number).
@@ -143,6 +162,9 @@ pub fn run(pid: i32, json: bool) -> CliResult {
             let before = started.iter().find(|(q, _)| *q == p.get()).and_then(|(_, t)| *t);
             before.is_some_and(|t| ccm_process::tree::start_time(p.get()) == Some(t))
                 && ccm_process::devices::nvidia_minors_in_use(p.get()).is_ok_and(|m| !m.is_empty())
+                // A child forked after cuInit has no context to import with: the memory under its number is a
+                // dead process's (as the plugin decides).
+                && ccm_process::forked::holds_only_parents_nvidia_files(p.get(), &devices) != Some(true)
         });
         f.importers = live;
         if !stale.is_empty() {
@@ -188,6 +210,7 @@ pub fn run(pid: i32, json: bool) -> CliResult {
         .collect();
     let (verdict_word, message, code) = match &v {
         _ if refused_first.is_some() => ("refused", refused_first.clone().unwrap_or_default(), 1),
+        _ if !would_fail.is_empty() => ("would-fail", would_fail.join("; "), 1),
         SharingVerdict::Proceed { warning: Some(w), .. } => ("ready", w.clone(), 0),
         SharingVerdict::Proceed { info, .. } if cuda_pids.is_empty() => (
             "ready",
@@ -238,9 +261,11 @@ pub fn run(pid: i32, json: bool) -> CliResult {
     }
     print_table(&report);
     if code == 1 {
-        return Err(Failure::Refused(
-            "a checkpoint of this tree now would be refused (the verdict line above says why and what to do)".into(),
-        ));
+        return Err(Failure::Refused(if report.verdict == "would-fail" {
+            "a checkpoint of this tree now would fail in CRIU (the verdict line above says why and what to do)".into()
+        } else {
+            "a checkpoint of this tree now would be refused (the verdict line above says why and what to do)".into()
+        }));
     }
     Ok(())
 }
@@ -250,44 +275,33 @@ fn node_devices(config: &ccm_engine::Config) -> NvidiaDevices {
     ccm_engine::claims::with_stand_ins(config, ccm_process::claims::nvidia_devices().unwrap_or_default())
 }
 
-/// A process that looks like a CUDA process (it maps libcuda and holds a GPU node) but holds only its CUDA
-/// parent's open files and no device memory of its own is a child forked after the parent's cuInit: the driver
-/// has no context for it (the plugin's driver query says so at dump), and the plugin claims what it holds.
-fn classify_forked(mut rows: Vec<ProcessRow>) -> Vec<ProcessRow> {
-    let cuda: BTreeSet<u32> = rows.iter().filter(|r| r.cuda).map(|r| r.pid).collect();
-    let fds_of = |pid: u32, rows: &[ProcessRow]| -> Vec<u32> {
-        rows.iter().find(|r| r.pid == pid).map(|r| r.holdings.fds.iter().map(|f| f.fd).collect()).unwrap_or_default()
-    };
-    let mut verdicts = Vec::new();
-    for r in &rows {
-        let own_memory = r.gpus.iter().any(|g| g.memory.is_some_and(|m| m.total() > 0));
-        let holds = !r.holdings.fds.is_empty() || !r.holdings.mappings.is_empty();
-        if !holds || own_memory {
-            verdicts.push(None);
-            continue;
-        }
-        let parent = ccm_process::tree::parent_of(r.pid).filter(|p| cuda.contains(p) && *p != r.pid);
-        let inherited = parent.filter(|&p| {
-            let theirs = fds_of(p, &rows);
-            !r.holdings.fds.is_empty()
-                && r.holdings
-                    .fds
-                    .iter()
-                    .all(|f| ccm_process::claims::shares_open_file(r.pid, f.fd, p, &theirs).unwrap_or(false))
-        });
-        // Without the parent's word: no memory of its own, no context (a CUDA process maps nvidia-uvm, which a fork
-        // does not copy).
-        let has_uvm_mapping = r.holdings.mappings.iter().any(|m| m.node == NvidiaNode::Uvm);
-        if inherited.is_some() || !r.cuda || !has_uvm_mapping && own_memory_known(r) {
-            verdicts.push(Some(HolderFacts {
+/// Which processes are children forked after a CUDA parent's `cuInit` (the plugin claims their nodes) rather than
+/// CUDA processes (the driver checkpoints them), decided as the dump decides: the driver has a context (a restore
+/// thread) for a process that ran `cuInit` itself, whatever memory it holds (torchrun's elastic agent initialises
+/// CUDA and allocates nothing: the dump checkpoints it), and none for a forked child. From outside, the kernel tells
+/// the two apart: a forked child's NVIDIA descriptors are all its parent's open files (`kcmp`).
+fn classify_forked(mut rows: Vec<ProcessRow>, devices: &NvidiaDevices) -> Vec<ProcessRow> {
+    let verdicts: Vec<Option<HolderFacts>> = rows
+        .iter()
+        .map(|r| {
+            let holds = !r.holdings.fds.is_empty() || !r.holdings.mappings.is_empty();
+            let inherited =
+                if holds { ccm_process::forked::holds_only_parents_nvidia_files(r.pid, devices) } else { None };
+            let facts = ForkFacts {
+                holds,
+                maps_libcuda: r.cuda || r.maps_libcuda,
+                own_memory: r.gpus.iter().any(|g| g.memory.is_some_and(|m| m.total() > 0)),
+                parents_files_only: inherited,
+                uvm_mapping: r.holdings.mappings.iter().any(|m| m.node == NvidiaNode::Uvm),
+                own_memory_known: own_memory_known(r),
+            };
+            is_forked_holder(&facts).then(|| HolderFacts {
                 descriptors: r.holdings.fds.len(),
                 mappings: r.holdings.mappings.len(),
-                inherited_from: inherited,
-            }));
-        } else {
-            verdicts.push(None);
-        }
-    }
+                inherited_from: (inherited == Some(true)).then(|| ccm_process::tree::parent_of(r.pid)).flatten(),
+            })
+        })
+        .collect();
     for (r, v) in rows.iter_mut().zip(verdicts) {
         if v.is_some() {
             r.cuda = false;
@@ -295,6 +309,33 @@ fn classify_forked(mut rows: Vec<ProcessRow>) -> Vec<ProcessRow> {
         r.forked_holder = v;
     }
     rows
+}
+
+/// What [`is_forked_holder`] decides by.
+struct ForkFacts {
+    /// It holds NVIDIA descriptors or mappings.
+    holds: bool,
+    maps_libcuda: bool,
+    /// The resource manager shows GPU memory of its own.
+    own_memory: bool,
+    /// Whether its NVIDIA descriptors are all its parent's open files (`None`: the kernel could not tell).
+    parents_files_only: Option<bool>,
+    /// It maps `/dev/nvidia-uvm` (a CUDA process does; a fork does not copy that mapping: VM_DONTCOPY).
+    uvm_mapping: bool,
+    own_memory_known: bool,
+}
+
+/// A holder of NVIDIA nodes without a CUDA context of its own. The kernel's answer decides when it has one; without
+/// it, a process with no memory of its own and no nvidia-uvm mapping is taken for a fork.
+fn is_forked_holder(f: &ForkFacts) -> bool {
+    if !f.holds {
+        return false;
+    }
+    match f.parents_files_only {
+        Some(true) => true,
+        Some(false) => !f.maps_libcuda,
+        None => !f.maps_libcuda || !f.own_memory && !f.uvm_mapping && f.own_memory_known,
+    }
 }
 
 /// Whether the resource manager answered for this process (its memory is known to be none).
@@ -330,7 +371,18 @@ fn row(pid: u32, rm: Option<&PidMemoryReport>, node_gpus: &[GpuIdentity], device
     // a process that only loaded the library (torch.compile's workers) has neither.
     let cuda = maps_libcuda && !gpus.is_empty();
     let holdings = ccm_process::claims::holdings(pid, &maps, devices).unwrap_or_default();
-    ProcessRow { pid, command, cuda, importer: false, gpus, forked_holder: None, holdings }
+    let criu_cannot_dump = ccm_process::undumpable::undumpable(pid, &maps).unwrap_or_default();
+    ProcessRow {
+        pid,
+        command,
+        cuda,
+        maps_libcuda,
+        importer: false,
+        gpus,
+        forked_holder: None,
+        criu_cannot_dump,
+        holdings,
+    }
 }
 
 /// The unix sockets the processes of `tree` hold that are bound to a path, each namespace's list read once.
@@ -434,13 +486,43 @@ fn print_table(r: &JobReport) {
     if let Some(line) = bound_sockets_line(&r.bound_sockets) {
         println!("{line}");
     }
-    let head = if r.verdict == "ready" { "ready" } else { "would be refused" };
+    let head = match r.verdict {
+        "ready" => "ready",
+        "would-fail" => "would fail",
+        _ => "would be refused",
+    };
     println!("verdict: {head}: {}", r.message);
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn facts(parents_files_only: Option<bool>) -> ForkFacts {
+        ForkFacts {
+            holds: true,
+            maps_libcuda: true,
+            own_memory: false,
+            parents_files_only,
+            uvm_mapping: false,
+            own_memory_known: true,
+        }
+    }
+
+    /// Issue 46: torchrun's elastic agent ran cuInit itself (its NVIDIA descriptors are its own), allocates nothing
+    /// and maps no nvidia-uvm: the driver gives it a restore thread and the dump checkpoints it, so `job` lists it as
+    /// a CUDA process, not as a fork (it said `fork` before). A DataLoader worker's descriptors are all its parent's.
+    #[test]
+    fn the_agent_is_a_cuda_process_and_a_worker_a_fork_as_the_dump_decides() {
+        assert!(!is_forked_holder(&facts(Some(false))), "the agent");
+        assert!(is_forked_holder(&facts(Some(true))), "a DataLoader worker");
+        // Without the kernel's answer: no memory and no nvidia-uvm mapping reads as a fork, as before.
+        assert!(is_forked_holder(&facts(None)));
+        assert!(!is_forked_holder(&ForkFacts { own_memory: true, ..facts(None) }));
+        assert!(!is_forked_holder(&ForkFacts { holds: false, ..facts(Some(true)) }));
+        // Not mapping libcuda at all: whatever it holds is inherited.
+        assert!(is_forked_holder(&ForkFacts { maps_libcuda: false, ..facts(Some(false)) }));
+    }
 
     #[test]
     fn bound_sockets_are_named_by_folder_with_the_pids_binding_there() {

@@ -820,11 +820,12 @@ fn run_preflight(
     // The forked processes' descriptors, as the plugin plans them at its init.
     let claims = match checkpoint.claims {
         Some(cl) => {
-            let usable_uuids: Vec<_> = node.gpus().iter().map(|g| g.uuid).collect();
+            // The same usable set as the CUDA processes' map (the plugin's rule).
+            let usable_uuids = usable.gpus_of(node.gpus()).map_err(|e| Failure::Refused(e.to_string()))?;
             let devices =
                 ccm_engine::claims::with_stand_ins(&config, ccm_process::claims::nvidia_devices().unwrap_or_default());
             Some(
-                ccm_engine::claims::RestoreClaims::plan(cl, &devices, plans, node.gpus(), &usable_uuids)
+                ccm_engine::claims::RestoreClaims::plan(cl, &devices, plans, node.gpus(), &usable_uuids, &config)
                     .map_err(|e| Failure::Refused(e.to_string()))?,
             )
         }

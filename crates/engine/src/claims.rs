@@ -16,14 +16,15 @@
 //! Nothing is claimed by path: device numbers decide, from `/proc/devices` (or the test doubles'
 //! stand-ins, `CCM_TEST_DOUBLE_NVIDIA_DEVICES`).
 
-use std::collections::BTreeMap;
+use std::collections::{BTreeMap, BTreeSet};
 use std::os::fd::OwnedFd;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use ccm_identity::claims::{
-    ClaimedFile, DevNumber, DeviceClaims, DeviceHolder, NvidiaDevices, NvidiaNode, CLAIMS_FILE_NAME, MAX_CLAIMS_BYTES,
+    ClaimedFile, ClaimsTally, DevNumber, DeviceClaims, DeviceHolder, NvidiaDevices, NvidiaNode, CLAIMS_FILE_NAME,
+    MAX_CLAIMS_BYTES,
 };
 use ccm_identity::{GpuIdentity, GpuUuid, HostPid};
 use ccm_process::claims::Holdings;
@@ -109,9 +110,21 @@ pub fn read_holdings(targets: &dyn Targets, devices: &NvidiaDevices, pids: &[u32
 pub struct DumpClaims {
     devices: Option<NvidiaDevices>,
     claims: Option<DeviceClaims>,
-    /// The claims file, created at the first claim and rewritten in place at each.
+    /// The claims file, created at the first claim; every later claim is appended to it.
     file: Option<ccm_process::dir::RewrittenFile>,
+    /// Bytes in the file so far: the next append's offset.
+    written: u64,
+    /// What the claims will take, checked against the one bound before each process is recorded.
+    tally: Option<ClaimsTally>,
+    /// Which NVIDIA nodes each recorded process maps (by the pid CRIU dumps it as): HANDLE_DEVICE_VMA's lookup.
+    mapped: BTreeMap<u32, BTreeSet<NvidiaNode>>,
+    /// Time spent writing the claims in this dump, against [`WRITE_BUDGET`].
+    write_time: Duration,
 }
+
+/// The most time one dump may spend writing its claims (each claim is an append of a line: microseconds; a
+/// filesystem that stalls fails the dump with this said, instead of holding the frozen tree).
+pub const WRITE_BUDGET: Duration = Duration::from_secs(10);
 
 /// What HANDLE_DEVICE_VMA and DUMP_EXT_FILE answer.
 #[derive(Debug)]
@@ -121,6 +134,43 @@ pub enum Claim {
     /// Claimed (for a file: written into the claims).
     Mine,
     Refused(ClaimError),
+}
+
+/// The claims file's bound over a tree's holdings, read ahead before any lock: the first process that would cross
+/// it, with the bound's words. The same check each claim makes, and `criu-cuda-migrate job` makes.
+pub fn check_tree_bounds<'a>(
+    hostname: &str,
+    gpus: usize,
+    holders: impl IntoIterator<Item = (u32, &'a str, &'a Holdings)>,
+) -> Result<ClaimsTally, ClaimError> {
+    let header = DeviceClaims::new(
+        hostname,
+        (0..u32::try_from(gpus.min(ccm_identity::claims::MAX_GPUS)).unwrap_or(0))
+            .map(|m| (m, GpuUuid::from_bytes([0xff; 16])))
+            .collect(),
+    );
+    let mut tally = ClaimsTally::new(header.header_line().len());
+    for (pid, comm, held) in holders {
+        if held.mappings.is_empty() && held.fds.is_empty() {
+            continue;
+        }
+        let h = DeviceHolder {
+            pid,
+            host_pid: pid,
+            comm: comm.chars().take(ccm_identity::claims::MAX_TEXT).collect(),
+            mappings: held.mappings.clone(),
+            fds: held.fds.clone(),
+        };
+        if let Err(why) = tally.add(&h) {
+            return Err(ClaimError::OverBound {
+                pid,
+                comm: ccm_identity::text::shown(comm),
+                holders: tally.holders,
+                why,
+            });
+        }
+    }
+    Ok(tally)
 }
 
 impl DumpClaims {
@@ -149,7 +199,8 @@ impl DumpClaims {
         }
         // Every process of every tree dumped on a GPU node comes here: one whose holdings cannot be read is left to
         // CRIU, which fails the dump itself, naming the mapping, if it does hold an NVIDIA node (a warning says why
-        // the plugin could not claim it), and dumps it as before if it does not.
+        // the plugin could not claim it; HANDLE_DEVICE_VMA claims no mapping for it), and dumps it as before if it
+        // does not.
         let (comm, held) = match read.unwrap_or_else(|| targets.device_holdings(pid.get(), &devices)) {
             Ok(h) => h,
             Err(e) => {
@@ -172,7 +223,6 @@ impl DumpClaims {
             let minors = gpus().into_iter().map(|g| (g.minor, g.uuid)).collect::<BTreeMap<u32, GpuUuid>>();
             DeviceClaims::new(&targets.hostname(), minors)
         });
-        claims.holders.retain(|h| h.host_pid != pid.get());
         let holder = DeviceHolder {
             pid: ns_pid,
             host_pid: pid.get(),
@@ -180,6 +230,27 @@ impl DumpClaims {
             mappings: held.mappings,
             fds: held.fds,
         };
+        let replaces = claims.holders.iter().any(|h| h.host_pid == pid.get() || h.pid == ns_pid);
+        if replaces {
+            claims.holders.retain(|h| h.host_pid != pid.get() && h.pid != ns_pid);
+            self.tally = None;
+        }
+        let tally = self.tally.get_or_insert_with(|| {
+            let mut t = ClaimsTally::new(claims.header_line().len());
+            for h in &claims.holders {
+                // Each was added through this check already.
+                let _ = t.add(h);
+            }
+            t
+        });
+        if let Err(why) = tally.add(&holder) {
+            return Err(ClaimError::OverBound {
+                pid: pid.get(),
+                comm: ccm_identity::text::shown(&holder.comm),
+                holders: tally.holders,
+                why,
+            });
+        }
         let line = format!(
             "pid {pid} ({}) is no CUDA process but holds {} NVIDIA descriptor(s) and {} device mapping(s), inherited \
              from a CUDA parent (a child forked after cuInit): claimed; the descriptors are reopened on the restoring \
@@ -188,22 +259,41 @@ impl DumpClaims {
             holder.fds.len(),
             holder.mappings.len()
         );
+        self.mapped.insert(pid.get(), holder.mappings.iter().map(|m| m.node).collect());
+        let appended = ccm_identity::claims::holder_line(&holder);
         claims.holders.push(holder);
-        self.write(host)?;
+        if replaces {
+            self.write_all(host)?;
+        } else {
+            self.append(&appended, host)?;
+        }
         Ok(Some(line))
     }
 
-    /// HANDLE_DEVICE_VMA: a device mapping CRIU cannot dump. Claimed when it is an NVIDIA node that a
-    /// recorded process maps (its content is the driver's, not the process's: nothing to dump).
-    pub fn device_vma(&mut self, number: DevNumber, config: &Config, targets: &dyn Targets) -> Claim {
+    /// HANDLE_DEVICE_VMA: a device mapping CRIU cannot dump. Claimed when it is an NVIDIA node that the process
+    /// CRIU is parsing (`parsed`: the pid whose mappings CRIU walks now) was recorded mapping (its content is the
+    /// driver's, not the process's: nothing to dump). When CRIU's task cannot be told, any recorded process mapping
+    /// the node will do (a debug line says so).
+    pub fn device_vma(
+        &mut self,
+        number: DevNumber,
+        parsed: Option<u32>,
+        config: &Config,
+        targets: &dyn Targets,
+    ) -> Claim {
         let Some(node) = self.devices(config, targets).classify(number) else { return Claim::NotMine };
-        let recorded =
-            self.claims.as_ref().is_some_and(|c| c.holders.iter().any(|h| h.mappings.iter().any(|m| m.node == node)));
+        let recorded = match parsed {
+            Some(pid) => self.mapped.get(&pid).is_some_and(|nodes| nodes.contains(&node)),
+            None => {
+                debug!("device mapping of {node}: the task CRIU parses could not be told; any recorded holder counts");
+                self.mapped.values().any(|nodes| nodes.contains(&node))
+            }
+        };
         if recorded {
             debug!("device mapping of {node} ({number}): claimed, restored as a placeholder");
             Claim::Mine
         } else {
-            Claim::Refused(ClaimError::UnknownMapping { node })
+            Claim::Refused(ClaimError::UnknownMapping { node, pid: parsed })
         }
     }
 
@@ -221,7 +311,7 @@ impl DumpClaims {
         let Some(claims) = self.claims.as_mut() else {
             // A CUDA process's own descriptors are the driver's (it closes them at its checkpoint): one here
             // belongs to no process the dump recorded.
-            return Claim::Refused(ClaimError::UnknownMapping { node });
+            return Claim::Refused(ClaimError::UnknownMapping { node, pid: None });
         };
         let gpu = match node {
             NvidiaNode::Gpu(minor) => match claims.gpus.get(&minor) {
@@ -230,31 +320,72 @@ impl DumpClaims {
             },
             _ => None,
         };
-        claims.add_file(ClaimedFile { id, node, gpu, flags });
+        let file = ClaimedFile { id, node, gpu, flags };
+        let replaces = claims.file(id).is_some();
+        if !replaces && claims.files.len() >= ccm_identity::claims::MAX_FILES {
+            return Claim::Refused(ClaimError::TooManyFiles { max: ccm_identity::claims::MAX_FILES });
+        }
+        let line = ccm_identity::claims::file_line(&file);
+        claims.add_file(file);
         debug!("open file {id:#x} of {node}: claimed, reopened at restore");
-        match self.write(host) {
+        let written = if replaces { self.write_all(host) } else { self.append(&line, host) };
+        match written {
             Ok(()) => Claim::Mine,
             Err(e) => Claim::Refused(e),
         }
     }
 
-    /// Writes the claims so far: at every claim, since a post-dump script may take the images before CRIU's end.
-    /// Created once (not through a link, mode 0600) and rewritten in place: a temp file and a rename per claim cost
-    /// 0.2 ms each, 23 of them for a DataLoader's workers. Not synced: as durable as CRIU's own images.
-    fn write(&mut self, host: &dyn CriuHost) -> Result<(), ClaimError> {
-        let Some(claims) = &self.claims else { return Ok(()) };
-        let bytes = claims.encode();
+    /// The claims file, created (not through a link, mode 0600, empty) at the first claim.
+    fn open_file(&mut self, host: &dyn CriuHost) -> Result<(), ClaimError> {
         if self.file.is_none() {
             let fd = host.image_dir().ok_or(ClaimError::NoImageDir)?;
             let dir = Dir::from_owned(fd, PathBuf::from("CRIU's image directory"))
                 .map_err(|e| ClaimError::Write(Arc::new(e)))?;
             self.file =
                 Some(dir.create_rewritten(CLAIMS_FILE_NAME, 0o600).map_err(|e| ClaimError::Write(Arc::new(e)))?);
+            self.written = 0;
         }
-        match &self.file {
-            Some(f) => f.rewrite(&bytes).map_err(|e| ClaimError::Write(Arc::new(e))),
-            None => Err(ClaimError::NoImageDir),
+        Ok(())
+    }
+
+    /// Appends one claim's line: written at once, since a post-dump script may take the images before CRIU's end.
+    /// Linear in what is claimed: each claim writes its own line only (before: the whole file per claim, 19 ms a
+    /// call at 30 000 mappings). The first claim writes the header with it. Not synced: as durable as CRIU's own
+    /// images.
+    fn append(&mut self, line: &[u8], host: &dyn CriuHost) -> Result<(), ClaimError> {
+        let t0 = Instant::now();
+        if self.file.is_none() {
+            self.open_file(host)?;
+            self.write_all_records()?;
+        } else if let Some(file) = &self.file {
+            file.write_at(line, self.written).map_err(|e| ClaimError::Write(Arc::new(e)))?;
+            self.written += line.len() as u64;
         }
+        self.spent(t0.elapsed())
+    }
+
+    /// Rewrites the whole file: only when a claim replaces an earlier one (a process or file asked about twice).
+    fn write_all(&mut self, host: &dyn CriuHost) -> Result<(), ClaimError> {
+        let t0 = Instant::now();
+        self.open_file(host)?;
+        self.write_all_records()?;
+        self.spent(t0.elapsed())
+    }
+
+    fn write_all_records(&mut self) -> Result<(), ClaimError> {
+        let (Some(claims), Some(file)) = (&self.claims, &self.file) else { return Ok(()) };
+        let bytes = claims.encode();
+        file.rewrite(&bytes).map_err(|e| ClaimError::Write(Arc::new(e)))?;
+        self.written = bytes.len() as u64;
+        Ok(())
+    }
+
+    fn spent(&mut self, d: Duration) -> Result<(), ClaimError> {
+        self.write_time += d;
+        if self.write_time > WRITE_BUDGET {
+            return Err(ClaimError::WriteDeadline { spent: self.write_time.as_secs_f64() });
+        }
+        Ok(())
     }
 }
 
@@ -281,19 +412,24 @@ impl RestoreClaims {
     /// Decides which node of this node each claimed descriptor opens: GPU nodes through the device map
     /// the CUDA processes' plans chose (every plan that pairs a GPU must pair it alike), else the same
     /// GPU, else the only usable one. A node this node lacks refuses the restore, naming it.
+    /// `usable`: the GPUs this restore may use (the usable-GPU setting, else the restoring runtime's spec, else
+    /// every GPU: the CUDA processes' rule); `config`'s explicit device map pairs a dump GPU that no CUDA process's
+    /// plan does (a tree of forked holders alone has no plan).
     pub fn plan(
         claims: DeviceClaims,
         devices: &NvidiaDevices,
         plans: &[ProcessPlan],
         node_gpus: &[GpuIdentity],
         usable: &[GpuUuid],
+        config: &Config,
     ) -> Result<RestoreClaims, ClaimError> {
+        let explicit: &[(GpuUuid, GpuUuid)] = config.device_map.as_ref().map_or(&[], |m| &m.value);
         let mut reopen = BTreeMap::new();
         for f in &claims.files {
             let no = |why: NoNodeReason| ClaimError::NoNode { node: f.node, id: f.id, why };
             let node = match (f.node, f.gpu) {
                 (NvidiaNode::Gpu(_), Some(old)) => {
-                    let new = gpu_target(old, plans, node_gpus, usable).map_err(no)?;
+                    let new = gpu_target(old, plans, node_gpus, usable, explicit).map_err(no)?;
                     let minor = node_gpus
                         .iter()
                         .find(|g| g.uuid == new)
@@ -333,27 +469,35 @@ impl RestoreClaims {
     }
 }
 
-/// The GPU of this node that a claimed descriptor of dump GPU `old` opens.
+/// The GPU of this node that a claimed descriptor of dump GPU `old` opens: the GPU the CUDA processes' map sends
+/// it to, else the explicit device map's, else the same GPU, else the only usable one; always a usable GPU of this
+/// node (a GPU given to another tenant is never opened).
 fn gpu_target(
     old: GpuUuid,
     plans: &[ProcessPlan],
     node_gpus: &[GpuIdentity],
     usable: &[GpuUuid],
+    explicit: &[(GpuUuid, GpuUuid)],
 ) -> Result<GpuUuid, NoNodeReason> {
+    let allowed = |new: GpuUuid| usable.contains(&new) && node_gpus.iter().any(|g| g.uuid == new);
+    let checked = |new: GpuUuid| if allowed(new) { Ok(new) } else { Err(NoNodeReason::NotUsable { old, new }) };
     let mut paired: Vec<GpuUuid> =
         plans.iter().flat_map(|p| p.map.pairs.iter()).filter(|pair| pair.old == old).map(|pair| pair.new).collect();
     paired.sort();
     paired.dedup();
     match paired.as_slice() {
-        [one] => return Ok(*one),
+        [one] => return checked(*one),
         [] => {}
         many => return Err(NoNodeReason::MapsDisagree { old, new: many.to_vec() }),
     }
-    if usable.contains(&old) && node_gpus.iter().any(|g| g.uuid == old) {
+    if let Some((_, new)) = explicit.iter().find(|(o, _)| *o == old) {
+        return checked(*new);
+    }
+    if allowed(old) {
         return Ok(old);
     }
     match usable {
-        [only] => Ok(*only),
+        [only] if allowed(*only) => Ok(*only),
         _ => Err(NoNodeReason::Unplaced { old, usable: usable.len() }),
     }
 }

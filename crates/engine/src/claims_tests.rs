@@ -54,6 +54,7 @@ struct Dump {
     session: DumpSession,
     targets: FakeTargets,
     criu: FakeCriu,
+    agent: FakeAgent,
 }
 
 /// A CUDA parent 9100 on GPU 1 and a worker 9101 forked from it.
@@ -70,7 +71,7 @@ fn dump(name: &str, worker_holds: Holdings) -> Dump {
     let (seams, _) = seams(&targets, vec![Ok(agent.clone()), Ok(agent.fresh())]);
     let criu = FakeCriu::new(name);
     let session = DumpSession::init_with(config(&[]), &criu, seams).unwrap();
-    Dump { session, targets, criu }
+    Dump { session, targets, criu, agent }
 }
 
 impl Dump {
@@ -94,9 +95,9 @@ fn a_forked_worker_is_recorded_claimed_and_written_while_its_parent_is_checkpoin
     assert_eq!((c.holders[0].pid, c.holders[0].host_pid), (12, 9101));
     assert_eq!(c.gpus.get(&1), Some(&gpu(1).uuid));
     // CRIU then asks about the mappings and the files.
-    assert!(matches!(d.session.handle_device_vma(chr(195, 1)), Claim::Mine));
-    assert!(matches!(d.session.handle_device_vma(chr(195, 255)), Claim::Mine));
-    assert!(matches!(d.session.handle_device_vma(chr(1, 1)), Claim::NotMine));
+    assert!(matches!(d.session.handle_device_vma(chr(195, 1), Some(9101)), Claim::Mine));
+    assert!(matches!(d.session.handle_device_vma(chr(195, 255), Some(9101)), Claim::Mine));
+    assert!(matches!(d.session.handle_device_vma(chr(1, 1), Some(9101)), Claim::NotMine));
     assert!(matches!(d.session.dump_ext_file(0x21, chr(195, 1), 0o2_000_002, &d.criu), Claim::Mine));
     assert!(matches!(d.session.dump_ext_file(0x22, chr(238, 0), 2, &d.criu), Claim::Mine));
     assert!(matches!(d.session.dump_ext_file(0x24, chr(241, 1), 0, &d.criu), Claim::Mine));
@@ -122,8 +123,12 @@ fn the_trees_holdings_are_read_once_beside_the_checkpoint_and_each_workers_hook_
     assert!(matches!(d.session.pause_devices(9100, &d.criu), HookOutcome::Done));
     assert!(matches!(d.session.pause_devices(9101, &d.criu), HookOutcome::NotMine));
     assert!(matches!(d.session.pause_devices(9102, &d.criu), HookOutcome::NotMine));
-    // (The managed-memory check read the CUDA parent's at its PAUSE_DEVICES.)
-    assert_eq!(std::mem::take(&mut d.targets.script().holdings_read), [9100]);
+    // (The managed-memory check read the CUDA parent's at its PAUSE_DEVICES, then the claims' bound the tree's.)
+    let mut paused = std::mem::take(&mut d.targets.script().holdings_read);
+    assert_eq!(paused.remove(0), 9100);
+    paused.sort_unstable();
+    assert_eq!(paused, [9100, 9101, 9102]);
+    assert!(seen(&["device claims before the first lock: 2 process(es) of the tree hold NVIDIA nodes"]));
     assert!(matches!(d.session.checkpoint_devices(9100, &d.criu), HookOutcome::Done));
     // Both workers were read in their parent's hook (the CUDA parent itself is not: the driver's checkpoint has it).
     let mut read = d.targets.script().holdings_read.clone();
@@ -150,7 +155,10 @@ fn a_root_that_is_no_cuda_process_reads_its_own_holdings_and_the_rest_of_the_tre
     }
     assert!(matches!(d.session.pause_devices(9000, &d.criu), HookOutcome::NotMine));
     assert!(matches!(d.session.pause_devices(9100, &d.criu), HookOutcome::Done));
-    assert_eq!(std::mem::take(&mut d.targets.script().holdings_read), [9100]);
+    let mut paused = std::mem::take(&mut d.targets.script().holdings_read);
+    assert_eq!(paused.remove(0), 9100);
+    paused.sort_unstable();
+    assert_eq!(paused, [9000, 9100, 9101]);
     assert!(matches!(d.session.checkpoint_devices(9000, &d.criu), HookOutcome::NotMine));
     // The root's hook read the worker ahead and itself in its own turn; not the CUDA process.
     assert_eq!(d.targets.script().holdings_read, [9101, 9000]);
@@ -167,8 +175,8 @@ fn a_process_without_nvidia_nodes_and_a_node_without_the_driver_are_left_to_criu
     assert!(matches!(d.session.checkpoint_devices(9101, &d.criu), HookOutcome::NotMine));
     assert!(!d.criu.path().join(CLAIMS_FILE_NAME).exists());
     // A mapping of an NVIDIA node that no process was recorded holding is refused, not silently dumped.
-    match d.session.handle_device_vma(chr(195, 1)) {
-        Claim::Refused(ClaimError::UnknownMapping { node: NvidiaNode::Gpu(1) }) => {}
+    match d.session.handle_device_vma(chr(195, 1), Some(9101)) {
+        Claim::Refused(ClaimError::UnknownMapping { node: NvidiaNode::Gpu(1), pid: Some(9101) }) => {}
         other => panic!("{other:?}"),
     }
     let mut d2 = dump("claims-nodriver", worker());
@@ -214,7 +222,9 @@ fn the_restore_reopens_gpu_nodes_through_the_map_and_refuses_what_the_node_lacks
     let mut other = gpu(3);
     other.minor = 3;
     let here = NvidiaDevices::from_proc_devices("Character devices:\n195 nvidia\n511 nvidia-uvm\n");
-    let planned = RestoreClaims::plan(claims.clone(), &here, &[], std::slice::from_ref(&other), &[other.uuid]).unwrap();
+    let planned =
+        RestoreClaims::plan(claims.clone(), &here, &[], std::slice::from_ref(&other), &[other.uuid], &config(&[]))
+            .unwrap();
     let text = planned.describe();
     assert!(text.contains("file 0x21: reopened as /dev/nvidia3 (char 195:3)"), "{text}");
     assert!(text.contains("file 0x22: reopened as /dev/nvidia-uvm (char 511:0)"), "{text}");
@@ -225,11 +235,129 @@ fn the_restore_reopens_gpu_nodes_through_the_map_and_refuses_what_the_node_lacks
     assert!(planned.placeholder(13, 0x2_0060_0000).is_none());
     // Two usable GPUs and the dump's not among them: which one is the user's to say.
     let e =
-        RestoreClaims::plan(claims.clone(), &here, &[], &[gpu(3), gpu(4)], &[gpu(3).uuid, gpu(4).uuid]).unwrap_err();
+        RestoreClaims::plan(claims.clone(), &here, &[], &[gpu(3), gpu(4)], &[gpu(3).uuid, gpu(4).uuid], &config(&[]))
+            .unwrap_err();
     assert!(e.to_string().contains("CRIU_CUDA_MIGRATE_DEVICE_MAP"), "{e}");
     // A node whose driver has no nvidia-uvm: refused before anything is restored, naming it.
     let no_uvm = NvidiaDevices::from_proc_devices("Character devices:\n195 nvidia\n");
-    let e = RestoreClaims::plan(claims, &no_uvm, &[], &[gpu(1)], &[gpu(1).uuid]).unwrap_err();
+    let e = RestoreClaims::plan(claims, &no_uvm, &[], &[gpu(1)], &[gpu(1).uuid], &config(&[])).unwrap_err();
     let t = e.to_string();
     assert!(t.contains("/dev/nvidia-uvm") && t.contains("images are unchanged"), "{t}");
+}
+
+/// C4 (review of issue 46): a mapping is claimed for the process CRIU is parsing, when that process was recorded
+/// holding the node, not because any process of the tree maps the same node.
+#[test]
+fn a_mapping_is_claimed_only_for_the_process_recorded_holding_it() {
+    let mut d = dump("claims-per-process", worker());
+    assert!(matches!(d.session.pause_devices(9100, &d.criu), HookOutcome::Done));
+    assert!(matches!(d.session.checkpoint_devices(9100, &d.criu), HookOutcome::Done));
+    assert!(matches!(d.session.checkpoint_devices(9101, &d.criu), HookOutcome::Done));
+    assert!(matches!(d.session.handle_device_vma(chr(195, 1), Some(9101)), Claim::Mine));
+    // Another process of the tree mapping the same node, whose holdings were not recorded: refused, naming it.
+    match d.session.handle_device_vma(chr(195, 1), Some(9100)) {
+        Claim::Refused(e @ ClaimError::UnknownMapping { node: NvidiaNode::Gpu(1), pid: Some(9100) }) => {
+            assert!(e.to_string().contains("in pid 9100"), "{e}");
+        }
+        other => panic!("{other:?}"),
+    }
+    // The worker's own mapping of a node it was not recorded mapping: refused too.
+    assert!(matches!(d.session.handle_device_vma(chr(195, 0), Some(9101)), Claim::Refused(_)));
+    // When CRIU's task cannot be told, a recorded holder of the node will do.
+    assert!(matches!(d.session.handle_device_vma(chr(195, 1), None), Claim::Mine));
+    d.session.finish(0, &d.criu);
+}
+
+/// C2 (review of issue 46): each claim appends its own line (the file grows by that line, the bytes before it
+/// untouched), and a file asked about twice is rewritten whole, once.
+#[test]
+fn each_claim_appends_its_own_line_and_a_repeated_file_rewrites_the_file() {
+    let mut d = dump("claims-append", worker());
+    assert!(matches!(d.session.pause_devices(9100, &d.criu), HookOutcome::Done));
+    assert!(matches!(d.session.checkpoint_devices(9100, &d.criu), HookOutcome::Done));
+    assert!(matches!(d.session.checkpoint_devices(9101, &d.criu), HookOutcome::Done));
+    let path = d.criu.path().join(CLAIMS_FILE_NAME);
+    let mut before = std::fs::read(&path).unwrap();
+    for id in 0x100..0x140u32 {
+        assert!(matches!(d.session.dump_ext_file(id, chr(195, 255), 2, &d.criu), Claim::Mine));
+        let after = std::fs::read(&path).unwrap();
+        let line = ccm_identity::claims::file_line(&ccm_identity::claims::ClaimedFile {
+            id,
+            node: NvidiaNode::Control,
+            gpu: None,
+            flags: 2,
+        });
+        assert!(after.starts_with(&before), "claim {id:#x} rewrote earlier bytes");
+        assert_eq!(after.len(), before.len() + line.len());
+        before = after;
+    }
+    assert!(matches!(d.session.dump_ext_file(0x100, chr(195, 255), 0o4002, &d.criu), Claim::Mine));
+    let c = d.claims();
+    assert_eq!(c.files.len(), 0x40);
+    assert_eq!(c.file(0x100).map(|f| f.flags), Some(0o4002));
+    d.session.finish(0, &d.criu);
+}
+
+/// C1 (review of issue 46): a tree whose holdings the claims file could not record (the restore would refuse the
+/// file) is refused at the first CUDA process's PAUSE_DEVICES, before any lock, naming the process and the bound.
+#[test]
+fn a_tree_over_the_claims_bound_is_refused_before_any_lock() {
+    let mut holds = worker();
+    holds.fds = (0..=u32::try_from(ccm_identity::claims::MAX_FDS_PER_HOLDER).unwrap())
+        .map(|fd| ClaimedFd { fd, node: NvidiaNode::Control })
+        .collect();
+    let mut d = dump("claims-over-bound", holds);
+    d.targets.script().children.insert(9100, vec![9101]);
+    match d.session.pause_devices(9100, &d.criu) {
+        HookOutcome::Failed(EngineError::Claim(e @ ClaimError::OverBound { pid: 9101, .. })) => {
+            let text = e.to_string();
+            assert!(text.contains("descriptors of one process") && text.contains("spawn"), "{text}");
+        }
+        other => panic!("{other:?}"),
+    }
+    let agent_calls = d.agent.calls();
+    assert!(!agent_calls.iter().any(|c| c.starts_with("lock")), "{agent_calls:?}");
+    d.session.finish(1, &d.criu);
+}
+
+/// C3 (review of issue 46): the workers' GPU descriptors obey the GPUs this restore may use. The seed's node: 8
+/// GPUs, 4 usable; a worker's GPU that is on the node but not usable is never opened (it may be another tenant's):
+/// refused, naming it; the explicit device map pairs it; a usable dump GPU stays itself.
+#[test]
+fn the_workers_gpu_descriptors_open_only_usable_gpus() {
+    let claims = written_claims();
+    let here = NvidiaDevices::from_proc_devices("Character devices:\n195 nvidia\n238 nvidia-uvm\n");
+    let node: Vec<_> = (0..8).map(gpu).collect();
+    let usable: Vec<_> = (4..8).map(|i| gpu(i).uuid).collect();
+    // The dump's GPU 1 is on this node, but only GPUs 4-7 are usable: not opened.
+    let e = RestoreClaims::plan(claims.clone(), &here, &[], &node, &usable, &config(&[])).unwrap_err();
+    let t = e.to_string();
+    assert!(t.contains(&gpu(1).uuid.to_string()) && t.contains("CRIU_CUDA_MIGRATE_DEVICE_MAP"), "{t}");
+    // The explicit map pairs it with a usable GPU: that one.
+    let map = format!("{}={}", gpu(1).uuid, gpu(5).uuid);
+    let planned = RestoreClaims::plan(
+        claims.clone(),
+        &here,
+        &[],
+        &node,
+        &usable,
+        &config(&[("CRIU_CUDA_MIGRATE_DEVICE_MAP", map.as_str())]),
+    )
+    .unwrap();
+    assert!(planned.describe().contains("reopened as /dev/nvidia5"), "{}", planned.describe());
+    // ... but never with one outside the usable set.
+    let map = format!("{}={}", gpu(1).uuid, gpu(2).uuid);
+    let e = RestoreClaims::plan(
+        claims.clone(),
+        &here,
+        &[],
+        &node,
+        &usable,
+        &config(&[("CRIU_CUDA_MIGRATE_DEVICE_MAP", map.as_str())]),
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("may not use"), "{e}");
+    // GPU 1 usable: it stays itself.
+    let planned = RestoreClaims::plan(claims, &here, &[], &node, &[gpu(1).uuid, gpu(5).uuid], &config(&[])).unwrap();
+    assert!(planned.describe().contains("reopened as /dev/nvidia1"), "{}", planned.describe());
 }

@@ -90,6 +90,8 @@ pub struct DumpSession {
     /// What each process of the tree that is no CUDA process holds of the NVIDIA nodes, read at the first
     /// CHECKPOINT_DEVICES beside the checkpoint (`None` before it); each one's own hook takes its entry.
     holdings: Option<ReadHoldings>,
+    /// Whether the tree's holdings were checked against the claims file's bound, before the first lock.
+    claims_bound_checked: bool,
 }
 
 /// The importer check of the tree at the first CUDA process's PAUSE_DEVICES.
@@ -202,6 +204,7 @@ impl DumpSession {
             thawed: Vec::new(),
             root: None,
             tree_check: TreeCheck::NotAsked,
+            claims_bound_checked: false,
             claims: DumpClaims::default(),
             holdings: None,
         }
@@ -276,6 +279,11 @@ impl DumpSession {
         }
         // Before the first lock: a tree holding a CUDA IPC importer is refused while nothing is locked.
         if let Err(e) = self.check_tree_for_importers(&node, pid) {
+            return HookOutcome::Failed(e);
+        }
+        // Before the first lock: a tree whose NVIDIA holdings the claims file could not record (the restore would
+        // refuse such a file) is refused while nothing is locked.
+        if let Err(e) = self.check_tree_claims_bound(pid) {
             return HookOutcome::Failed(e);
         }
         if !self.inventory_added {
@@ -369,6 +377,7 @@ impl DumpSession {
             }
             Ok(report) => {
                 let mut facts = self.facts_of(node, &report);
+                let devices = self.claims.devices(&self.config, &*self.seams.targets).clone();
                 let targets = &self.seams.targets;
                 let (live, stale) = crate::sharing::split_live_importers(std::mem::take(&mut facts.importers), |p| {
                     let same =
@@ -377,7 +386,10 @@ impl DumpSession {
                         .read_maps(p.get())
                         .and_then(|m| targets.nvidia_minors(p.get(), &m))
                         .is_ok_and(|minors| !minors.is_empty());
-                    same && holds_gpu
+                    // A child forked after cuInit has no context to import with: the memory the resource manager
+                    // shows under its number is a dead importer's, whose number it now has.
+                    let own_context = targets.holds_only_parents_nvidia_files(p.get(), &devices) != Some(true);
+                    same && holds_gpu && own_context
                 });
                 facts.importers = live;
                 if !stale.is_empty() {
@@ -402,6 +414,58 @@ impl DumpSession {
                 }
                 self.tree_check = TreeCheck::Asked(facts);
             }
+        }
+        Ok(())
+    }
+
+    /// The claims file's one bound over what the tree holds of the NVIDIA nodes, once, at the first CUDA process
+    /// (before its lock): every process of the tree that holds a node is counted (the CUDA processes too, which
+    /// claim nothing: the check errs on the side of refusing, as `criu-cuda-migrate job` does). The processes
+    /// still run: CHECKPOINT_DEVICES reads them again, and each claim is checked against the same bound.
+    fn check_tree_claims_bound(&mut self, pid: HostPid) -> Result<(), EngineError> {
+        if self.claims_bound_checked {
+            return Ok(());
+        }
+        self.claims_bound_checked = true;
+        let root = self.root.unwrap_or(pid).get();
+        let mut pids: Vec<u32> =
+            std::iter::once(root).chain(self.seams.targets.children_recursive(root)).take(MAX_TREE_PIDS).collect();
+        let mut seen = std::collections::BTreeSet::new();
+        pids.retain(|p| seen.insert(*p));
+        let devices = self.claims.devices(&self.config, &*self.seams.targets).clone();
+        // What CRIU cannot dump at all fails the dump in CRIU after the checkpoint (an io_uring's rings: "Unknown
+        // shit 600 (anon_inode:[io_uring])"): refused now, named, nothing locked. Other anonymous inodes are left to
+        // CRIU, whose plugins may take them (`criu-cuda-migrate job` names them).
+        for &p in &pids {
+            let held: Vec<_> = self.seams.targets.undumpable(p).into_iter().filter(|u| u.is_io_uring()).collect();
+            if !held.is_empty() {
+                let comm = self.seams.targets.device_holdings(p, &devices).map(|(c, _)| c).unwrap_or_default();
+                return Err(EngineError::CriuCannotDump(ccm_identity::criu_support::line(p, &comm, &held)));
+            }
+        }
+        if devices.is_empty() {
+            return Ok(());
+        }
+        let t0 = Instant::now();
+        let mut read = read_holdings(&*self.seams.targets, &devices, &pids);
+        let held: Vec<(u32, String, ccm_process::claims::Holdings)> =
+            pids.iter().filter_map(|&p| read.take(p).and_then(Result::ok).map(|(c, h)| (p, c, h))).collect();
+        let gpus = read.kernel_gpus.as_ref().map_or(0, Vec::len);
+        let tally = crate::claims::check_tree_bounds(
+            &self.seams.targets.hostname(),
+            gpus,
+            held.iter().map(|(p, c, h)| (*p, c.as_str(), h)),
+        )
+        .map_err(EngineError::Claim)?;
+        if tally.holders > 0 {
+            info!(
+                "device claims before the first lock: {} process(es) of the tree hold NVIDIA nodes, at most {} KiB of \
+                 claims (the bound is {} MiB), read in {:.1} ms",
+                tally.holders,
+                tally.bytes.div_ceil(1024),
+                ccm_identity::claims::MAX_CLAIMS_BYTES >> 20,
+                t0.elapsed().as_secs_f64() * 1e3
+            );
         }
         Ok(())
     }
@@ -597,8 +661,9 @@ impl DumpSession {
     }
 
     /// HANDLE_DEVICE_VMA: a device mapping CRIU cannot dump.
-    pub fn handle_device_vma(&mut self, number: ccm_identity::claims::DevNumber) -> Claim {
-        self.claims.device_vma(number, &self.config, &*self.seams.targets)
+    /// `parsed`: the task whose mappings CRIU walks now, when it can be told (`ccm_process::criu_self`).
+    pub fn handle_device_vma(&mut self, number: ccm_identity::claims::DevNumber, parsed: Option<u32>) -> Claim {
+        self.claims.device_vma(number, parsed, &self.config, &*self.seams.targets)
     }
 
     /// DUMP_EXT_FILE: an open file CRIU cannot dump.

@@ -694,6 +694,44 @@ fn importers_are_live_processes_holding_a_gpu_node_not_pid_numbers() {
     d.finish(1);
 }
 
+/// P1b (review of issue 46): a dead importer's pid number, now a victim's DataLoader worker that holds a GPU node
+/// (its parent's descriptors, no context of its own), is not counted as an importer: the victim's tree dumps.
+#[test]
+fn a_forked_worker_under_a_dead_importers_number_is_not_an_importer() {
+    let pids = [3671, 3672];
+    let mut d = dump("ipc-forked-number", &pids);
+    tree(&d, &pids);
+    d.agent.script().imported.insert(3672, 64 << 20);
+    d.targets.script().forked.insert(3672);
+    for p in pids {
+        assert!(done(&d.pause(p)), "pid {p}");
+    }
+    assert_eq!(logged(&["not counted as importers", "pid 3672 has 64 MiB"]).len(), 1);
+    d.finish(1);
+}
+
+/// Issue 46: a tree holding an io_uring (torchrun's elastic agent) is refused at the first CUDA process's
+/// PAUSE_DEVICES, naming the process and the way out, before any lock (CRIU would fail it after the checkpoint).
+#[test]
+fn a_tree_holding_an_io_uring_is_refused_before_any_lock_naming_the_way_out() {
+    let pids = [3681, 3682];
+    let mut d = dump("io-uring", &pids);
+    tree(&d, &pids);
+    d.targets.script().undumpable.insert(
+        3681,
+        vec![ccm_identity::criu_support::undumpable_mapping(0x7f00_0000_0000, "anon_inode:[io_uring]").unwrap()],
+    );
+    let e = failure(d.pause(3681));
+    let text = e.to_string();
+    assert!(matches!(e, EngineError::CriuCannotDump(_)), "{text}");
+    for needle in ["pid 3681", "anon_inode:[io_uring]", "Refused before any lock", "torchrun"] {
+        assert!(text.contains(needle), "{needle}: {text}");
+    }
+    assert!(!d.agent.calls().iter().any(|c| c.starts_with("lock") || c.starts_with("checkpoint")));
+    d.finish(1);
+    assert_eq!(d.states(&pids), vec![Running; 2]);
+}
+
 #[test]
 fn a_single_process_importing_from_outside_the_tree_is_refused_too() {
     let mut d = dump("ipc-alone", &[3611]);

@@ -85,6 +85,10 @@ pub enum EngineError {
     /// The tree holds a CUDA IPC importer and `CRIU_CUDA_MIGRATE_IPC=refuse` (the default).
     #[error("{}", sharing::importer_refusal(.0))]
     IpcImporters(Vec<sharing::Importer>),
+    /// Something of the tree CRIU cannot dump (an io_uring), found before the first lock: the line names the process
+    /// and the way out.
+    #[error("{0}. Refused before any lock: every process runs on")]
+    CriuCannotDump(String),
     /// A CUDA process of the dump maps managed memory (`CRIU_CUDA_MIGRATE_MANAGED=refuse`).
     #[error("{}", sharing::managed_refusal(*.pid, .comm, .managed))]
     ManagedMemoryRefused { pid: ccm_identity::HostPid, comm: String, managed: ccm_identity::managed::ManagedMemory },
@@ -183,10 +187,28 @@ pub enum ClaimError {
     #[error("pid {pid}: what it holds of the NVIDIA nodes cannot be read ({why}); nothing is claimed for it, and CRIU dumps it as it can")]
     Unreadable { pid: ccm_identity::HostPid, why: Arc<ProcessError> },
     #[error(
-        "CRIU met a mapping of {node} that no process of the tree was seen holding at CHECKPOINT_DEVICES; it cannot \
-         be restored. Report this with the dump log"
+        "CRIU met a mapping of {node}{} that the plugin did not record for that process at CHECKPOINT_DEVICES (its \
+         holdings could not be read, or it was not seen holding the node); it cannot be restored. The warning above \
+         names why, if one does; otherwise report this with the dump log",
+        .pid.map(|p| format!(" in pid {p}")).unwrap_or_default()
     )]
-    UnknownMapping { node: ccm_identity::claims::NvidiaNode },
+    UnknownMapping { node: ccm_identity::claims::NvidiaNode, pid: Option<u32> },
+    #[error(
+        "pid {pid} ({comm}) holds more of the NVIDIA nodes than a checkpoint's device claims may record ({holders} \
+         process(es) counted before it): {why}. The dump is refused and every process runs on. Close the descriptors such children inherit \
+         (start DataLoader or multiprocessing workers with the 'spawn' or 'forkserver' start method), or run fewer \
+         of them"
+    )]
+    OverBound { pid: u32, comm: String, holders: usize, why: ccm_identity::claims::ClaimsError },
+    #[error(
+        "the tree holds more than {max} open files of NVIDIA nodes, more than a checkpoint's device claims may record"
+    )]
+    TooManyFiles { max: usize },
+    #[error(
+        "writing the device claims took {spent:.1} s, more than a dump may spend on them: the image directory's \
+         file system stalls; dump to a local directory"
+    )]
+    WriteDeadline { spent: f64 },
     #[error("an open file of {node} (CRIU's file {id:#x}) names GPU minor {minor}, which this node's GPU list does not hold")]
     UnknownGpu { node: ccm_identity::claims::NvidiaNode, id: u32, minor: u32 },
     #[error("the device claims cuda-migrate-devices.img cannot be written: {0}")]
@@ -232,6 +254,12 @@ pub enum NoNodeReason {
     Unplaced { old: GpuUuid, usable: usize },
     #[error("GPU {0} has no minor in this node's GPU list")]
     NoMinor(GpuUuid),
+    #[error(
+        "dump GPU {old} would open GPU {new}, which this restore may not use (the usable GPUs are the \
+         CRIU_CUDA_MIGRATE_USABLE_GPUS setting, else what the restoring runtime's spec gives the container): pair it \
+         with a usable GPU in CRIU_CUDA_MIGRATE_DEVICE_MAP"
+    )]
+    NotUsable { old: GpuUuid, new: GpuUuid },
     #[error("this node's driver registered no {0} (see /proc/devices)")]
     NotRegistered(String),
 }

@@ -439,6 +439,10 @@ pub struct TargetScript {
     pub holdings_fail: BTreeSet<u32>,
     /// Every pid whose holdings were read, in order.
     pub holdings_read: Vec<u32>,
+    /// What each process holds that CRIU cannot dump.
+    pub undumpable: BTreeMap<u32, Vec<ccm_identity::criu_support::Undumpable>>,
+    /// Processes whose NVIDIA descriptors are all their parent's (forked after cuInit).
+    pub forked: BTreeSet<u32>,
     /// The node's MPS servers.
     pub mps_servers: Vec<u32>,
     /// Start times that differ from the pid's default (the pid itself): a pid listed twice is reused between the
@@ -613,6 +617,12 @@ impl Targets for FakeTargets {
             return Err(no_such(pid));
         }
         Ok((format!("proc{pid}"), s.holdings.get(&pid).cloned().unwrap_or_default()))
+    }
+    fn undumpable(&self, pid: u32) -> Vec<ccm_identity::criu_support::Undumpable> {
+        self.script().undumpable.get(&pid).cloned().unwrap_or_default()
+    }
+    fn holds_only_parents_nvidia_files(&self, pid: u32, _: &ccm_identity::claims::NvidiaDevices) -> Option<bool> {
+        Some(self.script().forked.contains(&pid))
     }
     fn pid_holders(&self, pids: &[u32]) -> Result<BTreeMap<u32, ccm_process::pid_use::PidHolder>, ProcessError> {
         let mut s = self.script();

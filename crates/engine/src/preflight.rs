@@ -283,6 +283,17 @@ impl UsableSource {
         }
     }
 
+    /// The node's GPUs a restore may use, every one of them when nobody narrowed the list: what forked workers'
+    /// descriptors may open, by the same rule as the CUDA processes' map.
+    pub fn gpus_of(&self, node_gpus: &[GpuIdentity]) -> Result<Vec<GpuUuid>, PreflightError> {
+        if let UsableSource::Spec(g) = self {
+            if g.uuids.is_empty() {
+                return Err(PreflightError::GivenNoGpu { source_of: g.source.clone() });
+            }
+        }
+        Ok(self.resolve(node_gpus)?.unwrap_or_else(|| node_gpus.iter().map(|g| g.uuid).collect()))
+    }
+
     /// Who gave the list, for an error of the map about it (`None`: nobody; every GPU was allowed).
     fn named_as(&self) -> Option<String> {
         match self {

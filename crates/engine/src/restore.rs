@@ -107,11 +107,16 @@ impl RestoreSession {
         };
         if images.is_empty() {
             if let Some(c) = claims {
-                // Forked processes of a tree without a CUDA process: their GPU nodes by the kernel driver's list.
+                // Forked processes of a tree without a CUDA process: their GPU nodes by the kernel driver's list,
+                // within the same usable set (the setting, else the restoring runtime's spec) and explicit device
+                // map as a CUDA process's.
                 let gpus = s.seams.targets.kernel_gpus().unwrap_or_default();
-                let usable: Vec<GpuUuid> = gpus.iter().map(|g| g.uuid).collect();
+                let source = preflight::usable_source(&s.config, || {
+                    given_by_restoring_runtime(&*s.seams.targets, &gpus).map(|g| g.map(|(_, g)| g))
+                })?;
+                let usable = source.gpus_of(&gpus)?;
                 let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
-                let planned = RestoreClaims::plan(c, &devices, &[], &gpus, &usable)?;
+                let planned = RestoreClaims::plan(c, &devices, &[], &gpus, &usable, &s.config)?;
                 crate::claims::log_plan(&planned);
                 s.claims = Some(planned);
                 return Ok(s);
@@ -166,9 +171,10 @@ impl RestoreSession {
             );
         }
         if let Some(c) = claims {
-            let usable: Vec<GpuUuid> = node.gpus().iter().map(|g| g.uuid).collect();
+            // The workers' descriptors obey the GPUs the CUDA processes were given, not every GPU of the node.
+            let usable = usable.gpus_of(node.gpus())?;
             let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
-            let planned = RestoreClaims::plan(c, &devices, &s.plans, node.gpus(), &usable)?;
+            let planned = RestoreClaims::plan(c, &devices, &s.plans, node.gpus(), &usable, &s.config)?;
             crate::claims::log_plan(&planned);
             s.claims = Some(planned);
         }

@@ -79,6 +79,11 @@ pub trait Targets: Send + Sync {
     fn nvidia_devices(&self) -> NvidiaDevices;
     /// The NVIDIA nodes `pid` maps and holds open, and its name.
     fn device_holdings(&self, pid: u32, devices: &NvidiaDevices) -> Result<(String, Holdings), ProcessError>;
+    /// What `pid` holds that CRIU cannot dump (an io_uring, ...: `ccm_identity::criu_support`).
+    fn undumpable(&self, pid: u32) -> Vec<ccm_identity::criu_support::Undumpable>;
+    /// Whether `pid`'s NVIDIA descriptors are all its parent's open files (a child forked after cuInit, without a
+    /// context of its own); `None` when the kernel cannot tell.
+    fn holds_only_parents_nvidia_files(&self, pid: u32, devices: &NvidiaDevices) -> Option<bool>;
     /// What keeps each of `pids` taken in CRIU's pid namespace (a task, a zombie, a process group or session);
     /// the free ones left out (`ccm_process::pid_use`).
     fn pid_holders(&self, pids: &[u32]) -> Result<BTreeMap<u32, PidHolder>, ProcessError>;
@@ -195,6 +200,12 @@ impl Targets for RealTargets {
     }
     fn restoring_runtime_spec(&self) -> Result<Option<RuntimeSpec>, FileError> {
         ccm_process::container::restoring_runtime_spec()
+    }
+    fn undumpable(&self, pid: u32) -> Vec<ccm_identity::criu_support::Undumpable> {
+        ccm_process::read_maps(pid).and_then(|maps| ccm_process::undumpable::undumpable(pid, &maps)).unwrap_or_default()
+    }
+    fn holds_only_parents_nvidia_files(&self, pid: u32, devices: &NvidiaDevices) -> Option<bool> {
+        ccm_process::forked::holds_only_parents_nvidia_files(pid, devices)
     }
     fn hostname(&self) -> String {
         std::fs::read_to_string("/proc/sys/kernel/hostname").map(|s| s.trim().to_string()).unwrap_or_default()

@@ -26,19 +26,30 @@ use crate::gpu::GpuUuid;
 
 /// The file the dump writes its claims into, beside the identity images.
 pub const CLAIMS_FILE_NAME: &str = "cuda-migrate-devices.img";
-/// The format's version; a reader refuses newer ones.
-pub const CLAIMS_VERSION: u16 = 1;
+/// The format's version; a reader refuses newer ones. Version 2 is one JSON object per line (a header, then one
+/// line per process and per open file), so that a dump appends each claim instead of rewriting the file; version 1
+/// (one pretty-printed JSON document) is still read.
+pub const CLAIMS_VERSION: u16 = 2;
 /// What the file's `format` field says.
 pub const CLAIMS_FORMAT: &str = "criu-cuda-migrate device claims";
-/// Largest claims file read (a real one is a few KiB).
-pub const MAX_CLAIMS_BYTES: usize = 1 << 20;
-/// Most processes, mappings per process, descriptors per process and files in one claims file.
-pub const MAX_HOLDERS: usize = 4096;
-pub const MAX_MAPPINGS_PER_HOLDER: usize = 1024;
-pub const MAX_FDS_PER_HOLDER: usize = 4096;
-pub const MAX_FILES: usize = 65536;
+/// The bounds of a claims file: one set, checked by the dump before any lock (the tree's holdings read ahead), by
+/// every claim the dump writes, by `criu-cuda-migrate job`, and by the restore's reader, so that whatever the dump
+/// writes the restore accepts. Sized for a node: 8 ranks x 32 DataLoader workers with a torch worker's holdings
+/// (about 30 mappings and 31 descriptors, 3.5 KB a worker in this encoding) is 256 processes and about 1 MB, far
+/// inside them; the limits are there against hostile files, not real jobs.
+pub const MAX_CLAIMS_BYTES: usize = 64 << 20;
+/// Most processes, mappings per process, descriptors per process and open files in one claims file.
+pub const MAX_HOLDERS: usize = 8192;
+pub const MAX_MAPPINGS_PER_HOLDER: usize = 16384;
+pub const MAX_FDS_PER_HOLDER: usize = 16384;
+pub const MAX_FILES: usize = 262_144;
+/// Most GPUs of one node.
+pub const MAX_GPUS: usize = 64;
 /// Longest string kept (a hostname, a process name).
 pub const MAX_TEXT: usize = 256;
+/// The longest line one claimed open file takes (a GPU node's, with its UUID), reserved per descriptor when a
+/// dump checks a tree's holdings against [`MAX_CLAIMS_BYTES`] before the files are known.
+pub const MAX_FILE_LINE: usize = 160;
 
 /// One NVIDIA device node, by what it is rather than by its path.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord, Hash, Serialize, Deserialize)]
@@ -412,10 +423,28 @@ impl DeviceClaims {
         v
     }
 
-    /// The bytes of the file, JSON: readable with any tool, bounded on read.
+    /// The bytes of the file: the header line, then one line per process and per open file (JSON Lines: readable
+    /// with any tool, appended claim by claim by the dump, bounded on read).
     pub fn encode(&self) -> Vec<u8> {
-        // Serializing plain data with string keys cannot fail.
-        serde_json::to_vec_pretty(self).unwrap_or_default()
+        let mut out = self.header_line();
+        for h in &self.holders {
+            out.extend(holder_line(h));
+        }
+        for f in &self.files {
+            out.extend(file_line(f));
+        }
+        out
+    }
+
+    /// The first line of the file: format, version, the dump node's name and GPUs.
+    pub fn header_line(&self) -> Vec<u8> {
+        let head = Header {
+            format: self.format.clone(),
+            version: CLAIMS_VERSION,
+            hostname: self.hostname.clone(),
+            gpus: self.gpus.clone(),
+        };
+        json_line(&head)
     }
 
     /// Reads a claims file, refusing anything out of bounds or not this format.
@@ -423,48 +452,51 @@ impl DeviceClaims {
         if bytes.len() > MAX_CLAIMS_BYTES {
             return Err(ClaimsError::TooLarge { got: bytes.len() });
         }
+        let (first, rest) = match bytes.iter().position(|&b| b == b'\n') {
+            Some(i) => (&bytes[..i], &bytes[i + 1..]),
+            None => (bytes, &[][..]),
+        };
         #[derive(Deserialize)]
         struct Head {
             format: String,
             version: u16,
         }
-        let head: Head = serde_json::from_slice(bytes).map_err(|e| ClaimsError::Syntax(e.to_string()))?;
-        if head.format != CLAIMS_FORMAT {
-            return Err(ClaimsError::Syntax(format!("its format is {:?}", crate::text::shown(&head.format))));
-        }
-        if head.version > CLAIMS_VERSION {
-            return Err(ClaimsError::Newer(head.version));
-        }
-        let c: DeviceClaims = serde_json::from_slice(bytes).map_err(|e| ClaimsError::Syntax(e.to_string()))?;
+        // Version 2: a whole header on the first line. Version 1: one pretty-printed document ("{" alone first).
+        let c = match serde_json::from_slice::<Head>(first) {
+            Ok(head) => {
+                check_head(&head.format, head.version)?;
+                if head.version < 2 {
+                    return Err(ClaimsError::Syntax("a version 1 header on one line".into()));
+                }
+                decode_lines(first, rest)?
+            }
+            Err(_) => {
+                let head: Head = serde_json::from_slice(bytes).map_err(|e| ClaimsError::Syntax(e.to_string()))?;
+                check_head(&head.format, head.version)?;
+                if head.version != 1 {
+                    return Err(ClaimsError::Syntax(format!("version {} written as one document", head.version)));
+                }
+                serde_json::from_slice::<DeviceClaims>(bytes).map_err(|e| ClaimsError::Syntax(e.to_string()))?
+            }
+        };
         c.check()?;
         Ok(c)
     }
 
     fn check(&self) -> Result<(), ClaimsError> {
-        let many = |what, count, max| if count > max { Err(ClaimsError::TooMany { what, count, max }) } else { Ok(()) };
         many("processes", self.holders.len(), MAX_HOLDERS)?;
         many("files", self.files.len(), MAX_FILES)?;
-        many("GPUs", self.gpus.len(), 64)?;
+        many("GPUs", self.gpus.len(), MAX_GPUS)?;
+        let mut pids = std::collections::BTreeSet::new();
         for h in &self.holders {
-            many("mappings of one process", h.mappings.len(), MAX_MAPPINGS_PER_HOLDER)?;
-            many("descriptors of one process", h.fds.len(), MAX_FDS_PER_HOLDER)?;
-            if h.pid == 0 {
-                return Err(ClaimsError::Invalid("a process with pid 0".into()));
-            }
-            if self.holders.iter().filter(|o| o.pid == h.pid).count() > 1 {
+            holder_fits(h)?;
+            if !pids.insert(h.pid) {
                 return Err(ClaimsError::Invalid(format!("pid {} is listed twice", h.pid)));
             }
-            for m in &h.mappings {
-                if m.start >= m.end || m.start % 4096 != 0 || m.end % 4096 != 0 {
-                    return Err(ClaimsError::Invalid(format!(
-                        "pid {}: mapping {:#x}-{:#x} is no page-aligned range",
-                        h.pid, m.start, m.end
-                    )));
-                }
-            }
         }
+        let mut ids = std::collections::BTreeSet::new();
         for f in &self.files {
-            if self.files.iter().filter(|o| o.id == f.id).count() > 1 {
+            if !ids.insert(f.id) {
                 return Err(ClaimsError::Invalid(format!("file id {:#x} is listed twice", f.id)));
             }
             match (f.node, f.gpu) {
@@ -494,6 +526,147 @@ impl DeviceClaims {
                 )
             })
             .collect()
+    }
+}
+
+/// The header line of a version 2 file.
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct Header {
+    format: String,
+    version: u16,
+    hostname: String,
+    gpus: BTreeMap<u32, GpuUuid>,
+}
+
+/// Every line after the header of a version 2 file.
+#[derive(Serialize, Deserialize)]
+#[serde(rename_all = "kebab-case", deny_unknown_fields)]
+enum Record {
+    Holder(DeviceHolder),
+    File(ClaimedFile),
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "kebab-case")]
+enum RecordRef<'a> {
+    Holder(&'a DeviceHolder),
+    File(&'a ClaimedFile),
+}
+
+fn json_line(value: &impl Serialize) -> Vec<u8> {
+    // Serializing plain data with string keys cannot fail.
+    let mut v = serde_json::to_vec(value).unwrap_or_default();
+    v.push(b'\n');
+    v
+}
+
+/// The line a dump appends for one process.
+pub fn holder_line(h: &DeviceHolder) -> Vec<u8> {
+    json_line(&RecordRef::Holder(h))
+}
+
+/// The line a dump appends for one open file.
+pub fn file_line(f: &ClaimedFile) -> Vec<u8> {
+    json_line(&RecordRef::File(f))
+}
+
+fn many(what: &'static str, count: usize, max: usize) -> Result<(), ClaimsError> {
+    if count > max {
+        Err(ClaimsError::TooMany { what, count, max })
+    } else {
+        Ok(())
+    }
+}
+
+fn check_head(format: &str, version: u16) -> Result<(), ClaimsError> {
+    if format != CLAIMS_FORMAT {
+        return Err(ClaimsError::Syntax(format!("its format is {:?}", crate::text::shown(format))));
+    }
+    if version > CLAIMS_VERSION {
+        return Err(ClaimsError::Newer(version));
+    }
+    Ok(())
+}
+
+fn decode_lines(first: &[u8], rest: &[u8]) -> Result<DeviceClaims, ClaimsError> {
+    let head: Header = serde_json::from_slice(first).map_err(|e| ClaimsError::Syntax(format!("line 1: {e}")))?;
+    let mut c = DeviceClaims {
+        format: head.format,
+        version: head.version,
+        hostname: head.hostname,
+        gpus: head.gpus,
+        holders: Vec::new(),
+        files: Vec::new(),
+    };
+    for (i, line) in rest.split(|&b| b == b'\n').enumerate() {
+        if line.is_empty() {
+            continue;
+        }
+        let record: Record =
+            serde_json::from_slice(line).map_err(|e| ClaimsError::Syntax(format!("line {}: {e}", i + 2)))?;
+        match record {
+            Record::Holder(h) => {
+                c.holders.push(h);
+                many("processes", c.holders.len(), MAX_HOLDERS)?;
+            }
+            Record::File(f) => {
+                c.files.push(f);
+                many("files", c.files.len(), MAX_FILES)?;
+            }
+        }
+    }
+    Ok(c)
+}
+
+/// Whether one process's claims are inside the per-process bounds and well formed.
+pub fn holder_fits(h: &DeviceHolder) -> Result<(), ClaimsError> {
+    many("mappings of one process", h.mappings.len(), MAX_MAPPINGS_PER_HOLDER)?;
+    many("descriptors of one process", h.fds.len(), MAX_FDS_PER_HOLDER)?;
+    if h.pid == 0 {
+        return Err(ClaimsError::Invalid("a process with pid 0".into()));
+    }
+    for m in &h.mappings {
+        if m.start >= m.end || m.start % 4096 != 0 || m.end % 4096 != 0 {
+            return Err(ClaimsError::Invalid(format!(
+                "pid {}: mapping {:#x}-{:#x} is no page-aligned range",
+                h.pid, m.start, m.end
+            )));
+        }
+    }
+    Ok(())
+}
+
+/// The running total of what a dump will write into the claims file, checked against the bounds before it is
+/// written: by the dump before any lock (over the tree's holdings read ahead), by `criu-cuda-migrate job`, and by
+/// each claim. Each descriptor reserves one open file's line ([`MAX_FILE_LINE`]): CRIU hands the files over later.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ClaimsTally {
+    pub holders: usize,
+    pub bytes: usize,
+    pub reserved_files: usize,
+}
+
+impl ClaimsTally {
+    /// The tally of a file's header alone.
+    pub fn new(header_bytes: usize) -> ClaimsTally {
+        ClaimsTally { holders: 0, bytes: header_bytes, reserved_files: 0 }
+    }
+
+    /// Adds one process, or says which bound it would cross (nothing is added then).
+    pub fn add(&mut self, h: &DeviceHolder) -> Result<(), ClaimsError> {
+        holder_fits(h)?;
+        many("processes", self.holders + 1, MAX_HOLDERS)?;
+        let files = self.reserved_files.saturating_add(h.fds.len());
+        let bytes =
+            self.bytes.saturating_add(holder_line(h).len()).saturating_add(h.fds.len().saturating_mul(MAX_FILE_LINE));
+        if bytes > MAX_CLAIMS_BYTES {
+            return Err(ClaimsError::TooLarge { got: bytes });
+        }
+        self.holders += 1;
+        self.bytes = bytes;
+        self.reserved_files = files;
+        Ok(())
     }
 }
 
@@ -626,12 +799,15 @@ mod tests {
     fn hostile_claims_are_refused_with_a_reason() {
         let good = String::from_utf8(sample().encode()).unwrap();
         let cases: Vec<(String, &str)> = vec![
-            (good.replace("\"version\": 1", "\"version\": 9"), "version 9"),
+            (good.replace("\"version\":2", "\"version\":9"), "version 9"),
             (good.replace(CLAIMS_FORMAT, "something else"), "format"),
-            (good.replace("\"pid\": 12", "\"pid\": 0"), "pid 0"),
-            (good.replace("\"start\": 8596226048", "\"start\": 8596226049"), "page-aligned"),
-            (good.replace("\"id\": 18", "\"id\": 17"), "listed twice"),
-            (good.replace("\"fd\": 7", "\"fd\": 7, \"extra\": 1"), "unknown field"),
+            (good.replace("\"pid\":12", "\"pid\":0"), "pid 0"),
+            (good.replace("\"start\":8596226048", "\"start\":8596226049"), "page-aligned"),
+            (good.replace("\"id\":18", "\"id\":17"), "listed twice"),
+            (good.replace("\"fd\":7", "\"fd\":7,\"extra\":1"), "unknown field"),
+            (good.replace("\"holder\"", "\"other\""), "line 2"),
+            (format!("{good}{}", String::from_utf8(holder_line(&sample().holders[0])).unwrap()), "listed twice"),
+            (good.replace("\"version\":2", "\"version\":1"), "version 1 header"),
             ("[]".into(), "claims file"),
         ];
         for (text, want) in cases {
@@ -639,6 +815,75 @@ mod tests {
             assert!(e.contains(want), "{want}: {e}");
         }
         assert!(matches!(DeviceClaims::decode(&vec![b' '; MAX_CLAIMS_BYTES + 1]), Err(ClaimsError::TooLarge { .. })));
+    }
+
+    /// Images written by an earlier plugin (version 1: one pretty-printed document) still restore.
+    #[test]
+    fn a_version_1_file_is_still_read() {
+        let mut v1 = sample();
+        v1.version = 1;
+        let bytes = serde_json::to_vec_pretty(&v1).unwrap();
+        assert_eq!(DeviceClaims::decode(&bytes).unwrap(), v1);
+        let newer = String::from_utf8(bytes).unwrap().replace("\"version\": 1", "\"version\": 2");
+        assert!(DeviceClaims::decode(newer.as_bytes()).unwrap_err().to_string().contains("one document"));
+    }
+
+    /// The encoding is appendable: the header, then a line per record, each line alone a record; what the dump
+    /// appends claim by claim decodes to the same claims as the whole encoding.
+    #[test]
+    fn lines_appended_one_by_one_equal_the_whole_encoding() {
+        let c = sample();
+        let mut appended = c.header_line();
+        for h in &c.holders {
+            appended.extend(holder_line(h));
+        }
+        for f in &c.files {
+            appended.extend(file_line(f));
+        }
+        assert_eq!(appended, c.encode());
+        assert_eq!(c.encode().iter().filter(|&&b| b == b'\n').count(), 1 + c.holders.len() + c.files.len());
+    }
+
+    /// A torch DataLoader worker's real holdings (measured on an H100: 30 device mappings, 31 descriptors): 8 ranks
+    /// x 32 workers fit the one bound with room to spare, and the tally refuses what the reader would refuse.
+    #[test]
+    fn a_node_of_8_ranks_by_32_workers_fits_and_the_tally_matches_the_reader() {
+        let worker = |pid: u32| DeviceHolder {
+            pid,
+            host_pid: pid + 100_000,
+            comm: "pt_data_worker".into(),
+            mappings: (0..30u64)
+                .map(|i| ClaimedMapping {
+                    start: 0x7f00_0000_0000 + i * 0x20_0000,
+                    end: 0x7f00_0000_0000 + i * 0x20_0000 + 0x1000,
+                    perms: "rw-s".into(),
+                    offset: i * 0x1000,
+                    node: if i % 3 == 0 { NvidiaNode::Gpu(u32::try_from(i % 8).unwrap()) } else { NvidiaNode::Control },
+                })
+                .collect(),
+            fds: (0..31u32).map(|fd| ClaimedFd { fd: fd + 10, node: NvidiaNode::Gpu(fd % 8) }).collect(),
+        };
+        let mut c =
+            DeviceClaims::new("node-a", (0..8u8).map(|m| (u32::from(m), crate::image::tests::uuid(m))).collect());
+        let mut tally = ClaimsTally::new(c.header_line().len());
+        for pid in 0..256 {
+            let h = worker(pid + 2);
+            tally.add(&h).unwrap();
+            c.holders.push(h);
+        }
+        let bytes = c.encode();
+        assert!(bytes.len() < 2 << 20, "{} bytes", bytes.len());
+        assert!(tally.bytes >= bytes.len() && tally.bytes < MAX_CLAIMS_BYTES / 16);
+        assert_eq!(DeviceClaims::decode(&bytes).unwrap().holders.len(), 256);
+        // One process over a per-process bound: the tally and the reader refuse it alike.
+        let mut big = worker(9999);
+        big.fds = (0..=u32::try_from(MAX_FDS_PER_HOLDER).unwrap())
+            .map(|fd| ClaimedFd { fd, node: NvidiaNode::Control })
+            .collect();
+        let e = tally.clone().add(&big).unwrap_err();
+        assert!(e.to_string().contains("descriptors of one process"), "{e}");
+        c.holders.push(big);
+        assert_eq!(DeviceClaims::decode(&c.encode()).unwrap_err(), e);
     }
 
     proptest::proptest! {

@@ -11,6 +11,7 @@
 
 pub mod claims;
 pub mod criu_pstree;
+pub mod criu_support;
 pub mod devprop;
 pub mod env;
 pub mod gpu;

@@ -109,6 +109,17 @@ impl RewrittenFile {
         self.file.write_all_at(bytes, 0).map_err(io)?;
         self.file.set_len(bytes.len() as u64).map_err(io)
     }
+
+    /// Writes `bytes` at `offset` (an append when `offset` is the length written so far): what a record that only
+    /// grows costs per addition, whatever its size.
+    pub fn write_at(&self, bytes: &[u8], offset: u64) -> Result<(), FileError> {
+        use std::os::unix::fs::FileExt;
+        self.file.write_all_at(bytes, offset).map_err(|source| FileError::Io {
+            action: "write",
+            path: self.path.clone(),
+            source,
+        })
+    }
 }
 
 fn io_err(action: &'static str, path: PathBuf) -> impl FnOnce(rustix::io::Errno) -> FileError {

@@ -15,6 +15,7 @@
 //! - [`devices`]: which `/dev/nvidiaN` a process holds open or mapped, and which libraries it maps;
 //! - [`tree`]: namespace pids, process tree, threads;
 //! - [`pid_use`]: who keeps a pid number taken (a task, a zombie, a thread, a process group or session);
+//! - [`criu_self`]: which task CRIU is parsing when it asks about a device mapping;
 //! - [`helper`]: forking the detached helper process that makes the plugin's driver calls;
 //! - [`ptrace`]: resuming and re-stopping the CUDA restore thread of a task that CRIU holds
 //!   ptrace-stopped (CRIU is the tracer; see the threads rule on that module).
@@ -25,9 +26,11 @@
 pub mod cgroup;
 pub mod claims;
 pub mod container;
+pub mod criu_self;
 pub mod devices;
 pub mod dir;
 pub mod environ;
+pub mod forked;
 pub mod helper;
 pub mod maps;
 pub mod mem;
@@ -38,6 +41,7 @@ mod procfs;
 pub mod ptrace;
 pub mod sockets;
 pub mod tree;
+pub mod undumpable;
 
 pub use devices::{maps_library, nvidia_minors_in_use};
 pub use environ::{env_var, read_environ_block, write_environ_edit, EnvBlock};
