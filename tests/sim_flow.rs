@@ -109,3 +109,11 @@ fn managed_memory_is_refused_before_the_lock() {
 fn a_forked_childs_gpu_descriptor_follows_the_device_map() {
     run_case("forked-swap");
 }
+
+/// The seed's job at node scale (issue 46): 8 ranks x 32 forked workers on GPUs 0-3 of 8 simulated GPUs, dumped as
+/// one tree and restored where only GPUs 4-7 are usable: every worker's GPU descriptor opens a usable GPU, the claims
+/// hold all 256 workers, the job check counts them.
+#[test]
+fn a_node_of_8_ranks_by_32_workers_moves_onto_the_usable_gpus() {
+    run_case("node");
+}

@@ -6,7 +6,7 @@
 # Runs inside the trixie root: tests/criu-root.sh run tests/sim/plugin-flow.sh BIN_DIR CASE
 #   BIN_DIR  cargo's target dir holding libcriu_cuda_migrate.so, ccm-sample-workload, the doubles
 #   CASE     same | swap | swap-noreconcile | chain3 | refuse | cycle3 | no-plugin | two-procs | memory | forked |
-#            forked-swap | managed
+#            forked-swap | managed | node
 # Prints `FLOW <case> OK` and exits 0 when the case shows what it must; exits 1 with logs otherwise.
 set -euo pipefail
 
@@ -26,7 +26,11 @@ fail() {
 
 # The memory case fills a small GPU: 64 MiB each.
 [ "$CASE" = memory ] && SIM_MEMORY_TOTAL=$((64 << 20))
-if [ "$CASE" = cycle3 ]; then sim_stack_setup 3; else sim_stack_setup 2; fi
+case $CASE in
+cycle3) sim_stack_setup 3 ;;
+node) sim_stack_setup 8 ;;
+*) sim_stack_setup 2 ;;
+esac
 # Every case ends what it started, restored processes included, even when it fails.
 trap sim_stack_cleanup EXIT
 
@@ -416,6 +420,69 @@ forked-swap)
     go "$WORK/w0" 1 >/dev/null
     check_agree "$WORK/w0" 1
     [ "$(ordinal_uuid "$WORK/w0/report1.json" 0)" = "$G1" ] || fail "the parent is not on $G1 after the swap"
+    ;;
+node)
+    # The seed's job at node scale (issue 46): a torchrun-like tree of CCM_NODE_RANKS ranks (8) on GPUs 0-3 of an
+    # 8-GPU node (two ranks per GPU, each seeing only its own GPU), each rank with CCM_NODE_WORKERS (32) children
+    # forked after cuInit that hold /dev/nvidiactl and their rank's /dev/nvidiaN and map it. Dumped whole; restored
+    # where only GPUs 4-7 are usable (another pod has 0-3): every worker's GPU descriptor opens a usable GPU, the one
+    # its rank's map gives; the claims hold every worker.
+    ranks=${CCM_NODE_RANKS:-8}
+    workers=${CCM_NODE_WORKERS:-32}
+    stand_in_nodes 8
+    export CRIU_CUDA_MIGRATE_MULTI_PROCESS=warn
+    {
+        echo '#!/bin/bash'
+        for ((r = 0; r < ranks; r++)); do
+            g=$((r / 2))
+            mkdir -p "$WORK/w$r"
+            echo "CUDA_VISIBLE_DEVICES=${SIM_UUIDS[$g]} '$BIN/ccm-sample-workload' --dir '$WORK/w$r' --mib 1 --devices 0 --rounds 2 --forked-child --forked-children $workers --child-open /dev/nvidiactl,/dev/nvidia$g --child-map /dev/nvidia$g:65536 >'$WORK/w$r.out' 2>&1 &"
+        done
+        echo wait
+    } >"$WORK/ranks.sh"
+    (
+        close_inherited_fds
+        exec setsid bash "$WORK/ranks.sh" </dev/null >"$WORK/tree.out" 2>&1
+    ) &
+    root=$!
+    disown $root
+    for ((r = 0; r < ranks; r++)); do
+        for _ in $(seq 600); do [ -s "$WORK/w$r/ready" ] && break; sleep 0.1; done
+        [ -s "$WORK/w$r/ready" ] || fail "rank $r did not get ready: $(cat "$WORK/w$r.out")"
+    done
+    "$BIN/criu-cuda-migrate" job --pid "$root" >"$WORK/job.txt" 2>&1 || fail "job check refused: $(tail -n 3 "$WORK/job.txt")"
+    forks=$(grep -Ec '^[0-9]+ +ccm-sample-work +fork' "$WORK/job.txt")
+    [ "$forks" = $((ranks * workers)) ] || fail "job check marked $forks forked workers, not $((ranks * workers)): $(tail -n 3 "$WORK/job.txt")"
+    t0=$(date +%s.%N)
+    dump "$WORK/img" "$root"
+    t1=$(date +%s.%N)
+    holders=$(grep -c '^{"holder"' "$WORK/img/cuda-migrate-devices.img")
+    [ "$holders" = $((ranks * workers)) ] || fail "the claims hold $holders processes, not $((ranks * workers))"
+    grep -q "device claims before the first lock: $((ranks * workers)) process(es) of the tree hold NVIDIA nodes" "$WORK/img/dump.log" ||
+        fail "no claims bound check before the first lock: $(grep -a 'device claims' "$WORK/img/dump.log")"
+    export CRIU_CUDA_MIGRATE_USABLE_GPUS="${SIM_UUIDS[4]},${SIM_UUIDS[5]},${SIM_UUIDS[6]},${SIM_UUIDS[7]}"
+    restore "$WORK/img" || fail "criu restore of the node's tree failed"
+    t2=$(date +%s.%N)
+    # Every worker holds a usable GPU's node (4-7) and none of 0-3 (another pod's).
+    bad=0
+    for ((r = 0; r < ranks; r++)); do
+        first=$(cat "$WORK/w$r/forked")
+        links=$(for f in /proc/"$first"/fd/*; do readlink "$f"; done)
+        grep -Eqx '/dev/nvidia[4-7]' <<<"$links" || bad=1
+        grep -Eqx '/dev/nvidia[0-3]' <<<"$links" && bad=1
+    done
+    [ "$bad" = 0 ] || fail "a restored worker holds a GPU outside the usable set"
+    if grep -a "reopened as /dev/nvidia[0-3] " "$WORK/img/restore.log"; then fail "a descriptor was planned on GPU 0-3"; fi
+    for ((r = 0; r < ranks; r++)); do
+        go "$WORK/w$r" 1 >/dev/null
+        check_agree "$WORK/w$r" 1
+        u=$(ordinal_uuid "$WORK/w$r/report1.json" 0)
+        case ",$CRIU_CUDA_MIGRATE_USABLE_GPUS," in *",$u,"*) ;; *) fail "rank $r restored on $u, outside the usable GPUs" ;; esac
+        : >"$WORK/w$r/child-exit"
+        go "$WORK/w$r" 2 >/dev/null
+        tr -d ' \n' <"$WORK/w$r/report2.json" | grep -q '"exit_code":7' || fail "rank $r's workers did not all exit 7: $(cat "$WORK/w$r/report2.json")"
+    done
+    echo "NODE ranks=$ranks workers=$workers claims_bytes=$(stat -c %s "$WORK/img/cuda-migrate-devices.img") dump_s=$(awk -v a="$t0" -v b="$t1" 'BEGIN{printf "%.1f", b-a}') restore_s=$(awk -v a="$t1" -v b="$t2" 'BEGIN{printf "%.1f", b-a}') images_mb=$(du -sm "$WORK/img" | cut -f1)"
     ;;
 managed)
     # A CUDA process with managed memory: the test doubles present a loop block device over a 64 MiB scratch file as

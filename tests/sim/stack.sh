@@ -6,12 +6,15 @@
 G0=GPU-5e110000-aabb-ccdd-0001-020304050600
 G1=GPU-5e110001-aabb-ccdd-0001-020304050601
 G2=GPU-5e110002-aabb-ccdd-0001-020304050602
+# A node of eight (the `node` case: the seed's layout).
+SIM_UUIDS=("$G0" "$G1" "$G2")
+for i in 3 4 5 6 7; do SIM_UUIDS+=("GPU-5e11000$i-aabb-ccdd-0001-02030405060$i"); done
 
-# sim_stack_setup GPUS: GPUS simulated H200s (2 or 3) at 0000:06:00.0, 07, 08, minors 0, 1, 2, of 1 GiB each
-# (SIM_MEMORY_TOTAL bytes when set).
+# sim_stack_setup GPUS: GPUS simulated H200s (2, 3 or 8) at 0000:06:00.0, 07, 08, ..., minors 0, 1, 2, ..., of 1 GiB
+# each (SIM_MEMORY_TOTAL bytes when set).
 sim_stack_setup() {
     local n=$1 i sep=""
-    local uuids=("$G0" "$G1" "$G2")
+    local uuids=("${SIM_UUIDS[@]}")
     rm -rf "$WORK"
     mkdir -p "$WORK/lib" "$WORK/state" "$WORK/plugins" "$WORK/w0" "$WORK/w1"
     cp "$BIN/libcuda_test_double.so" "$WORK/lib/libcuda.so.1"

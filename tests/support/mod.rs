@@ -535,6 +535,10 @@ pub fn run_sim_case(s: &SimScript<'_>, case: &str) {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // A case's figures (the node case's sizes and times), for `--nocapture`.
+    for l in stdout.lines().filter(|l| l.starts_with("NODE ")) {
+        eprintln!("{}: {l}", s.test);
+    }
     assert!(
         out.status.success() && stdout.contains(&format!("{} {case} OK", s.ok_word)),
         "{} {case} failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",

@@ -39,8 +39,6 @@ struct ProcessRow {
     pid: u32,
     command: String,
     cuda: bool,
-    #[serde(skip)]
-    maps_libcuda: bool,
     importer: bool,
     gpus: Vec<GpuUse>,
     /// No CUDA context of its own, but NVIDIA descriptors or mappings (a child forked after its parent's
@@ -289,7 +287,7 @@ fn classify_forked(mut rows: Vec<ProcessRow>, devices: &NvidiaDevices) -> Vec<Pr
                 if holds { ccm_process::forked::holds_only_parents_nvidia_files(r.pid, devices) } else { None };
             let facts = ForkFacts {
                 holds,
-                maps_libcuda: r.cuda || r.maps_libcuda,
+                cuda_like: r.cuda,
                 own_memory: r.gpus.iter().any(|g| g.memory.is_some_and(|m| m.total() > 0)),
                 parents_files_only: inherited,
                 uvm_mapping: r.holdings.mappings.iter().any(|m| m.node == NvidiaNode::Uvm),
@@ -315,7 +313,8 @@ fn classify_forked(mut rows: Vec<ProcessRow>, devices: &NvidiaDevices) -> Vec<Pr
 struct ForkFacts {
     /// It holds NVIDIA descriptors or mappings.
     holds: bool,
-    maps_libcuda: bool,
+    /// It maps libcuda and holds a GPU node or GPU memory (what a CUDA process looks like from outside).
+    cuda_like: bool,
     /// The resource manager shows GPU memory of its own.
     own_memory: bool,
     /// Whether its NVIDIA descriptors are all its parent's open files (`None`: the kernel could not tell).
@@ -333,8 +332,8 @@ fn is_forked_holder(f: &ForkFacts) -> bool {
     }
     match f.parents_files_only {
         Some(true) => true,
-        Some(false) => !f.maps_libcuda,
-        None => !f.maps_libcuda || !f.own_memory && !f.uvm_mapping && f.own_memory_known,
+        Some(false) => !f.cuda_like,
+        None => !f.cuda_like || !f.own_memory && !f.uvm_mapping && f.own_memory_known,
     }
 }
 
@@ -372,17 +371,7 @@ fn row(pid: u32, rm: Option<&PidMemoryReport>, node_gpus: &[GpuIdentity], device
     let cuda = maps_libcuda && !gpus.is_empty();
     let holdings = ccm_process::claims::holdings(pid, &maps, devices).unwrap_or_default();
     let criu_cannot_dump = ccm_process::undumpable::undumpable(pid, &maps).unwrap_or_default();
-    ProcessRow {
-        pid,
-        command,
-        cuda,
-        maps_libcuda,
-        importer: false,
-        gpus,
-        forked_holder: None,
-        criu_cannot_dump,
-        holdings,
-    }
+    ProcessRow { pid, command, cuda, importer: false, gpus, forked_holder: None, criu_cannot_dump, holdings }
 }
 
 /// The unix sockets the processes of `tree` hold that are bound to a path, each namespace's list read once.
@@ -501,7 +490,7 @@ mod tests {
     fn facts(parents_files_only: Option<bool>) -> ForkFacts {
         ForkFacts {
             holds: true,
-            maps_libcuda: true,
+            cuda_like: true,
             own_memory: false,
             parents_files_only,
             uvm_mapping: false,
@@ -520,8 +509,9 @@ mod tests {
         assert!(is_forked_holder(&facts(None)));
         assert!(!is_forked_holder(&ForkFacts { own_memory: true, ..facts(None) }));
         assert!(!is_forked_holder(&ForkFacts { holds: false, ..facts(Some(true)) }));
-        // Not mapping libcuda at all: whatever it holds is inherited.
-        assert!(is_forked_holder(&ForkFacts { maps_libcuda: false, ..facts(Some(false)) }));
+        // Not looking like a CUDA process at all (no libcuda, or no GPU node or memory): whatever it holds is no
+        // context of its own.
+        assert!(is_forked_holder(&ForkFacts { cuda_like: false, ..facts(Some(false)) }));
     }
 
     #[test]

@@ -70,6 +70,10 @@ struct Args {
     /// A device node the forked child maps, shared and read-only: PATH:BYTES.
     #[arg(long, requires = "forked_child")]
     child_map: Option<String>,
+    /// How many such children (a rank's DataLoader workers): each holds the same; the reports give the first's exit
+    /// code, and every one must exit 7.
+    #[arg(long, default_value_t = 1, requires = "forked_child")]
+    forked_children: u32,
     /// A device node this process maps, shared and read-only: PATH:BYTES (the test doubles' stand-in of
     /// `/dev/nvidia-uvm` for managed memory, which the plugin refuses before the lock).
     #[arg(long)]
@@ -151,16 +155,26 @@ fn run(args: &Args) -> Result<(), WorkloadError> {
         let (path, bytes) = path_bytes(m).ok_or_else(|| WorkloadError::Map(m.clone()))?;
         forked::map_node(&path, bytes).map_err(io("cannot map", path.clone()))?;
     }
+    let mut extra_children: Vec<u32> = Vec::new();
     let child = if args.forked_child {
         let map = match &args.child_map {
             None => None,
             Some(m) => Some(path_bytes(m).ok_or_else(|| WorkloadError::ChildMap(m.clone()))?),
         };
         let holds = forked::ChildHolds { open: args.child_open.clone(), map };
-        let child = forked::fork_child(dir, &holds).map_err(io("cannot fork a child in", dir.to_path_buf()))?;
-        files::wait_for(dir, "forked");
-        say(format_args!("forked child {child} (no CUDA call in it)"));
-        Some(child)
+        let mut children = Vec::new();
+        for _ in 0..args.forked_children.max(1) {
+            let _ = std::fs::remove_file(dir.join("forked"));
+            let child = forked::fork_child(dir, &holds).map_err(io("cannot fork a child in", dir.to_path_buf()))?;
+            files::wait_for(dir, "forked");
+            children.push(child);
+        }
+        say(format_args!("forked {} child(ren) {children:?} (no CUDA call in them)", children.len()));
+        // The first child's pid stays in D/forked (what the tests read); the others are reaped with it.
+        files::write_atomic(dir, "forked", format!("{}\n", children[0]).as_bytes())
+            .map_err(io("cannot write", dir.join("forked")))?;
+        extra_children = children.split_off(1);
+        Some(children[0])
     } else {
         None
     };
@@ -181,6 +195,23 @@ fn run(args: &Args) -> Result<(), WorkloadError> {
                 }
                 std::thread::sleep(std::time::Duration::from_millis(20));
                 status = forked::child_status(c, false);
+            }
+            // The other children: every one must have exited 7 too once told (else the first's code says which).
+            if status == Some(forked::CHILD_EXIT_CODE) {
+                for &e in &extra_children {
+                    let mut st = forked::child_status(e, false);
+                    for _ in 0..100 {
+                        if st.is_some() {
+                            break;
+                        }
+                        std::thread::sleep(std::time::Duration::from_millis(20));
+                        st = forked::child_status(e, false);
+                    }
+                    if st != Some(forked::CHILD_EXIT_CODE) {
+                        status = Some(st.unwrap_or(-1));
+                        break;
+                    }
+                }
             }
             report.forked_child = Some(report::ForkedChild { pid: c, exit_code: status });
         }
