@@ -160,6 +160,7 @@ pub fn check_tree_bounds<'a>(
             comm: comm.chars().take(ccm_identity::claims::MAX_TEXT).collect(),
             mappings: held.mappings.clone(),
             fds: held.fds.clone(),
+            creds: held.creds.clone(),
         };
         if let Err(why) = tally.add(&h) {
             return Err(ClaimError::OverBound {
@@ -229,6 +230,7 @@ impl DumpClaims {
             comm: comm.chars().take(ccm_identity::claims::MAX_TEXT).collect(),
             mappings: held.mappings,
             fds: held.fds,
+            creds: held.creds,
         };
         let replaces = claims.holders.iter().any(|h| h.host_pid == pid.get() || h.pid == ns_pid);
         if replaces {
@@ -454,10 +456,13 @@ impl RestoreClaims {
         lines.join("\n")
     }
 
-    /// RESTORE_EXT_FILE, in the restored task: the claimed file `id` opened anew. `None`: not ours.
-    pub fn reopen(&self, id: u32) -> Option<Result<OwnedFd, ccm_process::claims::ReopenError>> {
+    /// RESTORE_EXT_FILE, in the restored task `ns_pid`: the claimed file `id` opened anew, no wider than the
+    /// driver opens such a node, and only if the task's credentials at dump could open it here. `None`: not ours.
+    pub fn reopen(&self, id: u32, ns_pid: u32) -> Option<Result<OwnedFd, ccm_process::claims::ReopenError>> {
         let (node, number, flags) = self.reopen.get(&id)?;
-        Some(ccm_process::claims::reopen_node(*node, *number, *flags))
+        let creds = self.claims.holder(ns_pid).and_then(|h| h.creds.as_ref());
+        let flags = ccm_identity::claims::narrowed_flags(*node, *flags);
+        Some(ccm_process::claims::reopen_node(*node, *number, flags, creds))
     }
 
     /// UPDATE_VMA_MAP, in the restored task `ns_pid`: the placeholder behind its claimed mapping at `addr`

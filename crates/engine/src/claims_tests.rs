@@ -47,6 +47,7 @@ fn worker() -> Holdings {
             ClaimedFd { fd: 7, node: NvidiaNode::Gpu(1) },
         ],
         unclaimed: Vec::new(),
+        creds: None,
     }
 }
 

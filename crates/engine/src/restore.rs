@@ -187,7 +187,8 @@ impl RestoreSession {
     /// node (`None`: not a file this dump claimed).
     pub fn restore_ext_file(&self, id: u32) -> Option<Result<std::os::fd::OwnedFd, EngineError>> {
         let c = self.claims.as_ref()?;
-        Some(c.reopen(id)?.map_err(|e| {
+        // CRIU calls this in the restored task: its pid here is its own namespace's, the holder's recorded pid.
+        Some(c.reopen(id, std::process::id())?.map_err(|e| {
             EngineError::Claim(crate::claims::ClaimError::Reopen {
                 id,
                 pid: std::process::id(),

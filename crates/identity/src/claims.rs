@@ -313,6 +313,46 @@ pub struct ClaimedFd {
     pub node: NvidiaNode,
 }
 
+/// The credentials a process opens files with (its file-system uid and gid, and its supplementary groups), as the
+/// dump saw them: a descriptor is reopened at restore only if these could open the node there.
+#[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct HolderCreds {
+    pub uid: u32,
+    pub gid: u32,
+    pub groups: Vec<u32>,
+}
+
+/// Most supplementary groups kept (the kernel's NGROUPS_MAX is 65536; a real process has a handful).
+pub const MAX_GROUPS: usize = 1024;
+
+/// Whether `creds` may open a node of mode `mode` owned by `owner`:`group` for reading and/or writing, by the
+/// permission bits (root may: the restored task keeps CAP_DAC_OVERRIDE when its uid is 0).
+pub fn may_open(mode: u32, owner: u32, group: u32, creds: &HolderCreds, read: bool, write: bool) -> bool {
+    if creds.uid == 0 {
+        return true;
+    }
+    let bits = if creds.uid == owner {
+        (mode >> 6) & 7
+    } else if creds.gid == group || creds.groups.contains(&group) {
+        (mode >> 3) & 7
+    } else {
+        mode & 7
+    };
+    (!read || bits & 4 != 0) && (!write || bits & 2 != 0)
+}
+
+/// The open flags a claimed descriptor of `node` is reopened with: the recorded ones, but never wider than the
+/// driver's own opens are (a capability node is opened read-only by libcuda; measured on driver 580), whatever the
+/// image says.
+pub fn narrowed_flags(node: NvidiaNode, flags: i32) -> i32 {
+    const O_ACCMODE: i32 = 3;
+    match node {
+        NvidiaNode::Cap(_) => flags & !O_ACCMODE,
+        _ => flags,
+    }
+}
+
 /// A process of the tree that is no CUDA process but holds NVIDIA nodes.
 #[derive(Clone, Debug, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(deny_unknown_fields)]
@@ -325,6 +365,10 @@ pub struct DeviceHolder {
     pub comm: String,
     pub mappings: Vec<ClaimedMapping>,
     pub fds: Vec<ClaimedFd>,
+    /// What it opened files with at dump (absent in files of earlier plugins: then the node's own permission
+    /// bits alone decide, with root's credentials).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub creds: Option<HolderCreds>,
 }
 
 impl DeviceHolder {
@@ -623,6 +667,7 @@ fn decode_lines(first: &[u8], rest: &[u8]) -> Result<DeviceClaims, ClaimsError> 
 pub fn holder_fits(h: &DeviceHolder) -> Result<(), ClaimsError> {
     many("mappings of one process", h.mappings.len(), MAX_MAPPINGS_PER_HOLDER)?;
     many("descriptors of one process", h.fds.len(), MAX_FDS_PER_HOLDER)?;
+    many("groups of one process", h.creds.as_ref().map_or(0, |c| c.groups.len()), MAX_GROUPS)?;
     if h.pid == 0 {
         return Err(ClaimsError::Invalid("a process with pid 0".into()));
     }
@@ -772,6 +817,7 @@ mod tests {
                 },
             ],
             fds: vec![ClaimedFd { fd: 7, node: NvidiaNode::Control }, ClaimedFd { fd: 9, node: NvidiaNode::Gpu(0) }],
+            creds: Some(HolderCreds { uid: 1000, gid: 1000, groups: vec![44] }),
         });
         c.add_file(ClaimedFile { id: 0x11, node: NvidiaNode::Control, gpu: None, flags: 2 });
         c.add_file(ClaimedFile {
@@ -815,6 +861,23 @@ mod tests {
             assert!(e.contains(want), "{want}: {e}");
         }
         assert!(matches!(DeviceClaims::decode(&vec![b' '; MAX_CLAIMS_BYTES + 1]), Err(ClaimsError::TooLarge { .. })));
+    }
+
+    /// Low finding of issue 46's review: a task that could not open a node gets no descriptor of it at restore,
+    /// and a capability node is never reopened for writing.
+    #[test]
+    fn a_node_is_reopened_only_as_the_holders_credentials_allow() {
+        let user = HolderCreds { uid: 1000, gid: 1000, groups: vec![44] };
+        // nvidia-cap1 as the driver makes it: 0400 root:root.
+        assert!(!may_open(0o100400, 0, 0, &user, true, false));
+        assert!(may_open(0o100400, 0, 0, &HolderCreds { uid: 0, gid: 0, groups: vec![] }, true, true));
+        // nvidiactl 0666: anyone; a 0660 node of group 44 (video): its members only.
+        assert!(may_open(0o020666, 0, 0, &user, true, true));
+        assert!(may_open(0o020660, 0, 44, &user, true, true));
+        assert!(!may_open(0o020660, 0, 45, &user, true, false));
+        assert!(may_open(0o020640, 0, 44, &user, true, false) && !may_open(0o020640, 0, 44, &user, true, true));
+        assert_eq!(narrowed_flags(NvidiaNode::Cap(1), 0o2_000_002), 0o2_000_000);
+        assert_eq!(narrowed_flags(NvidiaNode::Control, 0o2_000_002), 0o2_000_002);
     }
 
     /// Images written by an earlier plugin (version 1: one pretty-printed document) still restore.
@@ -862,6 +925,7 @@ mod tests {
                 })
                 .collect(),
             fds: (0..31u32).map(|fd| ClaimedFd { fd: fd + 10, node: NvidiaNode::Gpu(fd % 8) }).collect(),
+            creds: Some(HolderCreds { uid: 1000, gid: 1000, groups: (0..8).collect() }),
         };
         let mut c =
             DeviceClaims::new("node-a", (0..8u8).map(|m| (u32::from(m), crate::image::tests::uuid(m))).collect());

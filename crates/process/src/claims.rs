@@ -10,7 +10,7 @@
 
 use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 
-use ccm_identity::claims::{ClaimedFd, ClaimedMapping, DevNumber, DevType, NvidiaDevices, NvidiaNode};
+use ccm_identity::claims::{ClaimedFd, ClaimedMapping, DevNumber, DevType, HolderCreds, NvidiaDevices, NvidiaNode};
 use rustix::fs::{FileType, Mode, OFlags};
 pub use rustix::io::Errno;
 
@@ -62,6 +62,8 @@ pub struct Holdings {
     pub fds: Vec<ClaimedFd>,
     /// Nodes of the NVIDIA driver the plugin does not claim (`nvidia-caps`, ...): `(what, driver name)`.
     pub unclaimed: Vec<(String, String)>,
+    /// What the process opens files with (`/proc/PID/status`), when it could be read.
+    pub creds: Option<HolderCreds>,
 }
 
 impl Holdings {
@@ -114,7 +116,20 @@ pub fn holdings(pid: u32, maps: &[Mapping], devices: &NvidiaDevices) -> Result<H
         }
     }
     h.fds.sort_by_key(|f| f.fd);
+    h.creds = read_text(pid, "status", MAX_SMALL_PROC_FILE).ok().and_then(|t| creds_of_status(&t));
     Ok(h)
+}
+
+/// The file-system uid and gid (the fourth of `Uid:` and `Gid:`) and the supplementary groups of a
+/// `/proc/PID/status` text.
+pub fn creds_of_status(status: &str) -> Option<HolderCreds> {
+    let field = |name: &str| status.lines().find_map(|l| l.strip_prefix(name)).map(str::split_whitespace);
+    let uid = field("Uid:")?.nth(3)?.parse().ok()?;
+    let gid = field("Gid:")?.nth(3)?.parse().ok()?;
+    let groups = field("Groups:")
+        .map(|g| g.take(ccm_identity::claims::MAX_GROUPS).filter_map(|x| x.parse().ok()).collect())
+        .unwrap_or_default();
+    Some(HolderCreds { uid, gid, groups })
 }
 
 /// Whether descriptor `fd` of `pid` is the very open file (the same open file description, as `fork`
@@ -161,16 +176,39 @@ pub enum ReopenError {
     NotTheDevice { name: String, want: DevNumber, got: String },
     #[error("/dev/{name}: {errno}")]
     Open { name: String, errno: rustix::io::Errno },
+    #[error(
+        "/dev/{name} (mode {mode:o}, owner {owner}:{group}) cannot be opened {access} by the restored task's \
+         credentials (uid {uid}, gid {gid}): refused (the task could not have opened it itself)"
+    )]
+    NotPermitted { name: String, mode: u32, owner: u32, group: u32, access: &'static str, uid: u32, gid: u32 },
 }
 
 /// Opens `/dev/<node>` of the calling process's root (the restored task's: CRIU calls
 /// `RESTORE_EXT_FILE` in the task, inside its mount namespace and root), with `flags`' access mode
 /// and status flags. No link is followed (neither `/dev` nor the node), nothing is created, and the
 /// node must be `want` both before the open (a FIFO or a file is never opened) and after it.
-pub fn reopen_node(node: NvidiaNode, want: DevNumber, flags: i32) -> Result<OwnedFd, ReopenError> {
+/// `creds`: the holder's credentials at dump: the node is opened only if they could open it here, for the access
+/// `flags` ask (CRIU's restored task is still root when it asks).
+pub fn reopen_node(
+    node: NvidiaNode,
+    want: DevNumber,
+    flags: i32,
+    creds: Option<&HolderCreds>,
+) -> Result<OwnedFd, ReopenError> {
     let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let root = rustix::fs::open("/", dir, Mode::empty()).map_err(ReopenError::Dev)?;
-    reopen_node_in(root.as_fd(), node, want, flags)
+    reopen_node_as(root.as_fd(), node, want, flags, creds)
+}
+
+/// [`reopen_node_in`] with the holder's credentials checked against the node found before it is opened.
+pub fn reopen_node_as(
+    root: BorrowedFd<'_>,
+    node: NvidiaNode,
+    want: DevNumber,
+    flags: i32,
+    creds: Option<&HolderCreds>,
+) -> Result<OwnedFd, ReopenError> {
+    reopen_node_checked(root, node, want, flags, creds, || {})
 }
 
 /// [`reopen_node`] under the root directory `root` (its `dev/`).
@@ -189,9 +227,10 @@ pub fn reopen_node_in(
     want: DevNumber,
     flags: i32,
 ) -> Result<OwnedFd, ReopenError> {
-    reopen_node_in_with(root, node, want, flags, || {})
+    reopen_node_checked(root, node, want, flags, None, || {})
 }
 
+#[cfg(test)]
 /// [`reopen_node_in`] with `between` run after the node is looked at by name and before it is opened: the tests put
 /// another node at the name there.
 fn reopen_node_in_with(
@@ -199,6 +238,17 @@ fn reopen_node_in_with(
     node: NvidiaNode,
     want: DevNumber,
     flags: i32,
+    between: impl FnOnce(),
+) -> Result<OwnedFd, ReopenError> {
+    reopen_node_checked(root, node, want, flags, None, between)
+}
+
+fn reopen_node_checked(
+    root: BorrowedFd<'_>,
+    node: NvidiaNode,
+    want: DevNumber,
+    flags: i32,
+    creds: Option<&HolderCreds>,
     between: impl FnOnce(),
 ) -> Result<OwnedFd, ReopenError> {
     let name = node.dev_name();
@@ -224,6 +274,28 @@ fn reopen_node_in_with(
     }
     // Only the access mode and the status flags a device keeps; never O_CREAT, O_TRUNC and the like.
     let given = OFlags::from_bits_truncate(u32::try_from(flags).unwrap_or(0));
+    if let Some(c) = creds {
+        let (read, write) = match given & OFlags::RWMODE {
+            m if m == OFlags::WRONLY => (false, true),
+            m if m == OFlags::RDWR => (true, true),
+            _ => (true, false),
+        };
+        if !ccm_identity::claims::may_open(before.st_mode, before.st_uid, before.st_gid, c, read, write) {
+            return Err(ReopenError::NotPermitted {
+                name,
+                mode: before.st_mode & 0o7777,
+                owner: before.st_uid,
+                group: before.st_gid,
+                access: match (read, write) {
+                    (true, true) => "for reading and writing",
+                    (false, true) => "for writing",
+                    _ => "for reading",
+                },
+                uid: c.uid,
+                gid: c.gid,
+            });
+        }
+    }
     let keep = OFlags::RWMODE | OFlags::NONBLOCK | OFlags::APPEND | OFlags::SYNC | OFlags::DSYNC;
     let open = (given & keep) | OFlags::NONBLOCK | OFlags::NOFOLLOW | OFlags::NOCTTY | OFlags::CLOEXEC;
     between();
@@ -439,8 +511,51 @@ mod tests {
     fn reopening_checks_the_device_number_and_refuses_others() {
         let null = DevNumber { kind: DevType::Char, major: 1, minor: 3 };
         // /dev/nvidiactl is not on this machine (or is not char 1:3): refused, nothing created.
-        let e = reopen_node(NvidiaNode::Control, null, libc::O_RDWR).unwrap_err();
+        let e = reopen_node(NvidiaNode::Control, null, libc::O_RDWR, None).unwrap_err();
         assert!(matches!(e, ReopenError::Missing { .. } | ReopenError::NotTheDevice { .. }), "{e}");
         assert!(e.to_string().contains("/dev/nvidiactl"), "{e}");
+    }
+
+    /// Low finding of issue 46's review: the holder's credentials at dump decide, not root's: a 0400 root node is
+    /// not reopened for a user's task; the same node is for root's; a 0666 node is for anyone.
+    #[test]
+    fn a_node_the_holder_could_not_open_is_refused() {
+        if !rustix::process::geteuid().is_root() {
+            eprintln!("skipped: making a character device needs root");
+            return;
+        }
+        let null = DevNumber { kind: DevType::Char, major: 1, minor: 3 };
+        let (root, dev) = root_with_dev();
+        let node = dev.join("nvidiactl");
+        let make = |mode: u32| {
+            let _ = std::fs::remove_file(&node);
+            rustix::fs::mknodat(
+                rustix::fs::CWD,
+                &node,
+                FileType::CharacterDevice,
+                Mode::from_raw_mode(mode),
+                rustix::fs::makedev(1, 3),
+            )
+            .unwrap();
+            rustix::fs::chmod(&node, Mode::from_raw_mode(mode)).unwrap();
+        };
+        let user = HolderCreds { uid: 1000, gid: 1000, groups: vec![] };
+        let open_root = || std::fs::File::open(root.path()).unwrap();
+        make(0o400);
+        let e =
+            reopen_node_as(open_root().as_fd(), NvidiaNode::Control, null, libc::O_RDONLY, Some(&user)).unwrap_err();
+        assert!(matches!(e, ReopenError::NotPermitted { .. }), "{e}");
+        assert!(e.to_string().contains("uid 1000"), "{e}");
+        let admin = HolderCreds { uid: 0, gid: 0, groups: vec![] };
+        reopen_node_as(open_root().as_fd(), NvidiaNode::Control, null, libc::O_RDONLY, Some(&admin)).unwrap();
+        make(0o666);
+        reopen_node_as(open_root().as_fd(), NvidiaNode::Control, null, libc::O_RDWR, Some(&user)).unwrap();
+    }
+
+    #[test]
+    fn the_credentials_are_the_file_system_ids_and_groups_of_status() {
+        let status = "Name:\tx\nUid:\t1000\t1001\t1002\t1003\nGid:\t20\t21\t22\t23\nGroups:\t44 46 \n";
+        assert_eq!(creds_of_status(status), Some(HolderCreds { uid: 1003, gid: 23, groups: vec![44, 46] }));
+        assert_eq!(creds_of_status("Name:\tx\n"), None);
     }
 }
