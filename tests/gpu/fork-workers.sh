@@ -246,6 +246,7 @@ py_for() { # SHAPE: the interpreter
 #              dump, identical to the reference
 #   tr-scale   tr-wayout with CCM_TR_RANKS ranks (gloo, all on the one GPU) of CCM_TR_WORKERS workers each
 TR_SYSCTL=0
+TR_PRE=()
 IO_URING_WAS=0
 TR_RANKS=${CCM_TR_RANKS:-2}
 TR_WORKERS=${CCM_TR_WORKERS:-16}
@@ -260,6 +261,7 @@ TR_VARIANTS=(
     "static||--rdzv-backend static --master-addr 127.0.0.1 --master-port PORT"
     "static-uselibuv0|USE_LIBUV=0|--rdzv-backend static --master-addr 127.0.0.1 --master-port PORT"
     "c10d-uselibuv0|USE_LIBUV=0 TORCH_USE_LIBUV=0|--standalone --rdzv-conf use_libuv=0"
+    "no-io-uring|WRAP|--standalone"
     "node-io-uring-off|SYSCTL|--standalone"
 )
 
@@ -267,13 +269,15 @@ TR_VARIANTS=(
 # the node's switch.
 tr_variant() {
     local v e a port=$((TR_PORT_BASE + RANDOM % 200))
-    TR_ENV=() TR_ARGS=() TR_SYSCTL=0
+    TR_ENV=() TR_ARGS=() TR_SYSCTL=0 TR_PRE=()
     for v in "${TR_VARIANTS[@]}"; do
         [[ ${v%%|*} == "$1" ]] || continue
         e=${v#*|}
         a=${e#*|}
         e=${e%%|*}
         if [[ $e == SYSCTL ]]; then TR_SYSCTL=1; e=""; fi
+        # The product's way out: `criu-cuda-migrate no-io-uring --` before the launcher.
+        if [[ $e == WRAP ]]; then TR_PRE=("$CLI" no-io-uring --); e=""; fi
         [[ -n $e ]] && read -r -a TR_ENV <<<"$e"
         read -r -a TR_ARGS <<<"${a//PORT/$port}"
         return 0
@@ -299,9 +303,9 @@ launch() {
     tr_variant "$variant"
     # The node's switch only for the run that needs it (the tr-uring row needs io_uring on).
     if ((TR_SYSCTL)); then io_uring_off; else io_uring_on; fi
-    start_detached "$dir" "$out" env "$@" "${TR_ENV[@]}" OMP_NUM_THREADS=1 "$TORCH_PY" -m torch.distributed.run \
+    start_detached "$dir" "$out" env "$@" "${TR_ENV[@]}" OMP_NUM_THREADS=1 "${TR_PRE[@]}" "$TORCH_PY" -m torch.distributed.run \
         --nnodes 1 --nproc-per-node "$nproc" "${TR_ARGS[@]}" "$JOBS" tr-dl --workers "$workers" --steps "$steps" \
-        --log "$logf" --sleep "$sleep_s" --pause-at "$pause"
+        --logfile "$logf" --sleep "$sleep_s" --pause-at "$pause"
     log "$shape: torchrun ($variant: ${TR_ENV[*]} ${TR_ARGS[*]}), $nproc rank(s) x $workers workers: agent $STARTED_PID"
 }
 
@@ -332,7 +336,7 @@ case_uring_probe() {
         mkdir -p "$d"
         tr_variant "$name"
         ((TR_SYSCTL)) && io_uring_off
-        start_detached "$d" "$d/stdout.log" env "${TR_ENV[@]}" "$TORCH_PY" -m torch.distributed.run --nnodes 1 \
+        start_detached "$d" "$d/stdout.log" env "${TR_ENV[@]}" "${TR_PRE[@]}" "$TORCH_PY" -m torch.distributed.run --nnodes 1 \
             --nproc-per-node 1 "${TR_ARGS[@]}" --no-python sleep 60
         agent=$STARTED_PID
         local deadline=$((SECONDS + 40))

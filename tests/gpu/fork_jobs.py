@@ -396,7 +396,8 @@ def main():
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("shape", choices=SHAPES)
     p.add_argument("--steps", type=int, required=True)
-    p.add_argument("--log", required=True)
+    # --logfile: under torchrun, whose own options --log-dir and --logs-specs make --log ambiguous to its parser.
+    p.add_argument("--log", "--logfile", dest="log", required=True)
     p.add_argument("--pause-at", type=int, default=0)
     p.add_argument("--sleep", type=float, default=0.2)
     p.add_argument("--extra-managed", type=lambda t: [int(x) for x in t.split(",") if x], default=[],

@@ -85,6 +85,15 @@ enum Command {
         #[arg(long)]
         pid: i32,
     },
+    /// Run a command (and everything it starts) without io_uring, which CRIU cannot checkpoint: torchrun's elastic
+    /// agent makes one for its rendezvous store whatever torchrun is told. A seccomp filter answers
+    /// `io_uring_setup` with ENOSYS (libuv then uses epoll); the job runs as before and can be checkpointed.
+    /// `criu-cuda-migrate no-io-uring -- torchrun --standalone --nproc-per-node 8 train.py`
+    NoIoUring {
+        /// The command and its arguments.
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true, required = true, value_name = "COMMAND")]
+        command: Vec<std::ffi::OsString>,
+    },
     /// Bring a process left LOCKED or CHECKPOINTED back to RUNNING (restore onto the same GPUs, then unlock).
     Recover {
         /// The process's pid (as `ps` shows it on this host).
@@ -153,6 +162,16 @@ fn input(e: impl std::fmt::Display) -> Failure {
     Failure::Input(e.to_string())
 }
 
+/// `no-io-uring -- COMMAND...`: the filter, then the command in this process's place (it returns only on failure).
+fn no_io_uring(command: &[std::ffi::OsString]) -> CliResult {
+    use std::os::unix::process::CommandExt;
+    let (program, args) = command.split_first().ok_or_else(|| Failure::Input("no command given".into()))?;
+    ccm_process::seccomp::deny_io_uring()
+        .map_err(|e| Failure::Refused(format!("the seccomp filter against io_uring cannot be installed: {e}")))?;
+    let e = std::process::Command::new(program).args(args).exec();
+    Err(Failure::Input(format!("{}: {e}", program.to_string_lossy())))
+}
+
 fn main() -> ExitCode {
     out::init_logger();
     // Clap's own usage errors exit 2, as ours do.
@@ -170,6 +189,7 @@ fn main() -> ExitCode {
         Command::Node(_) => ("node", node(json)),
         Command::Job { pid } => ("job", job::run(*pid, json)),
         Command::Recover { pid } => ("recover", recover::run(*pid, json)),
+        Command::NoIoUring { command } => ("no-io-uring", no_io_uring(command)),
         Command::ActionScript { .. } => ("action-script", action_script()),
     };
     match r {

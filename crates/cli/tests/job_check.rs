@@ -116,3 +116,53 @@ fn a_forged_process_name_cannot_add_a_line_to_the_report() {
     t.kill().unwrap();
     t.wait().unwrap();
 }
+
+/// A small program holding an io_uring (its descriptor and its two ring mappings), as torchrun's elastic agent does;
+/// `None` where this kernel refuses io_uring.
+fn io_uring_holder(dir: &std::path::Path) -> Option<std::process::Child> {
+    let script = dir.join("ring.py");
+    std::fs::write(
+        &script,
+        "import ctypes, mmap, os, sys, time\n\
+         libc = ctypes.CDLL(None, use_errno=True)\n\
+         params = ctypes.create_string_buffer(120)\n\
+         fd = libc.syscall(425, 8, params)\n\
+         if fd < 0:\n    print('ENOSYS' if ctypes.get_errno() == 38 else 'refused', flush=True); sys.exit(0)\n\
+         sq = mmap.mmap(fd, 4096, mmap.MAP_SHARED, mmap.PROT_READ | mmap.PROT_WRITE, offset=0)\n\
+         print('ring', fd, flush=True)\n\
+         time.sleep(30)\n",
+    )
+    .unwrap();
+    let mut child = Command::new("python3").arg(&script).stdout(Stdio::piped()).stdin(Stdio::null()).spawn().ok()?;
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(child.stdout.take()?), &mut line).ok()?;
+    if line.starts_with("ring") {
+        Some(child)
+    } else {
+        let _ = child.wait();
+        None
+    }
+}
+
+/// Issue 46: a tree holding an io_uring (CRIU cannot dump one) is `would fail`, exit 1, the process and the way out
+/// named; the same program started under `criu-cuda-migrate no-io-uring` gets ENOSYS and holds none.
+#[test]
+fn an_io_uring_makes_the_job_fail_in_criu_and_no_io_uring_takes_it_away() {
+    let dir = tempfile::tempdir().unwrap();
+    let Some(mut holder) = io_uring_holder(dir.path()) else {
+        eprintln!("skipped: this kernel refuses io_uring_setup");
+        return;
+    };
+    let out = cli().args(["job", "--pid", &holder.id().to_string()]).output().unwrap();
+    let text = String::from_utf8_lossy(&out.stdout);
+    let _ = holder.kill();
+    let _ = holder.wait();
+    assert_eq!(out.status.code(), Some(1), "{text}");
+    let verdict = text.lines().find(|l| l.starts_with("verdict: ")).unwrap_or_default();
+    assert!(verdict.starts_with("verdict: would fail: pid "), "{text}");
+    for needle in ["anon_inode:[io_uring]", "descriptor", "mapping at", "criu-cuda-migrate no-io-uring"] {
+        assert!(verdict.contains(needle), "{needle}: {verdict}");
+    }
+    let out = cli().args(["no-io-uring", "--", "python3"]).arg(dir.path().join("ring.py")).output().unwrap();
+    assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ENOSYS", "{}", String::from_utf8_lossy(&out.stderr));
+}

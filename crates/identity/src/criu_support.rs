@@ -73,13 +73,13 @@ pub fn way_out(held: &[Undumpable]) -> &'static str {
 }
 
 /// Where a GPU job's io_uring comes from and how to run without it (measured on the GPU machine, torch 2.11:
-/// docs/GPU-TESTING.md, "A torchrun tree").
-pub const IO_URING_WAY_OUT: &str = "CRIU cannot checkpoint io_uring. In a torchrun job it is the elastic agent's \
-     rendezvous store (torch's TCPStore server on libuv, which makes an io_uring for its event loop whatever \
-     UV_USE_IO_URING says): start torchrun with `--rdzv-backend static --master-addr 127.0.0.1 --master-port PORT` and \
-     `TORCH_ELASTIC_USE_LIBUV=0`... see USER-GUIDE's \"What jobs move\" for the measured way out; elsewhere, run the \
-     job where io_uring is off (sysctl kernel.io_uring_disabled=2, or a seccomp profile that denies io_uring_setup, \
-     as the kubelet's RuntimeDefault does)";
+/// docs/GPU-TESTING.md, "A torchrun tree"): no torchrun setting removes it (`--rdzv-backend static`,
+/// `--rdzv-conf use_libuv=0`, `USE_LIBUV=0`, `UV_USE_IO_URING=0` all leave it).
+pub const IO_URING_WAY_OUT: &str = "CRIU cannot checkpoint an io_uring. In a torchrun job it is the elastic agent's: \
+     its rendezvous store (torch's TCPStore server, on libuv) makes one whatever torchrun is told. Start the job \
+     without io_uring: `criu-cuda-migrate no-io-uring -- torchrun ...` (a seccomp filter the whole tree inherits: \
+     io_uring_setup answers ENOSYS and libuv uses epoll), or switch io_uring off on the node (sysctl \
+     kernel.io_uring_disabled=2) or in the pod's seccomp profile";
 
 /// One line naming a process's holdings CRIU cannot dump.
 pub fn line(pid: u32, comm: &str, held: &[Undumpable]) -> String {

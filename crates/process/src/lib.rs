@@ -39,6 +39,7 @@ pub mod netns;
 pub mod pid_use;
 mod procfs;
 pub mod ptrace;
+pub mod seccomp;
 pub mod sockets;
 pub mod tree;
 pub mod undumpable;
