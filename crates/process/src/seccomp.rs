@@ -11,10 +11,11 @@ use std::io;
 const NR_IO_URING_SETUP: u32 = 425;
 const AUDIT_ARCH_X86_64: u32 = 0xC000_003E;
 const AUDIT_ARCH_AARCH64: u32 = 0xC000_00B7;
-// Classic BPF, as <linux/filter.h> and <linux/seccomp.h> define it.
-const BPF_LD_W_ABS: u16 = 0x00 | 0x00 | 0x20;
-const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10 | 0x00;
-const BPF_RET_K: u16 = 0x06 | 0x00;
+// Classic BPF, as <linux/filter.h> and <linux/seccomp.h> define it: BPF_LD|BPF_W|BPF_ABS, BPF_JMP|BPF_JEQ|BPF_K,
+// BPF_RET|BPF_K (BPF_LD, BPF_W and BPF_K are 0).
+const BPF_LD_W_ABS: u16 = 0x20;
+const BPF_JMP_JEQ_K: u16 = 0x05 | 0x10;
+const BPF_RET_K: u16 = 0x06;
 const SECCOMP_RET_ALLOW: u32 = 0x7fff_0000;
 const SECCOMP_RET_ERRNO: u32 = 0x0005_0000;
 /// `struct seccomp_data`: `int nr` at 0, `__u32 arch` at 4.
