@@ -331,6 +331,8 @@ case_uring_probe() {
     } >"$out"
     for v in "${TR_VARIANTS[@]}"; do
         name=${v%%|*}
+        # CCM_TR_PROBE: only these variants (space-separated names), for a short run.
+        [[ -n ${CCM_TR_PROBE:-} && " $CCM_TR_PROBE " != *" $name "* ]] && continue
         d=$WORK/probe-$name
         rm -rf "$d"
         mkdir -p "$d"
