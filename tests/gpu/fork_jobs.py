@@ -129,6 +129,26 @@ def params_sha256(model):
     return h.hexdigest()
 
 
+def mlp(torch, dev):
+    """The training's model: a small MLP on `dev` (the same for every shape, seeded by the caller)."""
+    return torch.nn.Sequential(
+        torch.nn.Linear(D_IN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, HIDDEN),
+        torch.nn.ReLU(),
+        torch.nn.Linear(HIDDEN, 1),
+    ).to(dev)
+
+
+def log_result(torch, log, digest):
+    """The last two lines: what the process's CUDA names its GPU after a move (torch's cached properties, which the
+    plugin rewrites), then the parameters' hash."""
+    prop = torch.cuda.get_device_properties(0)
+    pci = [getattr(prop, k, 0) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
+    log("identity uuid=GPU-%s bus=%04x:%02x:%02x.0" % (prop.uuid, pci[0], pci[1], pci[2]))
+    log("done params_sha256=%s" % digest)
+
+
 def torch_job(a, log):
     # Before torch initialises cuBLAS.
     os.environ["CUBLAS_WORKSPACE_CONFIG"] = ":4096:8"
@@ -137,13 +157,7 @@ def torch_job(a, log):
     torch.manual_seed(0)
     torch.use_deterministic_algorithms(True)
     dev = torch.device("cuda:0")
-    model = torch.nn.Sequential(
-        torch.nn.Linear(D_IN, HIDDEN),
-        torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, HIDDEN),
-        torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, 1),
-    ).to(dev)
+    model = mlp(torch, dev)
     opt = torch.optim.Adam(model.parameters(), lr=1e-3)
     # CUDA (and cuBLAS) initialised before any worker exists: the workers below are forked after CUDA init.
     with torch.no_grad():
@@ -233,11 +247,7 @@ def torch_job(a, log):
     if loader is not None:
         del it
         del loader
-    # What the process's CUDA names its GPU after a move (torch's cached properties, which the plugin rewrites).
-    prop = torch.cuda.get_device_properties(0)
-    pci = [getattr(prop, k, 0) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
-    log("identity uuid=GPU-%s bus=%04x:%02x:%02x.0" % (prop.uuid, pci[0], pci[1], pci[2]))
-    log("done params_sha256=%s" % digest)
+    log_result(torch, log, digest)
     return 0
 
 
@@ -266,13 +276,7 @@ def torchrun_job(a, log):
     torch.cuda.set_device(dev)
     backend = "nccl" if world == 1 else "gloo"
     dist.init_process_group(backend)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(D_IN, HIDDEN),
-        torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, HIDDEN),
-        torch.nn.ReLU(),
-        torch.nn.Linear(HIDDEN, 1),
-    ).to(dev)
+    model = mlp(torch, dev)
     ddp = torch.nn.parallel.DistributedDataParallel(model, device_ids=[0] if backend == "nccl" else None)
     opt = torch.optim.Adam(ddp.parameters(), lr=1e-3)
     with torch.no_grad():
@@ -306,10 +310,7 @@ def torchrun_job(a, log):
     dist.barrier()
     del it
     del loader
-    prop = torch.cuda.get_device_properties(0)
-    pci = [getattr(prop, k, 0) for k in ("pci_domain_id", "pci_bus_id", "pci_device_id")]
-    log("identity uuid=GPU-%s bus=%04x:%02x:%02x.0" % (prop.uuid, pci[0], pci[1], pci[2]))
-    log("done params_sha256=%s" % digest)
+    log_result(torch, log, digest)
     dist.destroy_process_group()
     return 0
 

@@ -334,29 +334,23 @@ fn the_workers_gpu_descriptors_open_only_usable_gpus() {
     let e = RestoreClaims::plan(claims.clone(), &here, &[], &node, &usable, &config(&[])).unwrap_err();
     let t = e.to_string();
     assert!(t.contains(&gpu(1).uuid.to_string()) && t.contains("CRIU_CUDA_MIGRATE_DEVICE_MAP"), "{t}");
-    // The explicit map pairs it with a usable GPU: that one.
-    let map = format!("{}={}", gpu(1).uuid, gpu(5).uuid);
-    let planned = RestoreClaims::plan(
-        claims.clone(),
-        &here,
-        &[],
-        &node,
-        &usable,
-        &config(&[("CRIU_CUDA_MIGRATE_DEVICE_MAP", map.as_str())]),
-    )
-    .unwrap();
+    // The explicit map (GPU 1 to `to`), planned on this node.
+    let with_map = |to: u32| {
+        let map = format!("{}={}", gpu(1).uuid, gpu(to).uuid);
+        RestoreClaims::plan(
+            claims.clone(),
+            &here,
+            &[],
+            &node,
+            &usable,
+            &config(&[("CRIU_CUDA_MIGRATE_DEVICE_MAP", &map)]),
+        )
+    };
+    // It pairs GPU 1 with a usable GPU: that one.
+    let planned = with_map(5).unwrap();
     assert!(planned.describe().contains("reopened as /dev/nvidia5"), "{}", planned.describe());
     // ... but never with one outside the usable set.
-    let map = format!("{}={}", gpu(1).uuid, gpu(2).uuid);
-    let e = RestoreClaims::plan(
-        claims.clone(),
-        &here,
-        &[],
-        &node,
-        &usable,
-        &config(&[("CRIU_CUDA_MIGRATE_DEVICE_MAP", map.as_str())]),
-    )
-    .unwrap_err();
+    let e = with_map(2).unwrap_err();
     assert!(e.to_string().contains("may not use"), "{e}");
     // GPU 1 usable: it stays itself.
     let planned = RestoreClaims::plan(claims, &here, &[], &node, &[gpu(1).uuid, gpu(5).uuid], &config(&[])).unwrap();

@@ -470,15 +470,20 @@ mod tests {
     /// made the open wait without end, in the restored task, inside CRIU's restore): the device is there when it is
     /// looked at, a FIFO when it is opened. Before the fix the open blocked (this test's 10 s guard fired); now it is
     /// refused at once as not the device. Root only: it makes a character device.
-    #[test]
-    fn a_fifo_swapped_in_after_the_check_is_refused_without_blocking() {
+    /// For the tests that make a character device (root only): `/dev/null`'s number, a root directory with its `dev/`,
+    /// and the path of `dev/nvidiactl` there (not made yet). `None`, said, when not root.
+    fn nvidiactl_stand_in() -> Option<(DevNumber, tempfile::TempDir, std::path::PathBuf)> {
         if !rustix::process::geteuid().is_root() {
             eprintln!("skipped: making a character device needs root");
-            return;
+            return None;
         }
-        let null = DevNumber { kind: DevType::Char, major: 1, minor: 3 };
         let (root, dev) = root_with_dev();
-        let node = dev.join("nvidiactl");
+        Some((DevNumber { kind: DevType::Char, major: 1, minor: 3 }, root, dev.join("nvidiactl")))
+    }
+
+    #[test]
+    fn a_fifo_swapped_in_after_the_check_is_refused_without_blocking() {
+        let Some((null, root, node)) = nvidiactl_stand_in() else { return };
         let char_dev = |path: &std::path::Path| {
             let mode = Mode::from_raw_mode(0o600);
             rustix::fs::mknodat(rustix::fs::CWD, path, FileType::CharacterDevice, mode, rustix::fs::makedev(1, 3))
@@ -520,24 +525,18 @@ mod tests {
     /// not reopened for a user's task; the same node is for root's; a 0666 node is for anyone.
     #[test]
     fn a_node_the_holder_could_not_open_is_refused() {
-        if !rustix::process::geteuid().is_root() {
-            eprintln!("skipped: making a character device needs root");
-            return;
-        }
-        let null = DevNumber { kind: DevType::Char, major: 1, minor: 3 };
-        let (root, dev) = root_with_dev();
-        let node = dev.join("nvidiactl");
+        let Some((null, root, node)) = nvidiactl_stand_in() else { return };
+        // /dev/null's number under the node's name, with exactly `mode` (the umask aside).
         let make = |mode: u32| {
             let _ = std::fs::remove_file(&node);
-            rustix::fs::mknodat(
+            let made = rustix::fs::mknodat(
                 rustix::fs::CWD,
                 &node,
                 FileType::CharacterDevice,
                 Mode::from_raw_mode(mode),
                 rustix::fs::makedev(1, 3),
-            )
-            .unwrap();
-            rustix::fs::chmod(&node, Mode::from_raw_mode(mode)).unwrap();
+            );
+            made.and_then(|()| rustix::fs::chmod(&node, Mode::from_raw_mode(mode))).unwrap();
         };
         let user = HolderCreds { uid: 1000, gid: 1000, groups: vec![] };
         let open_root = || std::fs::File::open(root.path()).unwrap();
