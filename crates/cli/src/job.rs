@@ -137,13 +137,10 @@ pub fn run(pid: i32, json: bool) -> CliResult {
         })
     });
     // What the claims file could not record refuses the dump before any lock (the plugin's check, its words).
-    let over_bound = ccm_engine::claims::check_tree_bounds(
-        std::fs::read_to_string("/proc/sys/kernel/hostname").unwrap_or_default().trim(),
-        node_gpus.len(),
-        rows.iter().map(|r| (r.pid, r.command.as_str(), &r.holdings)),
-    )
-    .err()
-    .map(|e| e.to_string());
+    let over_bound =
+        ccm_engine::claims::check_tree_bounds(rows.iter().map(|r| (r.pid, r.command.as_str(), &r.holdings)))
+            .err()
+            .map(|e| e.to_string());
     let refused_first = unclaimable.or(managed).or(over_bound);
     // What CRIU itself cannot dump (an io_uring: torchrun's agent) fails the dump in CRIU.
     let would_fail: Vec<String> = rows
@@ -160,9 +157,9 @@ pub fn run(pid: i32, json: bool) -> CliResult {
             let before = started.iter().find(|(q, _)| *q == p.get()).and_then(|(_, t)| *t);
             before.is_some_and(|t| ccm_process::tree::start_time(p.get()) == Some(t))
                 && ccm_process::devices::nvidia_minors_in_use(p.get()).is_ok_and(|m| !m.is_empty())
-                // A child forked after cuInit has no context to import with: the memory under its number is a
-                // dead process's (as the plugin decides).
-                && ccm_process::forked::holds_only_parents_nvidia_files(p.get(), &devices) != Some(true)
+                // A child forked after cuInit (a row classified `fork` above) has no context to import with: the
+                // memory under its number is a dead process's (as the plugin decides).
+                && rows.iter().find(|r| r.pid == p.get()).is_none_or(|r| r.forked_holder.is_none())
         });
         f.importers = live;
         if !stale.is_empty() {
@@ -283,8 +280,9 @@ fn classify_forked(mut rows: Vec<ProcessRow>, devices: &NvidiaDevices) -> Vec<Pr
         .iter()
         .map(|r| {
             let holds = !r.holdings.fds.is_empty() || !r.holdings.mappings.is_empty();
+            // Its own descriptors were read with its row: only its parent's are read here.
             let inherited =
-                if holds { ccm_process::forked::holds_only_parents_nvidia_files(r.pid, devices) } else { None };
+                if holds { ccm_process::forked::fds_all_parents(r.pid, &r.holdings.fds, devices) } else { None };
             let facts = ForkFacts {
                 holds,
                 cuda_like: r.cuda,

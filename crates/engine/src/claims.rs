@@ -137,41 +137,41 @@ pub enum Claim {
 }
 
 /// The claims file's bound over a tree's holdings, read ahead before any lock: the first process that would cross
-/// it, with the bound's words. The same check each claim makes, and `criu-cuda-migrate job` makes.
+/// it, with the bound's words. The same check each claim makes ([`add_within_bound`]), and `criu-cuda-migrate job`
+/// makes; the header is reserved at its longest ([`ccm_identity::claims::MAX_HEADER_LINE`]).
 pub fn check_tree_bounds<'a>(
-    hostname: &str,
-    gpus: usize,
     holders: impl IntoIterator<Item = (u32, &'a str, &'a Holdings)>,
 ) -> Result<ClaimsTally, ClaimError> {
-    let header = DeviceClaims::new(
-        hostname,
-        (0..u32::try_from(gpus.min(ccm_identity::claims::MAX_GPUS)).unwrap_or(0))
-            .map(|m| (m, GpuUuid::from_bytes([0xff; 16])))
-            .collect(),
-    );
-    let mut tally = ClaimsTally::new(header.header_line().len());
+    let mut tally = ClaimsTally::new(ccm_identity::claims::MAX_HEADER_LINE);
     for (pid, comm, held) in holders {
         if held.mappings.is_empty() && held.fds.is_empty() {
             continue;
         }
-        let h = DeviceHolder {
-            pid,
-            host_pid: pid,
-            comm: comm.chars().take(ccm_identity::claims::MAX_TEXT).collect(),
-            mappings: held.mappings.clone(),
-            fds: held.fds.clone(),
-            creds: held.creds.clone(),
-        };
-        if let Err(why) = tally.add(&h) {
-            return Err(ClaimError::OverBound {
-                pid,
-                comm: ccm_identity::text::shown(comm),
-                holders: tally.holders,
-                why,
-            });
-        }
+        add_within_bound(&mut tally, &holder_of(pid, pid, comm, held.clone()))?;
     }
     Ok(tally)
+}
+
+/// The record of process `host_pid` (`ns_pid` in its own namespace) and what it holds.
+fn holder_of(ns_pid: u32, host_pid: u32, comm: &str, held: Holdings) -> DeviceHolder {
+    DeviceHolder {
+        pid: ns_pid,
+        host_pid,
+        comm: comm.chars().take(ccm_identity::claims::MAX_TEXT).collect(),
+        mappings: held.mappings,
+        fds: held.fds,
+        creds: held.creds,
+    }
+}
+
+/// Adds `h` to `tally`, or says which bound it would cross, naming the process.
+fn add_within_bound(tally: &mut ClaimsTally, h: &DeviceHolder) -> Result<(), ClaimError> {
+    tally.add(h).map_err(|why| ClaimError::OverBound {
+        pid: h.host_pid,
+        comm: ccm_identity::text::shown(&h.comm),
+        holders: tally.holders,
+        why,
+    })
 }
 
 impl DumpClaims {
@@ -224,14 +224,7 @@ impl DumpClaims {
             let minors = gpus().into_iter().map(|g| (g.minor, g.uuid)).collect::<BTreeMap<u32, GpuUuid>>();
             DeviceClaims::new(&targets.hostname(), minors)
         });
-        let holder = DeviceHolder {
-            pid: ns_pid,
-            host_pid: pid.get(),
-            comm: comm.chars().take(ccm_identity::claims::MAX_TEXT).collect(),
-            mappings: held.mappings,
-            fds: held.fds,
-            creds: held.creds,
-        };
+        let holder = holder_of(ns_pid, pid.get(), &comm, held);
         let replaces = claims.holders.iter().any(|h| h.host_pid == pid.get() || h.pid == ns_pid);
         if replaces {
             claims.holders.retain(|h| h.host_pid != pid.get() && h.pid != ns_pid);
@@ -245,14 +238,7 @@ impl DumpClaims {
             }
             t
         });
-        if let Err(why) = tally.add(&holder) {
-            return Err(ClaimError::OverBound {
-                pid: pid.get(),
-                comm: ccm_identity::text::shown(&holder.comm),
-                holders: tally.holders,
-                why,
-            });
-        }
+        add_within_bound(tally, &holder)?;
         let line = format!(
             "pid {pid} ({}) is no CUDA process but holds {} NVIDIA descriptor(s) and {} device mapping(s), inherited \
              from a CUDA parent (a child forked after cuInit): claimed; the descriptors are reopened on the restoring \

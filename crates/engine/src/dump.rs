@@ -90,8 +90,8 @@ pub struct DumpSession {
     /// What each process of the tree that is no CUDA process holds of the NVIDIA nodes, read at the first
     /// CHECKPOINT_DEVICES beside the checkpoint (`None` before it); each one's own hook takes its entry.
     holdings: Option<ReadHoldings>,
-    /// Whether the tree's holdings were checked against the claims file's bound, before the first lock.
-    claims_bound_checked: bool,
+    /// Whether the tree was checked before the first lock (what CRIU cannot dump, the claims file's bound).
+    tree_checked_before_lock: bool,
 }
 
 /// The importer check of the tree at the first CUDA process's PAUSE_DEVICES.
@@ -204,7 +204,7 @@ impl DumpSession {
             thawed: Vec::new(),
             root: None,
             tree_check: TreeCheck::NotAsked,
-            claims_bound_checked: false,
+            tree_checked_before_lock: false,
             claims: DumpClaims::default(),
             holdings: None,
         }
@@ -283,7 +283,7 @@ impl DumpSession {
         }
         // Before the first lock: a tree whose NVIDIA holdings the claims file could not record (the restore would
         // refuse such a file) is refused while nothing is locked.
-        if let Err(e) = self.check_tree_claims_bound(pid) {
+        if let Err(e) = self.check_tree_before_lock(pid) {
             return HookOutcome::Failed(e);
         }
         if !self.inventory_added {
@@ -418,20 +418,16 @@ impl DumpSession {
         Ok(())
     }
 
-    /// The claims file's one bound over what the tree holds of the NVIDIA nodes, once, at the first CUDA process
-    /// (before its lock): every process of the tree that holds a node is counted (the CUDA processes too, which
+    /// The tree before the first lock, once, at the first CUDA process: what CRIU cannot dump (an io_uring), then
+    /// the claims file's one bound over what the tree holds of the NVIDIA nodes: every process of the tree that holds a node is counted (the CUDA processes too, which
     /// claim nothing: the check errs on the side of refusing, as `criu-cuda-migrate job` does). The processes
     /// still run: CHECKPOINT_DEVICES reads them again, and each claim is checked against the same bound.
-    fn check_tree_claims_bound(&mut self, pid: HostPid) -> Result<(), EngineError> {
-        if self.claims_bound_checked {
+    fn check_tree_before_lock(&mut self, pid: HostPid) -> Result<(), EngineError> {
+        if self.tree_checked_before_lock {
             return Ok(());
         }
-        self.claims_bound_checked = true;
-        let root = self.root.unwrap_or(pid).get();
-        let mut pids: Vec<u32> =
-            std::iter::once(root).chain(self.seams.targets.children_recursive(root)).take(MAX_TREE_PIDS).collect();
-        let mut seen = std::collections::BTreeSet::new();
-        pids.retain(|p| seen.insert(*p));
+        self.tree_checked_before_lock = true;
+        let pids = self.tree_pids(pid);
         let devices = self.claims.devices(&self.config, &*self.seams.targets).clone();
         // What CRIU cannot dump at all fails the dump in CRIU after the checkpoint (an io_uring's rings: "Unknown
         // shit 600 (anon_inode:[io_uring])"): refused now, named, nothing locked. Other anonymous inodes are left to
@@ -450,13 +446,8 @@ impl DumpSession {
         let mut read = read_holdings(&*self.seams.targets, &devices, &pids);
         let held: Vec<(u32, String, ccm_process::claims::Holdings)> =
             pids.iter().filter_map(|&p| read.take(p).and_then(Result::ok).map(|(c, h)| (p, c, h))).collect();
-        let gpus = read.kernel_gpus.as_ref().map_or(0, Vec::len);
-        let tally = crate::claims::check_tree_bounds(
-            &self.seams.targets.hostname(),
-            gpus,
-            held.iter().map(|(p, c, h)| (*p, c.as_str(), h)),
-        )
-        .map_err(EngineError::Claim)?;
+        let tally = crate::claims::check_tree_bounds(held.iter().map(|(p, c, h)| (*p, c.as_str(), h)))
+            .map_err(EngineError::Claim)?;
         if tally.holders > 0 {
             info!(
                 "device claims before the first lock: {} process(es) of the tree hold NVIDIA nodes, at most {} KiB of \
@@ -468,6 +459,18 @@ impl DumpSession {
             );
         }
         Ok(())
+    }
+
+    /// The dump's tree, breadth-first from its root (the first pid of PAUSE_DEVICES, else `pid`), each pid once,
+    /// capped.
+    fn tree_pids(&self, pid: HostPid) -> Vec<u32> {
+        let root = self.root.unwrap_or(pid).get();
+        let mut seen = std::collections::BTreeSet::new();
+        std::iter::once(root)
+            .chain(self.seams.targets.children_recursive(root))
+            .take(MAX_TREE_PIDS)
+            .filter(|p| seen.insert(*p))
+            .collect()
     }
 
     /// The importers of a resource manager report, their GPUs named from the kernel driver's list, the MPS
@@ -583,14 +586,8 @@ impl DumpSession {
         let pids: Vec<u32> = if devices.is_empty() {
             Vec::new()
         } else {
-            let root = self.root.unwrap_or(pid).get();
-            let mut pids: Vec<u32> = std::iter::once(root)
-                .chain(self.seams.targets.children_recursive(root))
-                .take(MAX_TREE_PIDS)
-                .filter(|&p| p != pid.get() && HostPid::new(p.into()).is_none_or(|h| !self.tracked.contains_key(&h)))
-                .collect();
-            let mut seen = std::collections::BTreeSet::new();
-            pids.retain(|p| seen.insert(*p));
+            let mut pids = self.tree_pids(pid);
+            pids.retain(|&p| p != pid.get() && HostPid::new(p.into()).is_none_or(|h| !self.tracked.contains_key(&h)));
             pids
         };
         let targets = self.seams.targets.clone();

@@ -47,6 +47,10 @@ pub const MAX_FILES: usize = 262_144;
 pub const MAX_GPUS: usize = 64;
 /// Longest string kept (a hostname, a process name).
 pub const MAX_TEXT: usize = 256;
+/// The longest header line a claims file can have (format, version, a hostname of [`MAX_TEXT`] characters, each of
+/// [`MAX_GPUS`] minors with its UUID): what a check of a tree's holdings reserves for it before the node's names and
+/// GPUs are in hand.
+pub const MAX_HEADER_LINE: usize = 160 + 4 * MAX_TEXT + MAX_GPUS * 56;
 /// The longest line one claimed open file takes (a GPU node's, with its UUID), reserved per descriptor when a
 /// dump checks a tree's holdings against [`MAX_CLAIMS_BYTES`] before the files are known.
 pub const MAX_FILE_LINE: usize = 160;
@@ -878,6 +882,14 @@ mod tests {
         assert!(may_open(0o020640, 0, 44, &user, true, false) && !may_open(0o020640, 0, 44, &user, true, true));
         assert_eq!(narrowed_flags(NvidiaNode::Cap(1), 0o2_000_002), 0o2_000_000);
         assert_eq!(narrowed_flags(NvidiaNode::Control, 0o2_000_002), 0o2_000_002);
+    }
+
+    /// The header's reservation holds the longest header a node can write.
+    #[test]
+    fn the_longest_header_fits_its_reservation() {
+        let gpus = (0..u32::try_from(MAX_GPUS).unwrap()).map(|m| (m + 1000, crate::image::tests::uuid(0xff))).collect();
+        let c = DeviceClaims::new(&"\u{7f}".repeat(MAX_TEXT), gpus);
+        assert!(c.header_line().len() <= MAX_HEADER_LINE, "{} > {MAX_HEADER_LINE}", c.header_line().len());
     }
 
     /// Images written by an earlier plugin (version 1: one pretty-printed document) still restore.

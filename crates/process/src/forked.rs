@@ -5,7 +5,7 @@
 //! the driver's answer; and the importer check counts only processes with their own context (a dead importer's
 //! memory stays under its pid number, which a forked worker may now have).
 
-use ccm_identity::claims::NvidiaDevices;
+use ccm_identity::claims::{ClaimedFd, NvidiaDevices};
 
 use crate::claims::{holdings, shares_open_file};
 
@@ -13,7 +13,13 @@ use crate::claims::{holdings, shares_open_file};
 /// one of its own (or none at all); `None`: the kernel could not tell (a process gone, no permission).
 pub fn holds_only_parents_nvidia_files(pid: u32, devices: &NvidiaDevices) -> Option<bool> {
     let own = holdings(pid, &crate::read_maps(pid).ok()?, devices).ok()?;
-    if own.fds.is_empty() {
+    fds_all_parents(pid, &own.fds, devices)
+}
+
+/// [`holds_only_parents_nvidia_files`] for a process whose NVIDIA descriptors `own` were read already (`job` has
+/// them): only its parent's are read.
+pub fn fds_all_parents(pid: u32, own: &[ClaimedFd], devices: &NvidiaDevices) -> Option<bool> {
+    if own.is_empty() {
         return Some(false);
     }
     let parent = crate::tree::parent_of(pid).filter(|&p| p != pid && p != 0)?;
@@ -22,7 +28,7 @@ pub fn holds_only_parents_nvidia_files(pid: u32, devices: &NvidiaDevices) -> Opt
     if theirs.is_empty() {
         return Some(false);
     }
-    for f in &own.fds {
+    for f in own {
         match shares_open_file(pid, f.fd, parent, &theirs) {
             Some(true) => {}
             Some(false) => return Some(false),
