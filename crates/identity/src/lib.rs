@@ -21,6 +21,7 @@ pub mod map;
 pub mod memory;
 pub mod pattern;
 pub mod pid;
+pub mod staging;
 pub mod text;
 pub mod validate;
 

@@ -17,6 +17,8 @@
 //! - [`pid_use`]: who keeps a pid number taken (a task, a zombie, a thread, a process group or session);
 //! - [`criu_self`]: which task CRIU is parsing when it asks about a device mapping;
 //! - [`helper`]: forking the detached helper process that makes the plugin's driver calls;
+//! - [`staging_pages`]: the driver's staging pages copied to and from the plugin's page files, in parallel;
+//! - [`remote_syscall`]: `madvise` run inside a CRIU-stopped task (the staging pages released after their copy);
 //! - [`ptrace`]: resuming and re-stopping the CUDA restore thread of a task that CRIU holds
 //!   ptrace-stopped (CRIU is the tracer; see the threads rule on that module).
 //!
@@ -39,8 +41,10 @@ pub mod netns;
 pub mod pid_use;
 mod procfs;
 pub mod ptrace;
+pub mod remote_syscall;
 pub mod seccomp;
 pub mod sockets;
+pub mod staging_pages;
 pub mod tree;
 pub mod undumpable;
 

@@ -91,6 +91,22 @@ fn set_sigmask(tid: u32, set: KernelSigset) -> Result<(), PtraceError> {
     Ok(())
 }
 
+/// The signal mask of the stopped thread `tid` (for `crate::remote_syscall`, which puts it back).
+pub(crate) fn sigmask_of(tid: u32) -> Result<u64, PtraceError> {
+    get_sigmask(tid)
+}
+
+/// Blocks every signal but SIGTRAP in the stopped thread `tid`, so that it runs no handler of the application
+/// while it is let run on the plugin's behalf.
+pub(crate) fn block_all_but_sigtrap(tid: u32) -> Result<(), PtraceError> {
+    set_sigmask(tid, all_blocked_but_sigtrap())
+}
+
+/// Puts back a signal mask read by [`sigmask_of`].
+pub(crate) fn set_mask_of(tid: u32, mask: u64) -> Result<(), PtraceError> {
+    set_sigmask(tid, mask)
+}
+
 /// The `Seccomp:` mode of a thread from `/proc/TID/status`; `None` if unknown.
 fn seccomp_mode(tid: u32) -> Option<u32> {
     let status = std::fs::read_to_string(format!("/proc/{tid}/status")).ok()?;

@@ -168,3 +168,50 @@ fn a_thread_that_cannot_stop_is_reported_at_the_deadline_instead_of_waited_for()
     assert_eq!(child.expect("VFORKED"), "");
     child.kill_and_reap();
 }
+
+/// `madvise(MADV_DONTNEED)` run inside a stopped task (the staging pages' release, issue 47): the pages read zero
+/// afterwards, and the task, stopped in a `read` of its stdin, goes on exactly where it was once let go (its
+/// registers, signal mask and code were put back): it answers the next command.
+#[test]
+fn a_madvise_run_inside_a_stopped_task_empties_its_pages_and_the_task_goes_on() {
+    let sig = ccm_identity::PciSignature::from([1, 2, 3, 4, 5, 6]);
+    let sig_env = common::sig_to_env(&sig);
+    let mut child = TestChild::spawn("holder", &[(common::HOLDER_SIG_ENV, sig_env.as_str())]);
+    let pid = child.pid();
+    let _small = child.expect("ADDR");
+    let big = common::parse_hex_u64(&child.expect("BIG"));
+    let page = (big + 4 * 4096) & !4095;
+    child.send(&format!("put {page:x}"));
+    assert_eq!(child.expect("OK"), "");
+    child.send(&format!("getbig {page:x}"));
+    assert_ne!(child.expect("BIGSIG"), "0".repeat(48));
+    let mask_before = blocked_signals(pid, pid);
+
+    let tracee = Pid::from_raw(i32::try_from(pid).expect("pid"));
+    ptrace::seize(tracee, ptrace::Options::PTRACE_O_TRACESYSGOOD).expect("seize");
+    ptrace::interrupt(tracee).expect("interrupt");
+    loop {
+        match waitpid(tracee, Some(WaitPidFlag::__WALL)).expect("wait") {
+            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP) => break,
+            WaitStatus::Stopped(_, sig) => ptrace::cont(tracee, Some(sig)).expect("deliver"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+    let regs_before = ptrace::getregs(tracee).expect("regs");
+    let maps = ccm_process::read_maps(pid).expect("maps");
+    ccm_process::remote_syscall::madvise_dontneed(pid, &maps, &[(page, page + 2 * 4096)]).expect("madvise");
+    let regs_after = ptrace::getregs(tracee).expect("regs");
+    assert_eq!(format!("{regs_before:?}"), format!("{regs_after:?}"), "registers put back");
+    assert_eq!(blocked_signals(pid, pid), mask_before, "signal mask put back");
+    let mem = ccm_process::ProcessMemory::open_read_only(pid).expect("mem");
+    let mut bytes = [0xffu8; 24];
+    mem.read_exact_at(page, &mut bytes).expect("read");
+    assert_eq!(bytes, [0u8; 24], "released");
+
+    ptrace::detach(tracee, None).expect("detach");
+    child.send(&format!("getbig {page:x}"));
+    assert_eq!(child.expect("BIGSIG"), "0".repeat(48), "the task went on and sees its page empty");
+    child.send("sig");
+    assert_eq!(child.expect("SIG").len(), 48);
+    child.kill_and_reap();
+}

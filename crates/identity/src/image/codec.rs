@@ -5,12 +5,15 @@
 
 use super::records::{DeviceMemoryUse, IdentityImage, PciSite, ProcessEnv, PropSite};
 use crate::gpu::{GpuIdentity, GpuUuid, PciAddress, PciSignature};
+use crate::staging::{StagedChunk, StagingRegion, StagingTable, MAX_CHUNKS, MAX_REGIONS};
 
 /// First 8 bytes of every identity image.
 pub const MAGIC: [u8; 8] = *b"CCMIDIMG";
 /// The format version this code writes, and the newest it reads. Version 2 added the runtime's
 /// `cudaDeviceProp` copies and the device memory per GPU; version-1 images read with neither.
-pub const FORMAT_VERSION: u16 = 2;
+/// Version 3 added the staging table (issue 47); an image without one is still written as version 2, which
+/// older builds read.
+pub const FORMAT_VERSION: u16 = 3;
 /// Header: magic (8), version (2), flags (2), payload length (4).
 pub const HEADER_LEN: usize = 16;
 /// Trailer: CRC32 of header and payload.
@@ -62,6 +65,10 @@ pub enum ImageError {
     TrailingBytes { offset: usize, count: usize },
     #[error("identity image field `{field}` holds {value}, which is not allowed there; the image is corrupted: re-dump the process")]
     InvalidValue { field: &'static str, value: u64 },
+    #[error(
+        "identity image's staging table is not usable: {0}; the image is corrupted or forged: re-dump the process"
+    )]
+    Staging(crate::staging::StagingError),
 }
 
 impl IdentityImage {
@@ -105,6 +112,9 @@ impl IdentityImage {
         }
         for s in &self.prop_sites {
             count("prop_site.mapping_name", s.mapping_name.len(), MAX_STRING_BYTES)?;
+        }
+        if let Some(t) = &self.staging {
+            t.check().map_err(ImageError::Staging)?;
         }
         let total = self.encode_unchecked().len();
         count("image length", total, MAX_IMAGE_BYTES)
@@ -174,11 +184,15 @@ impl IdentityImage {
                 }
             }
         }
+        if let Some(t) = &self.staging {
+            p.staging(t);
+        }
         let payload = p.0;
+        let version = if self.staging.is_some() { FORMAT_VERSION } else { 2 };
 
         let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + TRAILER_LEN);
         out.extend_from_slice(&MAGIC);
-        out.extend_from_slice(&FORMAT_VERSION.to_le_bytes());
+        out.extend_from_slice(&version.to_le_bytes());
         out.extend_from_slice(&0u16.to_le_bytes()); // flags: none defined in version 1
         out.extend_from_slice(&len_u32(payload.len()).to_le_bytes());
         out.extend_from_slice(&payload);
@@ -310,6 +324,7 @@ impl IdentityImage {
                 other => return Err(ImageError::InvalidValue { field: "device_memory", value: u64::from(other) }),
             };
         }
+        let staging = if version >= 3 { Some(r.staging()?) } else { None };
         if r.pos != body_end {
             return Err(ImageError::TrailingBytes { offset: r.pos, count: body_end - r.pos });
         }
@@ -327,6 +342,7 @@ impl IdentityImage {
             sites,
             prop_sites,
             device_memory,
+            staging,
         })
     }
 }
@@ -378,6 +394,26 @@ impl Writer {
     fn signature(&mut self, s: &PciSignature) {
         for w in s.words() {
             self.u32(w);
+        }
+    }
+    fn staging(&mut self, t: &StagingTable) {
+        self.u64(t.chunk_bytes);
+        self.u64(t.file_bytes);
+        self.count(t.regions.len());
+        for r in &t.regions {
+            self.u64(r.start);
+            self.u64(r.len);
+            self.count(r.chunks.len());
+            for c in &r.chunks {
+                match c {
+                    StagedChunk::Hole => self.u8(0),
+                    StagedChunk::Data { offset, crc } => {
+                        self.u8(1);
+                        self.u64(*offset);
+                        self.u32(*crc);
+                    }
+                }
+            }
         }
     }
     fn gpu(&mut self, g: &GpuIdentity) {
@@ -482,6 +518,31 @@ impl<'a> Reader<'a> {
             *slot = self.u32()?;
         }
         Ok(PciSignature::from(w))
+    }
+
+    /// The staging table, checked by its own rules ([`StagingTable::check`]) before the image is accepted.
+    fn staging(&mut self) -> Result<StagingTable, ImageError> {
+        let chunk_bytes = self.u64()?;
+        let file_bytes = self.u64()?;
+        let n = self.count("staging.regions", MAX_REGIONS, 8 + 8 + 4)?;
+        let mut regions = Vec::with_capacity(n);
+        for _ in 0..n {
+            let start = self.u64()?;
+            let len = self.u64()?;
+            let k = self.count("staging.chunks", MAX_CHUNKS, 1)?;
+            let mut chunks = Vec::with_capacity(k);
+            for _ in 0..k {
+                chunks.push(match self.u8()? {
+                    0 => StagedChunk::Hole,
+                    1 => StagedChunk::Data { offset: self.u64()?, crc: self.u32()? },
+                    other => return Err(ImageError::InvalidValue { field: "staging.chunk", value: u64::from(other) }),
+                });
+            }
+            regions.push(StagingRegion { start, len, chunks });
+        }
+        let t = StagingTable { chunk_bytes, file_bytes, regions };
+        t.check().map_err(ImageError::Staging)?;
+        Ok(t)
     }
 
     fn gpu(&mut self) -> Result<GpuIdentity, ImageError> {

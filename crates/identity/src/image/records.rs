@@ -56,6 +56,10 @@ pub struct IdentityImage {
     /// Device memory the process held per GPU just before its checkpoint; `None` when NVML could
     /// not tell (or a version-1 image).
     pub device_memory: Option<Vec<DeviceMemoryUse>>,
+    /// The driver's staging pages the plugin wrote to its page file instead of CRIU (version 3); `None` when CRIU
+    /// wrote them (`CRIU_CUDA_MIGRATE_STAGING=criu`, no staging mapping found exactly) or an older image.
+    #[serde(default)]
+    pub staging: Option<crate::staging::StagingTable>,
 }
 
 /// One `cudaDeviceProp` copy the dump identified in the process (see [`crate::devprop`]).
