@@ -535,6 +535,10 @@ pub fn run_sim_case(s: &SimScript<'_>, case: &str) {
     );
     let stdout = String::from_utf8_lossy(&out.stdout);
     let stderr = String::from_utf8_lossy(&out.stderr);
+    // CCM_SIM_KEEP=1: the case's scratch directory (CRIU's logs, the images) stays for a look.
+    if std::env::var_os("CCM_SIM_KEEP").is_some() {
+        eprintln!("{}: {case}: scratch kept in {}", s.test, work.keep().display());
+    }
     // A case's figures (the node case's sizes and times), for `--nocapture`.
     for l in stdout.lines().filter(|l| l.starts_with("NODE ")) {
         eprintln!("{}: {l}", s.test);

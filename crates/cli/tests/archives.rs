@@ -75,6 +75,7 @@ fn image_holding(pid: u32, device_memory: Option<u64>) -> Vec<u8> {
     };
     let uuid = gpu.uuid;
     IdentityImage {
+        staging: None,
         pid,
         host_pid: 4000 + pid,
         dumped_at_unix: 1_790_000_000,

@@ -491,6 +491,7 @@ fn image_of(pid: u32, sites: usize, name_len: usize) -> ccm_identity::image::Ide
         words,
     };
     IdentityImage {
+        staging: None,
         pid,
         host_pid: pid,
         dumped_at_unix: 0,

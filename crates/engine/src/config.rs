@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-pub use ccm_settings::value::{IpcImporters, ManagedMemory, MultiProcess, Strictness};
+pub use ccm_settings::value::{IpcImporters, ManagedMemory, MultiProcess, Staging, Strictness};
 
 /// A setting's value and where it came from (`CRIU_CUDA_MIGRATE_DEVICE_MAP`,
 /// `--plugin-option criu-cuda-migrate.device-map`, the CLI's `--device-map`), so that an error
@@ -39,6 +39,10 @@ pub struct Config {
     pub ipc: IpcImporters,
     /// `CRIU_CUDA_MIGRATE_MANAGED`: what a dump of a CUDA process with managed memory does.
     pub managed: ManagedMemory,
+    /// `CRIU_CUDA_MIGRATE_STAGING`: who writes the driver's staging pages at dump.
+    pub staging: Staging,
+    /// `CRIU_CUDA_MIGRATE_STAGING_THREADS`: the staging copy's threads; `None`: [`Config::staging_threads`]'s default.
+    pub staging_threads_setting: Option<usize>,
     /// `CRIU_CUDA_MIGRATE_LIBCUDA` / `_LIBNVML` (the driver agent reads them from the same
     /// environment); shown in the `settings:` line.
     pub libcuda: Option<String>,
@@ -183,6 +187,8 @@ impl Config {
         let ipc = read(get(&settings::IPC), value::parse_ipc)?.map_or(IpcImporters::Refuse, |s| s.value);
         let managed = read(get(&settings::MANAGED), value::parse_managed)?.map_or(ManagedMemory::Refuse, |s| s.value);
         let driver_timeout = read(get(&settings::DRIVER_TIMEOUT), value::parse_timeout)?.map(|s| s.value);
+        let staging = read(get(&settings::STAGING), value::parse_staging)?.map_or(Staging::Plugin, |s| s.value);
+        let staging_threads_setting = read(get(&settings::STAGING_THREADS), value::parse_threads)?.map(|s| s.value);
         let test_double_devices = env(ENV_TEST_DOUBLE_DEVICES).filter(|v| !v.trim().is_empty());
         if let Some(v) = &test_double_devices {
             ccm_identity::claims::NvidiaDevices::default()
@@ -202,10 +208,19 @@ impl Config {
             multi_process,
             ipc,
             managed,
+            staging,
+            staging_threads_setting,
             libcuda,
             libnvml,
             test_double_devices,
         })
+    }
+
+    /// The staging copy's threads: the setting, else the CPUs this process may run on, at most 16.
+    pub fn staging_threads(&self) -> usize {
+        self.staging_threads_setting
+            .unwrap_or_else(|| std::thread::available_parallelism().map_or(4, |n| n.get()).min(16))
+            .max(1)
     }
 
     /// The deadline of one checkpoint or restore call on a process holding `device_bytes` of
@@ -244,7 +259,7 @@ impl std::fmt::Display for Config {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
             f,
-            "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, ipc {}, multi-process {}, managed {}, lock timeout {} s, libcuda {}, NVML {}",
+            "device map {}, usable GPUs {}, mode {}, reconcile {}, leave-running {}, ipc {}, multi-process {}, managed {}, staging {}, lock timeout {} s, libcuda {}, NVML {}",
             self.device_map
                 .as_ref()
                 .map(|m| m.value.iter().map(|(o, n)| format!("{o}={n}")).collect::<Vec<_>>().join(","))
@@ -272,6 +287,13 @@ impl std::fmt::Display for Config {
             match self.managed {
                 ManagedMemory::Refuse => "refuse",
                 ManagedMemory::Try => "try",
+            },
+            match self.staging {
+                Staging::Plugin => match self.staging_threads_setting {
+                    Some(n) => format!("plugin ({n} threads)"),
+                    None => "plugin".to_string(),
+                },
+                Staging::Criu => "criu".to_string(),
             },
             self.lock_timeout.as_secs(),
             self.libcuda.as_deref().unwrap_or("default"),
@@ -536,7 +558,7 @@ mod tests {
         assert_eq!(c.lock_timeout, Duration::from_secs(10));
         assert_eq!(
             c.to_string(),
-            format!("device map {C}={D}, usable GPUs all, mode permissive, reconcile on, leave-running no, ipc refuse, multi-process check, managed refuse, lock timeout 10 s, libcuda default, NVML default")
+            format!("device map {C}={D}, usable GPUs all, mode permissive, reconcile on, leave-running no, ipc refuse, multi-process check, managed refuse, staging plugin, lock timeout 10 s, libcuda default, NVML default")
         );
         let bad = Config::from_sources(|k| (k == ENV_MODE).then(|| "loose".to_string()), &[], &[]);
         assert!(bad.unwrap_err().to_string().contains("strict"));

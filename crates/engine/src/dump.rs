@@ -50,6 +50,8 @@ struct Tracked {
     /// change its state by itself (a lock within its timeout, a checkpoint finishing), so the
     /// rollback waits for the state to settle before it puts the process back.
     settles_by: Option<(Instant, ProcessState)>,
+    /// Its staging pages in its page file (issue 47): a put-back fills them back first.
+    staged: Option<crate::staging::Staged>,
 }
 
 impl Tracked {
@@ -63,6 +65,7 @@ impl Tracked {
             checkpoint_result: None,
             device_bytes: None,
             settles_by: None,
+            staged: None,
         }
     }
 }
@@ -687,17 +690,53 @@ impl DumpSession {
             return;
         }
         let started = Instant::now();
-        let (results, memory) = checkpoint_batch(&node, &*self.seams.targets, &self.config, &todo);
+        let (mut results, memory) = checkpoint_batch(&node, &*self.seams.targets, &self.config, &todo);
         // Written through CRIU's own descriptor of the image directory: it may be in another mount
         // namespace than any path we could name, and a path could be swapped under us.
         let dir =
             host.image_dir().map(|fd| Dir::from_owned(fd, PathBuf::from("CRIU's image directory")).map_err(Arc::new));
+        let (mut staged, staging_failed) = match dir.as_ref() {
+            Some(Ok(dir)) => self.offload_staging(dir, &todo, &mut results),
+            _ => Default::default(),
+        };
         for (&(pid, _), r) in todo.iter().zip(results) {
             let Some(t) = self.tracked.get_mut(&pid) else { continue };
             t.device_bytes = memory.get(&pid).cloned().flatten().map(|u| u.iter().map(|x| x.bytes).sum::<u64>());
-            t.checkpoint_result = Some(record_checkpoint(t, r, started, dir.as_ref()));
+            t.staged = staged.remove(&pid);
+            let recorded = record_checkpoint(t, r, started, dir.as_ref());
+            t.checkpoint_result = Some(match staging_failed.get(&pid) {
+                Some(f) => Err(f.clone()),
+                None => recorded,
+            });
         }
         info!("checkpoint of {} CUDA process(es) took {:.3} s (parallel)", todo.len(), t0.elapsed().as_secs_f64());
+    }
+
+    /// The staging offload (`crate::staging`) of every process whose checkpoint and identity succeeded; each one's
+    /// table goes into its image before the image is written.
+    fn offload_staging(
+        &self,
+        dir: &Dir,
+        todo: &[(HostPid, HostTid)],
+        results: &mut [Result<CheckpointWork, BatchError>],
+    ) -> (BTreeMap<HostPid, crate::staging::Staged>, BTreeMap<HostPid, ProcessFailure>) {
+        let procs: Vec<crate::staging::Checkpointed> = todo
+            .iter()
+            .zip(results.iter())
+            .filter_map(|(&(pid, _), r)| match r {
+                Ok((Timed { value: Ok(()), .. }, Ok(Ok(img)), Some(before))) => {
+                    Some(crate::staging::Checkpointed { pid, image_pid: img.pid, before: before.clone() })
+                }
+                _ => None,
+            })
+            .collect();
+        let (staged, failed) = crate::staging::offload(&*self.seams.targets, &self.config, dir, &procs);
+        for (&(pid, _), r) in todo.iter().zip(results.iter_mut()) {
+            if let (Some(s), Ok((_, Ok(Ok(img)), _))) = (staged.get(&pid), r) {
+                img.staging = Some(s.table.clone());
+            }
+        }
+        (staged, failed)
     }
 
     /// The last word on sharing, while every process is only locked (an unlock undoes that; a checkpoint of an
@@ -805,6 +844,7 @@ impl DumpSession {
             .filter(|t| t.locked_by_us || t.checkpointed_by_us || t.settles_by.is_some())
             .collect();
         info!("rolling back {} CUDA process(es): {why}", todo.len());
+        let todo = self.fill_back_staging(todo);
         let Some(node) = self.node.as_ref() else { return };
         let fresh;
         let api: &dyn DriverAgent = match node.agent.lost() {
@@ -853,9 +893,42 @@ impl DumpSession {
     }
 }
 
+impl DumpSession {
+    /// Before a put-back: the staging pages released at dump are filled back from the page files (the driver's
+    /// restore reads them). A process whose pages cannot be filled back is not restored by the driver (it would
+    /// run on with other device data): it stays CHECKPOINTED, with an ERROR line naming it. The others go on.
+    fn fill_back_staging<'a>(&self, todo: Vec<&'a Tracked>) -> Vec<&'a Tracked> {
+        let jobs: Vec<(HostPid, &ccm_identity::staging::StagingTable, &std::fs::File)> = todo
+            .iter()
+            .filter_map(|t| t.staged.as_ref().filter(|s| s.released).map(|s| (t.pid, &s.table, &*s.file)))
+            .collect();
+        if jobs.is_empty() {
+            return todo;
+        }
+        match crate::staging::fill(&*self.seams.targets, &self.config, &jobs) {
+            Ok(_) => todo,
+            Err(e) => {
+                for (pid, _, _) in &jobs {
+                    error!(
+                        "pid {pid} stays CHECKPOINTED: its staging pages cannot be filled back for the put-back ({e}); \
+                         its device data is in its page file in the image directory: restore it from these images \
+                         (criu restore), or kill it"
+                    );
+                }
+                let unfilled: Vec<HostPid> = jobs.iter().map(|j| j.0).collect();
+                todo.into_iter().filter(|t| !unfilled.contains(&t.pid)).collect()
+            }
+        }
+    }
+}
+
 /// What one process's work in the checkpoint batch gave: the driver's checkpoint and its identity.
-type CheckpointWork =
-    (Timed<Result<(), AgentError>>, Result<Result<IdentityImage, ccm_process::ProcessError>, ProcessFailure>);
+/// The third part: its mappings before the checkpoint, for the staging offload.
+type CheckpointWork = (
+    Timed<Result<(), AgentError>>,
+    Result<Result<IdentityImage, ccm_process::ProcessError>, ProcessFailure>,
+    Option<Vec<ccm_identity::staging::MapView>>,
+);
 
 /// Device memory per GPU of each process, `None` where NVML could not tell.
 type MemoryByPid = BTreeMap<HostPid, Option<Vec<DeviceMemoryUse>>>;
@@ -911,13 +984,14 @@ fn checkpoint_batch(
                     // libcuda's PCI words stay as they are through a checkpoint (that they outlive it is the
                     // bug this plugin fixes). The device memory is added when the NVML pass has it.
                     let before = BeforeCheckpoint::read(targets, pid);
+                    let views = before.as_ref().ok().map(BeforeCheckpoint::map_views);
                     let scan = s.spawn(move || {
                         collect_identity(pid, node, targets, before?, || memory.wait().get(&pid).cloned().flatten())
                     });
                     // The device memory is not known yet: the deadline for an unknown amount.
                     let checkpoint = timed(|| api.checkpoint(pid, config.call_deadline(None)));
                     let facts = scan.join().map_err(|_| ProcessFailure::Batch(BatchError::Panicked));
-                    (checkpoint, facts)
+                    (checkpoint, facts, views)
                 })
             },
         )
@@ -936,7 +1010,7 @@ fn record_checkpoint(
     let pid = t.pid;
     match r {
         Err(e) => Err(ProcessFailure::Batch(e)),
-        Ok((Timed { value: Err(e), .. }, _)) => {
+        Ok((Timed { value: Err(e), .. }, _, _)) => {
             if e.is_lost() {
                 // The driver may finish this checkpoint by itself: give it the time the copy takes.
                 t.settles_by =
@@ -948,7 +1022,7 @@ fn record_checkpoint(
                 Err(ProcessFailure::Driver(e))
             }
         }
-        Ok((Timed { value: Ok(()), elapsed }, facts)) => {
+        Ok((Timed { value: Ok(()), elapsed }, facts, _)) => {
             t.checkpointed_by_us = true;
             info!("pid {pid}: cuCheckpointProcessCheckpoint {:.3} s", elapsed.as_secs_f64());
             match (facts, dir) {

@@ -129,6 +129,15 @@ pub enum ProcessFailure {
     /// A CUDA process of the dump imports another's device memory (`CRIU_CUDA_MIGRATE_IPC=refuse`).
     #[error("{}", sharing::importer_refusal(.0))]
     IpcImportersRefused(Vec<sharing::Importer>),
+    /// Its staging pages were released, but the task's registers or code could not be put back exactly.
+    #[error("its staging pages were released, but the task could not be put back as it was ({0}); the dump fails and the task must not run on: kill it")]
+    StagingRelease(String),
+    /// The restored task cannot take its staging pages (its mappings differ from the table, the page file is gone).
+    #[error("its staging pages cannot be put back: {0}")]
+    StagingMismatch(String),
+    /// Its staging pages could not be filled back from its page file (restore, put-back).
+    #[error("its staging pages cannot be filled back from its page file: {0}")]
+    StagingFill(std::sync::Arc<ccm_process::staging_pages::StagingIoError>),
 }
 
 /// Why a task's work in a batch (`crate::batch`) did not run or did not finish.

@@ -640,6 +640,49 @@ impl Targets for FakeTargets {
         }
         Ok(held)
     }
+    /// The fake processes have no memory: every chunk is recorded as a hole (the sessions' offload logic is
+    /// proven under real CRIU on the test doubles, tests/sim).
+    fn write_staging(
+        &self,
+        jobs: &[ccm_process::staging_pages::WriteJob<'_>],
+        opts: ccm_process::staging_pages::CopyOptions,
+    ) -> Result<Vec<ccm_process::staging_pages::Written>, ccm_process::staging_pages::StagingIoError> {
+        use ccm_identity::staging::{StagedChunk, StagingRegion, StagingTable};
+        Ok(jobs
+            .iter()
+            .map(|j| ccm_process::staging_pages::Written {
+                table: StagingTable {
+                    chunk_bytes: opts.chunk_bytes,
+                    file_bytes: 0,
+                    regions: j
+                        .ranges
+                        .iter()
+                        .map(|&(s, e)| StagingRegion {
+                            start: s,
+                            len: e - s,
+                            chunks: vec![StagedChunk::Hole; (e - s).div_ceil(opts.chunk_bytes) as usize],
+                        })
+                        .collect(),
+                },
+                direct: false,
+            })
+            .collect())
+    }
+    fn fill_staging(
+        &self,
+        _jobs: &[ccm_process::staging_pages::FillJob<'_>],
+        _opts: ccm_process::staging_pages::CopyOptions,
+    ) -> Result<u64, ccm_process::staging_pages::StagingIoError> {
+        Ok(0)
+    }
+    fn release_pages(
+        &self,
+        _pid: u32,
+        _maps: &[Mapping],
+        _ranges: &[(u64, u64)],
+    ) -> Result<(), ccm_process::remote_syscall::RemoteSyscallError> {
+        Ok(())
+    }
 }
 
 /// The scripted failure of a write to a cgroup's `cgroup.freeze`.

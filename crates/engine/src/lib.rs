@@ -30,6 +30,7 @@ pub mod reconcile;
 pub mod restore;
 pub mod seam;
 pub mod sharing;
+pub mod staging;
 
 #[cfg(test)]
 mod claims_tests;
@@ -42,7 +43,7 @@ mod restore_tests;
 #[cfg(test)]
 mod seam_tests;
 
-pub use config::{Config, IpcImporters, LeaveRunning, MultiProcess, Strictness};
+pub use config::{Config, IpcImporters, LeaveRunning, MultiProcess, Staging, Strictness};
 pub use error::{EngineError, ProcessFailure};
 pub use host::{CriuHost, NoCriu, PLUGIN_NAME};
 

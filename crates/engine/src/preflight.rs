@@ -60,6 +60,12 @@ pub enum ImageFileError {
          are not this dump's"
     )]
     TooLarge { dir: PathBuf },
+    #[error(
+        "identity image {image} says its process's staging pages are in {page_file}, but {why}: the checkpoint is \
+         incomplete (a copy or an archive that left the page file out or cut it); restore from a whole copy of \
+         the checkpoint, or dump again"
+    )]
+    PageFile { image: PathBuf, page_file: PathBuf, why: String },
 }
 
 /// Reads every `cuda-migrate-<pid>.img` of `dir`, sorted by pid. Never writes. Each file is read
@@ -101,8 +107,25 @@ pub fn read_images(dir: &Dir) -> Result<Vec<(PathBuf, IdentityImage)>, ImageFile
         left -= bytes.len() as u64;
         out.push((dir.shown_file(name), decode_image(dir.shown_file(name), name, &bytes)?));
     }
+    for (path, img) in &out {
+        check_page_file(dir, path, img)?;
+    }
     out.sort_by_key(|(_, i)| i.pid);
     Ok(out)
+}
+
+/// The page file of an image with a staging table: there, a regular file (not a link), of exactly the size its
+/// table names. Refused before anything is restored; its contents are checked chunk by chunk at the fill.
+pub fn check_page_file(dir: &Dir, image: &std::path::Path, img: &IdentityImage) -> Result<(), ImageFileError> {
+    let Some(t) = &img.staging else { return Ok(()) };
+    let name = ccm_identity::staging::page_file_name(img.pid);
+    let why = match dir.file_size(&name) {
+        Ok(size) if size == t.file_bytes => return Ok(()),
+        Ok(size) => format!("it is {size} bytes where the table names {}", t.file_bytes),
+        Err(FileError::Missing { .. }) => "it is not there".to_string(),
+        Err(e) => e.to_string(),
+    };
+    Err(ImageFileError::PageFile { image: image.to_path_buf(), page_file: dir.shown_file(&name), why })
 }
 
 /// Reads the identity image `name` of `dir`, checking that the pid in its name is the one inside.

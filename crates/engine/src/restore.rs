@@ -265,6 +265,10 @@ impl RestoreSession {
             t0.elapsed().as_secs_f64()
         );
         fix_container_devices(targets, &jobs, node);
+        // The staging pages the dump wrote to page files go back into the tasks before the driver's restore reads
+        // them; a process whose pages cannot is not restored by the driver (it must not run: its tree is killed).
+        let unfilled = self.fill_staging(&jobs);
+        let (jobs, refused): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|(j, _)| !unfilled.contains_key(&j.pid));
         // Restore threads run; everything else of each task stays stopped until CRIU resumes it.
         let config = &self.config;
         let outcomes = with_restore_threads_running(
@@ -295,15 +299,64 @@ impl RestoreSession {
             }
             new_results.push((pid, result));
         }
-        let job_count = jobs.len();
+        for (job, _) in &refused {
+            let failure = unfilled.get(&job.pid).cloned().unwrap_or(ProcessFailure::NoImageDir);
+            error!("pid {}: {failure}; the restored tree is killed (the images are as they were)", job.pid);
+            kill.push(job.pid);
+            new_results.push((job.pid, Err(failure)));
+        }
+        let job_count = jobs.len() + refused.len();
         debug!("restore reports of {job_count} process(es) written in {:.4} s", reports_t0.elapsed().as_secs_f64());
         drop(jobs);
+        drop(refused);
         self.results.extend(new_results);
         if !kill.is_empty() {
             self.kill_tree(pids, &kill);
         }
         info!("restore of {job_count} CUDA process(es) took {:.3} s (parallel)", t0.elapsed().as_secs_f64());
         true
+    }
+
+    /// Fills the staging pages of every job whose image has a staging table: the restored task's mappings checked
+    /// against the table, then every chunk read from the page file, checked and written (one pool of workers for
+    /// all). The processes that cannot take their pages, and why.
+    fn fill_staging(&self, jobs: &[(Job<'_>, HostTid)]) -> BTreeMap<HostPid, ProcessFailure> {
+        let targets = &*self.seams.targets;
+        let mut failed = BTreeMap::new();
+        let mut files = Vec::new();
+        for (job, _) in jobs {
+            let Some(table) = job.plan.and_then(|p| p.image.staging.as_ref()) else { continue };
+            let Some(image_pid) = job.plan.map(|p| p.image.pid) else { continue };
+            let checked = targets
+                .read_maps(job.pid.get())
+                .map_err(|e| format!("its mappings cannot be read: {e}"))
+                .and_then(|maps| {
+                    ccm_identity::staging::check_restored(table, &crate::staging::map_views(&maps))
+                        .map_err(|e| e.to_string())
+                })
+                .and_then(|()| {
+                    let dir = self.image_dir.as_ref().ok_or_else(|| "CRIU gave no image directory".to_string())?;
+                    dir.open_file(&ccm_identity::staging::page_file_name(image_pid)).map_err(|e| e.to_string())
+                });
+            match checked {
+                Ok((file, _)) => files.push((job.pid, table, file)),
+                Err(why) => {
+                    failed.insert(job.pid, ProcessFailure::StagingMismatch(why));
+                }
+            }
+        }
+        if files.is_empty() {
+            return failed;
+        }
+        let jobs: Vec<(HostPid, &ccm_identity::staging::StagingTable, &std::fs::File)> =
+            files.iter().map(|(p, t, f)| (*p, *t, f)).collect();
+        if let Err(e) = crate::staging::fill(targets, &self.config, &jobs) {
+            let e = std::sync::Arc::new(e);
+            for (pid, _, _) in &jobs {
+                failed.insert(*pid, ProcessFailure::StagingFill(e.clone()));
+            }
+        }
+        failed
     }
 
     /// The CUDA processes of `pids` and their restore threads. Only the restore thread id is asked

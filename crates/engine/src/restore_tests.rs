@@ -16,6 +16,7 @@ use crate::{Config, EngineError, HookOutcome, ProcessFailure};
 /// The image of namespace pid `ns`, dumped on GPUs 0 and 1 using GPU 0.
 fn image(ns: u32, device_bytes: u64) -> IdentityImage {
     IdentityImage {
+        staging: None,
         pid: ns,
         host_pid: ns,
         dumped_at_unix: 0,

@@ -22,6 +22,8 @@ use ccm_process::container::{ForeignDev, NodeEditError, RuntimeSpec};
 use ccm_process::dir::FileError;
 use ccm_process::mem::ScanReport;
 use ccm_process::pid_use::PidHolder;
+use ccm_process::remote_syscall::RemoteSyscallError;
+use ccm_process::staging_pages::{CopyOptions, FillJob, StagingIoError, WriteJob, Written};
 use ccm_process::{Mapping, ProcessError, PtraceError, ScanScope};
 
 pub use crate::driver_agent::{AgentStarter, DriverAgent, RealAgents};
@@ -87,6 +89,12 @@ pub trait Targets: Send + Sync {
     /// What keeps each of `pids` taken in CRIU's pid namespace (a task, a zombie, a process group or session);
     /// the free ones left out (`ccm_process::pid_use`).
     fn pid_holders(&self, pids: &[u32]) -> Result<BTreeMap<u32, PidHolder>, ProcessError>;
+    /// Copies staging regions of processes into their page files (`ccm_process::staging_pages`).
+    fn write_staging(&self, jobs: &[WriteJob<'_>], opts: CopyOptions) -> Result<Vec<Written>, StagingIoError>;
+    /// Fills staging regions back from page files.
+    fn fill_staging(&self, jobs: &[FillJob<'_>], opts: CopyOptions) -> Result<u64, StagingIoError>;
+    /// `madvise(MADV_DONTNEED)` of `ranges` run inside the stopped task `pid` (on the hook's thread only).
+    fn release_pages(&self, pid: u32, maps: &[Mapping], ranges: &[(u64, u64)]) -> Result<(), RemoteSyscallError>;
 }
 
 /// A restore thread let run; [`RunningThread::stop`] stops it again.
@@ -236,6 +244,15 @@ impl Targets for RealTargets {
                 PidUse::Free => None,
             })
             .collect())
+    }
+    fn write_staging(&self, jobs: &[WriteJob<'_>], opts: CopyOptions) -> Result<Vec<Written>, StagingIoError> {
+        ccm_process::staging_pages::write_page_files(jobs, opts)
+    }
+    fn fill_staging(&self, jobs: &[FillJob<'_>], opts: CopyOptions) -> Result<u64, StagingIoError> {
+        ccm_process::staging_pages::fill_from_page_files(jobs, opts)
+    }
+    fn release_pages(&self, pid: u32, maps: &[Mapping], ranges: &[(u64, u64)]) -> Result<(), RemoteSyscallError> {
+        ccm_process::remote_syscall::madvise_dontneed(pid, maps, ranges)
     }
 }
 

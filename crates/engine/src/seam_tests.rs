@@ -85,6 +85,7 @@ fn no_criu_offers_nothing() {
 /// A plan moving `old` to `new` for an image whose recorded site is `site`.
 fn plan(old: &GpuIdentity, new: &GpuIdentity, sites: Vec<PciSite>) -> crate::preflight::ProcessPlan {
     let image = IdentityImage {
+        staging: None,
         pid: 7,
         host_pid: 7,
         dumped_at_unix: 0,

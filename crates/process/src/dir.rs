@@ -383,6 +383,51 @@ impl Dir {
         std::fs::File::from(fd).write_all(bytes).map_err(|source| FileError::Io { action: "write", path, source })
     }
 
+    /// Creates a new file for a large write by the caller (the staging page file), under a temporary name beside
+    /// `name`, read-write, with exactly `mode`, never through a link; with `O_DIRECT` when `direct` and the
+    /// filesystem takes it. [`Dir::rename_into_place`] then gives it its name, [`Dir::remove`] drops it.
+    /// Returns the file, its temporary name and whether it is open with `O_DIRECT`.
+    pub fn create_fresh(
+        &self,
+        name: &str,
+        mode: u32,
+        direct: bool,
+    ) -> Result<(std::fs::File, String, bool), FileError> {
+        check_name(&self.shown, name)?;
+        let nanos =
+            std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map(|d| d.subsec_nanos()).unwrap_or(0);
+        let tmp = format!(".{name}.{}-{nanos:09}.tmp", std::process::id());
+        let base = OFlags::RDWR | OFlags::CREATE | OFlags::EXCL | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+        let open = |flags| rustix::fs::openat(&self.fd, tmp.as_str(), flags, Mode::from_raw_mode(mode));
+        let (fd, direct) = match direct.then(|| open(base | OFlags::DIRECT)) {
+            Some(Ok(fd)) => (fd, true),
+            // EINVAL: this filesystem takes no O_DIRECT.
+            Some(Err(rustix::io::Errno::INVAL)) | None => {
+                (open(base).map_err(io_err("create", self.shown_file(&tmp)))?, false)
+            }
+            Some(Err(e)) => return Err(io_err("create", self.shown_file(&tmp))(e)),
+        };
+        if let Err(e) = rustix::fs::fchmod(&fd, Mode::from_raw_mode(mode)) {
+            let _ = rustix::fs::unlinkat(&self.fd, tmp.as_str(), AtFlags::empty());
+            return Err(io_err("chmod", self.shown_file(&tmp))(e));
+        }
+        Ok((std::fs::File::from(fd), tmp, direct))
+    }
+
+    /// Renames `tmp` (made by [`Dir::create_fresh`]) over `name`: whatever stood there is replaced, not written
+    /// through.
+    pub fn rename_into_place(&self, tmp: &str, name: &str) -> Result<(), FileError> {
+        check_name(&self.shown, tmp)?;
+        check_name(&self.shown, name)?;
+        rustix::fs::renameat(&self.fd, tmp, &self.fd, name).map_err(io_err("rename into", self.shown_file(name)))
+    }
+
+    /// Removes the entry `name` (not what a link there points to).
+    pub fn remove(&self, name: &str) -> Result<(), FileError> {
+        check_name(&self.shown, name)?;
+        rustix::fs::unlinkat(&self.fd, name, AtFlags::empty()).map_err(io_err("remove", self.shown_file(name)))
+    }
+
     /// Writes `bytes` as the file `name` with `mode`: a new file under a temporary name, synced,
     /// then renamed over `name`. Whatever stood at `name` (a link planted there included) is
     /// replaced, never written through.

@@ -101,6 +101,22 @@ pub const MANAGED: Setting = Setting {
     help: "refuse: a dump whose CUDA process maps managed memory (cudaMallocManaged: /dev/nvidia-uvm mappings beyond the driver's own) fails before any lock, every process running on, because driver 580's checkpoint does not support managed memory; try: lock and let the driver decide (it answers CUDA_ERROR_NOT_SUPPORTED, and the plugin unlocks the tree again)",
 };
 
+pub const STAGING: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_STAGING",
+    option: "staging",
+    at: "dump",
+    default: "plugin",
+    help: "plugin: the driver's staging pages (the device memory's copy in the process after its checkpoint) are written by the plugin into its page file, in parallel, all-zero chunks left out, and released in the task so that CRIU writes none of them; restored from it, every chunk checked, before the driver's restore (a process whose staging mappings cannot be told exactly is left to CRIU, one line saying why); criu: CRIU writes them with the rest of the process's memory",
+};
+
+pub const STAGING_THREADS: Setting = Setting {
+    env: "CRIU_CUDA_MIGRATE_STAGING_THREADS",
+    option: "staging-threads",
+    at: "both",
+    default: "the CPUs CRIU may use, at most 16",
+    help: "how many threads copy the staging pages to and from the page files (each holds one 8 MiB buffer)",
+};
+
 pub const DRIVER_TIMEOUT: Setting = Setting {
     env: "CRIU_CUDA_MIGRATE_DRIVER_TIMEOUT",
     option: "driver-timeout",
@@ -134,7 +150,7 @@ pub const LIBNVML: Setting = Setting {
 };
 
 /// All of them, in the order of the documentation tables.
-pub const ALL: [Setting; 13] = [
+pub const ALL: [Setting; 15] = [
     DEVICE_MAP,
     USABLE_GPUS,
     MODE,
@@ -144,6 +160,8 @@ pub const ALL: [Setting; 13] = [
     IPC,
     MULTI_PROCESS,
     MANAGED,
+    STAGING,
+    STAGING_THREADS,
     DRIVER_TIMEOUT,
     DISABLE,
     LIBCUDA,

@@ -72,6 +72,8 @@ fn checked(setting: Setting, name: &str, value: Option<&str>) -> Result<String, 
             s if s == settings::MANAGED => "refuse or try",
             s if s == settings::RECONCILE || s == settings::MEMORY_CHECK => "on or off",
             s if s == settings::DRIVER_TIMEOUT => "a number of seconds",
+            s if s == settings::STAGING => "plugin or criu",
+            s if s == settings::STAGING_THREADS => "a number of threads",
             _ => "a path",
         };
         return Err(OptionError::NeedsValue { name: name.to_string(), expected });
@@ -84,6 +86,8 @@ fn checked(setting: Setting, name: &str, value: Option<&str>) -> Result<String, 
         s if s == settings::IPC => value::parse_ipc(value).map(drop),
         s if s == settings::MANAGED => value::parse_managed(value).map(drop),
         s if s == settings::DRIVER_TIMEOUT => value::parse_timeout(value).map(drop),
+        s if s == settings::STAGING => value::parse_staging(value).map(drop),
+        s if s == settings::STAGING_THREADS => value::parse_threads(value).map(drop),
         s if s == settings::LEAVE_RUNNING => value::parse_leave_running(value).map(drop),
         s if s == settings::DISABLE || s == settings::RECONCILE || s == settings::MEMORY_CHECK => {
             value::parse_switch(value).map(drop)

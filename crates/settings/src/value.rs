@@ -147,6 +147,35 @@ pub fn parse_managed(text: &str) -> Result<ManagedMemory, ValueError> {
     }
 }
 
+/// Who writes the driver's staging pages at dump (`CRIU_CUDA_MIGRATE_STAGING`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Staging {
+    /// The plugin, into its page file, in parallel (the default where the staging mappings are found exactly).
+    Plugin,
+    /// CRIU's page walk, with the rest of the process's memory.
+    Criu,
+}
+
+/// `plugin` or `criu`.
+pub fn parse_staging(text: &str) -> Result<Staging, ValueError> {
+    match text.trim() {
+        "plugin" => Ok(Staging::Plugin),
+        "criu" => Ok(Staging::Criu),
+        _ => Err(expected(
+            "`plugin` (the default: the plugin writes the driver's staging pages into its page file, in parallel) or \
+             `criu` (CRIU writes them with the rest of the process's memory)",
+        )),
+    }
+}
+
+/// A number of threads, 1 to 256.
+pub fn parse_threads(text: &str) -> Result<usize, ValueError> {
+    match text.trim().parse::<usize>() {
+        Ok(n) if (1..=256).contains(&n) => Ok(n),
+        _ => Err(expected("a number of threads from 1 to 256")),
+    }
+}
+
 /// What a dump of more than one CUDA process does (`CRIU_CUDA_MIGRATE_MULTI_PROCESS`), whatever the importer check
 /// ([`IpcImporters`]) finds: for those who want every multi-process dump refused.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -234,6 +263,10 @@ mod tests {
         assert_eq!(parse_mode("loose").unwrap_err().expected, "strict or permissive");
         assert!(parse_mode("").is_err() && parse_mode("Strict").is_err());
         assert_eq!(parse_multi_process("refuse"), Ok(MultiProcess::Refuse));
+        assert_eq!(parse_staging(" criu "), Ok(Staging::Criu));
+        assert!(parse_staging("gpu").unwrap_err().expected.contains("`plugin`"));
+        assert_eq!(parse_threads("16"), Ok(16));
+        assert!(parse_threads("0").is_err() && parse_threads("999").is_err());
         assert_eq!(parse_ipc(" refuse"), Ok(IpcImporters::Refuse));
         assert_eq!(parse_ipc("allow"), Ok(IpcImporters::Allow));
         assert!(parse_ipc("warn").unwrap_err().expected.contains("`allow`"));

@@ -93,6 +93,11 @@ impl BeforeCheckpoint {
         let minors = targets.nvidia_minors(upid, &maps)?;
         Ok(BeforeCheckpoint { env, minors, maps, elapsed: t0.elapsed() })
     }
+
+    /// The mappings before the checkpoint, as the staging rules see them (`crate::staging`).
+    pub(super) fn map_views(&self) -> Vec<ccm_identity::staging::MapView> {
+        crate::staging::map_views(&self.maps)
+    }
 }
 
 /// The identity image of `pid`: the GPUs it uses (in its CUDA order), the PCI words of every GPU
@@ -125,6 +130,8 @@ pub(super) fn collect_identity(
         sites: scan.sites,
         prop_sites: scan.prop_sites,
         device_memory: device_memory(),
+        // Filled after the checkpoint, when the plugin writes the staging pages (`crate::staging`).
+        staging: None,
     };
     // The hostname, the process's mapping names and environment are not ours: no control
     // character of theirs reaches an image or a log raw.
@@ -288,6 +295,7 @@ mod tests {
 
     fn image(gpus: u32) -> IdentityImage {
         IdentityImage {
+            staging: None,
             pid: 7,
             host_pid: 7,
             dumped_at_unix: 0,

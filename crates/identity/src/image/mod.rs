@@ -73,6 +73,7 @@ pub(crate) mod tests {
         let g0 = h200(0, 6);
         let g1 = h200(1, 7);
         IdentityImage {
+            staging: None,
             pid: 42,
             host_pid: 4242,
             dumped_at_unix: 1_760_000_000,
@@ -331,6 +332,7 @@ pub(crate) mod tests {
         )
             .prop_map(|(head, node_gpus, enumerated, used, env, sites, (prop_sites, device_memory))| {
                 IdentityImage {
+                    staging: None,
                     pid: head.0,
                     host_pid: head.1,
                     dumped_at_unix: head.2,
