@@ -41,6 +41,12 @@
 //!   export, a restore refused by the preflight with the archive intact, `restore --import` (Podman reuses the
 //!   checkpoint's spec: the node's CDI spec is not read again), and the move onto the other GPU through the usable
 //!   set;
+//! - Podman `--device nvidia.com/gpu=0` with a torchrun-like tree (tests/container/podman-cdi-tree-flow.sh, issue 46):
+//!   an agent with 2 CUDA ranks, each with 4 workers forked after cuInit holding the GPU's nodes (the doubles'
+//!   loop-device stand-ins, opened and mapped), exported and restored on the same GPU with every worker's nodes
+//!   reopened; restored with the usable set naming the other GPU, the plugin plans the workers onto its node, and
+//!   Podman's reuse of the checkpoint's spec (`/dev` and devices cgroup) makes that restore fail cleanly, after which
+//!   the archive restores again;
 //! - containerd 2.1 CRI with `CDI_devices` (tests/container/cri-cdi-flow.sh): the restored container's spec is built
 //!   from the new request, whose CDI device is the other GPU, and the plugin moves the process there by itself.
 
@@ -1030,6 +1036,309 @@ fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_cuda_container_on_the_test_d
         assert_eq!(scratch.rc(&f("round6")), Some(0), "{rt}: no last report");
         assert_eq!(scratch.read(&f("final.state")).trim(), "exited 0", "{rt}: the workload did not end normally");
     }
+}
+
+/// One line of `ptree-CASE-tree.txt` (tests/container/podman-cdi-tree-flow.sh's `tree_holdings`): a rank (`rank R
+/// pid=NS host=PID comm=C workers=N`) or one of its workers (`worker R pid=NS host=PID fds=A,B maps=C`), pids as the
+/// container's pid namespace numbers them.
+struct TreeLine {
+    kind: String,
+    rank: String,
+    fields: Vec<(String, String)>,
+}
+
+impl TreeLine {
+    fn field(&self, key: &str) -> &str {
+        self.fields.iter().find(|(k, _)| k == key).map_or("", |(_, v)| v.as_str())
+    }
+
+    /// A comma-separated field as a list (empty: none).
+    fn list(&self, key: &str) -> Vec<&str> {
+        self.field(key).split(',').filter(|s| !s.is_empty()).collect()
+    }
+}
+
+/// The container's tree after `case`, checked: the flow's `ranks` ranks (each known by its control directory, the
+/// sample workload, `workers` workers) and every worker holding exactly `/dev/nvidiactl` and `gpu_node` open and
+/// mapping exactly `mapping`. Returns the workers' pids.
+fn assert_tree(
+    scratch: &Scratch,
+    case: &str,
+    ranks: usize,
+    workers: usize,
+    gpu_node: &str,
+    mapping: &str,
+) -> Vec<String> {
+    let name = format!("ptree-{case}-tree.txt");
+    let text = scratch.read(&name);
+    let lines: Vec<TreeLine> = text
+        .lines()
+        .filter(|l| l.starts_with("rank ") || l.starts_with("worker "))
+        .map(|l| {
+            let mut words = l.split_whitespace();
+            let kind = words.next().unwrap_or_default().to_string();
+            let rank = words.next().unwrap_or_default().to_string();
+            let fields = words.filter_map(|w| w.split_once('=')).map(|(k, v)| (k.to_string(), v.to_string())).collect();
+            TreeLine { kind, rank, fields }
+        })
+        .collect();
+    let rank_lines: Vec<&TreeLine> = lines.iter().filter(|l| l.kind == "rank").collect();
+    let mut seen: Vec<&str> = rank_lines.iter().map(|l| l.rank.as_str()).collect();
+    seen.sort_unstable();
+    let expected: Vec<String> = (0..ranks).map(|r| r.to_string()).collect();
+    assert_eq!(seen, expected, "{case}: the container's ranks are not the agent's {ranks}:\n{text}");
+    for r in &rank_lines {
+        assert_eq!(r.field("comm"), "ccm-sample-work", "{case}: rank {} is not the sample workload:\n{text}", r.rank);
+        assert_eq!(r.field("workers"), workers.to_string(), "{case}: rank {}'s workers:\n{text}", r.rank);
+    }
+    let worker_lines: Vec<&TreeLine> = lines.iter().filter(|l| l.kind == "worker").collect();
+    assert_eq!(worker_lines.len(), ranks * workers, "{case}: the workers of the tree:\n{text}");
+    let mut want_fds = vec![gpu_node, "/dev/nvidiactl"];
+    want_fds.sort_unstable();
+    for w in &worker_lines {
+        assert_eq!(
+            w.list("fds"),
+            want_fds,
+            "{case}: worker {} of rank {} holds other NVIDIA descriptors:\n{text}",
+            w.field("pid"),
+            w.rank
+        );
+        assert_eq!(
+            w.list("maps"),
+            vec![mapping],
+            "{case}: worker {} of rank {} maps other NVIDIA nodes:\n{text}",
+            w.field("pid"),
+            w.rank
+        );
+    }
+    let mut pids: Vec<String> = worker_lines.iter().map(|w| w.field("pid").to_string()).collect();
+    pids.sort();
+    pids
+}
+
+/// The plugin's claims lines of a CRIU log name every worker of `pids` (their pids in the container) with the two
+/// descriptors and the mapping each holds.
+fn assert_claims_name(log: &str, pids: &[String], what: &str) {
+    for pid in pids {
+        assert!(
+            log.contains(&format!(
+                "pid {pid} (ccm-sample-work): 2 GPU descriptor(s), 1 device mapping(s) inherited, no CUDA context: handled"
+            )),
+            "{what}: the plugin's claims do not name worker {pid}:\n{}",
+            plugin_lines(log)
+        );
+    }
+}
+
+/// Podman with a CDI GPU and a torchrun-like tree on the test doubles (tests/container/podman-cdi-tree-flow.sh, issue
+/// 46): a container given one GPU of the doubles' two (`--device nvidia.com/gpu=0`; the NVIDIA nodes are the doubles'
+/// loop-device stand-ins, which a process can hold open and map) runs an agent (busybox sh) with 2 CUDA ranks, each
+/// with 4 workers forked after cuInit that hold `/dev/nvidiactl` and `/dev/nvidia0` open and map `/dev/nvidia0`.
+/// `checkpoint --export` of the whole tree (the plugin claims every worker; `criu-cuda-migrate inspect` of the archive
+/// names them), `restore --import` on the same node: the ranks go on on G0 with sound data, every worker holds
+/// `/dev/nvidia0` and `/dev/nvidiactl` again (read from the host in `/proc/PID/fd`) with an inert placeholder where it
+/// mapped the GPU, the restore log's claims name every worker. Then the same archive with
+/// `CRIU_CUDA_MIGRATE_USABLE_GPUS` naming G1 (conmon_env_vars): the plugin plans every worker's GPU descriptor onto
+/// `/dev/nvidia1` and none onto `/dev/nvidia0`; Podman cannot carry the move out (its restore reuses the checkpoint's
+/// spec: the restored `/dev` has no `/dev/nvidia1` when the workers' descriptors are reopened, and the spec's devices
+/// cgroup denies it), which must fail for that reason only, with the archive intact and nothing left running, after
+/// which the archive restores again on G0 (were the move to pass, the test checks the workers on `/dev/nvidia1` and
+/// the ranks on G1 instead). At the end every worker exits 7 when told, and the container ends with its ranks. runc
+/// (runc.conf), on both suites.
+#[test]
+fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_rank_tree_with_forked_workers_on_the_test_doubles() {
+    let test = "podman_with_a_cdi_gpu_checkpoints_and_restores_a_rank_tree_with_forked_workers_on_the_test_doubles";
+    let _one = ONE_FLOW.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(root) = criu_root_or_skip(test) else {
+        return;
+    };
+    let (ranks, workers) = (2, 4);
+    let copy = RootCopy::of(&root, RootKind::Runtimes);
+    let scratch = scratch_with_sim("ccm-podman-tree-test-");
+    let s = scratch.path().to_str().expect("UTF-8 scratch path");
+    let flow = repo_root().join("tests/container/podman-cdi-tree-flow.sh");
+    let copy_path = copy.path();
+    let runner = root.run(
+        &[scratch.path()],
+        &["bash", flow.to_str().expect("UTF-8 path"), s, &ranks.to_string(), &workers.to_string()],
+        &[("CCM_TRIXIE_ROOT", copy_path.to_str().expect("UTF-8 root path"))],
+    );
+    assert!(runner.status.success(), "the Podman CDI tree flow failed to run: {}", describe_output(&runner));
+    let f = |name: &str| format!("ptree-{name}");
+    let gpus = scratch.read(&f("gpus.txt"));
+    let (g0, g1) = gpus.trim().split_once(' ').expect("ptree-gpus.txt names the two simulated GPUs");
+    assert_eq!(scratch.read(&f("setup.err")), "", "the flow's setup");
+    scratch.assert_step(&f("install"), "dpkg -i of the package");
+    scratch.assert_step(&f("image"), "podman import of the CUDA image with the agent");
+    assert_eq!(scratch.read(&f("conf-name")).trim(), "runc.conf", "the libdir line went into the wrong file");
+    let stand_ins = scratch.read(&f("stand-ins.txt"));
+    assert!(
+        stand_ins.contains("=nvidia0") && stand_ins.contains("=nvidia1") && stand_ins.contains("=nvidiactl"),
+        "the stand-in nodes: {stand_ins}"
+    );
+    let rank_report = |case: &str, r: usize, k: u32| Report::read(&scratch, &f(&format!("{case}-w{r}-report{k}.json")));
+
+    // The tree as started: CDI gave the container G0's node, each rank runs on G0, each worker holds its nodes.
+    scratch.assert_step(&f("run"), "podman run --device nvidia.com/gpu=0 of the agent");
+    assert_eq!(scratch.rc(&f("ready")), Some(0), "the ranks did not get ready: {}", scratch.read(&f("ready.err")));
+    assert_eq!(
+        scratch.read(&f("run-spec-nodes.txt")).trim(),
+        "/dev/nvidia0",
+        "CDI did not put /dev/nvidia0 into the container's linux.devices"
+    );
+    let pids = assert_tree(&scratch, "run", ranks, workers, "/dev/nvidia0", "/dev/nvidia0");
+    assert_eq!(scratch.rc(&f("run-round1")), Some(0), "the ranks' round 1");
+    for r in 0..ranks {
+        let report = rank_report("run", r, 1);
+        report.assert_sound(&format!("rank {r} at the start"));
+        assert_eq!(report.ordinal0_uuid(), g0, "rank {r} started on the wrong GPU");
+    }
+
+    // The export: both ranks checkpointed, every worker claimed; the archive's claims name them.
+    scratch.assert_step(&f("export-checkpoint"), "podman container checkpoint --export of the tree");
+    let dump = scratch.read(&f("export-dump.log"));
+    assert!(dump.contains(&init_line("dump")), "plugin not loaded at dump:\n{dump}");
+    assert!(
+        dump.matches("cuCheckpointProcessCheckpoint").count() >= ranks,
+        "the dump did not checkpoint both ranks:\n{}",
+        plugin_lines(&dump)
+    );
+    assert!(
+        dump.contains(&format!(
+            "device claims before the first lock: {} process(es) of the tree hold NVIDIA nodes",
+            ranks * workers
+        )),
+        "the dump did not count the workers before the lock:\n{}",
+        plugin_lines(&dump)
+    );
+    assert_eq!(
+        dump.matches("is no CUDA process but holds 2 NVIDIA descriptor(s) and 1 device mapping(s)").count(),
+        ranks * workers,
+        "the dump did not claim every worker:\n{}",
+        plugin_lines(&dump)
+    );
+    scratch.assert_step(&f("export-rm"), "podman rm after the checkpoint");
+    scratch.assert_step(&f("a1-inspect"), "criu-cuda-migrate inspect of the export");
+    let inspect = scratch.read(&f("a1-inspect.out"));
+    assert!(
+        inspect.contains(&format!("{} process(es) without a CUDA context holding NVIDIA nodes", ranks * workers)),
+        "criu-cuda-migrate inspect of the export: {inspect}"
+    );
+    assert_claims_name(&inspect, &pids, "criu-cuda-migrate inspect of the export");
+
+    // The same node: every rank goes on on G0, every worker holds its nodes again (the mapping a placeholder).
+    let same_log = scratch.read(&f("same-restore.log"));
+    assert_eq!(
+        scratch.rc(&f("same-restore")),
+        Some(0),
+        "podman container restore --import of the tree failed:\n{}\n{}",
+        scratch.read(&f("same-restore.err")),
+        plugin_lines(&same_log)
+    );
+    assert_claims_name(&same_log, &pids, "the same-node restore");
+    assert!(
+        same_log.matches("cuCheckpointProcessUnlock").count() >= ranks,
+        "the plugin did not restore and unlock both ranks:\n{}",
+        plugin_lines(&same_log)
+    );
+    let placeholder = "/memfd:criu-cuda-migrate-placeholder";
+    let same_pids = assert_tree(&scratch, "same", ranks, workers, "/dev/nvidia0", placeholder);
+    assert_eq!(same_pids, pids, "the restored workers are not the checkpointed ones");
+    assert_eq!(scratch.rc(&f("same-round2")), Some(0), "the ranks' round 2 after the same-node restore");
+    for r in 0..ranks {
+        let report = rank_report("same", r, 2);
+        report.assert_sound(&format!("rank {r} after the same-node restore"));
+        assert_eq!(report.ordinal0_uuid(), g0, "rank {r} after the same-node restore");
+    }
+    scratch.assert_step(&f("same-rm"), "podman rm --force of the restored tree");
+
+    // The usable set names G1: the plugin plans every worker's GPU descriptor onto /dev/nvidia1, none onto nvidia0.
+    let usable_log = scratch.read(&f("usable-restore.log"));
+    let settings = usable_log
+        .lines()
+        .find_map(|l| l.split_once(&format!("{LOG_PREFIX}settings: ")).map(|(_, s)| s.to_string()))
+        .unwrap_or_else(|| panic!("the usable restore's log has no settings line:\n{usable_log}"));
+    assert!(settings.contains(&format!("usable GPUs {g1}")), "conmon_env_vars did not reach the plugin: {settings}");
+    assert_claims_name(&usable_log, &pids, "the restore onto G1");
+    assert_eq!(
+        usable_log.matches(": reopened as /dev/nvidia1 (block ").count(),
+        ranks * workers,
+        "the plugin did not plan every worker's GPU descriptor onto /dev/nvidia1:\n{}",
+        plugin_lines(&usable_log)
+    );
+    assert!(
+        !usable_log.contains("reopened as /dev/nvidia0"),
+        "a descriptor was planned onto the GPU that is not usable:\n{}",
+        plugin_lines(&usable_log)
+    );
+    let last = scratch.read(&f("last-case")).trim().to_string();
+    let on = if scratch.rc(&f("usable-restore")) == Some(0) {
+        // The move went through: every worker holds the usable GPU's node only, every rank runs on G1.
+        assert_eq!(last, "usable");
+        assert_tree(&scratch, "usable", ranks, workers, "/dev/nvidia1", placeholder);
+        loud(&format!("NOTE: podman ({} root) moved the tree onto G1 with its workers' nodes", root.suite));
+        g1
+    } else {
+        // Podman's restore --import reuses the checkpoint's spec: the restored /dev lacks /dev/nvidia1 when CRIU asks
+        // the plugin to reopen a worker's descriptor, and the spec's devices cgroup would deny opening it.
+        let missing = "/dev/nvidia1 is not in the restored task's /dev";
+        let denied = "/dev/nvidia1: Operation not permitted";
+        assert!(
+            usable_log.contains(missing) || usable_log.contains(denied),
+            "the restore onto G1 failed, but not on the workers' /dev/nvidia1 as known:\n{}\n{}",
+            scratch.read(&f("usable-restore.err")),
+            plugin_lines(&usable_log)
+        );
+        assert!(
+            !usable_log.contains("cuCheckpointProcessRestore"),
+            "the failed restore reached the driver's restore:\n{}",
+            plugin_lines(&usable_log)
+        );
+        assert_eq!(
+            scratch.read(&f("a1.sum-before")),
+            scratch.read(&f("a1.sum-after")),
+            "the failed restore changed the archive"
+        );
+        assert_eq!(scratch.read(&f("usable-procs.txt")).trim(), "", "a process outlived the failed restore");
+        loud(&format!(
+            "NOTE: podman ({} root) restore --import of a tree whose forked workers hold GPU nodes cannot move it onto \
+             another GPU: {}; the plugin planned the workers onto /dev/nvidia1, and the archive restored again on G0",
+            root.suite,
+            if usable_log.contains(missing) {
+                "the restored /dev (the checkpoint's) has no /dev/nvidia1 when CRIU reopens the workers' descriptors"
+            } else {
+                "the checkpoint's devices cgroup denies /dev/nvidia1"
+            }
+        ));
+        assert_eq!(last, "retry");
+        let retry_log = scratch.read(&f("retry-restore.log"));
+        assert_eq!(
+            scratch.rc(&f("retry-restore")),
+            Some(0),
+            "the archive did not restore again after the failed move:\n{}\n{}",
+            scratch.read(&f("retry-restore.err")),
+            plugin_lines(&retry_log)
+        );
+        assert_claims_name(&retry_log, &pids, "the restore after the failed move");
+        assert_tree(&scratch, "retry", ranks, workers, "/dev/nvidia0", placeholder);
+        g0
+    };
+
+    // The end: round 2 on the last restore's GPU, every worker exits 7 when told, the container ends with its ranks.
+    assert_eq!(scratch.rc(&f(&format!("{last}-round2"))), Some(0), "the ranks' round 2 after the {last} restore");
+    assert_eq!(scratch.rc(&f(&format!("{last}-round3"))), Some(0), "the ranks' last round");
+    for r in 0..ranks {
+        let report = rank_report(&last, r, 2);
+        report.assert_sound(&format!("rank {r} after the {last} restore"));
+        assert_eq!(report.ordinal0_uuid(), on, "rank {r} after the {last} restore");
+        let end = rank_report(&last, r, 3);
+        assert!(
+            end.compact.contains("\"forked_child\":{\"pid\":") && end.compact.contains("\"exit_code\":7}"),
+            "rank {r}'s workers did not all exit 7 after the restore: {}",
+            end.compact
+        );
+    }
+    assert_eq!(scratch.read(&f("final.state")).trim(), "exited 0", "the agent did not end with its ranks");
 }
 
 /// containerd 2.1's CRI with a CDI GPU on the test doubles (tests/container/cri-cdi-flow.sh, issue 25):

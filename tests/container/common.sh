@@ -103,18 +103,20 @@ cuda_rootfs() {
     done
 }
 
-# write_sim_cdi_spec FILE SIM MINOR0 MINOR1: a CDI spec (JSON, cdiVersion 0.6.0) of the test doubles' two GPUs,
-# kind nvidia.com/gpu, as `nvidia-ctk cdi generate` writes one for a node: device `0` is the node
+# write_sim_cdi_spec FILE SIM MINOR0 MINOR1 [NODE0 NODE1 CTL]: a CDI spec (JSON, cdiVersion 0.6.0) of the test
+# doubles' two GPUs, kind nvidia.com/gpu, as `nvidia-ctk cdi generate` writes one for a node: device `0` is the node
 # /dev/nvidia<MINOR0> (195:MINOR0), device `1` /dev/nvidia<MINOR1>, `all` both; every device also gets
 # /dev/nvidiactl (195:255), the environment that points a container at the doubles (LD_LIBRARY_PATH, CCM_SIM_CONFIG,
 # CCM_SIM_STATE_DIR) and the doubles' directory SIM (SIM/lib and SIM/gpus.json read-only, SIM/state read-write, each
 # at its own path: the plugin reaches the state directory at the same path). The doubles open no device node, so
 # nodes without a driver behind them are enough. Another node, on which the same CDI name is another GPU, is the
-# same spec with MINOR0 and MINOR1 swapped.
+# same spec with MINOR0 and MINOR1 swapped. NODE0, NODE1 and CTL (TYPE:MAJOR:MINOR, TYPE c or b) give those three
+# nodes other device numbers: the stand-ins of loop_stand_ins (tests/lib/common.sh), which a process can open and map.
 write_sim_cdi_spec() {
-    local file=$1 sim=$2 m0=$3 m1=$4 n0 n1
-    n0=$(printf '{ "path": "/dev/nvidia%s", "type": "c", "major": 195, "minor": %s, "fileMode": 438, "permissions": "rw" }' "$m0" "$m0")
-    n1=$(printf '{ "path": "/dev/nvidia%s", "type": "c", "major": 195, "minor": %s, "fileMode": 438, "permissions": "rw" }' "$m1" "$m1")
+    local file=$1 sim=$2 m0=$3 m1=$4 n0 n1 ctl
+    n0=$(cdi_node "/dev/nvidia$m0" "${5:-c:195:$m0}")
+    n1=$(cdi_node "/dev/nvidia$m1" "${6:-c:195:$m1}")
+    ctl=$(cdi_node /dev/nvidiactl "${7:-c:195:255}")
     mkdir -p "$(dirname "$file")"
     cat >"$file.tmp" <<EOF
 {
@@ -127,7 +129,7 @@ write_sim_cdi_spec() {
   ],
   "containerEdits": {
     "env": [ "LD_LIBRARY_PATH=$sim/lib", "CCM_SIM_CONFIG=$sim/gpus.json", "CCM_SIM_STATE_DIR=$sim/state" ],
-    "deviceNodes": [ { "path": "/dev/nvidiactl", "type": "c", "major": 195, "minor": 255, "fileMode": 438, "permissions": "rw" } ],
+    "deviceNodes": [ $ctl ],
     "mounts": [
       { "hostPath": "$sim/lib", "containerPath": "$sim/lib", "type": "bind", "options": ["ro", "nosuid", "nodev", "bind"] },
       { "hostPath": "$sim/gpus.json", "containerPath": "$sim/gpus.json", "type": "bind", "options": ["ro", "nosuid", "nodev", "bind"] },
@@ -137,6 +139,14 @@ write_sim_cdi_spec() {
 }
 EOF
     mv "$file.tmp" "$file"
+}
+
+# cdi_node PATH TYPE:MAJOR:MINOR: one deviceNodes entry of a CDI spec (mode 0666, rw).
+cdi_node() {
+    local type major minor
+    IFS=: read -r type major minor <<<"$2"
+    printf '{ "path": "%s", "type": "%s", "major": %s, "minor": %s, "fileMode": 438, "permissions": "rw" }' \
+        "$1" "$type" "$major" "$minor"
 }
 
 # runc_conf_with_plugin HYBRID NOTES: /etc/criu/runc.conf as the user guide has it (the plugin's libdir line from the
@@ -184,7 +194,7 @@ procs_running() {
         pid=${f#/proc/}
         pid=${pid%/cmdline}
         [ "$pid" = "$$" ] || [ "$pid" = "$BASHPID" ] && continue
-        tr '\0' ' ' <"$f" 2>/dev/null | grep -q -- "$1" && echo "$pid"
+        tr '\0' ' ' 2>/dev/null <"$f" | grep -q -- "$1" && echo "$pid"
     done
 }
 
@@ -280,6 +290,164 @@ podman_storage_and_conf() {
     } >/etc/containers/containers.conf
     [ "$1" = 1 ] && echo "containers.conf: pids_limit = 0 (no pids controller in cgroup2 on this hybrid host)" >>"$2"
     return 0
+}
+
+# --- Podman with a CDI GPU on the test doubles (podman-cdi-flow.sh, podman-cdi-tree-flow.sh). These need P (the
+# flow's prefix of every status file), NAME (its container) and S.
+
+# note MSG...: a line of this flow in S/flow.log.
+note() { printf '%s: %s\n' "$P" "$*" >>"$S/flow.log"; }
+
+# pstep NAME CMD...: step with this flow's prefix (P-NAME).
+pstep() {
+    local n=$1
+    shift
+    step "$P-$n" "$@"
+}
+
+# ok NAME: whether the step P-NAME passed.
+ok() { [ "$(cat "$S/$P-$1.rc" 2>/dev/null)" = 0 ]; }
+
+# version_ge A B: whether version A is B or later.
+version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
+
+# podman_criu_conf RT: the plugin's libdir line in the file runtime RT's CRIU reads (section 3 of the user guide):
+# /etc/criu/runc.conf for runc; /etc/criu/crun.conf for crun >= 1.26 with libcriu >= 4.2, else default.conf (and on a
+# hybrid cgroup v1 host, with HYBRID=1, no restore: S/P-restore.skipped says why, RESTORES=0). Sets CONF, RT_BIN (the
+# real runtime) and RESTORES; the file's name and copy go to S/P-conf-name and S/P-criu.conf. Returns 1 for an
+# unknown runtime (S/P-setup.err).
+# shellcheck disable=SC2034 # CONF, RT_BIN and RESTORES are read by the flow
+podman_criu_conf() {
+    local crun_version criu_version
+    RESTORES=1
+    mkdir -p /etc/criu
+    rm -f /etc/criu/default.conf /etc/criu/crun.conf /etc/criu/runc.conf
+    case $1 in
+    runc) CONF=runc.conf RT_BIN=/usr/sbin/runc ;;
+    crun)
+        RT_BIN=/usr/bin/crun
+        crun_version=$(crun --version 2>/dev/null | awk '/^crun version/ { print $3 }')
+        criu_version=$(criu --version 2>/dev/null | awk '/^Version:/ { print $2 }')
+        if version_ge "${crun_version:-0}" 1.26 && version_ge "${criu_version:-0}" 4.2; then
+            CONF=crun.conf
+        else
+            CONF=default.conf
+            if [ "$HYBRID" = 1 ]; then
+                RESTORES=0
+                echo "not attempted: this is a hybrid cgroup v1 host; CRIU would restore the tasks' v1 cgroups and fail" \
+                    "writing cpuset.cpus (Permission denied), and crun $crun_version with libcriu $criu_version cannot pass" \
+                    "CRIU the configuration file that says manage-cgroups=ignore (crun.conf needs crun 1.26 and libcriu 4.2)" \
+                    >"$S/$P-restore.skipped"
+            fi
+        fi
+        ;;
+    *)
+        echo "unknown runtime $1 (runc or crun)" >"$S/$P-setup.err"
+        return 1
+        ;;
+    esac
+    {
+        grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
+        # default.conf is read by every CRIU; the hybrid host's setting goes only where a runtime hands CRIU its file.
+        [ "$HYBRID" = 1 ] && [ "$CONF" != default.conf ] && echo 'manage-cgroups=ignore'
+    } >"/etc/criu/$CONF"
+    echo "$CONF" >"$S/$P-conf-name"
+    cp "/etc/criu/$CONF" "$S/$P-criu.conf"
+    [ "$HYBRID" = 1 ] && [ "$CONF" != default.conf ] &&
+        echo "$CONF: manage-cgroups=ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$S/$P-host-adjustments.txt"
+    return 0
+}
+
+# sim_runtime OUT REAL SIM [VAR=VALUE...]: OUT becomes the container's runtime: a script that adds what CRIU's plugin
+# needs to find the test doubles of SIM (CRIU_CUDA_MIGRATE_LIBCUDA / LIBNVML, CCM_SIM_CONFIG, CCM_SIM_STATE_DIR) and
+# VAR=VALUE..., then execs the REAL runtime (CRIU's parent is then runc or crun, whose spec the plugin reads). Podman
+# runs a runtime's checkpoint with an environment of its own (PATH and XDG_RUNTIME_DIR only); a real node's libcuda is
+# found by the dynamic linker and needs no variable. Said in S/P-sim-adjustments.txt.
+sim_runtime() {
+    local out=$1 real=$2 sim=$3 kv
+    shift 3
+    mkdir -p "${out%/*}"
+    {
+        echo '#!/bin/sh'
+        echo "# tests/container ($P): the real $real, with what CRIU's plugin needs to find the test doubles."
+        echo "export CRIU_CUDA_MIGRATE_LIBCUDA=$sim/lib/libcuda.so.1 CRIU_CUDA_MIGRATE_LIBNVML=$sim/lib/libnvidia-ml.so.1"
+        echo "export CCM_SIM_CONFIG=$sim/gpus.json CCM_SIM_STATE_DIR=$sim/state CCM_SIM_CALL_TIMEOUT_MS=20000"
+        for kv in "$@"; do printf 'export %q\n' "$kv"; done
+        echo "exec $real \"\$@\""
+    } >"$out"
+    chmod 755 "$out"
+    echo "runtime $out: the real ${real##*/} plus CRIU_CUDA_MIGRATE_LIBCUDA/LIBNVML, CCM_SIM_CONFIG, CCM_SIM_STATE_DIR${*:+, $*} (podman gives a runtime's checkpoint no environment of ours)" \
+        >"$S/$P-sim-adjustments.txt"
+}
+
+# podman_cuda_image IMAGE SIM [FILE...]: the image IMAGE made locally (no registry) and imported (step P-image):
+# busybox, the sample workload of S/sim-bin, the C libraries it and the doubles of SIM need, and FILE... in
+# /usr/local/bin.
+podman_cuda_image() {
+    local image=$1 sim=$2 r=/tmp/ccm-cuda-rootfs applet
+    shift 2
+    rm -rf "$r"
+    mkdir -p "$r/bin" "$r/proc" "$r/sys" "$r/dev" "$r/etc"
+    cp /bin/busybox "$r/bin/busybox"
+    for applet in sh sleep cat echo ls mkdir; do ln -sf busybox "$r/bin/$applet"; done
+    cuda_rootfs "$r" "$S/sim-bin/ccm-sample-workload" "$sim/lib/libcuda.so.1" "$sim/lib/libnvidia-ml.so.1"
+    [ $# -gt 0 ] && cp "$@" "$r/usr/local/bin/"
+    tar -C "$r" -cf /tmp/ccm-cuda-rootfs.tar .
+    pstep image podman import /tmp/ccm-cuda-rootfs.tar "$image"
+}
+
+# static_dir: the container's directory (podman's bundle: config.json, and with --keep CRIU's logs).
+# shellcheck disable=SC2153 # NAME is the flow's (the container), not a misspelt local
+static_dir() { podman inspect --format '{{.StaticDir}}' "$NAME" 2>/dev/null; }
+
+# after_restore CASE: what the restored container is: its spec's GPU nodes, its /dev, CRIU's restore log.
+after_restore() {
+    local case=$1 dir pid
+    dir=$(static_dir)
+    [ -n "$dir" ] && cp "$dir/config.json" "$S/$P-$case-spec.json" 2>/dev/null
+    [ -n "$dir" ] && cp "$dir/restore.log" "$S/$P-$case-restore.log" 2>/dev/null
+    nvidia_nodes "$S/$P-$case-spec.json" >"$S/$P-$case-spec-nodes.txt"
+    pid=$(podman inspect --format '{{.State.Pid}}' "$NAME" 2>/dev/null)
+    if [ -n "$pid" ] && [ "$pid" != 0 ]; then
+        ls "/proc/$pid/root/dev/" >"$S/$P-$case-dev.txt" 2>&1
+    fi
+    podman inspect --format '{{.State.Status}}' "$NAME" >"$S/$P-$case.state" 2>>"$S/$P-inspect.err"
+}
+
+# checkpoint_export CASE ARCHIVE [FLAGS...]: the container's checkpoint into ARCHIVE (--keep: CRIU's dump.log stays
+# in the container's directory), its dump log and the archive's listing copied out.
+checkpoint_export() {
+    local case=$1 archive=$2 dir
+    shift 2
+    pstep "$case-checkpoint" podman container checkpoint --keep "$@" --export "$archive" "$NAME"
+    dir=$(static_dir)
+    [ -n "$dir" ] && cp "$dir/dump.log" "$S/$P-$case-dump.log" 2>/dev/null
+    tar -tf "$archive" >"$S/$P-$case-archive.list" 2>&1
+    podman inspect --format '{{.State.Status}}' "$NAME" >"$S/$P-$case-after-checkpoint.state" 2>>"$S/$P-inspect.err"
+    ok "$case-checkpoint"
+}
+
+# override FILE [VAR=VALUE...]: a CONTAINERS_CONF_OVERRIDE file giving conmon (and so runc and CRIU) VAR=VALUE.
+override() {
+    local file=$1 kv
+    shift
+    {
+        echo '[engine]'
+        echo 'conmon_env_vars = ['
+        echo '  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",'
+        for kv in "$@"; do echo "  \"$kv\","; done
+        echo ']'
+    } >"$file"
+}
+
+# restore_import CASE ARCHIVE [OVERRIDE-FILE]: `podman container restore --keep --import ARCHIVE`.
+restore_import() {
+    local case=$1 archive=$2 conf=${3:-}
+    if [ -n "$conf" ]; then
+        pstep "$case-restore" env CONTAINERS_CONF_OVERRIDE="$conf" podman container restore --keep --import "$archive"
+    else
+        pstep "$case-restore" podman container restore --keep --import "$archive"
+    fi
 }
 
 # write_cri_config OUT CRIU_WORK CDI: containerd 2.x's configuration for the CRI flows: its root and state under D,

@@ -71,18 +71,10 @@ SIMRT=/usr/local/lib/ccm-sim/$RT
 CGROUP_PARENT=/ccm-pcdi-$RT-$$
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
-# step, cuda_rootfs, write_sim_cdi_spec, sim_stack, report_uuid, nvidia_nodes, procs_running
+# step, pstep, ok, note, podman_criu_conf, sim_runtime, podman_cuda_image, checkpoint_export, restore_import,
+# override, after_restore, static_dir, write_sim_cdi_spec, sim_stack, nvidia_nodes, procs_running, archive_tools
 # shellcheck source=tests/container/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
-
-note() { printf '%s: %s\n' "$P" "$*" >>"$S/flow.log"; }
-# pstep NAME CMD...: step with this flow's prefix (pcdi-RUNTIME-).
-pstep() {
-    local n=$1
-    shift
-    step "$P-$n" "$@"
-}
-ok() { [ "$(cat "$S/$P-$1.rc" 2>/dev/null)" = 0 ]; }
 
 # round K: go<K>, then report<K>.json copied to S/P-report<K>.json; status in S/P-round<K>.rc.
 round() {
@@ -92,59 +84,6 @@ round() {
     [ -f "$CTL/report$k.json" ] && cp "$CTL/report$k.json" "$S/$P-report$k.json"
     echo "$rc" >"$S/$P-round$k.rc"
     return "$rc"
-}
-
-# The container's directory (podman's bundle: config.json, and with --keep CRIU's logs).
-static_dir() { podman inspect --format '{{.StaticDir}}' "$NAME" 2>/dev/null; }
-
-# after_restore CASE: what the restored container is: its spec's GPU nodes, its /dev, CRIU's restore log.
-after_restore() {
-    local case=$1 dir pid
-    dir=$(static_dir)
-    [ -n "$dir" ] && cp "$dir/config.json" "$S/$P-$case-spec.json" 2>/dev/null
-    [ -n "$dir" ] && cp "$dir/restore.log" "$S/$P-$case-restore.log" 2>/dev/null
-    nvidia_nodes "$S/$P-$case-spec.json" >"$S/$P-$case-spec-nodes.txt"
-    pid=$(podman inspect --format '{{.State.Pid}}' "$NAME" 2>/dev/null)
-    if [ -n "$pid" ] && [ "$pid" != 0 ]; then
-        ls "/proc/$pid/root/dev/" >"$S/$P-$case-dev.txt" 2>&1
-    fi
-    podman inspect --format '{{.State.Status}}' "$NAME" >"$S/$P-$case.state" 2>>"$S/$P-inspect.err"
-}
-
-# checkpoint_export CASE ARCHIVE [FLAGS...]: the container's checkpoint into ARCHIVE (--keep: CRIU's dump.log stays
-# in the container's directory), its dump log and the archive's listing copied out.
-checkpoint_export() {
-    local case=$1 archive=$2 dir
-    shift 2
-    pstep "$case-checkpoint" podman container checkpoint --keep "$@" --export "$archive" "$NAME"
-    dir=$(static_dir)
-    [ -n "$dir" ] && cp "$dir/dump.log" "$S/$P-$case-dump.log" 2>/dev/null
-    tar -tf "$archive" >"$S/$P-$case-archive.list" 2>&1
-    podman inspect --format '{{.State.Status}}' "$NAME" >"$S/$P-$case-after-checkpoint.state" 2>>"$S/$P-inspect.err"
-    ok "$case-checkpoint"
-}
-
-# override FILE [VAR=VALUE...]: a CONTAINERS_CONF_OVERRIDE file giving conmon (and so runc and CRIU) VAR=VALUE.
-override() {
-    local file=$1 kv
-    shift
-    {
-        echo '[engine]'
-        echo 'conmon_env_vars = ['
-        echo '  "PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",'
-        for kv in "$@"; do echo "  \"$kv\","; done
-        echo ']'
-    } >"$file"
-}
-
-# restore_import CASE ARCHIVE [OVERRIDE-FILE]: `podman container restore --keep --import ARCHIVE`.
-restore_import() {
-    local case=$1 archive=$2 conf=${3:-}
-    if [ -n "$conf" ]; then
-        pstep "$case-restore" env CONTAINERS_CONF_OVERRIDE="$conf" podman container restore --keep --import "$archive"
-    else
-        pstep "$case-restore" podman container restore --keep --import "$archive"
-    fi
 }
 
 trap 'podman_cleanup "$CGROUP_PARENT"' EXIT
@@ -159,69 +98,17 @@ echo "$HYBRID" >"$S/$P-hybrid"
 mkdir -p /etc/criu
 podman_storage_and_conf "$HYBRID" "$S/$P-host-adjustments.txt"
 # The file this runtime's CRIU reads (podman-flow.sh: crun.conf needs crun 1.26 and libcriu 4.2).
-version_ge() { [ "$(printf '%s\n%s\n' "$2" "$1" | sort -V | head -n1)" = "$2" ]; }
-RESTORES=1
-rm -f /etc/criu/default.conf /etc/criu/crun.conf /etc/criu/runc.conf
-case $RT in
-runc) CONF=runc.conf RT_BIN=/usr/sbin/runc ;;
-crun)
-    RT_BIN=/usr/bin/crun
-    CRUN_VERSION=$(crun --version 2>/dev/null | awk '/^crun version/ { print $3 }')
-    CRIU_VERSION=$(criu --version 2>/dev/null | awk '/^Version:/ { print $2 }')
-    if version_ge "${CRUN_VERSION:-0}" 1.26 && version_ge "${CRIU_VERSION:-0}" 4.2; then
-        CONF=crun.conf
-    else
-        CONF=default.conf
-        if [ "$HYBRID" = 1 ]; then
-            RESTORES=0
-            echo "not attempted: this is a hybrid cgroup v1 host; CRIU would restore the tasks' v1 cgroups and fail" \
-                "writing cpuset.cpus (Permission denied), and crun $CRUN_VERSION with libcriu $CRIU_VERSION cannot pass" \
-                "CRIU the configuration file that says manage-cgroups=ignore (crun.conf needs crun 1.26 and libcriu 4.2)" \
-                >"$S/$P-restore.skipped"
-        fi
-    fi
-    ;;
-*)
-    echo "unknown runtime $RT (runc or crun)" >"$S/$P-setup.err"
-    exit 0
-    ;;
-esac
-{
-    grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
-    # default.conf is read by every CRIU; the hybrid host's setting goes only where a runtime hands CRIU its file.
-    [ "$HYBRID" = 1 ] && [ "$CONF" != default.conf ] && echo 'manage-cgroups=ignore'
-} >"/etc/criu/$CONF"
-echo "$CONF" >"$S/$P-conf-name"
-cp "/etc/criu/$CONF" "$S/$P-criu.conf"
-[ "$HYBRID" = 1 ] && [ "$CONF" != default.conf ] &&
-    echo "$CONF: manage-cgroups=ignore (CRIU cannot restore this hybrid host's v1 cpuset)" >>"$S/$P-host-adjustments.txt"
+podman_criu_conf "$RT" || exit 0
 
 # --- the doubles, their CDI spec, and the runtime that hands their environment to CRIU
 sim_stack "$SIM" "$S/sim-bin" "$G0" "$G1"
 echo "$G0 $G1" >"$S/$P-gpus.txt"
 write_sim_cdi_spec "$CDI" "$SIM" 0 1
 cp "$CDI" "$S/$P-cdi.json"
-mkdir -p "${SIMRT%/*}"
-cat >"$SIMRT" <<EOF
-#!/bin/sh
-# tests/container/podman-cdi-flow.sh: the real $RT, with what CRIU's plugin needs to find the test doubles.
-export CRIU_CUDA_MIGRATE_LIBCUDA=$SIM/lib/libcuda.so.1 CRIU_CUDA_MIGRATE_LIBNVML=$SIM/lib/libnvidia-ml.so.1
-export CCM_SIM_CONFIG=$SIM/gpus.json CCM_SIM_STATE_DIR=$SIM/state CCM_SIM_CALL_TIMEOUT_MS=20000
-exec $RT_BIN "\$@"
-EOF
-chmod 755 "$SIMRT"
-echo "runtime $SIMRT: the real $RT plus CRIU_CUDA_MIGRATE_LIBCUDA/LIBNVML, CCM_SIM_CONFIG, CCM_SIM_STATE_DIR (podman gives a runtime's checkpoint no environment of ours)" \
-    >"$S/$P-sim-adjustments.txt"
+sim_runtime "$SIMRT" "$RT_BIN" "$SIM"
 
 # --- the image: busybox, the workload, the C libraries (no registry)
-R=/tmp/ccm-cuda-rootfs
-rm -rf "$R"
-mkdir -p "$R/bin" "$R/proc" "$R/sys" "$R/dev" "$R/etc"
-cp /bin/busybox "$R/bin/busybox"
-for applet in sh sleep cat echo ls; do ln -sf busybox "$R/bin/$applet"; done
-cuda_rootfs "$R" "$S/sim-bin/ccm-sample-workload" "$SIM/lib/libcuda.so.1" "$SIM/lib/libnvidia-ml.so.1"
-tar -C "$R" -cf /tmp/ccm-cuda-rootfs.tar .
-pstep image podman import /tmp/ccm-cuda-rootfs.tar "$IMAGE" || exit 0
+podman_cuda_image "$IMAGE" "$SIM" || exit 0
 
 # --- the container, given GPU 0 through CDI
 mkdir -p "$CTL"

@@ -60,3 +60,28 @@ first_file() {
         fi
     done
 }
+
+# loop_stand_ins DIR GPUS: the NVIDIA nodes as the test doubles present them to the plugin (docs/TEST-DOUBLES.md), in
+# this mount namespace's /dev: /dev/loop-control (char 10:237) as /dev/nvidiactl and, for each of the first GPUS GPUs,
+# a loop block device over a 1 MiB file in DIR as /dev/nvidiaN (a device a forked child can hold open and map, which
+# CRIU cannot dump, as the driver's). Sets LOOPS (the loop devices: `losetup -d` each at the end), STAND_INS (the value
+# of CCM_TEST_DOUBLE_NVIDIA_DEVICES) and STAND_IN_NUMBERS (TYPE:MAJOR:MINOR of nvidia0, nvidia1, ..., then of
+# nvidiactl, as a CDI spec names nodes). Returns 1 when no loop device was free.
+loop_stand_ins() {
+    local i dev
+    LOOPS=()
+    STAND_INS="char:10:237=nvidiactl"
+    STAND_IN_NUMBERS=()
+    [[ -e /dev/loop-control ]] || mknod /dev/loop-control c 10 237
+    for i in $(seq 0 63); do [[ -e /dev/loop$i ]] || mknod "/dev/loop$i" b 7 "$i"; done
+    for ((i = 0; i < $2; i++)); do
+        truncate -s 1M "$1/loop$i.img"
+        dev=$(losetup -f --show "$1/loop$i.img") || return 1
+        LOOPS+=("$dev")
+        mknod "/dev/nvidia$i" b 7 "${dev#/dev/loop}"
+        STAND_INS+=",block:7:${dev#/dev/loop}=nvidia$i"
+        STAND_IN_NUMBERS+=("b:7:${dev#/dev/loop}")
+    done
+    mknod /dev/nvidiactl c 10 237
+    STAND_IN_NUMBERS+=("c:10:237")
+}

@@ -100,24 +100,13 @@ stand_in_cleanup() {
     for l in "${LOOPS[@]}"; do losetup -d "$l" 2>/dev/null || true; done
 }
 
-# stand_in_nodes GPUS: the NVIDIA nodes as the test doubles present them to the plugin (docs/TEST-DOUBLES.md):
-# loop-control (char 10:237) as /dev/nvidiactl and, for each of the first GPUS GPUs, a loop block device over a scratch
-# file as /dev/nvidiaN (a device a forked child can hold open and map, which CRIU cannot dump, as the driver's).
+# stand_in_nodes GPUS: the NVIDIA nodes as the test doubles present them to the plugin (loop_stand_ins,
+# tests/lib/common.sh: loop-control as /dev/nvidiactl, a loop block device over a scratch file as /dev/nvidiaN for each
+# of the first GPUS GPUs), named to the plugin and the CLI in CCM_TEST_DOUBLE_NVIDIA_DEVICES.
 stand_in_nodes() {
-    local i dev devs="char:10:237=nvidiactl"
-    [ -e /dev/loop-control ] || mknod /dev/loop-control c 10 237
-    for i in $(seq 0 63); do [ -e "/dev/loop$i" ] || mknod "/dev/loop$i" b 7 "$i"; done
-    LOOPS=()
     trap stand_in_cleanup EXIT
-    for ((i = 0; i < $1; i++)); do
-        truncate -s 1M "$WORK/loop$i.img"
-        dev=$(losetup -f --show "$WORK/loop$i.img") || fail "no free loop device for the stand-in of /dev/nvidia$i"
-        LOOPS+=("$dev")
-        mknod "/dev/nvidia$i" b 7 "${dev#/dev/loop}"
-        devs+=",block:7:${dev#/dev/loop}=nvidia$i"
-    done
-    mknod /dev/nvidiactl c 10 237
-    export CCM_TEST_DOUBLE_NVIDIA_DEVICES=$devs
+    loop_stand_ins "$WORK" "$1" || fail "no free loop device for a stand-in of /dev/nvidiaN"
+    export CCM_TEST_DOUBLE_NVIDIA_DEVICES=$STAND_INS
 }
 
 case $CASE in

@@ -1,0 +1,248 @@
+#!/usr/bin/env bash
+# Podman with a CDI GPU and a torchrun-like tree (issue 46), on the TEST DOUBLES: a container given one GPU of the
+# doubles' two (`--device nvidia.com/gpu=0`) runs an agent with CUDA ranks, each with DataLoader-like workers forked
+# after cuInit that hold the GPU's nodes; it is checkpointed to a portable archive and restored from it with the
+# packaged plugin. Run inside a copy of the runtimes root (`tests/criu-root.sh prepare-runtimes`) by
+# tests/container_runtime.rs:
+#
+#   bash tests/container/podman-cdi-tree-flow.sh SCRATCH [RANKS [WORKERS]]
+#
+# SCRATCH holds package.deb and sim-bin/ (the libcuda and NVML doubles and ccm-sample-workload of the build under
+# test) and receives every step's status (`ptree-NAME.rc`, .out, .err), CRIU's logs, the ranks' reports, the restored
+# containers' specs and /dev listings and what every process of the tree holds, for the Rust test to check. A failed
+# step is recorded and what depends on it skipped; the script itself exits 0. RANKS (2) and WORKERS (4 per rank).
+#
+# The setup is podman-cdi-flow.sh's with runc (runc.conf; its header says what the doubles need and why the container
+# runs under /usr/local/lib/ccm-sim/runc), and:
+#   - the NVIDIA nodes are the doubles' stand-ins (loop_stand_ins, tests/lib/common.sh): /dev/loop-control (char
+#     10:237) as /dev/nvidiactl and a loop block device over a scratch file as each /dev/nvidiaN, which a worker can
+#     hold open and map and CRIU cannot dump, as the driver's nodes. The CDI spec names those numbers
+#     (write_sim_cdi_spec with NODE0 NODE1 CTL), so the container gets them as CDI gives it a GPU's nodes: /dev/nvidia0
+#     and /dev/nvidiactl in its /dev and its devices cgroup. The plugin learns them from CCM_TEST_DOUBLE_NVIDIA_DEVICES,
+#     which the runtime script adds to CRIU's environment (`ptree-sim-adjustments.txt`);
+#   - CRIU_CUDA_MIGRATE_MULTI_PROCESS=warn in that script as well: the dump of several CUDA processes asks the kernel
+#     driver's resource manager whether one imported another's memory, which the doubles do not fake (the check
+#     cannot run: without the setting the dump is refused, as on a node where /dev/nvidiactl cannot be asked);
+#   - the container's entrypoint is tests/container/tree-agent.sh under busybox sh: RANKS ranks of the sample workload
+#     on ordinal 0 (the container sees one GPU), each with WORKERS children holding /dev/nvidiactl and /dev/nvidia0
+#     (a descriptor each) and a 64 KiB shared mapping of /dev/nvidia0; rank R's control directory is CTL/wR (/ctl/wR).
+#
+# What every process of the tree holds is read from this side, through /proc/PID/fd and /proc/PID/maps of the
+# container's processes (`ptree-CASE-tree.txt`: a `rank` line per rank, a `worker` line per worker with the device
+# nodes its descriptors and mappings name inside the container, pids as the container's pid namespace numbers them,
+# which CRIU's log uses).
+#
+# Cases (each rank runs --rounds 3; round k writes report<k>.json, copied to S/ptree-CASE-wR-report<k>.json):
+#   run:    the tree as started; round 1 on G0;
+#   export: `podman container checkpoint --export A1` (the container stops), `podman rm`; `criu-cuda-migrate inspect`
+#           of the archive (its claims: every worker);
+#   same:   `restore --import A1`: every worker holds /dev/nvidia0 again (reopened by the plugin; its mapping an inert
+#           placeholder), round 2 on G0. Then the container is removed (`podman rm --force`) and round 2's files with
+#           it, so that A1 is restored again from the same point;
+#   usable: `restore --import A1` with CRIU_CUDA_MIGRATE_USABLE_GPUS=G1 through conmon_env_vars (the user guide's
+#           way): the plugin plans the move (the ranks G0 -> G1, every worker's GPU descriptor reopened as
+#           /dev/nvidia1, never /dev/nvidia0). Under Podman the restore fails (measured, trixie and forky): Podman's
+#           restore --import reuses the checkpoint's spec, so (1) the restored /dev, CRIU's copy of the dumped one,
+#           has no /dev/nvidia1 when CRIU asks the plugin to reopen the workers' descriptors (RESTORE_EXT_FILE, in each
+#           restored task; the plugin adds a moved GPU's node only later, at RESUME_DEVICES_LATE, for the driver's
+#           restore), and (2) the devices cgroup that runc sets up from that spec before CRIU runs (CRIU and the
+#           restored tasks are in it) lets no process of the container open the other GPU's node. CRIU's log, the
+#           archive's sum and the processes left are recorded, and the flow goes on with
+#   retry:  `restore --import A1` again without the setting: back on G0, every worker holding /dev/nvidia0.
+#           (Where the move passes, the flow goes on with the usable container instead, and the test checks it.)
+#   end:    round 2 on the last restore's GPU; the workers are told to exit and round 3 reports that every one exited
+#           7; the agent ends with its ranks.
+#
+# Every process the flow starts is ended by the EXIT trap (podman rm, then whatever is left in this run's cgroup), and
+# the stand-ins' loop devices are detached.
+set -u
+# No -e (nor pipefail): a status-recording flow. Each step's status goes to S/NAME.rc and the flow goes on;
+# the Rust test reads the statuses and names the step that broke.
+
+S=$1
+RANKS=${2:-2}
+WORKERS=${3:-4}
+RT=runc
+P=ptree
+IMAGE=localhost/ccm-cuda-tree:1
+NAME=ccm-tree
+G0=GPU-5e110000-aabb-ccdd-0001-020304050600
+G1=GPU-5e110001-aabb-ccdd-0001-020304050601
+SIM=$S/$P-sim
+CTL=$S/$P-ctl
+CDI=/etc/cdi/ccm-sim.json
+SIMRT=/usr/local/lib/ccm-sim/$RT
+CGROUP_PARENT=/ccm-ptree-$$
+export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
+
+# step, pstep, ok, note, install_with_cgroup2, podman_storage_and_conf, podman_criu_conf, sim_stack, sim_runtime,
+# write_sim_cdi_spec, podman_cuda_image, checkpoint_export, restore_import, override, after_restore, podman_cleanup;
+# tests/lib/common.sh: loop_stand_ins, wait_file
+# shellcheck source=tests/container/common.sh
+. "$(dirname "${BASH_SOURCE[0]}")/common.sh"
+
+# rounds CASE K: round K of every rank (go<K>, then done<K>), each rank's report<K>.json copied to
+# S/P-CASE-w<R>-report<K>.json; the status (1 when a rank did not report) in S/P-CASE-round<K>.rc.
+rounds() {
+    local case=$1 k=$2 r rc=0
+    for ((r = 0; r < RANKS; r++)); do : >"$CTL/w$r/go$k"; done
+    for ((r = 0; r < RANKS; r++)); do
+        wait_file "$CTL/w$r/done$k" 60 || rc=1
+        [ -f "$CTL/w$r/report$k.json" ] && cp "$CTL/w$r/report$k.json" "$S/$P-$case-w$r-report$k.json"
+    done
+    echo "$rc" >"$S/$P-$case-round$k.rc"
+    return "$rc"
+}
+
+# children_of PID: the pids whose parent is PID (there is no pgrep in these roots).
+children_of() {
+    local f line ppid
+    for f in /proc/[0-9]*/stat; do
+        line=$(cat "$f" 2>/dev/null) || continue
+        read -r _ ppid _ <<<"${line##*) }"
+        if [ "$ppid" = "$1" ]; then
+            f=${f#/proc/}
+            echo "${f%/stat}"
+        fi
+    done
+}
+
+# ns_pid PID: PID as its own (innermost) pid namespace numbers it.
+ns_pid() { awk '/^NSpid:/ { print $NF }' "/proc/$1/status" 2>/dev/null; }
+
+# held PID: the NVIDIA nodes (and the plugin's placeholders) PID's descriptors and mappings name, as
+# `fds=A,B maps=C` (paths inside its mount namespace, sorted, each once).
+held() {
+    local fds maps f
+    fds=$(for f in /proc/"$1"/fd/*; do readlink "$f"; done 2>/dev/null | grep -E '^/dev/nvidia' | sort -u | paste -sd, -)
+    maps=$(awk '$6 ~ /^\/dev\/nvidia/ || $6 ~ /criu-cuda-migrate-placeholder/ { print $6 }' "/proc/$1/maps" 2>/dev/null |
+        sort -u | paste -sd, -)
+    echo "fds=$fds maps=$maps"
+}
+
+# tree_holdings CASE: the container's tree as S/P-CASE-tree.txt: `rank R pid=NS host=PID workers=N` for each rank
+# (R from its control directory's ready file, which holds its pid), `worker R pid=NS host=PID fds=... maps=...` for
+# each of its children.
+tree_holdings() {
+    local out=$S/$P-$1-tree.txt agent rank ns r w workers
+    : >"$out"
+    agent=$(podman inspect --format '{{.State.Pid}}' "$NAME" 2>/dev/null)
+    if [ -z "$agent" ] || [ "$agent" = 0 ]; then
+        echo "no running container" >>"$out"
+        return 1
+    fi
+    echo "agent pid=$(ns_pid "$agent") host=$agent comm=$(cat "/proc/$agent/comm" 2>/dev/null)" >>"$out"
+    for rank in $(children_of "$agent"); do
+        ns=$(ns_pid "$rank")
+        r=unknown
+        for ((w = 0; w < RANKS; w++)); do
+            [ "$(cat "$CTL/w$w/ready" 2>/dev/null)" = "$ns" ] && r=$w
+        done
+        workers=$(children_of "$rank")
+        echo "rank $r pid=$ns host=$rank comm=$(cat "/proc/$rank/comm" 2>/dev/null) workers=$(echo "$workers" | grep -c .)" >>"$out"
+        for w in $workers; do
+            echo "worker $r pid=$(ns_pid "$w") host=$w $(held "$w")" >>"$out"
+        done
+    done
+}
+
+cleanup() {
+    local l
+    podman_cleanup "$CGROUP_PARENT"
+    for l in "${LOOPS[@]}"; do losetup -d "$l" 2>/dev/null; done
+}
+LOOPS=()
+trap cleanup EXIT
+
+touch "$S/flow.log"
+: >"$S/$P-host-adjustments.txt"
+
+# --- install, as the user guide says; cgroups: cgroup2 only (install_with_cgroup2, common.sh)
+install_with_cgroup2 pstep || exit 0
+echo "$HYBRID" >"$S/$P-hybrid"
+podman_storage_and_conf "$HYBRID" "$S/$P-host-adjustments.txt"
+podman_criu_conf "$RT" || exit 0
+
+# --- the stand-in nodes, the doubles, their CDI spec naming the stand-ins, the runtime that hands CRIU their settings
+mkdir -p "$S/$P-loops"
+if ! loop_stand_ins "$S/$P-loops" 2; then
+    echo "no free loop device for the stand-ins of /dev/nvidia0 and /dev/nvidia1" >"$S/$P-setup.err"
+    exit 0
+fi
+echo "$STAND_INS" >"$S/$P-stand-ins.txt"
+sim_stack "$SIM" "$S/sim-bin" "$G0" "$G1"
+echo "$G0 $G1" >"$S/$P-gpus.txt"
+write_sim_cdi_spec "$CDI" "$SIM" 0 1 "${STAND_IN_NUMBERS[@]}"
+cp "$CDI" "$S/$P-cdi.json"
+sim_runtime "$SIMRT" "$RT_BIN" "$SIM" "CCM_TEST_DOUBLE_NVIDIA_DEVICES=$STAND_INS" CRIU_CUDA_MIGRATE_MULTI_PROCESS=warn
+
+# --- the image: busybox, the workload, the C libraries, the agent (no registry)
+podman_cuda_image "$IMAGE" "$SIM" "$(dirname "${BASH_SOURCE[0]}")/tree-agent.sh" || exit 0
+
+# --- run: the tree in a container given GPU 0 through CDI
+mkdir -p "$CTL"
+pstep run podman run --runtime "$SIMRT" -d --name "$NAME" --network none --cgroup-parent "$CGROUP_PARENT" \
+    --device nvidia.com/gpu=0 -v "$CTL:/ctl" "$IMAGE" /bin/sh /usr/local/bin/tree-agent.sh "$RANKS" "$WORKERS" 3 || exit 0
+ready=0
+for ((r = 0; r < RANKS; r++)); do
+    wait_file "$CTL/w$r/ready" 60 || ready=1
+done
+echo "$ready" >"$S/$P-ready.rc"
+if [ "$ready" != 0 ]; then
+    podman logs "$NAME" >"$S/$P-ready.err" 2>&1
+    exit 0
+fi
+cp "$(static_dir)/config.json" "$S/$P-run-spec.json" 2>/dev/null
+nvidia_nodes "$S/$P-run-spec.json" >"$S/$P-run-spec-nodes.txt"
+tree_holdings run
+rounds run 1 || exit 0
+note "run: done"
+
+# --- export: the portable checkpoint of the whole tree; the container stops
+checkpoint_export export "$S/$P-a1.tar.gz" || exit 0
+pstep export-rm podman rm "$NAME" || exit 0
+pstep a1-inspect criu-cuda-migrate inspect "$S/$P-a1.tar.gz"
+note "export: done"
+
+# --- same: restored on this node, onto the GPU its spec gives (G0)
+restore_import same "$S/$P-a1.tar.gz"
+after_restore same
+ok same-restore || exit 0
+tree_holdings same
+rounds same 2 || exit 0
+# A1 again below: this container goes, and the round it played with it.
+pstep same-rm podman rm --force --time 0 "$NAME" || exit 0
+for ((r = 0; r < RANKS; r++)); do rm -f "$CTL/w$r/go2" "$CTL/w$r/done2" "$CTL/w$r/report2.json"; done
+note "same: done"
+
+# --- usable: A1 restored where only G1 may be used (the usable set given to conmon)
+override "$S/$P-usable.conf" "CRIU_CUDA_MIGRATE_USABLE_GPUS=$G1"
+sha256sum <"$S/$P-a1.tar.gz" >"$S/$P-a1.sum-before"
+restore_import usable "$S/$P-a1.tar.gz" "$S/$P-usable.conf"
+if ok usable-restore; then
+    after_restore usable
+    tree_holdings usable
+    LAST=usable
+else
+    # What a failed restore leaves: CRIU's log, the archive, no process of the tree.
+    find /var/lib/containers -name restore.log -newer "$S/$P-usable.conf" -exec cat {} + >"$S/$P-usable-restore.log" 2>/dev/null
+    sha256sum <"$S/$P-a1.tar.gz" >"$S/$P-a1.sum-after"
+    procs_running ccm-sample-workload >"$S/$P-usable-procs.txt"
+    podman rm --force --time 0 "$NAME" >/dev/null 2>&1
+    note "usable: the restore failed"
+    # --- retry: the same archive restored again without the setting (onto G0, as its spec gives)
+    for ((r = 0; r < RANKS; r++)); do rm -f "$CTL/w$r/go2" "$CTL/w$r/done2" "$CTL/w$r/report2.json"; done
+    restore_import retry "$S/$P-a1.tar.gz"
+    after_restore retry
+    ok retry-restore || exit 0
+    tree_holdings retry
+    LAST=retry
+fi
+rounds "$LAST" 2 || exit 0
+# The end of the job: every worker is told to exit, round 3 reports whether each exited 7, the agent ends.
+for ((r = 0; r < RANKS; r++)); do : >"$CTL/w$r/child-exit"; done
+rounds "$LAST" 3
+for _ in $(seq 100); do [ "$(podman inspect --format '{{.State.Status}}' "$NAME" 2>/dev/null)" = exited ] && break; sleep 0.1; done
+podman inspect --format '{{.State.Status}} {{.State.ExitCode}}' "$NAME" >"$S/$P-final.state" 2>>"$S/$P-inspect.err"
+echo "$LAST" >"$S/$P-last-case"
+note "$LAST: done"
