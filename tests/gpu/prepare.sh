@@ -10,6 +10,8 @@
 #   .device/criu-debs/*.deb                  CRIU 4.1.1 and its libraries (unpacked there by run.sh)
 #   .device/runc-debs/*.deb                  runc and libseccomp2 from Debian trixie (tests/gpu/container.sh)
 #   .device/pkg/criu-cuda-migrate_*.deb      the project's own package (container.sh installs its files)
+#   .device/criu-forky/                      CRIU 4.2.1 from the forky root with its libraries and loader
+#                                            (CCM_CRIU=forky on the GPU machine: processes.sh)
 #   .device/MANIFEST                         git revision, build time, sha256 of every file
 #
 # Optional (CCM_PREPARE_RUNTIMES=1; CCM_PREPARE_RUNTIMES=only does this step alone, without building), for
@@ -139,7 +141,7 @@ if cargo metadata --format-version 1 --no-deps 2>/dev/null | grep -q '"name":"cc
     fi
 fi
 
-rm -rf "${DEST:?}/plugin" "${DEST:?}/bin" "${DEST:?}/criu-debs" "${DEST:?}/runc-debs" "${DEST:?}/pkg" "${DEST:?}/MANIFEST"
+rm -rf "${DEST:?}/plugin" "${DEST:?}/bin" "${DEST:?}/criu-debs" "${DEST:?}/runc-debs" "${DEST:?}/pkg" "${DEST:?}/MANIFEST" "${DEST:?}/criu-forky"
 mkdir -p "$DEST/plugin" "$DEST/bin" "$DEST/criu-debs" "$DEST/runc-debs" "$DEST/pkg"
 cp target/release/libcriu_cuda_migrate.so "$DEST/plugin/"
 cp target/release/ccm-sample-workload "$DEST/bin/"
@@ -166,6 +168,36 @@ mkdir -p "$TRIXIE/tmp/ccm-runc-debs"
 chroot "$TRIXIE" sh -c 'cd /tmp/ccm-runc-debs && { apt-get -qq download runc libseccomp2 || { apt-get -qq update && apt-get -qq download runc libseccomp2; }; }' ||
     { echo "prepare: cannot download runc into the trixie root" >&2; exit 1; }
 cp "$TRIXIE"/tmp/ccm-runc-debs/*.deb "$DEST/runc-debs/"
+
+# CRIU 4.2.1 from the Debian forky root, with every library it links and forky's own dynamic loader (its glibc is
+# newer than the GPU host's), in .device/criu-forky/: run there through the `criu` wrapper (CCM_CRIU=forky,
+# tests/gpu/processes.sh). CRIU 4.1.1 cannot dump an inet socket on Linux 6.16 and later (it asks SO_PASSCRED of
+# every socket, which those kernels refuse for TCP; fixed in CRIU 4.2: checkpoint-restore/criu#2705), and the GPU
+# machines run 6.18: a torchrun tree (TCP to its store) needs CRIU 4.2.
+prepare_forky_criu() {
+    local forky=${CCM_FORKY_ROOT:-/var/cache/criu-cuda-migrate/forky} d=$DEST/criu-forky lib
+    rm -rf "$d"
+    if [[ ! -x $forky/usr/sbin/criu ]]; then
+        echo "prepare: no forky root with CRIU ($forky): no .device/criu-forky (tests/criu-root.sh makes it)" >&2
+        return 0
+    fi
+    mkdir -p "$d/lib"
+    cp "$forky/usr/sbin/criu" "$d/criu.bin"
+    for lib in $(chroot "$forky" ldd /usr/sbin/criu | awk '$3 ~ /^\// { print $3 }'); do
+        cp -L "$forky$lib" "$d/lib/"
+    done
+    cp -L "$forky/lib64/ld-linux-x86-64.so.2" "$d/lib/"
+    cat >"$d/criu" <<'WRAP'
+#!/bin/sh
+# CRIU 4.2.1 from Debian forky, run by its own dynamic loader and libraries (tests/gpu/prepare.sh).
+here=$(dirname "$(readlink -f "$0")")
+exec "$here/lib/ld-linux-x86-64.so.2" --library-path "$here/lib" "$here/criu.bin" "$@"
+WRAP
+    chmod +x "$d/criu"
+    # shellcheck disable=SC2016 # ${Version} is dpkg-query's format, not the shell's
+    echo "prepare: CRIU $(chroot "$forky" dpkg-query -W -f '${Version}' criu) from forky in .device/criu-forky ($(du -sm "$d" | cut -f1) MiB)"
+}
+prepare_forky_criu
 
 # The tools need no debug info there (it is most of their size); the plugin keeps its line tables
 # (profile.release debug = 1) for backtraces in CRIU's log, unless the folder gets too big.

@@ -84,3 +84,15 @@ criu_cmd() {
     env "${envs[@]}" LD_LIBRARY_PATH="$CRIU_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
         timeout --kill-after=10 "$CRIU_TIMEOUT" "$CRIU_BIN" "$@"
 }
+
+# CCM_CRIU=forky: CRIU 4.2.1 (.device/criu-forky, tests/gpu/prepare.sh) instead of the criu-debs' 4.1.1, which
+# cannot dump an inet socket on the GPU machines' kernel (6.18). Applied where this file is sourced, after the
+# script set CRIU_BIN; its wrapper loads its own libraries, so CRIU_LIBS is emptied.
+if [[ ${CCM_CRIU:-} == forky ]]; then
+    if [[ -x ${DEVICE_DIR:-}/criu-forky/criu ]]; then
+        CRIU_BIN=$DEVICE_DIR/criu-forky/criu
+        CRIU_LIBS=
+    else
+        echo "CCM_CRIU=forky, but ${DEVICE_DIR:-.device}/criu-forky/criu is not there: run tests/gpu/prepare.sh" >&2
+    fi
+fi

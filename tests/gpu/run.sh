@@ -692,4 +692,5 @@ main() {
     echo "all cases passed ($(grep -c $'\tKNOWN\t' "$RESULTS") known limitation(s))"
 }
 
-main "$@"
+# Sourced with CCM_GPU_RUN_AS_LIB=1 (tests/gpu/staging-bench.sh): the functions only.
+[[ ${CCM_GPU_RUN_AS_LIB:-0} == 1 ]] || main "$@"

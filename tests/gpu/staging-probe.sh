@@ -22,13 +22,37 @@ rm -rf "$WORK"
 mkdir -p "$WORK"
 : >"$OUTF"
 
-# anon_rw MAPSFILE: count and MiB of anonymous private rw mappings (no path).
-anon_rw() { awk '$2 == "rw-p" && NF == 5 { n++; s += strtonum("0x" substr($1, index($1, "-") + 1)) - strtonum("0x" substr($1, 1, index($1, "-") - 1)) } END { printf "%d mappings, %.1f MiB", n, s / 1048576 }' "$1"; }
+# anon_rw MAPSFILE: count and MiB of anonymous private rw mappings (no path). python3: the GPU host's awk is mawk,
+# which has no strtonum.
+anon_rw() {
+    python3 - "$1" <<'PY'
+import sys
+n = s = 0
+for l in open(sys.argv[1]):
+    f = l.split()
+    if len(f) == 5 and f[1] == "rw-p":
+        a, b = (int(x, 16) for x in f[0].split("-"))
+        n += 1
+        s += b - a
+print(f"{n} mappings, {s / 1048576:.1f} MiB")
+PY
+}
 
-# changes A B: the mappings of B not in A (+) and of A not in B (-), with their size in MiB.
+# changes A B: the mappings of B not in A (+) and of A not in B (-), with their size in MiB, biggest first.
 changes() {
-    diff <(cut -c1-200 "$1") <(cut -c1-200 "$2") | awk '/^[<>]/ { split($2, r, "-"); sz = (strtonum("0x" r[2]) - strtonum("0x" r[1])) / 1048576;
-        printf "%s %-34s %8.2f MiB %s %s\n", ($1 == ">" ? "+" : "-"), $2, sz, $3, $7 }' | sort -k4 -rn | head -n 40
+    python3 - "$1" "$2" <<'PY'
+import sys
+a = [l.rstrip("\n") for l in open(sys.argv[1])]
+b = [l.rstrip("\n") for l in open(sys.argv[2])]
+sa, sb = set(a), set(b)
+rows = [("+", l) for l in b if l not in sa] + [("-", l) for l in a if l not in sb]
+def size(l):
+    x, y = (int(v, 16) for v in l.split()[0].split("-"))
+    return (y - x) / 1048576
+for sign, l in sorted(rows, key=lambda r: -size(r[1]))[:40]:
+    f = l.split()
+    print(f"{sign} {f[0]:<34} {size(l):10.2f} MiB {f[1]} {' '.join(f[5:])}")
+PY
 }
 
 probe() { # NAME PID

@@ -477,10 +477,12 @@ image-missing-one-of-two)
     # Two CUDA processes, one identity image gone (a checkpoint image's whiteout deletes one at unpack; issue 35):
     # strict mode kills the restored tree, its line naming the image and the permissive escape; the images stay as
     # they were, and the same images restore in permissive mode, that process onto its own GPUs with a warning.
+    # Dumped with CRIU writing the staging pages: with the plugin's page file the missing image held the table
+    # without which that process's device data cannot be put back, and every restore refuses it (checked below).
     root=$(start_tree)
     p0=$(cat "$WORK/w0/ready")
     p1=$(cat "$WORK/w1/ready")
-    dump_ok "$WORK/img" "$root"
+    CRIU_CUDA_MIGRATE_STAGING=criu dump_ok "$WORK/img" "$root"
     mv "$WORK/img/cuda-migrate-$p1.img" "$WORK/saved.img"
     sum=$(images_sum "$WORK/img")
     restore "$WORK/img" && rc=0 || rc=$?
@@ -503,9 +505,9 @@ image-truncated | image-newer-version)
         truncate -s 100 "$img"
         why="truncated.*re-dump"
     else
-        # Format version (u16 LE at offset 8) = 3: read before the checksum, so no CRC fix-up is needed.
-        printf '\003\000' | dd of="$img" bs=1 seek=8 conv=notrunc status=none
-        why="format version 3 is newer than this build of criu-cuda-migrate reads.*upgrade criu-cuda-migrate"
+        # Format version (u16 LE at offset 8) = 9: read before the checksum, so no CRC fix-up is needed.
+        printf '\011\000' | dd of="$img" bs=1 seek=8 conv=notrunc status=none
+        why="format version 9 is newer than this build of criu-cuda-migrate reads.*upgrade criu-cuda-migrate"
     fi
     sum=$(images_sum "$WORK/img")
     refused_cleanly "$WORK/img" "$pid" "$sum" "$why"

@@ -372,6 +372,20 @@ impl Agent {
         self.done(Call::Restore { pid: pid.driver(), pairs: pairs.to_vec() }, deadline)
     }
 
+    /// Records that `pid`'s staging pages are in `page_file` and released in the task (see
+    /// [`Call::StagingReleased`]).
+    pub fn staging_released(
+        &self,
+        pid: HostPid,
+        page_file: &str,
+        table: &ccm_identity::staging::StagingTable,
+    ) -> Result<(), AgentError> {
+        self.done(
+            Call::StagingReleased { pid: pid.driver(), page_file: page_file.to_string(), table: table.clone() },
+            QUERY_DEADLINE,
+        )
+    }
+
     pub fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
         self.done(Call::Unlock { pid: pid.driver() }, QUERY_DEADLINE)
     }

@@ -59,6 +59,14 @@ pub enum Call {
     Framebuffer {
         deadline_ms: u64,
     },
+    /// The plugin wrote `pid`'s staging pages to the page file at `page_file` (an absolute path in CRIU's mount
+    /// namespace, which this agent shares) and released them in the task: should CRIU go away, this agent fills
+    /// them back from there before it puts the process back (it never restores a process whose pages are not back).
+    StagingReleased {
+        pid: i32,
+        page_file: String,
+        table: ccm_identity::staging::StagingTable,
+    },
     /// The plugin is done: exit without touching any process.
     Exit,
 }
@@ -80,6 +88,7 @@ impl Call {
             Call::DeviceMemory => "NVML's memory query",
             Call::VideoMemory { .. } => "the resource manager's process memory query",
             Call::Framebuffer { .. } => "the resource manager's free memory query",
+            Call::StagingReleased { .. } => "the record of released staging pages",
             Call::Exit => "exit",
         }
     }

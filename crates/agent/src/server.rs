@@ -86,6 +86,9 @@ struct Touched {
     /// each with a pidfd opened when its restore was asked for (the process is CRIU's then), so
     /// that a kill reaches that process and no other.
     restored: BTreeMap<i32, Option<ProcessHandle>>,
+    /// Processes whose staging pages the plugin released, with their page file and table: filled back before any
+    /// put-back of an orphaned agent.
+    staged: BTreeMap<i32, (String, ccm_identity::staging::StagingTable)>,
 }
 
 struct Shared {
@@ -369,8 +372,41 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
                 .map(Answer::Framebuffer)
                 .map_err(|e| WireError::Rm(e.to_string()))
         }
+        Call::StagingReleased { pid, page_file, table } => {
+            table.check().map_err(|e| WireError::Rm(format!("staging table of pid {pid}: {e}")))?;
+            shared
+                .touched
+                .lock()
+                .unwrap_or_else(|p| p.into_inner())
+                .staged
+                .insert(*pid, (page_file.clone(), table.clone()));
+            Ok(Answer::Done)
+        }
         Call::Exit => Ok(Answer::Done),
     }
+}
+
+/// An orphaned agent's fill of `pid`'s released staging pages from its page file, before its put-back. `Err`: the
+/// process must not be restored by the driver (it would run on with other device data).
+fn fill_back(pid: i32, page_file: &str, table: &ccm_identity::staging::StagingTable) -> Result<u64, String> {
+    use std::os::unix::fs::OpenOptionsExt;
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
+        .open(page_file)
+        .map_err(|e| format!("cannot open {page_file}: {e}"))?;
+    let size = file.metadata().map_err(|e| e.to_string())?.len();
+    let opts = ccm_process::staging_pages::CopyOptions {
+        chunk_bytes: table.chunk_bytes,
+        threads: std::thread::available_parallelism().map_or(4, |n| n.get()).min(16),
+        deadline: ORPHAN_RESTORE_DEADLINE,
+    };
+    let pid = u32::try_from(pid).map_err(|_| format!("pid {pid}"))?;
+    ccm_process::staging_pages::fill_from_page_files(
+        &[ccm_process::staging_pages::FillJob { pid, table, file: &file, file_size: size }],
+        opts,
+    )
+    .map_err(|e| e.to_string())
 }
 
 fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>, handle: Option<ProcessHandle>) {
@@ -442,6 +478,19 @@ fn orphaned(shared: &Shared) {
             }
             if let Ok(api) = api(shared) {
                 for pid in &put_back_now {
+                    let staged = shared.touched.lock().unwrap_or_else(|p| p.into_inner()).staged.remove(pid);
+                    if let Some((page_file, table)) = staged {
+                        match fill_back(*pid, &page_file, &table) {
+                            Ok(bytes) => info!(
+                                "driver agent: pid {pid}: {} MiB of staging pages filled back from {page_file}",
+                                bytes >> 20
+                            ),
+                            Err(e) => {
+                                error!("pid {pid} is left CHECKPOINTED after CRIU went away: its staging pages cannot be filled back from {page_file} ({e}), and restoring it without them would lose its device data. Restore it from the dump's images (criu restore), or kill it");
+                                continue;
+                            }
+                        }
+                    }
                     let state = match api.state(*pid) {
                         Ok(s) => s,
                         Err(e) => {

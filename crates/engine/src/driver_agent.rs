@@ -30,6 +30,14 @@ pub trait DriverAgent: Send + Sync {
     fn checkpoint(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError>;
     fn restore(&self, pid: HostPid, pairs: &[(GpuUuid, GpuUuid)], deadline: Duration) -> Result<(), AgentError>;
     fn unlock(&self, pid: HostPid) -> Result<(), AgentError>;
+    /// Tells the agent that `pid`'s staging pages are in `page_file` and about to be released in the task
+    /// (`crate::staging`): should CRIU go away, it fills them back before it puts the process back.
+    fn staging_released(
+        &self,
+        pid: HostPid,
+        page_file: &str,
+        table: &ccm_identity::staging::StagingTable,
+    ) -> Result<(), AgentError>;
     fn uuid_at_pci(&self, pci: PciAddress) -> Result<Option<GpuUuid>, AgentError>;
     fn device_memory(&self) -> Result<Vec<GpuMemory>, AgentError>;
     /// What each of `pids` holds on every GPU by the kernel driver's resource manager (CUDA IPC imports
@@ -98,6 +106,14 @@ impl DriverAgent for Agent {
     }
     fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
         Agent::unlock(self, pid)
+    }
+    fn staging_released(
+        &self,
+        pid: HostPid,
+        page_file: &str,
+        table: &ccm_identity::staging::StagingTable,
+    ) -> Result<(), AgentError> {
+        Agent::staging_released(self, pid, page_file, table)
     }
     fn uuid_at_pci(&self, pci: PciAddress) -> Result<Option<GpuUuid>, AgentError> {
         Agent::uuid_at_pci(self, pci)

@@ -730,7 +730,8 @@ impl DumpSession {
                 _ => None,
             })
             .collect();
-        let (staged, failed) = crate::staging::offload(&*self.seams.targets, &self.config, dir, &procs);
+        let Some(node) = self.node.as_ref() else { return Default::default() };
+        let (staged, failed) = crate::staging::offload(&*self.seams.targets, &*node.agent, &self.config, dir, &procs);
         for (&(pid, _), r) in todo.iter().zip(results.iter_mut()) {
             if let (Some(s), Ok((_, Ok(Ok(img)), _))) = (staged.get(&pid), r) {
                 img.staging = Some(s.table.clone());

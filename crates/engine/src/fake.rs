@@ -275,6 +275,14 @@ impl DriverAgent for FakeAgent {
     fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
         self.call("unlock", Some(pid), Self::transition(ProcessState::Locked, ProcessState::Running, "unlock"))
     }
+    fn staging_released(
+        &self,
+        _pid: HostPid,
+        _page_file: &str,
+        _table: &ccm_identity::staging::StagingTable,
+    ) -> Result<(), AgentError> {
+        Ok(())
+    }
     fn uuid_at_pci(&self, pci: PciAddress) -> Result<Option<GpuUuid>, AgentError> {
         Ok(self.script().gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid))
     }

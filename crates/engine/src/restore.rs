@@ -325,6 +325,21 @@ impl RestoreSession {
         let mut failed = BTreeMap::new();
         let mut files = Vec::new();
         for (job, _) in jobs {
+            if job.plan.is_none() {
+                // Its image is gone, and with it the table of a page file it may have: its device data cannot be
+                // put back, and the driver's restore would give it other bytes.
+                let name = ccm_identity::staging::page_file_name(ns_pid_of(targets, job.pid).0);
+                if self.image_dir.as_ref().is_some_and(|d| d.file_size(&name).is_ok()) {
+                    failed.insert(
+                        job.pid,
+                        ProcessFailure::StagingMismatch(format!(
+                            "its staging pages are in {name}, but their table was in its identity image, which is \
+                             missing: restore from a complete checkpoint"
+                        )),
+                    );
+                }
+                continue;
+            }
             let Some(table) = job.plan.and_then(|p| p.image.staging.as_ref()) else { continue };
             let Some(image_pid) = job.plan.map(|p| p.image.pid) else { continue };
             let checked = targets

@@ -24,7 +24,7 @@ use ccm_process::staging_pages::{CopyOptions, FillJob, WriteJob};
 use ccm_process::Mapping;
 use log::{info, warn};
 
-use crate::seam::Targets;
+use crate::seam::{DriverAgent, Targets};
 use crate::{Config, ProcessFailure, Staging};
 
 /// How long the staging copy of a process may take: the driver's deadline for its device memory (the copy runs
@@ -73,6 +73,7 @@ pub struct Checkpointed {
 /// back after the release: `ProcessFailure`), the others' results being kept.
 pub fn offload(
     targets: &dyn Targets,
+    agent: &dyn DriverAgent,
     config: &Config,
     dir: &Dir,
     procs: &[Checkpointed],
@@ -108,8 +109,8 @@ pub fn offload(
         let ranges = staging_ranges(&p.before, &map_views(&after));
         if ranges.is_empty() {
             info!(
-                "pid {}: no staging mapping told apart from its older memory (none new, or each touching an older \
-                 mapping); CRIU writes its device memory's copy",
+                "pid {}: no private anonymous read-write memory new since its lock (the driver's staging pages are \
+                 not there: a driver that keeps them elsewhere); CRIU writes its device memory's copy",
                 p.pid
             );
             continue;
@@ -161,6 +162,15 @@ pub fn offload(
             let _ = dir.remove(&t.tmp);
             continue;
         }
+        // The driver agent learns where the pages are before they are released: should CRIU go away from here on,
+        // it fills them back before it puts the process back. Without that record they are not released (CRIU
+        // writes them too; the page file holds the same bytes).
+        let path = page_file_path(dir, &t.name);
+        if let Err(e) = agent.staging_released(t.pid, &path, &w.table) {
+            warn!("pid {}: the driver agent cannot record its page file ({e}); its staging pages are not released, so CRIU writes them too", t.pid);
+            staged.insert(t.pid, Staged { file: Arc::new(t.file), table: w.table, released: false });
+            continue;
+        }
         // Released on this (the hook's, CRIU's tracer) thread.
         let r0 = Instant::now();
         let released = targets.release_pages(t.pid.get(), &t.after, &t.ranges);
@@ -194,6 +204,15 @@ pub fn offload(
         staged.insert(t.pid, Staged { file: Arc::new(t.file), table: w.table, released });
     }
     (staged, failed)
+}
+
+/// The page file's absolute path in CRIU's mount namespace (which the driver agent shares), from CRIU's descriptor
+/// of the image directory.
+fn page_file_path(dir: &Dir, name: &str) -> String {
+    use std::os::fd::AsRawFd;
+    let at = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd()))
+        .unwrap_or_else(|_| dir.shown().to_path_buf());
+    at.join(name).display().to_string()
 }
 
 /// Fills every process's staging pages back from its page file (restore, put-back). `jobs`: host pid, table,

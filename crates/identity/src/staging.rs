@@ -7,8 +7,8 @@
 //! [`StagingTable`]) and releases the pages in the task, so that CRIU finds them empty. At restore it fills them
 //! back from the page file, every chunk checked against its checksum, before the driver's restore reads them.
 //!
-//! Here: which mappings are staging mappings ([`staging_ranges`]: new since the lock, anonymous, private,
-//! read-write, not touching any mapping the process had before), the table and its rules ([`StagingTable::check`]:
+//! Here: which memory is staging memory ([`staging_ranges`]: private anonymous read-write, new since the lock: in
+//! no mapping the process had before), the table and its rules ([`StagingTable::check`]:
 //! a table read from an image is untrusted input), and whether a restored task's mappings can take the table
 //! back ([`check_restored`]).
 
@@ -59,23 +59,33 @@ impl MapView {
     pub fn is_private_anonymous_rw(&self) -> bool {
         self.anonymous && !self.shared && self.readable && self.writable && !self.executable
     }
-
-    fn overlaps_or_touches(&self, start: u64, end: u64) -> bool {
-        self.start <= end && start <= self.end
-    }
 }
 
-/// The staging mappings: those of `after` (the maps after the checkpoint) that are private anonymous read-write and
-/// neither overlap nor touch any mapping of `before` (the maps after the lock, before the checkpoint). A mapping the
-/// kernel merged with an older neighbour, or one that changed in any other way, is left to CRIU. Sorted by address.
+/// The staging memory: the parts of `after`'s private anonymous read-write mappings (the maps after the checkpoint)
+/// that no mapping of `before` (the maps after the lock, before the checkpoint) covered. Every task is stopped
+/// from the lock on and only the driver's checkpoint runs in it, so memory new since the lock is the driver's; a new
+/// mapping placed right beside an older one (the kernel places them so) or merged into an older neighbour of the
+/// same kind counts for its new part only, and the older part is left to CRIU. Sorted by address, page-aligned.
 pub fn staging_ranges(before: &[MapView], after: &[MapView]) -> Vec<(u64, u64)> {
-    let mut out: Vec<(u64, u64)> = after
-        .iter()
-        .filter(|m| m.is_private_anonymous_rw() && m.end > m.start)
-        .filter(|m| m.start % PAGE_BYTES == 0 && m.end % PAGE_BYTES == 0)
-        .filter(|m| !before.iter().any(|b| b.overlaps_or_touches(m.start, m.end)))
-        .map(|m| (m.start, m.end))
-        .collect();
+    let mut old: Vec<(u64, u64)> = before.iter().map(|b| (b.start, b.end)).collect();
+    old.sort_unstable();
+    let mut out = Vec::new();
+    for m in after.iter().filter(|m| m.is_private_anonymous_rw() && m.end > m.start) {
+        if m.start % PAGE_BYTES != 0 || m.end % PAGE_BYTES != 0 {
+            continue;
+        }
+        // m minus every old range.
+        let mut at = m.start;
+        for &(s, e) in old.iter().filter(|&&(s, e)| s < m.end && e > m.start) {
+            if s > at {
+                out.push((at, s));
+            }
+            at = at.max(e);
+        }
+        if at < m.end {
+            out.push((at, m.end));
+        }
+    }
     out.sort_unstable();
     out
 }
@@ -283,7 +293,7 @@ mod tests {
     }
 
     #[test]
-    fn only_new_private_anonymous_rw_mappings_apart_from_old_ones_are_staging() {
+    fn the_new_parts_of_private_anonymous_rw_mappings_are_staging() {
         let before = vec![anon(0x1000, 0x3000), anon(0x10000, 0x20000)];
         let mut file = anon(0x50000, 0x60000);
         file.anonymous = false;
@@ -293,15 +303,14 @@ mod tests {
         ro.writable = false;
         let after = vec![
             anon(0x1000, 0x3000),   // old
-            anon(0x3000, 0x8000),   // touches an old one: it may have merged, left to CRIU
-            anon(0x10000, 0x30000), // grew from an old one
+            anon(0x3000, 0x8000),   // new, right beside an old one
+            anon(0x10000, 0x30000), // an old one that grew (or a new one merged into it): its new part
             anon(0x40000, 0x48000), // new
             file,
             shared,
             ro,
-            anon(0x90000, 0xa0000), // new
         ];
-        assert_eq!(staging_ranges(&before, &after), vec![(0x40000, 0x48000), (0x90000, 0xa0000)]);
+        assert_eq!(staging_ranges(&before, &after), vec![(0x3000, 0x8000), (0x20000, 0x30000), (0x40000, 0x48000)]);
     }
 
     fn table(regions: Vec<(u64, u64, Vec<bool>)>) -> StagingTable {
@@ -378,14 +387,14 @@ mod tests {
 
     proptest! {
         #[test]
-        fn staging_ranges_never_overlap_or_touch_an_old_mapping(
+        fn staging_ranges_never_overlap_an_old_mapping(
             before in proptest::collection::vec((0u64..64, 1u64..8), 0..8),
             after in proptest::collection::vec((0u64..64, 1u64..8), 0..8),
         ) {
             let to = |v: Vec<(u64, u64)>| v.into_iter().map(|(s, l)| anon(s * PAGE_BYTES, (s + l) * PAGE_BYTES)).collect::<Vec<_>>();
             let (before, after) = (to(before), to(after));
             for (s, e) in staging_ranges(&before, &after) {
-                prop_assert!(before.iter().all(|b| b.end < s || e < b.start));
+                prop_assert!(before.iter().all(|b| b.end <= s || e <= b.start));
             }
         }
     }

@@ -102,7 +102,7 @@ mod imp {
                             tid,
                             addr,
                             len: end - addr,
-                            errno: Errno::from_raw(-(r as i64) as i32),
+                            errno: Errno::from_raw(i32::try_from(r.cast_signed().saturating_neg()).unwrap_or(i32::MAX)),
                         }),
                     });
                 if result.is_err() {

@@ -51,6 +51,15 @@ pub enum StagingIoError {
     Deadline(Duration),
 }
 
+/// A 64-bit length or address as `usize` (the product runs on 64-bit targets only: saturating elsewhere).
+fn us(v: u64) -> usize {
+    usize::try_from(v).unwrap_or(usize::MAX)
+}
+
+fn task(pid: u32) -> Pid {
+    Pid::from_raw(libc::pid_t::try_from(pid).unwrap_or(libc::pid_t::MAX))
+}
+
 /// How the copy runs.
 #[derive(Clone, Copy, Debug)]
 pub struct CopyOptions {
@@ -82,8 +91,8 @@ struct AlignedBuf {
 
 impl AlignedBuf {
     fn new(len: usize) -> AlignedBuf {
-        let raw = vec![0u8; len + PAGE_BYTES as usize];
-        let at = raw.as_ptr().align_offset(PAGE_BYTES as usize);
+        let raw = vec![0u8; len + us(PAGE_BYTES)];
+        let at = raw.as_ptr().align_offset(us(PAGE_BYTES));
         AlignedBuf { raw, at }
     }
     fn slice(&mut self, len: usize) -> &mut [u8] {
@@ -102,9 +111,9 @@ fn read_task(pid: u32, addr: u64, buf: &mut [u8]) -> Result<(), StagingIoError> 
     let mut done = 0usize;
     while done < buf.len() {
         let len = buf.len() - done;
-        let remote = [RemoteIoVec { base: (addr + done as u64) as usize, len }];
+        let remote = [RemoteIoVec { base: us(addr + done as u64), len }];
         let mut local = [IoSliceMut::new(&mut buf[done..])];
-        match process_vm_readv(Pid::from_raw(pid as i32), &mut local, &remote) {
+        match process_vm_readv(task(pid), &mut local, &remote) {
             Ok(0) => {
                 return Err(StagingIoError::ReadTask {
                     pid,
@@ -125,9 +134,9 @@ fn write_task(pid: u32, addr: u64, buf: &[u8]) -> Result<(), StagingIoError> {
     let mut done = 0usize;
     while done < buf.len() {
         let len = buf.len() - done;
-        let remote = [RemoteIoVec { base: (addr + done as u64) as usize, len }];
+        let remote = [RemoteIoVec { base: us(addr + done as u64), len }];
         let local = [IoSlice::new(&buf[done..])];
-        match process_vm_writev(Pid::from_raw(pid as i32), &local, &remote) {
+        match process_vm_writev(task(pid), &local, &remote) {
             Ok(0) => {
                 return Err(StagingIoError::WriteTask {
                     pid,
@@ -198,14 +207,14 @@ pub fn write_page_files(jobs: &[WriteJob<'_>], opts: CopyOptions) -> Result<Vec<
             job.ranges.iter().enumerate().flat_map(move |(r, &(start, end))| {
                 (0..(end - start).div_ceil(chunk)).map(move |c| {
                     let addr = start + c * chunk;
-                    (j, r, c as usize, addr, chunk.min(end - addr))
+                    (j, r, us(c), addr, chunk.min(end - addr))
                 })
             })
         })
         .collect();
     let results: Vec<Vec<Mutex<Vec<Option<StagedChunk>>>>> = jobs
         .iter()
-        .map(|job| job.ranges.iter().map(|&(s, e)| Mutex::new(vec![None; (e - s).div_ceil(chunk) as usize])).collect())
+        .map(|job| job.ranges.iter().map(|&(s, e)| Mutex::new(vec![None; us((e - s).div_ceil(chunk))])).collect())
         .collect();
     let ends: Vec<AtomicU64> = jobs.iter().map(|_| AtomicU64::new(0)).collect();
     let next = AtomicUsize::new(0);
@@ -215,12 +224,12 @@ pub fn write_page_files(jobs: &[WriteJob<'_>], opts: CopyOptions) -> Result<Vec<
     std::thread::scope(|s| {
         for _ in 0..workers(&opts, work.len()) {
             s.spawn(|| {
-                let mut buf = AlignedBuf::new(chunk as usize);
+                let mut buf = AlignedBuf::new(us(chunk));
                 while !failed.load(Ordering::Relaxed) {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&(j, r, c, addr, len)) = work.get(i) else { break };
                     let job = &jobs[j];
-                    let b = buf.slice(len as usize);
+                    let b = buf.slice(us(len));
                     let done = (|| {
                         if started.elapsed() > opts.deadline {
                             return Err(StagingIoError::Deadline(opts.deadline));
@@ -316,12 +325,12 @@ pub fn fill_from_page_files(jobs: &[FillJob<'_>], opts: CopyOptions) -> Result<u
     std::thread::scope(|s| {
         for _ in 0..workers(&opts, work.len()) {
             s.spawn(|| {
-                let mut buf = AlignedBuf::new(chunk as usize);
+                let mut buf = AlignedBuf::new(us(chunk));
                 while !failed.load(Ordering::Relaxed) {
                     let i = next.fetch_add(1, Ordering::Relaxed);
                     let Some(&(j, addr, len, offset, crc)) = work.get(i) else { break };
                     let job = &jobs[j];
-                    let b = buf.slice(len as usize);
+                    let b = buf.slice(us(len));
                     let done = (|| {
                         if started.elapsed() > opts.deadline {
                             return Err(StagingIoError::Deadline(opts.deadline));
