@@ -267,3 +267,17 @@ fn an_unknown_disable_value_is_refused() {
 fn several_cuda_processes_the_importer_check_cannot_clear_are_refused_by_default() {
     run_case("multi-process-unchecked");
 }
+
+/// Issue 47: a page file cut short is refused by the preflight before CRIU restores anything; the images are
+/// unchanged and the whole file restores the process with its data.
+#[test]
+fn a_cut_page_file_is_refused_before_any_restore() {
+    run_case("staging-page-file-cut");
+}
+
+/// Issue 47: one byte flipped in the page file fails its chunk's CRC32 at the fill, before the driver's restore: the
+/// restored tree is killed, the images are unchanged, and the whole file restores the process with its data.
+#[test]
+fn a_flipped_byte_in_the_page_file_is_refused_before_the_driver_restore() {
+    run_case("staging-page-file-flipped");
+}

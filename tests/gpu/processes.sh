@@ -22,7 +22,8 @@ descendants() {
 # and JOB_OUT (the whole output).
 # shellcheck disable=SC2034 # JOB_RC and JOB_LINE are for the scripts that source this file
 job_report() {
-    JOB_OUT=$("$CLI" job --pid "$1" 2>&1)
+    # The CRIU that dumps the tree is the one asked for its version (with its own libraries on the path).
+    JOB_OUT=$(LD_LIBRARY_PATH="${CRIU_LIBS:-}" "$CLI" job --pid "$1" --criu "$CRIU_BIN" 2>&1)
     JOB_RC=$?
     printf '%s\n' "$JOB_OUT" >"$2"
     JOB_LINE=$(grep -m1 '^verdict:' <<<"$JOB_OUT" | cut -c1-300)

@@ -19,7 +19,8 @@
 #            agent-stop-lock | agent-kill-lock | agent-stop-checkpoint | agent-kill-checkpoint |
 #            agent-stop-restore | agent-kill-restore | agent-panic-lock | agent-panic-checkpoint |
 #            agent-panic-restore | image-symlink-zero | image-fifo | image-symlink-secret |
-#            image-oversized | image-control | image-pid-renamed | setting-disable-unknown
+#            image-oversized | image-control | image-pid-renamed | setting-disable-unknown |
+#            staging-page-file-cut | staging-page-file-flipped
 # Prints `SEEN <line>` (the error line the user sees), `STATE pid=N <state>` (every process after) and
 # `FAULT <case> OK`, exit 0, when the case behaves as documented in docs/RELIABILITY.md; exits 1 with
 # the relevant logs otherwise.
@@ -513,6 +514,33 @@ image-truncated | image-newer-version)
     refused_cleanly "$WORK/img" "$pid" "$sum" "$why"
     # Put the good image back: the same directory restores.
     cp -p "$WORK/good.img" "$img"
+    restore_works "$WORK/img" "$pid" "$WORK/w0" 1
+    ;;
+staging-page-file-cut | staging-page-file-flipped)
+    # Issue 47: the plugin's page file (the driver's staging pages) is untrusted at restore. Cut, the preflight
+    # refuses it before CRIU restores anything; one byte flipped, the fill finds the chunk's CRC32 wrong and the
+    # restored tree is killed before the driver's restore. Either way the images stay as they were, and the whole
+    # file put back restores the process with its device data intact.
+    pid=$(start "$WORK/w0" 0,1)
+    dump_ok "$WORK/img" "$pid"
+    pages=$WORK/img/cuda-migrate-pages-$pid.img
+    [ -s "$pages" ] || fail "no page file written: $(grep -a staging "$WORK/img/dump.log")"
+    seen "$WORK/img/dump.log" "pid $pid: staging pages: .* cuda-migrate-pages-$pid.img"
+    cp -p "$pages" "$WORK/good-pages.img"
+    if [ "$CASE" = staging-page-file-cut ]; then
+        truncate -s -4096 "$pages"
+        sum=$(images_sum "$WORK/img")
+        refused_cleanly "$WORK/img" "$pid" "$sum" "staging pages are in .*cuda-migrate-pages-$pid.img, but it is [0-9]+ bytes where the table names"
+    else
+        b=$(od -An -tu1 -j 4096 -N1 "$pages" | tr -d ' ')
+        printf '%b' "\\0$(printf '%03o' $(((b + 1) % 256)))" | dd of="$pages" bs=1 seek=4096 conv=notrunc status=none
+        sum=$(images_sum "$WORK/img")
+        if restore "$WORK/img"; then fail "a restore from a damaged page file succeeded"; fi
+        seen "$WORK/img/restore.log" "pid $pid: its staging pages cannot be filled back from its page file: .*CRC32"
+        wait_gone "$pid" || fail "pid $pid survived a restore whose page file was damaged"
+        [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "images changed after a refused restore"
+    fi
+    cp -p "$WORK/good-pages.img" "$pages"
     restore_works "$WORK/img" "$pid" "$WORK/w0" 1
     ;;
 map-unknown-gpu)

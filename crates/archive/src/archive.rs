@@ -98,6 +98,8 @@ pub struct CheckpointArchive {
     pub spec: Option<ArchiveFile>,
     /// `checkpoint/cuda-migrate-devices.img`: what the dump claimed of forked processes' NVIDIA nodes.
     pub claims: Option<ArchiveFile>,
+    /// Every `checkpoint/cuda-migrate-pages-<pid>.img` (a process's staging pages): file name and size.
+    pub page_files: Vec<(String, u64)>,
     /// Whether `checkpoint/inventory.img` is there (CRIU writes it last, so a dump that completed
     /// has it).
     pub has_inventory: bool,

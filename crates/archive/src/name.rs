@@ -31,6 +31,9 @@ pub(crate) enum Role {
     Blob,
     /// `checkpoint/cuda-migrate-devices.img`: what the dump claimed of forked processes' NVIDIA nodes.
     Claims,
+    /// `checkpoint/cuda-migrate-pages-<pid>.img`: a process's staging pages (issue 47); its size is noted, its
+    /// data not read.
+    PageFile,
     /// Everything else (`config.dump`, `rootfs-diff.tar`, ...).
     Other,
 }
@@ -45,6 +48,7 @@ impl Role {
             Role::Image
                 | Role::Report
                 | Role::Claims
+                | Role::PageFile
                 | Role::Spec
                 | Role::Inventory
                 | Role::OciLayout
@@ -59,6 +63,7 @@ impl Role {
             Role::Image
                 | Role::Report
                 | Role::Claims
+                | Role::PageFile
                 | Role::Inventory
                 | Role::InCheckpoint
                 | Role::DumpLog { in_checkpoint: true }
@@ -107,6 +112,8 @@ pub(crate) fn role(components: &[&[u8]], is_dir: bool) -> Role {
                 Role::Report
             } else if file == ccm_identity::claims::CLAIMS_FILE_NAME {
                 Role::Claims
+            } else if ccm_identity::staging::is_page_file_name(file).is_some() {
+                Role::PageFile
             } else if file == "inventory.img" {
                 Role::Inventory
             } else if file == "dump.log" && !is_dir {
@@ -208,6 +215,7 @@ mod tests {
         assert_eq!(role_of("checkpoint", false), Role::Other);
         assert_eq!(role_of("spec.dump", false), Role::Spec);
         assert_eq!(role_of("checkpoint/cuda-migrate-devices.img", false), Role::Claims);
+        assert_eq!(role_of("checkpoint/cuda-migrate-pages-7.img", false), Role::PageFile);
         assert_eq!(role_of("./spec.dump", false), Role::Spec);
         assert_eq!(role_of("x/spec.dump", false), Role::Other);
         assert_eq!(role_of("cuda-migrate-5.img", false), Role::Other);

@@ -37,6 +37,8 @@ pub(crate) struct Found {
     pub(crate) reports: Vec<ArchiveFile>,
     pub(crate) spec: Option<ArchiveFile>,
     pub(crate) claims: Option<ArchiveFile>,
+    /// Every `checkpoint/cuda-migrate-pages-<pid>.img`: its file name and size (its data is not read).
+    pub(crate) page_files: Vec<(String, u64)>,
     pub(crate) has_inventory: bool,
     pub(crate) has_checkpoint: bool,
     pub(crate) members: usize,
@@ -346,6 +348,15 @@ impl<'a, 'l> Walk<'a, 'l> {
                 } else {
                     self.skip_member(&member, offset, size)?;
                 }
+                continue;
+            }
+            if role == Role::PageFile {
+                if found.page_files.len() >= MAX_IMAGES {
+                    return Err(ArchiveError::TooManyImages { archive: self.archive.clone(), max: MAX_IMAGES });
+                }
+                let name = components.last().map(|c| String::from_utf8_lossy(c).into_owned()).unwrap_or_default();
+                found.page_files.push((name, size));
+                self.skip_member(&member, offset, size)?;
                 continue;
             }
             if role == Role::Blob {
@@ -894,6 +905,7 @@ pub(crate) fn finish(path: &Path, compression: Compression, found: Found) -> Res
         reports,
         spec: found.spec,
         claims: found.claims,
+        page_files: found.page_files,
         has_inventory: found.has_inventory,
         members: found.members,
         bytes_scanned: found.bytes_scanned,

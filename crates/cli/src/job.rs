@@ -95,7 +95,7 @@ struct ImporterCheck {
     milliseconds: Option<f64>,
 }
 
-pub fn run(pid: i32, json: bool) -> CliResult {
+pub fn run(pid: i32, criu: Option<&std::path::Path>, json: bool) -> CliResult {
     let root = u32::try_from(pid).ok().and_then(|p| HostPid::new(p.into())).ok_or_else(|| {
         Failure::Input(format!("--pid {pid} is no process id; pass the pid `ps` shows for the job's first process"))
     })?;
@@ -148,6 +148,10 @@ pub fn run(pid: i32, json: bool) -> CliResult {
         .filter(|r| !r.criu_cannot_dump.is_empty())
         .map(|r| ccm_identity::criu_support::line(r.pid, &r.command, &r.criu_cannot_dump))
         .collect();
+    let mut would_fail = would_fail;
+    if let Some(line) = inet_sockets_line(&rows, criu) {
+        would_fail.push(line);
+    }
     let cuda_pids: Vec<HostPid> = rows.iter().filter(|r| r.cuda).filter_map(|r| HostPid::new(r.pid.into())).collect();
     let mut facts = rm.as_ref().map(|r| importers_in(r, |pci| node_gpus.iter().find(|g| g.pci == pci).map(|g| g.uuid)));
     // As the plugin: only live processes holding a GPU node count (a dead process's memory stays under its number).
@@ -263,6 +267,66 @@ pub fn run(pid: i32, json: bool) -> CliResult {
         }));
     }
     Ok(())
+}
+
+/// How long `criu --version` may take.
+const CRIU_VERSION_DEADLINE: std::time::Duration = std::time::Duration::from_secs(5);
+
+/// The version `criu --version` prints (`Version: 4.1.1` → `4.1.1`), or `None` when it cannot be run or told.
+fn criu_version(criu: &std::path::Path) -> Option<String> {
+    use std::io::Read;
+    let mut child = std::process::Command::new(criu)
+        .arg("--version")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::null())
+        .spawn()
+        .ok()?;
+    let t0 = std::time::Instant::now();
+    loop {
+        match child.try_wait() {
+            Ok(Some(_)) => break,
+            Ok(None) if t0.elapsed() < CRIU_VERSION_DEADLINE => {
+                std::thread::sleep(std::time::Duration::from_millis(10))
+            }
+            _ => {
+                let _ = child.kill();
+                let _ = child.wait();
+                return None;
+            }
+        }
+    }
+    let mut text = String::new();
+    child.stdout.take()?.take(4096).read_to_string(&mut text).ok()?;
+    let v = text.lines().find_map(|l| l.strip_prefix("Version:"))?.trim().to_string();
+    (!v.is_empty() && v.len() < 64).then_some(v)
+}
+
+/// The line saying that the tree's inet sockets would fail the dump in CRIU (CRIU before 4.2 on Linux 6.16 and later:
+/// `ccm_identity::criu_support::inet_sockets_undumpable`), when that is so. CRIU is `criu` (else `criu` on PATH).
+fn inet_sockets_line(rows: &[ProcessRow], criu: Option<&std::path::Path>) -> Option<String> {
+    use ccm_identity::criu_support::{inet_socket_line, inet_sockets_undumpable, major_minor};
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?.trim().to_string();
+    let version = criu_version(criu.unwrap_or(std::path::Path::new("criu")))?;
+    if !inet_sockets_undumpable(major_minor(&version)?, major_minor(&kernel)?) {
+        return None;
+    }
+    let mut by_namespace: std::collections::BTreeMap<u64, BTreeSet<u64>> = Default::default();
+    let mut holders = Vec::new();
+    for r in rows {
+        let Ok(p) = ccm_process::sockets::ProcessSockets::open(r.pid) else { continue };
+        let Ok(mine) = p.socket_inodes() else { continue };
+        if mine.is_empty() {
+            continue;
+        }
+        let Ok(ns) = p.net_namespace() else { continue };
+        let inet = by_namespace.entry(ns).or_insert_with(|| p.inet_socket_inodes().unwrap_or_default());
+        let n = mine.intersection(inet).count();
+        if n > 0 {
+            holders.push((r.pid, r.command.clone(), n));
+        }
+    }
+    (!holders.is_empty()).then(|| inet_socket_line(&holders, &version, &kernel))
 }
 
 /// The NVIDIA device numbers as the plugin reads them (`/proc/devices`, and the test doubles' stand-ins).

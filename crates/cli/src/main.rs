@@ -84,6 +84,10 @@ enum Command {
         /// The tree's first process (for a container: its init's pid on this host).
         #[arg(long)]
         pid: i32,
+        /// The CRIU that will dump the tree (its version decides what it can dump on this kernel); default: `criu`
+        /// on PATH.
+        #[arg(long, value_name = "PATH")]
+        criu: Option<std::path::PathBuf>,
     },
     /// Run a command (and everything it starts) without io_uring, which CRIU cannot checkpoint: torchrun's elastic
     /// agent makes one for its rendezvous store whatever torchrun is told. A seccomp filter answers
@@ -187,7 +191,7 @@ fn main() -> ExitCode {
         ),
         Command::Node(a) if a.check => ("node", readiness::run(a, json)),
         Command::Node(_) => ("node", node(json)),
-        Command::Job { pid } => ("job", job::run(*pid, json)),
+        Command::Job { pid, criu } => ("job", job::run(*pid, criu.as_deref(), json)),
         Command::Recover { pid } => ("recover", recover::run(*pid, json)),
         Command::NoIoUring { command } => ("no-io-uring", no_io_uring(command)),
         Command::ActionScript { .. } => ("action-script", action_script()),
@@ -372,6 +376,21 @@ fn checkpoint_of_archive(path: &Path, a: &ccm_archive::CheckpointArchive) -> Res
         images.push((member.clone(), preflight::decode_image(member, &f.name, &f.bytes).map_err(input)?));
     }
     images.sort_by_key(|(_, i)| i.pid);
+    // A process's staging pages (issue 47): its page file there, of the size its table names, before any restore.
+    for (member, img) in &images {
+        let Some(t) = &img.staging else { continue };
+        let name = ccm_identity::staging::page_file_name(img.pid);
+        let why = match a.page_files.iter().find(|(n, _)| *n == name) {
+            Some((_, size)) if *size == t.file_bytes => continue,
+            Some((_, size)) => format!("it is {size} bytes where the table names {}", t.file_bytes),
+            None => "it is not in the archive".to_string(),
+        };
+        return Err(input(preflight::ImageFileError::PageFile {
+            image: member.clone(),
+            page_file: PathBuf::from(format!("{shown}:checkpoint/{name}")),
+            why,
+        }));
+    }
     let reports = a.reports.iter().map(|f| (f.name.clone(), shown_text(&f.bytes))).collect();
     let has_inventory = a.has_inventory;
     let claims = match &a.claims {

@@ -166,3 +166,52 @@ fn an_io_uring_makes_the_job_fail_in_criu_and_no_io_uring_takes_it_away() {
     let out = cli().args(["no-io-uring", "--", "python3"]).arg(dir.path().join("ring.py")).output().unwrap();
     assert_eq!(String::from_utf8_lossy(&out.stdout).trim(), "ENOSYS", "{}", String::from_utf8_lossy(&out.stderr));
 }
+
+/// Issue 46, on the GPU machines: CRIU before 4.2 cannot dump an inet socket on Linux 6.16 and later (a torchrun
+/// tree's TCP connections to its store failed the dump with "sockets: Can't get 1:16 opt"). A tree holding a TCP
+/// socket is `would fail` with a CRIU 4.1 there, naming the process and CRIU 4.2 as the way out; with CRIU 4.2 the
+/// line is not there. The CRIU asked is a stand-in that prints only its version (`--criu`).
+#[test]
+fn inet_sockets_make_the_job_fail_with_a_criu_older_than_4_2_on_linux_6_16_and_later() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let criu = |v: &str| {
+        let p = dir.path().join(format!("criu-{v}"));
+        std::fs::write(&p, format!("#!/bin/sh\necho 'Version: {v}'\n")).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o755)).unwrap();
+        p
+    };
+    let (old, new) = (criu("4.1.1"), criu("4.2.1"));
+    let mut holder = std::process::Command::new("python3")
+        .args(["-c", "import socket,sys,time; s=socket.socket(); s.bind(('127.0.0.1',0)); s.listen(); print('ready', flush=True); time.sleep(60)"])
+        .stdout(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut line = String::new();
+    std::io::BufRead::read_line(&mut std::io::BufReader::new(holder.stdout.take().unwrap()), &mut line).unwrap();
+    let pid = holder.id().to_string();
+    let with = |c: &std::path::Path| cli().args(["job", "--pid", &pid, "--criu"]).arg(c).output().unwrap();
+    let (o_old, o_new) = (with(&old), with(&new));
+    let _ = holder.kill();
+    let _ = holder.wait();
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").unwrap();
+    let parts: Vec<u32> =
+        kernel.trim().split(|c: char| !c.is_ascii_digit()).take(2).map(|p| p.parse().unwrap()).collect();
+    let text_old = String::from_utf8_lossy(&o_old.stdout);
+    let text_new = String::from_utf8_lossy(&o_new.stdout);
+    assert!(!text_new.contains("inet socket"), "CRIU 4.2 dumps inet sockets: {text_new}");
+    if (parts[0], parts[1]) >= (6, 16) {
+        assert_eq!(o_old.status.code(), Some(1), "{text_old}");
+        let verdict = text_old.lines().find(|l| l.starts_with("verdict: ")).unwrap_or_default();
+        assert!(
+            verdict.starts_with(&format!("verdict: would fail: pid {pid} (python3) holds 1 inet socket(s)")),
+            "{text_old}"
+        );
+        assert!(
+            verdict.contains("CRIU 4.1.1 cannot dump on Linux") && verdict.contains("CRIU 4.2 or later"),
+            "{verdict}"
+        );
+    } else {
+        assert!(!text_old.contains("inet socket"), "kernel {kernel}: {text_old}");
+    }
+}

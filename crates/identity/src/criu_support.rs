@@ -93,9 +93,58 @@ pub fn line(pid: u32, comm: &str, held: &[Undumpable]) -> String {
     )
 }
 
+/// The first two numbers of a version or release text (`Version: 4.1.1` → (4, 1); `6.18.44-fc-v1272` → (6, 18)).
+pub fn major_minor(text: &str) -> Option<(u32, u32)> {
+    let start = text.find(|c: char| c.is_ascii_digit())?;
+    let mut parts = text[start..].split(|c: char| !c.is_ascii_digit());
+    Some((parts.next()?.parse().ok()?, parts.next()?.parse().ok()?))
+}
+
+/// Whether CRIU of version `criu` cannot dump an inet socket on a kernel of release `kernel`: Linux 6.16 refuses
+/// `SO_PASSCRED`/`SO_PASSSEC` on sockets other than unix and netlink ones, and CRIU before 4.2 asks every socket
+/// for them (checkpoint-restore/criu#2705, fixed in 4.2). Measured on the GPU machines (6.18, CRIU 4.1.1): "sockets:
+/// Can't get 1:16 opt: Operation not supported" for the torchrun tree's TCP connections.
+pub fn inet_sockets_undumpable(criu: (u32, u32), kernel: (u32, u32)) -> bool {
+    criu < (4, 2) && kernel >= (6, 16)
+}
+
+/// One line naming the processes that hold inet sockets CRIU `criu_version` cannot dump on this kernel.
+pub fn inet_socket_line(holders: &[(u32, String, usize)], criu_version: &str, kernel: &str) -> String {
+    let shown: Vec<String> = holders
+        .iter()
+        .take(4)
+        .map(|(pid, comm, n)| format!("pid {pid} ({}) holds {n} inet socket(s)", crate::text::shown(comm)))
+        .collect();
+    let more = if holders.len() > 4 { format!(" and {} more process(es)", holders.len() - 4) } else { String::new() };
+    format!(
+        "{}{more}, which CRIU {} cannot dump on Linux {}: the dump would fail in CRIU (\"sockets: Can't get 1:16 opt: \
+         Operation not supported\": Linux 6.16 refuses SO_PASSCRED on TCP and UDP sockets, which CRIU before 4.2 asks \
+         every socket for). Use CRIU 4.2 or later (the runtime's `criu`), or a kernel before 6.16",
+        shown.join(", "),
+        crate::text::shown(criu_version),
+        crate::text::shown(kernel)
+    )
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn criu_before_4_2_cannot_dump_inet_sockets_from_linux_6_16_on() {
+        assert_eq!(major_minor("Version: 4.1.1"), Some((4, 1)));
+        assert_eq!(major_minor("6.18.44-fc-v1272"), Some((6, 18)));
+        assert_eq!(major_minor("criu"), None);
+        assert!(inet_sockets_undumpable((4, 1), (6, 18)));
+        assert!(inet_sockets_undumpable((3, 19), (6, 16)));
+        assert!(!inet_sockets_undumpable((4, 2), (6, 18)));
+        assert!(!inet_sockets_undumpable((4, 1), (6, 15)));
+        let line = inet_socket_line(&[(7, "pt_elastic".into(), 3)], "4.1.1", "6.18.44");
+        assert!(
+            line.contains("pid 7 (pt_elastic) holds 3 inet socket(s)") && line.contains("CRIU 4.2 or later"),
+            "{line}"
+        );
+    }
 
     #[test]
     fn io_uring_and_unknown_anonymous_inodes_are_undumpable_the_known_kinds_are_not() {

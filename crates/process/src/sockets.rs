@@ -90,6 +90,36 @@ impl ProcessSockets {
         Ok(parse_net_unix(&bytes))
     }
 
+    /// The inodes of the inet sockets (TCP, UDP, raw; IPv4 and IPv6) of the process's network namespace (`net/tcp`,
+    /// `tcp6`, `udp`, `udp6`, `raw`, `raw6`, each at most [`MAX_NET_UNIX_BYTES`] read; a missing table is empty).
+    pub fn inet_socket_inodes(&self) -> Result<BTreeSet<u64>, ProcessError> {
+        let net = self.subdirectory(&self.dir, "net")?;
+        let mut out = BTreeSet::new();
+        for name in ["tcp", "tcp6", "udp", "udp6", "raw", "raw6"] {
+            let path = proc_path(self.pid, &format!("net/{name}"));
+            let file = match rustix::fs::openat(
+                &net,
+                name,
+                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+                Mode::empty(),
+            ) {
+                Ok(f) => f,
+                Err(rustix::io::Errno::NOENT) => continue,
+                Err(e) => return Err(errno_error(self.pid, "opening", path)(e)),
+            };
+            let mut bytes = Vec::new();
+            std::fs::File::from(file)
+                .take(MAX_NET_UNIX_BYTES + 1)
+                .read_to_end(&mut bytes)
+                .map_err(|e| io_error(self.pid, "reading", &path, e))?;
+            if bytes.len() as u64 > MAX_NET_UNIX_BYTES {
+                return Err(ProcessError::ProcFileTooLarge { pid: self.pid, path, limit: MAX_NET_UNIX_BYTES });
+            }
+            out.extend(parse_net_inet(&bytes));
+        }
+        Ok(out)
+    }
+
     /// A directory below `/proc/PID` by one name, opened relative to its parent without following a link.
     fn subdirectory(&self, parent: &impl AsFd, name: &str) -> Result<OwnedFd, ProcessError> {
         rustix::fs::openat(parent, name, directory_flags(), Mode::empty()).map_err(errno_error(
@@ -142,6 +172,17 @@ fn net_namespace_inode(link: &str) -> Option<u64> {
 ///   either path. (What the forger's own record then shows is the part of its path before the forged line.)
 ///
 /// Paths that are no UTF-8 are read lossily (U+FFFD for each bad byte).
+/// The socket inodes of a `/proc/net/{tcp,udp,raw}[6]` table: the tenth field of every line after the header (a
+/// line that does not parse is skipped).
+pub fn parse_net_inet(text: &[u8]) -> BTreeSet<u64> {
+    String::from_utf8_lossy(text)
+        .lines()
+        .skip(1)
+        .filter_map(|l| l.split_whitespace().nth(9)?.parse::<u64>().ok())
+        .filter(|&i| i != 0)
+        .collect()
+}
+
 pub fn parse_net_unix(text: &[u8]) -> BTreeMap<u64, String> {
     // The text ends with the last record's line break; what follows it is no continuation.
     let body = text.strip_suffix(b"\n").unwrap_or(text);
@@ -220,6 +261,12 @@ mod tests {
 0000000000000000: 00000003 00000000 00000000 0001 03 22222
 garbage
 ";
+
+    #[test]
+    fn the_inet_tables_give_their_socket_inodes() {
+        let text = b"  sl  local_address rem_address   st tx_queue rx_queue tr tm->when retrnsmt   uid  timeout inode\n   0: 0100007F:7405 00000000:0000 0A 00000000:00000000 00:00000000 00000000     0        0 123456 1 0000000000000000 100 0 0 10 0\n   1: junk\n";
+        assert_eq!(parse_net_inet(text), BTreeSet::from([123456]));
+    }
 
     #[test]
     fn bound_paths_are_read_by_inode_and_abstract_or_unbound_sockets_are_left_out() {
