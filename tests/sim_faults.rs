@@ -281,3 +281,10 @@ fn a_cut_page_file_is_refused_before_any_restore() {
 fn a_flipped_byte_in_the_page_file_is_refused_before_the_driver_restore() {
     run_case("staging-page-file-flipped");
 }
+
+/// Issue 47: CRIU killed after the staging pages were written and released: the driver agent fills them back from
+/// the page file before it restores and unlocks the process, which runs on with its device data intact.
+#[test]
+fn criu_killed_after_the_release_is_filled_back_and_put_back_by_the_driver_agent() {
+    run_case("criu-killed-after-release");
+}

@@ -20,7 +20,7 @@
 #            agent-stop-restore | agent-kill-restore | agent-panic-lock | agent-panic-checkpoint |
 #            agent-panic-restore | image-symlink-zero | image-fifo | image-symlink-secret |
 #            image-oversized | image-control | image-pid-renamed | setting-disable-unknown |
-#            staging-page-file-cut | staging-page-file-flipped
+#            staging-page-file-cut | staging-page-file-flipped | criu-killed-after-release
 # Prints `SEEN <line>` (the error line the user sees), `STATE pid=N <state>` (every process after) and
 # `FAULT <case> OK`, exit 0, when the case behaves as documented in docs/RELIABILITY.md; exits 1 with
 # the relevant logs otherwise.
@@ -628,6 +628,36 @@ criu-killed-mid-dump)
     go "$WORK/w1" 1
     check_agree "$WORK/w0" 1
     check_agree "$WORK/w1" 1
+    ;;
+criu-killed-after-release)
+    # Issue 47: CRIU dies (SIGKILL, from its own network-lock action script) after CHECKPOINT_DEVICES: the process is
+    # CHECKPOINTED and its staging pages are in the page file and released in the task. The driver agent, told where
+    # the page file is before the release, fills the pages back, then restores and unlocks the process: RUNNING with
+    # its device data as before the dump.
+    pid=$(start "$WORK/w0" 0,1)
+    mkdir -p "$WORK/img"
+    cat >"$WORK/kill-criu.sh" <<'KILL'
+#!/bin/sh
+# The first action after CHECKPOINT_DEVICES (network-lock; post-dump where there is none): kill CRIU, an ancestor.
+case $CRTOOLS_SCRIPT_ACTION in network-lock | post-dump) ;; *) exit 0 ;; esac
+p=$PPID
+while [ "$p" -gt 1 ]; do
+    if [ "$(cat "/proc/$p/comm")" = criu ]; then kill -9 "$p"; exit 0; fi
+    p=$(sed -n 's/^PPid:[[:space:]]*//p' "/proc/$p/status")
+done
+exit 0
+KILL
+    chmod +x "$WORK/kill-criu.sh"
+    criu dump -t "$pid" -D "$WORK/img" --libdir "$WORK/plugins" -v4 -o dump.log --action-script "$WORK/kill-criu.sh" &&
+        fail "the dump whose CRIU was killed succeeded"
+    seen "$WORK/img/dump.log" "pid $pid: staging pages: .* released in"
+    for _ in $(seq 100); do grep -q "^TracerPid:[[:space:]]*0$" "/proc/$pid/status" && break; sleep 0.05; done
+    for _ in $(seq 600); do [ "$(state "$pid")" = RUNNING ] && break; sleep 0.05; done
+    expect_state "$pid" RUNNING
+    seen "$WORK/img/dump.log" "driver agent: pid $pid: [0-9]+ MiB of staging pages filled back from .*cuda-migrate-pages-$pid.img"
+    seen "$WORK/img/dump.log" "driver agent: pid $pid: unlocked, RUNNING again after CRIU went away"
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
     ;;
 criu-killed-mid-restore)
     # CRIU dies (SIGKILL) during a restore, while the driver's restore of the process runs (`restore-slow`). The

@@ -109,8 +109,8 @@ pub fn offload(
         let ranges = staging_ranges(&p.before, &map_views(&after));
         if ranges.is_empty() {
             info!(
-                "pid {}: no private anonymous read-write memory new since its lock (the driver's staging pages are \
-                 not there: a driver that keeps them elsewhere); CRIU writes its device memory's copy",
+                "pid {}: no private anonymous read-write memory new since its lock (no staging pages: a process without \
+                 device memory, or a driver that keeps them elsewhere); CRIU writes whatever there is",
                 p.pid
             );
             continue;
