@@ -3,6 +3,10 @@
 # driver's checkpoint runs. The plugin's driver agent sees CRIU's end of its socket close and puts the process back
 # (restore onto its GPU, unlock); the process must end RUNNING, with its data, and the agent gone.
 #
+# CCM_KILL_AT=after-release (issue 47): CRIU is killed by its own network-lock action script instead, after
+# CHECKPOINT_DEVICES, when the process is CHECKPOINTED and its staging pages are in the page file and released in the
+# task: the agent must fill them back from the page file before it restores and unlocks (row k2).
+#
 # Run THERE after tests/gpu/prepare.sh ran HERE and `.device/` was carried:   bash tests/gpu/kill-criu.sh
 # Prints one table row (`case | expected | seen | result | times`) and exits 1 when it fails.
 
@@ -34,34 +38,57 @@ cp "$DEVICE_DIR"/plugin/*.so "$WORK/plugins/"
 
 start_detached "$WORK/w" "$WORK/w/workload.log" "$DEVICE_DIR/bin/ccm-sample-workload" --dir "$WORK/w" --mib "$MIB" --rounds 1
 pid=$STARTED_PID
-wait_file "$WORK/w/ready" 120 "$pid" || { row k1-criu-killed-mid-dump "-" "workload not ready" FAIL -; exit 1; }
+NAME=k1-criu-killed-mid-dump
+[[ ${CCM_KILL_AT:-} == after-release ]] && NAME=k2-criu-killed-after-release
+wait_file "$WORK/w/ready" 120 "$pid" || { row "$NAME" "-" "workload not ready" FAIL -; exit 1; }
 
+SCRIPT=()
+if [[ ${CCM_KILL_AT:-} == after-release ]]; then
+    cat >"$WORK/kill-criu-action.sh" <<'KILL'
+#!/bin/sh
+# CRIU's first action after CHECKPOINT_DEVICES: kill CRIU (an ancestor of this script).
+case $CRTOOLS_SCRIPT_ACTION in network-lock | post-dump) ;; *) exit 0 ;; esac
+p=$PPID
+while [ "$p" -gt 1 ]; do
+    if [ "$(cat "/proc/$p/comm")" = criu ] || [ "$(cat "/proc/$p/comm")" = criu.bin ]; then kill -9 "$p"; exit 0; fi
+    p=$(sed -n 's/^PPid:[[:space:]]*//p' "/proc/$p/status")
+done
+exit 0
+KILL
+    chmod +x "$WORK/kill-criu-action.sh"
+    SCRIPT=(--action-script "$WORK/kill-criu-action.sh")
+fi
 # CRIU itself (no timeout wrapper), so that the SIGKILL reaches it.
 (
     close_inherited_fds
     exec env LD_LIBRARY_PATH="$CRIU_LIBS${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}" \
-        "$CRIU_BIN" dump -t "$pid" -D "$WORK/img" --libdir "$WORK/plugins" -v4 -o dump.log
+        "$CRIU_BIN" dump -t "$pid" -D "$WORK/img" --libdir "$WORK/plugins" -v4 -o dump.log "${SCRIPT[@]}"
 ) &
 criu_pid=$!
 for _ in $(seq 600); do grep -q "cuCheckpointProcessLock" "$WORK/img/dump.log" 2>/dev/null && break; sleep 0.01; done
-grep -q "cuCheckpointProcessLock" "$WORK/img/dump.log" || { row k1-criu-killed-mid-dump "-" "CRIU never locked pid $pid" FAIL -; exit 1; }
-# Into the checkpoint (about 0.5 s per GiB here).
-sleep 0.3
-kill -9 "$criu_pid"
+grep -q "cuCheckpointProcessLock" "$WORK/img/dump.log" || { row "$NAME" "-" "CRIU never locked pid $pid" FAIL -; exit 1; }
+if ((${#SCRIPT[@]})); then
+    # Its own action script kills it.
+    for _ in $(seq 1200); do kill -0 "$criu_pid" 2>/dev/null || break; sleep 0.05; done
+else
+    # Into the checkpoint (about 0.5 s per GiB here).
+    sleep 0.3
+    kill -9 "$criu_pid"
+fi
 t0=$(date +%s.%N)
 wait "$criu_pid" 2>/dev/null
 for _ in $(seq 1200); do agent_alive || break; sleep 0.05; done
 agent_s=$(awk -v a="$t0" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
 state=$(python3 "$REPO/tests/gpu/ckpt_ctl.py" state "$pid" 2>&1)
-lines=$(grep -o 'driver agent: [^(]*' "$WORK/img/dump.log" | sort -u | tr '\n' ';' | cut -c1-300)
+lines=$(grep -o 'driver agent: [^(]*' "$WORK/img/dump.log" | sort -u | tr '\n' ';' | cut -c1-400)
 checkpointed=$(grep -c "cuCheckpointProcessCheckpoint" "$WORK/img/dump.log")
 : >"$WORK/w/go1"
 if wait_file "$WORK/w/done1" 60 "$pid" && seen=$(python3 "$REPO/tests/gpu/gpu_check.py" report "$WORK/w/report1.json" --data-ok --consistent) &&
     [[ $state == running ]] && ! agent_alive; then
-    row k1-criu-killed-mid-dump "RUNNING again, data intact, agent gone" "state $state; $lines; $seen; dump.log had $checkpointed checkpoint line(s) (CRIU died before it logged)" PASS "agent done ${agent_s}s after the kill; ${MIB} MiB"
+    row "$NAME" "RUNNING again, data intact, agent gone" "state $state; $lines; $seen; dump.log had $checkpointed checkpoint line(s)" PASS "agent done ${agent_s}s after the kill; ${MIB} MiB"
     cp "$WORK/img/dump.log" "${OUT:-$WORK}/kill-criu-dump.log" 2>/dev/null
     exit 0
 fi
-row k1-criu-killed-mid-dump "RUNNING again, data intact, agent gone" "state $state; agent alive: $(agent_alive && echo yes || echo no); $lines; ${seen:-no report}" FAIL "${agent_s}s"
+row "$NAME" "RUNNING again, data intact, agent gone" "state $state; agent alive: $(agent_alive && echo yes || echo no); $lines; ${seen:-no report}" FAIL "${agent_s}s"
 cp "$WORK/img/dump.log" "${OUT:-$WORK}/kill-criu-dump.log" 2>/dev/null
 exit 1
