@@ -74,11 +74,20 @@ impl ProcessSockets {
     /// The unix sockets of the process's network namespace that are bound to a path, by inode (`net/unix`, at most
     /// [`MAX_NET_UNIX_BYTES`] read).
     pub fn bound_unix_sockets(&self) -> Result<BTreeMap<u64, String>, ProcessError> {
-        let path = proc_path(self.pid, "net/unix");
         let net = self.subdirectory(&self.dir, "net")?;
+        Ok(parse_net_unix(&self.read_net_table(&net, "unix")?.unwrap_or_default()))
+    }
+
+    /// The table `net/NAME` of the process's network namespace, at most [`MAX_NET_UNIX_BYTES`] read, never through a
+    /// link; `None` when the kernel has no such table.
+    fn read_net_table(&self, net: &OwnedFd, name: &str) -> Result<Option<Vec<u8>>, ProcessError> {
+        let path = proc_path(self.pid, &format!("net/{name}"));
         let file =
-            rustix::fs::openat(&net, c"unix", OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty())
-                .map_err(errno_error(self.pid, "opening", path.clone()))?;
+            match rustix::fs::openat(net, name, OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC, Mode::empty()) {
+                Ok(f) => f,
+                Err(rustix::io::Errno::NOENT) => return Ok(None),
+                Err(e) => return Err(errno_error(self.pid, "opening", path)(e)),
+            };
         let mut bytes = Vec::new();
         std::fs::File::from(file)
             .take(MAX_NET_UNIX_BYTES + 1)
@@ -87,7 +96,7 @@ impl ProcessSockets {
         if bytes.len() as u64 > MAX_NET_UNIX_BYTES {
             return Err(ProcessError::ProcFileTooLarge { pid: self.pid, path, limit: MAX_NET_UNIX_BYTES });
         }
-        Ok(parse_net_unix(&bytes))
+        Ok(Some(bytes))
     }
 
     /// The inodes of the inet sockets (TCP, UDP, raw; IPv4 and IPv6) of the process's network namespace (`net/tcp`,
@@ -96,26 +105,9 @@ impl ProcessSockets {
         let net = self.subdirectory(&self.dir, "net")?;
         let mut out = BTreeSet::new();
         for name in ["tcp", "tcp6", "udp", "udp6", "raw", "raw6"] {
-            let path = proc_path(self.pid, &format!("net/{name}"));
-            let file = match rustix::fs::openat(
-                &net,
-                name,
-                OFlags::RDONLY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
-                Mode::empty(),
-            ) {
-                Ok(f) => f,
-                Err(rustix::io::Errno::NOENT) => continue,
-                Err(e) => return Err(errno_error(self.pid, "opening", path)(e)),
-            };
-            let mut bytes = Vec::new();
-            std::fs::File::from(file)
-                .take(MAX_NET_UNIX_BYTES + 1)
-                .read_to_end(&mut bytes)
-                .map_err(|e| io_error(self.pid, "reading", &path, e))?;
-            if bytes.len() as u64 > MAX_NET_UNIX_BYTES {
-                return Err(ProcessError::ProcFileTooLarge { pid: self.pid, path, limit: MAX_NET_UNIX_BYTES });
+            if let Some(bytes) = self.read_net_table(&net, name)? {
+                out.extend(parse_net_inet(&bytes));
             }
-            out.extend(parse_net_inet(&bytes));
         }
         Ok(out)
     }

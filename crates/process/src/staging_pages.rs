@@ -107,50 +107,37 @@ pub fn is_all_zero(b: &[u8]) -> bool {
     whole && chunks.remainder().iter().all(|&x| x == 0)
 }
 
-fn read_task(pid: u32, addr: u64, buf: &mut [u8]) -> Result<(), StagingIoError> {
+/// Runs `step(done)` (one `process_vm_readv` or `process_vm_writev` from byte `done` on) until `len` bytes are
+/// through; a call that moves nothing is EFAULT (the range is not mapped whole), EINTR is asked again.
+fn whole_range(len: usize, mut step: impl FnMut(usize) -> nix::Result<usize>) -> Result<(), nix::errno::Errno> {
     let mut done = 0usize;
-    while done < buf.len() {
-        let len = buf.len() - done;
-        let remote = [RemoteIoVec { base: us(addr + done as u64), len }];
-        let mut local = [IoSliceMut::new(&mut buf[done..])];
-        match process_vm_readv(task(pid), &mut local, &remote) {
-            Ok(0) => {
-                return Err(StagingIoError::ReadTask {
-                    pid,
-                    addr,
-                    len: buf.len() as u64,
-                    errno: nix::errno::Errno::EFAULT,
-                })
-            }
+    while done < len {
+        match step(done) {
+            Ok(0) => return Err(nix::errno::Errno::EFAULT),
             Ok(n) => done += n,
             Err(nix::errno::Errno::EINTR) => {}
-            Err(errno) => return Err(StagingIoError::ReadTask { pid, addr, len: buf.len() as u64, errno }),
+            Err(errno) => return Err(errno),
         }
     }
     Ok(())
 }
 
+fn read_task(pid: u32, addr: u64, buf: &mut [u8]) -> Result<(), StagingIoError> {
+    let len = buf.len();
+    whole_range(len, |done| {
+        let remote = [RemoteIoVec { base: us(addr + done as u64), len: len - done }];
+        process_vm_readv(task(pid), &mut [IoSliceMut::new(&mut buf[done..])], &remote)
+    })
+    .map_err(|errno| StagingIoError::ReadTask { pid, addr, len: len as u64, errno })
+}
+
 fn write_task(pid: u32, addr: u64, buf: &[u8]) -> Result<(), StagingIoError> {
-    let mut done = 0usize;
-    while done < buf.len() {
-        let len = buf.len() - done;
-        let remote = [RemoteIoVec { base: us(addr + done as u64), len }];
-        let local = [IoSlice::new(&buf[done..])];
-        match process_vm_writev(task(pid), &local, &remote) {
-            Ok(0) => {
-                return Err(StagingIoError::WriteTask {
-                    pid,
-                    addr,
-                    len: buf.len() as u64,
-                    errno: nix::errno::Errno::EFAULT,
-                })
-            }
-            Ok(n) => done += n,
-            Err(nix::errno::Errno::EINTR) => {}
-            Err(errno) => return Err(StagingIoError::WriteTask { pid, addr, len: buf.len() as u64, errno }),
-        }
-    }
-    Ok(())
+    let len = buf.len();
+    whole_range(len, |done| {
+        let remote = [RemoteIoVec { base: us(addr + done as u64), len: len - done }];
+        process_vm_writev(task(pid), &[IoSlice::new(&buf[done..])], &remote)
+    })
+    .map_err(|errno| StagingIoError::WriteTask { pid, addr, len: len as u64, errno })
 }
 
 /// Whether `file` is open with `O_DIRECT`.

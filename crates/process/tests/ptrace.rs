@@ -51,6 +51,20 @@ fn assert_falls_silent(ticks: &AtomicUsize, what: &str) {
     }
 }
 
+/// Seizes the thread `tid` as CRIU does and waits for its interrupt stop (signals on the way delivered).
+fn seize_and_stop(tid: u32) -> Pid {
+    let tracee = Pid::from_raw(i32::try_from(tid).expect("tid"));
+    ptrace::seize(tracee, ptrace::Options::PTRACE_O_TRACESYSGOOD).expect("seize");
+    ptrace::interrupt(tracee).expect("interrupt");
+    loop {
+        match waitpid(tracee, Some(WaitPidFlag::__WALL)).expect("wait") {
+            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP) => return tracee,
+            WaitStatus::Stopped(_, sig) => ptrace::cont(tracee, Some(sig)).expect("deliver"),
+            other => panic!("unexpected {other:?}"),
+        }
+    }
+}
+
 fn wait_for_ticks(ticks: &AtomicUsize, more: usize) {
     let target = ticks.load(Ordering::SeqCst) + more;
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -80,16 +94,7 @@ fn restore_thread_resumes_and_stops_again() {
     wait_for_ticks(&ticks, 3);
 
     // Be CRIU: seize the thread and stop it.
-    let tracee = Pid::from_raw(i32::try_from(tid).expect("tid"));
-    ptrace::seize(tracee, ptrace::Options::PTRACE_O_TRACESYSGOOD).expect("seize");
-    ptrace::interrupt(tracee).expect("interrupt");
-    loop {
-        match waitpid(tracee, Some(WaitPidFlag::__WALL)).expect("wait") {
-            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP) => break,
-            WaitStatus::Stopped(_, sig) => ptrace::cont(tracee, Some(sig)).expect("deliver"),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    let tracee = seize_and_stop(tid);
     assert_eq!(thread_state(pid, tid), "t");
     assert_falls_silent(&ticks, "stopped thread");
     let mask_before = blocked_signals(pid, tid);
@@ -187,16 +192,7 @@ fn a_madvise_run_inside_a_stopped_task_empties_its_pages_and_the_task_goes_on() 
     assert_ne!(child.expect("BIGSIG"), "0".repeat(48));
     let mask_before = blocked_signals(pid, pid);
 
-    let tracee = Pid::from_raw(i32::try_from(pid).expect("pid"));
-    ptrace::seize(tracee, ptrace::Options::PTRACE_O_TRACESYSGOOD).expect("seize");
-    ptrace::interrupt(tracee).expect("interrupt");
-    loop {
-        match waitpid(tracee, Some(WaitPidFlag::__WALL)).expect("wait") {
-            WaitStatus::PtraceEvent(_, _, libc::PTRACE_EVENT_STOP) => break,
-            WaitStatus::Stopped(_, sig) => ptrace::cont(tracee, Some(sig)).expect("deliver"),
-            other => panic!("unexpected {other:?}"),
-        }
-    }
+    let tracee = seize_and_stop(pid);
     let regs_before = ptrace::getregs(tracee).expect("regs");
     let maps = ccm_process::read_maps(pid).expect("maps");
     ccm_process::remote_syscall::madvise_dontneed(pid, &maps, &[(page, page + 2 * 4096)]).expect("madvise");
