@@ -182,6 +182,63 @@ fn workers(opts: &CopyOptions, work: usize) -> usize {
     opts.threads.clamp(1, 256).min(work.max(1))
 }
 
+/// Runs `each(item, buffer)` for every item of `work` on a pool of [`workers`] threads, each with one page-aligned
+/// buffer of `chunk` bytes cut to the item's length ([`WorkLen`]); the first error stops the
+/// pool (items in flight finish) and is returned; so is the deadline.
+fn pool<T: Sync + WorkLen>(
+    work: &[T],
+    chunk: u64,
+    opts: CopyOptions,
+    each: impl Fn(&T, &mut [u8]) -> Result<(), StagingIoError> + Sync,
+) -> Result<(), StagingIoError> {
+    let next = AtomicUsize::new(0);
+    let failed = AtomicBool::new(false);
+    let first_error: Mutex<Option<StagingIoError>> = Mutex::new(None);
+    let started = Instant::now();
+    std::thread::scope(|s| {
+        for _ in 0..workers(&opts, work.len()) {
+            s.spawn(|| {
+                let mut buf = AlignedBuf::new(us(chunk));
+                while !failed.load(Ordering::Relaxed) {
+                    let Some(item) = work.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
+                    let done = if started.elapsed() > opts.deadline {
+                        Err(StagingIoError::Deadline(opts.deadline))
+                    } else {
+                        each(item, buf.slice(us(item.len())))
+                    };
+                    if let Err(e) = done {
+                        failed.store(true, Ordering::Relaxed);
+                        first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
+                    }
+                }
+            });
+        }
+    });
+    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
+}
+
+/// The bytes one item of a pool's work moves.
+trait WorkLen {
+    fn len(&self) -> u64;
+}
+
+/// A chunk to write: job, region, chunk index, address, length.
+impl WorkLen for Work {
+    fn len(&self) -> u64 {
+        self.4
+    }
+}
+
+/// A chunk to fill: job, address, length, page file offset, CRC32.
+impl WorkLen for (usize, u64, u64, u64, u32) {
+    fn len(&self) -> u64 {
+        self.2
+    }
+}
+
 /// Copies every job's staging regions into its page file, all jobs' chunks shared by one pool of workers. Either
 /// every job is written (and synced) or the first error is returned (the files then hold a partial copy: the caller
 /// removes them; nothing in the tasks was changed).
@@ -204,46 +261,20 @@ pub fn write_page_files(jobs: &[WriteJob<'_>], opts: CopyOptions) -> Result<Vec<
         .map(|job| job.ranges.iter().map(|&(s, e)| Mutex::new(vec![None; us((e - s).div_ceil(chunk))])).collect())
         .collect();
     let ends: Vec<AtomicU64> = jobs.iter().map(|_| AtomicU64::new(0)).collect();
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
-    let first_error: Mutex<Option<StagingIoError>> = Mutex::new(None);
-    let started = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..workers(&opts, work.len()) {
-            s.spawn(|| {
-                let mut buf = AlignedBuf::new(us(chunk));
-                while !failed.load(Ordering::Relaxed) {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(j, r, c, addr, len)) = work.get(i) else { break };
-                    let job = &jobs[j];
-                    let b = buf.slice(us(len));
-                    let done = (|| {
-                        if started.elapsed() > opts.deadline {
-                            return Err(StagingIoError::Deadline(opts.deadline));
-                        }
-                        read_task(job.pid, addr, b)?;
-                        if is_all_zero(b) {
-                            return Ok(StagedChunk::Hole);
-                        }
-                        let crc = crc32fast::hash(b);
-                        let offset = ends[j].fetch_add(len, Ordering::Relaxed);
-                        write_extent(job.pid, job.file, b, offset)?;
-                        Ok(StagedChunk::Data { offset, crc })
-                    })();
-                    match done {
-                        Ok(ch) => results[j][r].lock().unwrap_or_else(|p| p.into_inner())[c] = Some(ch),
-                        Err(e) => {
-                            failed.store(true, Ordering::Relaxed);
-                            first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
-                        }
-                    }
-                }
-            });
-        }
-    });
-    if let Some(e) = first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        return Err(e);
-    }
+    pool(&work, chunk, opts, |&(j, r, c, addr, len), b| {
+        let job = &jobs[j];
+        read_task(job.pid, addr, b)?;
+        let ch = if is_all_zero(b) {
+            StagedChunk::Hole
+        } else {
+            let crc = crc32fast::hash(b);
+            let offset = ends[j].fetch_add(len, Ordering::Relaxed);
+            write_extent(job.pid, job.file, b, offset)?;
+            StagedChunk::Data { offset, crc }
+        };
+        results[j][r].lock().unwrap_or_else(|p| p.into_inner())[c] = Some(ch);
+        Ok(())
+    })?;
     let mut out = Vec::with_capacity(jobs.len());
     for (j, job) in jobs.iter().enumerate() {
         job.file.sync_all().map_err(|source| StagingIoError::File {
@@ -304,48 +335,19 @@ pub fn fill_from_page_files(jobs: &[FillJob<'_>], opts: CopyOptions) -> Result<u
         })
         .collect();
     let chunk = jobs.iter().map(|j| j.table.chunk_bytes).max().unwrap_or(PAGE_BYTES);
-    let next = AtomicUsize::new(0);
-    let failed = AtomicBool::new(false);
     let filled = AtomicU64::new(0);
-    let first_error: Mutex<Option<StagingIoError>> = Mutex::new(None);
-    let started = Instant::now();
-    std::thread::scope(|s| {
-        for _ in 0..workers(&opts, work.len()) {
-            s.spawn(|| {
-                let mut buf = AlignedBuf::new(us(chunk));
-                while !failed.load(Ordering::Relaxed) {
-                    let i = next.fetch_add(1, Ordering::Relaxed);
-                    let Some(&(j, addr, len, offset, crc)) = work.get(i) else { break };
-                    let job = &jobs[j];
-                    let b = buf.slice(us(len));
-                    let done = (|| {
-                        if started.elapsed() > opts.deadline {
-                            return Err(StagingIoError::Deadline(opts.deadline));
-                        }
-                        read_extent(job.pid, job.file, b, offset)?;
-                        let found = crc32fast::hash(b);
-                        if found != crc {
-                            return Err(StagingIoError::Checksum { pid: job.pid, addr, offset, expected: crc, found });
-                        }
-                        write_task(job.pid, addr, b)
-                    })();
-                    match done {
-                        Ok(()) => {
-                            filled.fetch_add(len, Ordering::Relaxed);
-                        }
-                        Err(e) => {
-                            failed.store(true, Ordering::Relaxed);
-                            first_error.lock().unwrap_or_else(|p| p.into_inner()).get_or_insert(e);
-                        }
-                    }
-                }
-            });
+    pool(&work, chunk, opts, |&(j, addr, len, offset, crc), b| {
+        let job = &jobs[j];
+        read_extent(job.pid, job.file, b, offset)?;
+        let found = crc32fast::hash(b);
+        if found != crc {
+            return Err(StagingIoError::Checksum { pid: job.pid, addr, offset, expected: crc, found });
         }
-    });
-    match first_error.into_inner().unwrap_or_else(|p| p.into_inner()) {
-        Some(e) => Err(e),
-        None => Ok(filled.into_inner()),
-    }
+        write_task(job.pid, addr, b)?;
+        filled.fetch_add(len, Ordering::Relaxed);
+        Ok(())
+    })?;
+    Ok(filled.into_inner())
 }
 
 #[cfg(test)]
@@ -371,7 +373,7 @@ mod tests {
         let region = src.slice(4 * chunk + 4096);
         for (i, b) in region.iter_mut().enumerate() {
             // chunk 1 all zero
-            *b = if (chunk..2 * chunk).contains(&i) { 0 } else { (i % 251) as u8 + 1 };
+            *b = if (chunk..2 * chunk).contains(&i) { 0 } else { u8::try_from(i % 251).unwrap_or(0) + 1 };
         }
         let start = region.as_ptr() as u64;
         let end = start + region.len() as u64;
