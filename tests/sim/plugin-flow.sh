@@ -331,7 +331,7 @@ two-procs)
     for _ in $(seq 200); do [ -s "$WORK/w0/ready" ] && [ -s "$WORK/w1/ready" ] && break; sleep 0.05; done
     [ -s "$WORK/w1/ready" ] || fail "tree did not get ready"
     dump "$WORK/img" "$root"
-    [ "$(count_files "$WORK"/img/cuda-migrate-*.img)" = 2 ] || fail "expected 2 identity images"
+    [ "$(count_files "$WORK"/img/cuda-migrate-[0-9]*.img)" = 2 ] || fail "expected 2 identity images"
     grep -q "checkpoint of 2 CUDA process(es)" "$WORK/img/dump.log" || fail "the two processes were not checkpointed together"
     export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
     restore "$WORK/img" || fail "criu restore of the tree failed"

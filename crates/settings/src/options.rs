@@ -187,6 +187,8 @@ mod tests {
                     "ipc" => "=allow ".to_string(),
                     "managed" => "= try".to_string(),
                     "driver-timeout" => "= 90 ".to_string(),
+                    "staging" => "= criu ".to_string(),
+                    "staging-threads" => "= 4".to_string(),
                     "reconcile" | "memory-check" => "=0".to_string(),
                     _ => format!("= /opt/nv/{}.so.1 ", s.option),
                 };
@@ -208,6 +210,8 @@ mod tests {
                 "managed" => "try".to_string(),
                 "reconcile" | "memory-check" => "0".to_string(),
                 "driver-timeout" => "90".to_string(),
+                "staging" => "criu".to_string(),
+                "staging-threads" => "4".to_string(),
                 other => format!("/opt/nv/{other}.so.1"),
             };
             assert_eq!(value, &expected, "{key}");

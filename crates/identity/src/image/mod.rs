@@ -177,9 +177,9 @@ pub(crate) mod tests {
         assert!(matches!(IdentityImage::decode(&bad), Err(ImageError::BadMagic)));
 
         let mut newer = good.clone();
-        newer[8] = 3;
+        newer[8] = 9;
         let err = IdentityImage::decode(&newer).unwrap_err();
-        assert_eq!(err, ImageError::NewerVersion { found: 3, supported: 2 });
+        assert_eq!(err, ImageError::NewerVersion { found: 9, supported: 3 });
         assert!(err.to_string().contains("upgrade"));
 
         let mut zero = good.clone();
