@@ -386,27 +386,39 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
     }
 }
 
+/// Why an orphaned agent could not fill a process's staging pages back.
+#[derive(Debug, thiserror::Error)]
+enum FillBackError {
+    #[error("the page file {path} has no directory and name")]
+    BadPath { path: String },
+    #[error(transparent)]
+    File(#[from] ccm_process::dir::FileError),
+    #[error(transparent)]
+    Fill(#[from] ccm_process::staging_pages::StagingIoError),
+    #[error("pid {0} is no process id")]
+    Pid(i32),
+}
+
 /// An orphaned agent's fill of `pid`'s released staging pages from its page file, before its put-back. `Err`: the
-/// process must not be restored by the driver (it would run on with other device data).
-fn fill_back(pid: i32, page_file: &str, table: &ccm_identity::staging::StagingTable) -> Result<u64, String> {
-    use std::os::unix::fs::OpenOptionsExt;
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NOFOLLOW | libc::O_CLOEXEC)
-        .open(page_file)
-        .map_err(|e| format!("cannot open {page_file}: {e}"))?;
-    let size = file.metadata().map_err(|e| e.to_string())?.len();
+/// process must not be restored by the driver (it would run on with other device data). The page file is opened by
+/// the plugin's rules: its directory (the image directory's own path, which CRIU's descriptor named), then the file
+/// relative to it, never through a link, a regular file only; only the extents its checked table names are read.
+fn fill_back(pid: i32, page_file: &str, table: &ccm_identity::staging::StagingTable) -> Result<u64, FillBackError> {
+    let path = std::path::Path::new(page_file);
+    let (Some(dir), Some(name)) = (path.parent(), path.file_name().and_then(|n| n.to_str())) else {
+        return Err(FillBackError::BadPath { path: page_file.to_string() });
+    };
+    let (file, size) = ccm_process::dir::Dir::open(dir)?.open_file(name)?;
     let opts = ccm_process::staging_pages::CopyOptions {
         chunk_bytes: table.chunk_bytes,
         threads: std::thread::available_parallelism().map_or(4, |n| n.get()).min(16),
         deadline: ORPHAN_RESTORE_DEADLINE,
     };
-    let pid = u32::try_from(pid).map_err(|_| format!("pid {pid}"))?;
-    ccm_process::staging_pages::fill_from_page_files(
+    let pid = u32::try_from(pid).map_err(|_| FillBackError::Pid(pid))?;
+    Ok(ccm_process::staging_pages::fill_from_page_files(
         &[ccm_process::staging_pages::FillJob { pid, table, file: &file, file_size: size }],
         opts,
-    )
-    .map_err(|e| e.to_string())
+    )?)
 }
 
 fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>, handle: Option<ProcessHandle>) {

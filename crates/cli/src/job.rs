@@ -302,11 +302,19 @@ fn criu_version(criu: &std::path::Path) -> Option<String> {
     (!v.is_empty() && v.len() < 64).then_some(v)
 }
 
+/// The kernel's release (`/proc/sys/kernel/osrelease`: a line of some 30 bytes; at most 256 read).
+fn kernel_release() -> Option<String> {
+    use std::io::Read;
+    let mut text = String::new();
+    std::fs::File::open("/proc/sys/kernel/osrelease").ok()?.take(256).read_to_string(&mut text).ok()?;
+    Some(text.trim().to_string())
+}
+
 /// The line saying that the tree's inet sockets would fail the dump in CRIU (CRIU before 4.2 on Linux 6.16 and later:
 /// `ccm_identity::criu_support::inet_sockets_undumpable`), when that is so. CRIU is `criu` (else `criu` on PATH).
 fn inet_sockets_line(rows: &[ProcessRow], criu: Option<&std::path::Path>) -> Option<String> {
     use ccm_identity::criu_support::{inet_socket_line, inet_sockets_undumpable, major_minor};
-    let kernel = std::fs::read_to_string("/proc/sys/kernel/osrelease").ok()?.trim().to_string();
+    let kernel = kernel_release()?;
     let version = criu_version(criu.unwrap_or(std::path::Path::new("criu")))?;
     if !inet_sockets_undumpable(major_minor(&version)?, major_minor(&kernel)?) {
         return None;

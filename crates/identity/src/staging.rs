@@ -32,9 +32,10 @@ pub fn is_page_file_name(name: &str) -> Option<u32> {
 pub const PAGE_BYTES: u64 = 4096;
 /// The chunk the copy works in (one buffer per worker, one checksum, one hole or extent).
 pub const DEFAULT_CHUNK_BYTES: u64 = 8 << 20;
-/// The smallest and largest chunk a table may name.
+/// The smallest and largest chunk a table may name (a table is untrusted at restore: every worker of the fill holds a
+/// buffer of one chunk).
 pub const MIN_CHUNK_BYTES: u64 = 64 << 10;
-pub const MAX_CHUNK_BYTES: u64 = 256 << 20;
+pub const MAX_CHUNK_BYTES: u64 = 32 << 20;
 /// At most this many staging regions per process.
 pub const MAX_REGIONS: usize = 4096;
 /// At most this many chunks per process (4 TiB at the default chunk).
@@ -128,7 +129,7 @@ pub struct ChunkPlace {
 /// Why a staging table cannot be used (a damaged or forged image), or why a restored task cannot take it.
 #[derive(Clone, Debug, PartialEq, Eq, thiserror::Error)]
 pub enum StagingError {
-    #[error("the staging table's chunk size {0} is not a power of two between 64 KiB and 256 MiB")]
+    #[error("the staging table's chunk size {0} is not a power of two between 64 KiB and 32 MiB")]
     ChunkSize(u64),
     #[error("the staging table names {found} {what}, above the limit of {max}")]
     TooMany { what: &'static str, found: usize, max: usize },

@@ -23,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
-use ccm_identity::staging::{StagedChunk, StagingRegion, StagingTable, PAGE_BYTES};
+use ccm_identity::staging::{StagedChunk, StagingRegion, StagingTable, MAX_CHUNK_BYTES, PAGE_BYTES};
 use nix::sys::uio::{process_vm_readv, process_vm_writev, RemoteIoVec};
 use nix::unistd::Pid;
 
@@ -49,6 +49,8 @@ pub enum StagingIoError {
     Short { pid: u32, size: u64, needed: u64 },
     #[error("the staging pages' copy passed its deadline of {0:?}")]
     Deadline(Duration),
+    #[error("a staging chunk is larger than the {max}-byte buffers of the copy; the table is damaged")]
+    ChunkTooLarge { max: u64 },
 }
 
 /// A 64-bit length or address as `usize` (the product runs on 64-bit targets only: saturating elsewhere).
@@ -178,8 +180,12 @@ fn read_extent(pid: u32, file: &File, buf: &mut [u8], offset: u64) -> Result<(),
 /// One chunk of work: job, region, chunk index, address, length.
 type Work = (usize, usize, usize, u64, u64);
 
-fn workers(opts: &CopyOptions, work: usize) -> usize {
-    opts.threads.clamp(1, 256).min(work.max(1))
+/// The most the copy's buffers hold together (one chunk per worker): fewer workers for bigger chunks.
+pub const MAX_BUFFER_BYTES: u64 = 256 << 20;
+
+fn workers(opts: &CopyOptions, chunk: u64, work: usize) -> usize {
+    let by_memory = us(MAX_BUFFER_BYTES / chunk.max(1)).max(1);
+    opts.threads.clamp(1, 256).min(by_memory).min(work.max(1))
 }
 
 /// Runs `each(item, buffer)` for every item of `work` on a pool of [`workers`] threads, each with one page-aligned
@@ -191,12 +197,17 @@ fn pool<T: Sync + WorkLen>(
     opts: CopyOptions,
     each: impl Fn(&T, &mut [u8]) -> Result<(), StagingIoError> + Sync,
 ) -> Result<(), StagingIoError> {
+    // A table's chunk size was checked against MAX_CHUNK_BYTES (`StagingTable::check`); the buffers never exceed it.
+    let chunk = chunk.clamp(PAGE_BYTES, MAX_CHUNK_BYTES);
+    if work.iter().any(|w| w.len() > chunk) {
+        return Err(StagingIoError::ChunkTooLarge { max: chunk });
+    }
     let next = AtomicUsize::new(0);
     let failed = AtomicBool::new(false);
     let first_error: Mutex<Option<StagingIoError>> = Mutex::new(None);
     let started = Instant::now();
     std::thread::scope(|s| {
-        for _ in 0..workers(&opts, work.len()) {
+        for _ in 0..workers(&opts, chunk, work.len()) {
             s.spawn(|| {
                 let mut buf = AlignedBuf::new(us(chunk));
                 while !failed.load(Ordering::Relaxed) {
@@ -275,7 +286,7 @@ pub fn write_page_files(jobs: &[WriteJob<'_>], opts: CopyOptions) -> Result<Vec<
         results[j][r].lock().unwrap_or_else(|p| p.into_inner())[c] = Some(ch);
         Ok(())
     })?;
-    let mut out = Vec::with_capacity(jobs.len());
+    let mut out = Vec::new();
     for (j, job) in jobs.iter().enumerate() {
         job.file.sync_all().map_err(|source| StagingIoError::File {
             pid: job.pid,
