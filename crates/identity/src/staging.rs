@@ -12,19 +12,14 @@
 //! a table read from an image is untrusted input), and whether a restored task's mappings can take the table
 //! back ([`check_restored`]).
 
-/// The page file of the process dumped as host pid `pid` (next to its identity image).
+/// The page file of the process whose identity image is `cuda-migrate-<pid>.img` (the pid in its own namespace).
 pub fn page_file_name(pid: u32) -> String {
     format!("cuda-migrate-pages-{pid}.img")
 }
 
 /// The pid of a page file's name (see [`page_file_name`]); only the canonical decimal form.
 pub fn is_page_file_name(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("cuda-migrate-pages-")?.strip_suffix(".img")?;
-    if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
-        return None;
-    }
-    let pid: u32 = digits.parse().ok()?;
-    (pid.to_string() == digits).then_some(pid)
+    crate::image::pid_in_name(name, "cuda-migrate-pages-", ".img")
 }
 
 /// The kernel's page size on every machine this runs on (x86-64, and arm64 with 4 KiB pages); mappings and the

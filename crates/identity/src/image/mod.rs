@@ -27,20 +27,23 @@ pub fn report_file_name(pid: u32) -> String {
 
 /// The pid of a restore report's file name (see [`report_file_name`]).
 pub fn is_report_file_name(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("cuda-migrate-restore-")?.strip_suffix(".txt")?;
-    let pid: u32 = digits.parse().ok()?;
-    (pid.to_string() == digits).then_some(pid)
+    pid_in_name(name, "cuda-migrate-restore-", ".txt")
 }
 
 /// Parses the pid back out of an identity image's file name (`cuda-migrate-<pid>.img`).
 /// Only the canonical decimal form that [`IdentityImage::file_name`] writes is accepted.
 pub fn is_image_file_name(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix("cuda-migrate-")?.strip_suffix(".img")?;
+    pid_in_name(name, "cuda-migrate-", ".img")
+}
+
+/// The pid between `prefix` and `suffix` of a file name the plugin writes, in the canonical decimal form only: no
+/// sign, no leading zero ("007" would name the same pid as "7" and is not a file we write).
+pub(crate) fn pid_in_name(name: &str, prefix: &str, suffix: &str) -> Option<u32> {
+    let digits = name.strip_prefix(prefix)?.strip_suffix(suffix)?;
     if digits.is_empty() || !digits.bytes().all(|c| c.is_ascii_digit()) {
         return None;
     }
     let pid: u32 = digits.parse().ok()?;
-    // Refuse leading zeros: "007" would name the same pid as "7" and is not a file we write.
     (pid.to_string() == digits).then_some(pid)
 }
 
