@@ -668,7 +668,12 @@ impl Targets for FakeTargets {
                         .map(|&(s, e)| StagingRegion {
                             start: s,
                             len: e - s,
-                            chunks: vec![StagedChunk::Hole; (e - s).div_ceil(opts.chunk_bytes) as usize],
+                            // A test double's range is small: a count past usize would be a broken test.
+                            chunks: vec![
+                                StagedChunk::Hole;
+                                usize::try_from((e - s).div_ceil(opts.chunk_bytes))
+                                    .expect("chunk count fits usize")
+                            ],
                         })
                         .collect(),
                 },
