@@ -48,7 +48,10 @@
 //!   Podman's reuse of the checkpoint's spec (`/dev` and devices cgroup) makes that restore fail cleanly, after which
 //!   the archive restores again;
 //! - containerd 2.1 CRI with `CDI_devices` (tests/container/cri-cdi-flow.sh): the restored container's spec is built
-//!   from the new request, whose CDI device is the other GPU, and the plugin moves the process there by itself.
+//!   from the new request, whose CDI device is the other GPU, and the plugin moves the process there by itself;
+//! - the same with the torchrun-like tree (tests/container/cri-cdi-tree-flow.sh, issue 46): CheckpointContainer of
+//!   the whole tree, restored onto the other GPU with every worker's GPU descriptor reopened on its node, which the
+//!   plugin adds to the restored `/dev` (CRIU's copy of the dumped one) when CRIU asks for the descriptor.
 
 // Test code: a failed unwrap or expect names its line (the workspace lints keep them out of product code).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -1038,7 +1041,7 @@ fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_cuda_container_on_the_test_d
     }
 }
 
-/// One line of `ptree-CASE-tree.txt` (tests/container/podman-cdi-tree-flow.sh's `tree_holdings`): a rank (`rank R
+/// One line of `FLOW-CASE-tree.txt` (`tree_holdings` of tests/container/common.sh): a rank (`rank R
 /// pid=NS host=PID comm=C workers=N`) or one of its workers (`worker R pid=NS host=PID fds=A,B maps=C`), pids as the
 /// container's pid namespace numbers them.
 struct TreeLine {
@@ -1058,18 +1061,19 @@ impl TreeLine {
     }
 }
 
-/// The container's tree after `case`, checked: the flow's `ranks` ranks (each known by its control directory, the
+/// The container's tree after `case` of the flow whose files start with `flow`, checked: the flow's `ranks` ranks (each known by its control directory, the
 /// sample workload, `workers` workers) and every worker holding exactly `/dev/nvidiactl` and `gpu_node` open and
 /// mapping exactly `mapping`. Returns the workers' pids.
 fn assert_tree(
     scratch: &Scratch,
+    flow: &str,
     case: &str,
     ranks: usize,
     workers: usize,
     gpu_node: &str,
     mapping: &str,
 ) -> Vec<String> {
-    let name = format!("ptree-{case}-tree.txt");
+    let name = format!("{flow}-{case}-tree.txt");
     let text = scratch.read(&name);
     let lines: Vec<TreeLine> = text
         .lines()
@@ -1140,8 +1144,8 @@ fn assert_claims_name(log: &str, pids: &[String], what: &str) {
 /// mapped the GPU, the restore log's claims name every worker. Then the same archive with
 /// `CRIU_CUDA_MIGRATE_USABLE_GPUS` naming G1 (conmon_env_vars): the plugin plans every worker's GPU descriptor onto
 /// `/dev/nvidia1` and none onto `/dev/nvidia0`; Podman cannot carry the move out (its restore reuses the checkpoint's
-/// spec: the restored `/dev` has no `/dev/nvidia1` when the workers' descriptors are reopened, and the spec's devices
-/// cgroup denies it), which must fail for that reason only, with the archive intact and nothing left running, after
+/// spec: the plugin adds `/dev/nvidia1` to the restored `/dev` when the workers' descriptors are reopened, and the
+/// spec's devices cgroup denies it), which must fail for that reason only, with the archive intact and nothing left running, after
 /// which the archive restores again on G0 (were the move to pass, the test checks the workers on `/dev/nvidia1` and
 /// the ranks on G1 instead). At the end every worker exits 7 when told, and the container ends with its ranks. runc
 /// (runc.conf), on both suites.
@@ -1186,7 +1190,7 @@ fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_rank_tree_with_forked_worker
         "/dev/nvidia0",
         "CDI did not put /dev/nvidia0 into the container's linux.devices"
     );
-    let pids = assert_tree(&scratch, "run", ranks, workers, "/dev/nvidia0", "/dev/nvidia0");
+    let pids = assert_tree(&scratch, "ptree", "run", ranks, workers, "/dev/nvidia0", "/dev/nvidia0");
     assert_eq!(scratch.rc(&f("run-round1")), Some(0), "the ranks' round 1");
     for r in 0..ranks {
         let report = rank_report("run", r, 1);
@@ -1242,7 +1246,7 @@ fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_rank_tree_with_forked_worker
         plugin_lines(&same_log)
     );
     let placeholder = "/memfd:criu-cuda-migrate-placeholder";
-    let same_pids = assert_tree(&scratch, "same", ranks, workers, "/dev/nvidia0", placeholder);
+    let same_pids = assert_tree(&scratch, "ptree", "same", ranks, workers, "/dev/nvidia0", placeholder);
     assert_eq!(same_pids, pids, "the restored workers are not the checkpointed ones");
     assert_eq!(scratch.rc(&f("same-round2")), Some(0), "the ranks' round 2 after the same-node restore");
     for r in 0..ranks {
@@ -1275,12 +1279,13 @@ fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_rank_tree_with_forked_worker
     let on = if scratch.rc(&f("usable-restore")) == Some(0) {
         // The move went through: every worker holds the usable GPU's node only, every rank runs on G1.
         assert_eq!(last, "usable");
-        assert_tree(&scratch, "usable", ranks, workers, "/dev/nvidia1", placeholder);
+        assert_tree(&scratch, "ptree", "usable", ranks, workers, "/dev/nvidia1", placeholder);
         loud(&format!("NOTE: podman ({} root) moved the tree onto G1 with its workers' nodes", root.suite));
         g1
     } else {
-        // Podman's restore --import reuses the checkpoint's spec: the restored /dev lacks /dev/nvidia1 when CRIU asks
-        // the plugin to reopen a worker's descriptor, and the spec's devices cgroup would deny opening it.
+        // Podman's restore --import reuses the checkpoint's spec: the plugin adds /dev/nvidia1 to the restored /dev
+        // when CRIU asks it to reopen a worker's descriptor, and the spec's devices cgroup denies opening it (a
+        // plugin that could not add the node says so instead).
         let missing = "/dev/nvidia1 is not in the restored task's /dev";
         let denied = "/dev/nvidia1: Operation not permitted";
         assert!(
@@ -1320,7 +1325,7 @@ fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_rank_tree_with_forked_worker
             plugin_lines(&retry_log)
         );
         assert_claims_name(&retry_log, &pids, "the restore after the failed move");
-        assert_tree(&scratch, "retry", ranks, workers, "/dev/nvidia0", placeholder);
+        assert_tree(&scratch, "ptree", "retry", ranks, workers, "/dev/nvidia0", placeholder);
         g0
     };
 
@@ -1466,6 +1471,147 @@ fn containerd_cri_with_a_cdi_gpu_restores_a_cuda_container_onto_the_gpu_its_new_
     let adjustments = scratch.read("ccdi-host-adjustments.txt");
     if !adjustments.is_empty() {
         loud(&format!("NOTE: CRI CDI flow host adjustment: {}", adjustments.trim()));
+    }
+}
+
+/// containerd 2.1's CRI with a CDI GPU and a torchrun-like tree on the test doubles (tests/container/cri-cdi-tree-flow.sh,
+/// issue 46): an agent with 2 CUDA ranks, each with 2 workers forked after cuInit that hold `/dev/nvidiactl` and
+/// `/dev/nvidia0` open and map `/dev/nvidia0` (the doubles' loop-device stand-ins), in a container given G0 through
+/// `CDI_devices`. CheckpointContainer of the whole tree (it runs on: the ranks rolled back, every worker claimed),
+/// then a new container from the archive given G1 through `CDI_devices`: containerd's new spec gives G1's node, the
+/// restored `/dev` (CRIU's copy of the dumped one) lacks it when CRIU reopens the workers' descriptors, and the plugin
+/// adds it there (once, whichever worker comes first) with the held node's mode: every worker holds `/dev/nvidia1`
+/// and `/dev/nvidiactl` again with a placeholder where it mapped the GPU, none holds `/dev/nvidia0`, the ranks go on
+/// on G1 with sound data, and every worker exits 7 when told. Forky only (containerd 2.1).
+#[test]
+fn containerd_cri_with_a_cdi_gpu_moves_a_rank_tree_with_forked_workers_onto_the_gpu_its_new_spec_gives() {
+    let test = "containerd_cri_with_a_cdi_gpu_moves_a_rank_tree_with_forked_workers_onto_the_gpu_its_new_spec_gives";
+    let _one = ONE_FLOW.lock().unwrap_or_else(|p| p.into_inner());
+    let Some(root) = cri_root_or_skip(test) else {
+        return;
+    };
+    let (ranks, workers) = (2, 2);
+    let copy = RootCopy::of(&root, RootKind::Runtimes);
+    let scratch = scratch_with_sim("ccm-cri-tree-test-");
+    let s = scratch.path().to_str().expect("UTF-8 scratch path");
+    let flow = repo_root().join("tests/container/cri-cdi-tree-flow.sh");
+    let copy_path = copy.path();
+    let runner = root.run(
+        &[scratch.path()],
+        &["bash", flow.to_str().expect("UTF-8 path"), s, &ranks.to_string(), &workers.to_string()],
+        &[("CCM_TRIXIE_ROOT", copy_path.to_str().expect("UTF-8 root path"))],
+    );
+    assert!(runner.status.success(), "the CRI CDI tree flow failed to run: {}", describe_output(&runner));
+    let f = |name: &str| format!("ctree-{name}");
+    let gpus = scratch.read(&f("gpus.txt"));
+    let (g0, g1) = gpus.trim().split_once(' ').expect("ctree-gpus.txt names the two simulated GPUs");
+    assert_eq!(scratch.read(&f("setup.err")), "", "the flow's setup");
+    for (step, what) in [
+        ("version", "containerd 2.1 with CRI: Version"),
+        ("image", "ctr images import (the tree's image)"),
+        ("pause-image", "ctr images import (the sandbox image)"),
+        ("tag", "ctr images tag (registry name)"),
+        ("push", "ctr images push to the loopback registry"),
+        ("pull", "CRI PullImage"),
+        ("runp", "CRI RunPodSandbox"),
+        ("create", "CRI CreateContainer of the agent with CDI_devices nvidia.com/gpu=0"),
+        ("start", "CRI StartContainer"),
+    ] {
+        scratch.assert_step(&f(step), what);
+    }
+    let rank_report = |case: &str, r: usize, k: u32| Report::read(&scratch, &f(&format!("{case}-w{r}-report{k}.json")));
+    assert_eq!(scratch.rc(&f("ready")), Some(0), "the ranks did not get ready: {}", scratch.read(&f("ready.err")));
+    assert_eq!(scratch.read(&f("run-spec-nodes.txt")).trim(), "/dev/nvidia0", "CDI did not give /dev/nvidia0");
+    let pids = assert_tree(&scratch, "ctree", "run", ranks, workers, "/dev/nvidia0", "/dev/nvidia0");
+    assert_eq!(scratch.rc(&f("run-round1")), Some(0), "the ranks' round 1");
+    for r in 0..ranks {
+        let report = rank_report("run", r, 1);
+        report.assert_sound(&format!("rank {r} at the start"));
+        assert_eq!(report.ordinal0_uuid(), g0, "rank {r} started on the wrong GPU");
+    }
+
+    // The kubelet's checkpoint of the whole tree: both ranks checkpointed and rolled back, every worker claimed.
+    scratch.assert_step(&f("checkpoint"), "CRI CheckpointContainer of the tree");
+    assert_eq!(
+        scratch.read(&f("after-checkpoint.state")).trim(),
+        "CONTAINER_RUNNING",
+        "CheckpointContainer stopped it"
+    );
+    let dump = scratch.read(&f("dump.log"));
+    assert!(dump.contains(&init_line("dump")), "plugin not loaded at CheckpointContainer's dump:\n{dump}");
+    assert_eq!(
+        dump.matches("is no CUDA process but holds 2 NVIDIA descriptor(s) and 1 device mapping(s)").count(),
+        ranks * workers,
+        "the dump did not claim every worker:\n{}",
+        plugin_lines(&dump)
+    );
+    scratch.assert_step(&f("inspect"), "criu-cuda-migrate inspect of the CRI archive");
+    assert_claims_name(&scratch.read(&f("inspect.out")), &pids, "criu-cuda-migrate inspect of the CRI archive");
+    assert_eq!(scratch.rc(&f("run-round2")), Some(0), "the ranks' round 2 after CheckpointContainer");
+    for r in 0..ranks {
+        rank_report("run", r, 2).assert_sound(&format!("rank {r} after CheckpointContainer"));
+    }
+
+    // The restore from the archive, given G1 through CDI: the workers' descriptors reopened on G1's node, which the
+    // plugin added to the restored /dev when CRIU asked for the first of them.
+    scratch.assert_step(&f("stop"), "CRI StopContainer");
+    scratch.assert_step(&f("rm"), "CRI RemoveContainer");
+    scratch.assert_step(&f("restore-create"), "CRI CreateContainer from the archive with CDI_devices nvidia.com/gpu=1");
+    let log = scratch.read(&f("restore.log"));
+    assert_eq!(
+        scratch.rc(&f("restore-start")),
+        Some(0),
+        "CRI StartContainer (the restore of the tree onto G1) failed: {}\n{}",
+        scratch.read(&f("restore-start.err")),
+        plugin_lines(&log)
+    );
+    assert_eq!(scratch.read(&f("restore-spec-nodes.txt")).trim(), "/dev/nvidia1", "the restored spec's CDI device");
+    assert_claims_name(&log, &pids, "the restore onto G1");
+    assert_eq!(
+        log.matches(": reopened as /dev/nvidia1 (block ").count(),
+        ranks * workers,
+        "the plugin did not plan every worker's GPU descriptor onto G1's node:\n{}",
+        plugin_lines(&log)
+    );
+    assert!(
+        log.contains("to the restored container's /dev for file")
+            && log.contains("CRIU's copy of the dumped /dev lacks the node of the GPU it moved to"),
+        "the plugin did not add /dev/nvidia1 at the workers' reopen:\n{}",
+        plugin_lines(&log)
+    );
+    assert!(
+        log.matches("cuCheckpointProcessUnlock").count() >= ranks,
+        "the plugin did not restore and unlock both ranks:\n{}",
+        plugin_lines(&log)
+    );
+    assert_eq!(scratch.read(&f("after-restore.state")).trim(), "CONTAINER_RUNNING", "the restored container");
+    let dev = scratch.read(&f("restore-dev.txt"));
+    assert!(dev.split_whitespace().any(|n| n == "nvidia1"), "the restored container's /dev: {dev}");
+    let placeholder = "/memfd:criu-cuda-migrate-placeholder";
+    let restored = assert_tree(&scratch, "ctree", "restored", ranks, workers, "/dev/nvidia1", placeholder);
+    assert_eq!(restored, pids, "the restored workers are not the checkpointed ones");
+    for k in [2, 3] {
+        assert_eq!(scratch.rc(&f(&format!("restored-round{k}"))), Some(0), "the ranks' round {k} after the restore");
+    }
+    for r in 0..ranks {
+        let report = rank_report("restored", r, 2);
+        report.assert_sound(&format!("rank {r} after the restore onto G1"));
+        assert_eq!(report.ordinal0_uuid(), g1, "rank {r} after the restore:\n{}", plugin_lines(&log));
+        let end = rank_report("restored", r, 3);
+        assert!(
+            end.compact.contains("\"forked_child\":{\"pid\":") && end.compact.contains("\"exit_code\":7}"),
+            "rank {r}'s workers did not all exit 7 after the restore: {}",
+            end.compact
+        );
+    }
+    let dev_lines: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains(LOG_PREFIX) && (l.contains("restored container's /dev") || l.contains("container /dev")))
+        .collect();
+    loud(&format!("NOTE: CRI tree moved onto G1; the plugin's /dev lines:\n{}", dev_lines.join("\n")));
+    let adjustments = scratch.read(&f("host-adjustments.txt"));
+    if !adjustments.is_empty() {
+        loud(&format!("NOTE: CRI CDI tree flow host adjustment: {}", adjustments.trim()));
     }
 }
 

@@ -622,3 +622,71 @@ write_runc_config() {
 }
 EOF
 }
+
+# --- A torchrun-like tree in a container (tree-agent.sh: an agent, RANKS ranks of the sample workload, each with
+# forked workers holding the GPU's nodes; podman-cdi-tree-flow.sh, cri-cdi-tree-flow.sh). These need P, S, CTL (the
+# ranks' control directories' parent on this side: CTL/wR) and RANKS.
+
+# rounds CASE K: round K of every rank (go<K>, then done<K>), each rank's report<K>.json copied to
+# S/P-CASE-w<R>-report<K>.json; the status (1 when a rank did not report) in S/P-CASE-round<K>.rc.
+rounds() {
+    local case=$1 k=$2 r rc=0
+    for ((r = 0; r < RANKS; r++)); do : >"$CTL/w$r/go$k"; done
+    for ((r = 0; r < RANKS; r++)); do
+        wait_file "$CTL/w$r/done$k" 60 || rc=1
+        [ -f "$CTL/w$r/report$k.json" ] && cp "$CTL/w$r/report$k.json" "$S/$P-$case-w$r-report$k.json"
+    done
+    echo "$rc" >"$S/$P-$case-round$k.rc"
+    return "$rc"
+}
+
+# children_of PID: the pids whose parent is PID (there is no pgrep in these roots).
+children_of() {
+    local f line ppid
+    for f in /proc/[0-9]*/stat; do
+        line=$(cat "$f" 2>/dev/null) || continue
+        read -r _ ppid _ <<<"${line##*) }"
+        if [ "$ppid" = "$1" ]; then
+            f=${f#/proc/}
+            echo "${f%/stat}"
+        fi
+    done
+}
+
+# ns_pid PID: PID as its own (innermost) pid namespace numbers it.
+ns_pid() { awk '/^NSpid:/ { print $NF }' "/proc/$1/status" 2>/dev/null; }
+
+# held PID: the NVIDIA nodes (and the plugin's placeholders) PID's descriptors and mappings name, as
+# `fds=A,B maps=C` (paths inside its mount namespace, sorted, each once).
+held() {
+    local fds maps f
+    fds=$(for f in /proc/"$1"/fd/*; do readlink "$f"; done 2>/dev/null | grep -E '^/dev/nvidia' | sort -u | paste -sd, -)
+    maps=$(awk '$6 ~ /^\/dev\/nvidia/ || $6 ~ /criu-cuda-migrate-placeholder/ { print $6 }' "/proc/$1/maps" 2>/dev/null |
+        sort -u | paste -sd, -)
+    echo "fds=$fds maps=$maps"
+}
+
+# tree_holdings CASE AGENT: the container's tree below its agent's host pid AGENT as S/P-CASE-tree.txt: `rank R
+# pid=NS host=PID workers=N` for each rank (R from its control directory's ready file, which holds its pid), `worker R
+# pid=NS host=PID fds=... maps=...` for each of its children.
+tree_holdings() {
+    local out=$S/$P-$1-tree.txt agent=$2 rank ns r w workers
+    : >"$out"
+    if [ -z "$agent" ] || [ "$agent" = 0 ]; then
+        echo "no running container" >>"$out"
+        return 1
+    fi
+    echo "agent pid=$(ns_pid "$agent") host=$agent comm=$(cat "/proc/$agent/comm" 2>/dev/null)" >>"$out"
+    for rank in $(children_of "$agent"); do
+        ns=$(ns_pid "$rank")
+        r=unknown
+        for ((w = 0; w < RANKS; w++)); do
+            [ "$(cat "$CTL/w$w/ready" 2>/dev/null)" = "$ns" ] && r=$w
+        done
+        workers=$(children_of "$rank")
+        echo "rank $r pid=$ns host=$rank comm=$(cat "/proc/$rank/comm" 2>/dev/null) workers=$(echo "$workers" | grep -c .)" >>"$out"
+        for w in $workers; do
+            echo "worker $r pid=$(ns_pid "$w") host=$w $(held "$w")" >>"$out"
+        done
+    done
+}

@@ -42,12 +42,12 @@
 #   usable: `restore --import A1` with CRIU_CUDA_MIGRATE_USABLE_GPUS=G1 through conmon_env_vars (the user guide's
 #           way): the plugin plans the move (the ranks G0 -> G1, every worker's GPU descriptor reopened as
 #           /dev/nvidia1, never /dev/nvidia0). Under Podman the restore fails (measured, trixie and forky): Podman's
-#           restore --import reuses the checkpoint's spec, so (1) the restored /dev, CRIU's copy of the dumped one,
-#           has no /dev/nvidia1 when CRIU asks the plugin to reopen the workers' descriptors (RESTORE_EXT_FILE, in each
-#           restored task; the plugin adds a moved GPU's node only later, at RESUME_DEVICES_LATE, for the driver's
-#           restore), and (2) the devices cgroup that runc sets up from that spec before CRIU runs (CRIU and the
-#           restored tasks are in it) lets no process of the container open the other GPU's node. CRIU's log, the
-#           archive's sum and the processes left are recorded, and the flow goes on with
+#           restore --import reuses the checkpoint's spec. The restored /dev, CRIU's copy of the dumped one, has no
+#           /dev/nvidia1 when CRIU asks the plugin to reopen the workers' descriptors (RESTORE_EXT_FILE, in each
+#           restored task), so the plugin adds it there (as it does under CRI, cri-cdi-tree-flow.sh), but the devices
+#           cgroup that runc sets up from that spec before CRIU runs (CRIU and the restored tasks are in it) lets no
+#           process of the container open the other GPU's node. CRIU's log, the archive's sum and the processes left
+#           are recorded, and the flow goes on with
 #   retry:  `restore --import A1` again without the setting: back on G0, every worker holding /dev/nvidia0.
 #           (Where the move passes, the flow goes on with the usable container instead, and the test checks it.)
 #   end:    round 2 on the last restore's GPU; the workers are told to exit and round 3 reports that every one exited
@@ -76,75 +76,14 @@ CGROUP_PARENT=/ccm-ptree-$$
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 # step, pstep, ok, note, install_with_cgroup2, podman_storage_and_conf, podman_criu_conf, sim_stack, sim_runtime,
-# write_sim_cdi_spec, podman_cuda_image, checkpoint_export, restore_import, override, after_restore, podman_cleanup;
+# write_sim_cdi_spec, podman_cuda_image, checkpoint_export, restore_import, override, after_restore, podman_cleanup,
+# rounds, tree_holdings;
 # tests/lib/common.sh: loop_stand_ins, wait_file
 # shellcheck source=tests/container/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
 
-# rounds CASE K: round K of every rank (go<K>, then done<K>), each rank's report<K>.json copied to
-# S/P-CASE-w<R>-report<K>.json; the status (1 when a rank did not report) in S/P-CASE-round<K>.rc.
-rounds() {
-    local case=$1 k=$2 r rc=0
-    for ((r = 0; r < RANKS; r++)); do : >"$CTL/w$r/go$k"; done
-    for ((r = 0; r < RANKS; r++)); do
-        wait_file "$CTL/w$r/done$k" 60 || rc=1
-        [ -f "$CTL/w$r/report$k.json" ] && cp "$CTL/w$r/report$k.json" "$S/$P-$case-w$r-report$k.json"
-    done
-    echo "$rc" >"$S/$P-$case-round$k.rc"
-    return "$rc"
-}
-
-# children_of PID: the pids whose parent is PID (there is no pgrep in these roots).
-children_of() {
-    local f line ppid
-    for f in /proc/[0-9]*/stat; do
-        line=$(cat "$f" 2>/dev/null) || continue
-        read -r _ ppid _ <<<"${line##*) }"
-        if [ "$ppid" = "$1" ]; then
-            f=${f#/proc/}
-            echo "${f%/stat}"
-        fi
-    done
-}
-
-# ns_pid PID: PID as its own (innermost) pid namespace numbers it.
-ns_pid() { awk '/^NSpid:/ { print $NF }' "/proc/$1/status" 2>/dev/null; }
-
-# held PID: the NVIDIA nodes (and the plugin's placeholders) PID's descriptors and mappings name, as
-# `fds=A,B maps=C` (paths inside its mount namespace, sorted, each once).
-held() {
-    local fds maps f
-    fds=$(for f in /proc/"$1"/fd/*; do readlink "$f"; done 2>/dev/null | grep -E '^/dev/nvidia' | sort -u | paste -sd, -)
-    maps=$(awk '$6 ~ /^\/dev\/nvidia/ || $6 ~ /criu-cuda-migrate-placeholder/ { print $6 }' "/proc/$1/maps" 2>/dev/null |
-        sort -u | paste -sd, -)
-    echo "fds=$fds maps=$maps"
-}
-
-# tree_holdings CASE: the container's tree as S/P-CASE-tree.txt: `rank R pid=NS host=PID workers=N` for each rank
-# (R from its control directory's ready file, which holds its pid), `worker R pid=NS host=PID fds=... maps=...` for
-# each of its children.
-tree_holdings() {
-    local out=$S/$P-$1-tree.txt agent rank ns r w workers
-    : >"$out"
-    agent=$(podman inspect --format '{{.State.Pid}}' "$NAME" 2>/dev/null)
-    if [ -z "$agent" ] || [ "$agent" = 0 ]; then
-        echo "no running container" >>"$out"
-        return 1
-    fi
-    echo "agent pid=$(ns_pid "$agent") host=$agent comm=$(cat "/proc/$agent/comm" 2>/dev/null)" >>"$out"
-    for rank in $(children_of "$agent"); do
-        ns=$(ns_pid "$rank")
-        r=unknown
-        for ((w = 0; w < RANKS; w++)); do
-            [ "$(cat "$CTL/w$w/ready" 2>/dev/null)" = "$ns" ] && r=$w
-        done
-        workers=$(children_of "$rank")
-        echo "rank $r pid=$ns host=$rank comm=$(cat "/proc/$rank/comm" 2>/dev/null) workers=$(echo "$workers" | grep -c .)" >>"$out"
-        for w in $workers; do
-            echo "worker $r pid=$(ns_pid "$w") host=$w $(held "$w")" >>"$out"
-        done
-    done
-}
+# agent_pid: the host pid of the container's agent (empty when it does not run).
+agent_pid() { podman inspect --format '{{.State.Pid}}' "$NAME" 2>/dev/null; }
 
 cleanup() {
     local l
@@ -194,7 +133,7 @@ if [ "$ready" != 0 ]; then
 fi
 cp "$(static_dir)/config.json" "$S/$P-run-spec.json" 2>/dev/null
 nvidia_nodes "$S/$P-run-spec.json" >"$S/$P-run-spec-nodes.txt"
-tree_holdings run
+tree_holdings run "$(agent_pid)"
 rounds run 1 || exit 0
 note "run: done"
 
@@ -208,7 +147,7 @@ note "export: done"
 restore_import same "$S/$P-a1.tar.gz"
 after_restore same
 ok same-restore || exit 0
-tree_holdings same
+tree_holdings same "$(agent_pid)"
 rounds same 2 || exit 0
 # A1 again below: this container goes, and the round it played with it.
 pstep same-rm podman rm --force --time 0 "$NAME" || exit 0
@@ -221,7 +160,7 @@ sha256sum <"$S/$P-a1.tar.gz" >"$S/$P-a1.sum-before"
 restore_import usable "$S/$P-a1.tar.gz" "$S/$P-usable.conf"
 if ok usable-restore; then
     after_restore usable
-    tree_holdings usable
+    tree_holdings usable "$(agent_pid)"
     LAST=usable
 else
     # What a failed restore leaves: CRIU's log, the archive, no process of the tree.
@@ -235,7 +174,7 @@ else
     restore_import retry "$S/$P-a1.tar.gz"
     after_restore retry
     ok retry-restore || exit 0
-    tree_holdings retry
+    tree_holdings retry "$(agent_pid)"
     LAST=retry
 fi
 rounds "$LAST" 2 || exit 0

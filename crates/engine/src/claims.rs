@@ -392,8 +392,21 @@ pub fn read_claims(dir: &Dir) -> Result<Option<DeviceClaims>, ClaimError> {
 #[derive(Debug, Clone)]
 pub struct RestoreClaims {
     pub claims: DeviceClaims,
-    /// CRIU's file id → the node it opens on this node, that node's device number and the open flags.
-    reopen: BTreeMap<u32, (NvidiaNode, DevNumber, i32)>,
+    /// CRIU's file id → what it opens on this node.
+    reopen: BTreeMap<u32, Reopen>,
+    /// CRIU's own mounts, read in CRIU's process when a descriptor moves to another GPU's node: the file systems
+    /// a restored task's `/dev` must not be for the plugin to add that node there (`set_host_mounts`).
+    host_mounts: Vec<ccm_process::mountinfo::MountEntry>,
+}
+
+/// One claimed descriptor at restore: the node it opens on this node, that node's device number, the open flags,
+/// and the node it was at dump.
+#[derive(Debug, Clone, Copy)]
+struct Reopen {
+    node: NvidiaNode,
+    number: DevNumber,
+    flags: i32,
+    held: NvidiaNode,
 }
 
 impl RestoreClaims {
@@ -428,27 +441,53 @@ impl RestoreClaims {
                 (n, _) => n,
             };
             let number = devices.number_of(node).ok_or_else(|| no(NoNodeReason::NotRegistered(node.dev_name())))?;
-            reopen.insert(f.id, (node, number, f.flags));
+            reopen.insert(f.id, Reopen { node, number, flags: f.flags, held: f.node });
         }
-        Ok(RestoreClaims { claims, reopen })
+        Ok(RestoreClaims { claims, reopen, host_mounts: Vec::new() })
+    }
+
+    /// Whether a descriptor opens another GPU's node than it held at dump (a node the restored `/dev` may lack).
+    pub fn moves_a_gpu_node(&self) -> bool {
+        self.reopen.values().any(|r| r.node != r.held && matches!(r.node, NvidiaNode::Gpu(_)))
+    }
+
+    /// CRIU's own mounts ([`ccm_process::container::own_mounts`], read in CRIU's process before the tasks exist).
+    pub fn set_host_mounts(&mut self, mounts: Vec<ccm_process::mountinfo::MountEntry>) {
+        self.host_mounts = mounts;
     }
 
     /// The log lines of the plan: each process and what it gets.
     pub fn describe(&self) -> String {
         let mut lines = self.claims.summary_lines();
-        for (id, (node, number, _)) in &self.reopen {
-            lines.push(format!("file {id:#x}: reopened as {node} ({number})"));
+        for (id, r) in &self.reopen {
+            lines.push(format!("file {id:#x}: reopened as {} ({})", r.node, r.number));
         }
         lines.join("\n")
     }
 
     /// RESTORE_EXT_FILE, in the restored task `ns_pid`: the claimed file `id` opened anew, no wider than the
     /// driver opens such a node, and only if the task's credentials at dump could open it here. `None`: not ours.
+    /// A descriptor moved onto another GPU's node that the restored `/dev` lacks gets that node added first
+    /// ([`ccm_process::claims::reopen_moved_gpu_node`]), once CRIU's mounts were read ([`Self::set_host_mounts`]).
     pub fn reopen(&self, id: u32, ns_pid: u32) -> Option<Result<OwnedFd, ccm_process::claims::ReopenError>> {
-        let (node, number, flags) = self.reopen.get(&id)?;
+        let r = self.reopen.get(&id)?;
         let creds = self.claims.holder(ns_pid).and_then(|h| h.creds.as_ref());
-        let flags = ccm_identity::claims::narrowed_flags(*node, *flags);
-        Some(ccm_process::claims::reopen_node(*node, *number, flags, creds))
+        let flags = ccm_identity::claims::narrowed_flags(r.node, r.flags);
+        if r.node == r.held || self.host_mounts.is_empty() {
+            return Some(ccm_process::claims::reopen_node(r.node, r.number, flags, creds));
+        }
+        let opened =
+            ccm_process::claims::reopen_moved_gpu_node(r.node, r.held, r.number, flags, creds, &self.host_mounts);
+        Some(opened.map(|(fd, added)| {
+            if added {
+                info!(
+                    "pid {ns_pid}: added {} ({}) to the restored container's /dev for file {id:#x} (held {} at dump): \
+                     CRIU's copy of the dumped /dev lacks the node of the GPU it moved to",
+                    r.node, r.number, r.held
+                );
+            }
+            fd
+        }))
     }
 
     /// UPDATE_VMA_MAP, in the restored task `ns_pid`: the placeholder behind its claimed mapping at `addr`

@@ -229,6 +229,12 @@ fn the_restore_reopens_gpu_nodes_through_the_map_and_refuses_what_the_node_lacks
     let text = planned.describe();
     assert!(text.contains("file 0x21: reopened as /dev/nvidia3 (char 195:3)"), "{text}");
     assert!(text.contains("file 0x22: reopened as /dev/nvidia-uvm (char 511:0)"), "{text}");
+    // Its GPU descriptor moves (nvidia1 -> nvidia3): the restored /dev may lack the node, so CRIU's mounts are read.
+    assert!(planned.moves_a_gpu_node());
+    let mut same = gpu(1);
+    same.minor = 1;
+    let unmoved = RestoreClaims::plan(claims.clone(), &here, &[], &[same.clone()], &[same.uuid], &config(&[])).unwrap();
+    assert!(!unmoved.moves_a_gpu_node(), "{}", unmoved.describe());
     // The worker's mapping gets a placeholder as large as its largest mapping; another address is not ours.
     let fd = planned.placeholder(12, 0x2_0060_0000).unwrap().unwrap();
     assert_eq!(std::fs::File::from(fd).metadata().unwrap().len(), 0x20_0000);

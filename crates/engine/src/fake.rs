@@ -435,6 +435,8 @@ pub struct TargetScript {
     pub refreeze_fails: bool,
     pub cgroup_events: Vec<String>,
     pub mount_ns: BTreeMap<u32, u64>,
+    /// CRIU's own mounts (`own_mounts`).
+    pub own_mounts: Vec<ccm_process::mountinfo::MountEntry>,
     pub devs: BTreeMap<u32, FakeDev>,
     pub dev_edits: Vec<String>,
     pub spec: Option<Result<RuntimeSpec, String>>,
@@ -586,6 +588,9 @@ impl Targets for FakeTargets {
             FakeDev::Foreign { why, minors } => DevView::Foreign { why, gpu_minors: minors },
             FakeDev::Unreadable => return Err(no_such(pid)),
         })
+    }
+    fn own_mounts(&self) -> Result<Vec<ccm_process::mountinfo::MountEntry>, ProcessError> {
+        Ok(self.script().own_mounts.clone())
     }
     fn restoring_runtime_spec(&self) -> Result<Option<RuntimeSpec>, FileError> {
         match self.script().spec.clone() {

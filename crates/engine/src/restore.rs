@@ -112,13 +112,13 @@ impl RestoreSession {
                 // map as a CUDA process's.
                 let gpus = s.seams.targets.kernel_gpus().unwrap_or_default();
                 let source = preflight::usable_source(&s.config, || {
-                    given_by_restoring_runtime(&*s.seams.targets, &gpus).map(|g| g.map(|(_, g)| g))
+                    given_by_restoring_runtime(&*s.seams.targets, &s.config, &gpus).map(|g| g.map(|(_, g)| g))
                 })?;
                 let usable = source.gpus_of(&gpus)?;
                 let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
                 let planned = RestoreClaims::plan(c, &devices, &[], &gpus, &usable, &s.config)?;
                 crate::claims::log_plan(&planned);
-                s.claims = Some(planned);
+                s.claims = Some(with_host_mounts(&*s.seams.targets, planned));
                 return Ok(s);
             }
             if in_inventory == Some(true) {
@@ -147,7 +147,7 @@ impl RestoreSession {
         // Without an explicit usable set, the GPUs the restoring runtime gives the container. A spec that
         // is there but cannot be read refuses the restore: "all GPUs" could be another tenant's.
         let usable = preflight::usable_source(&s.config, || {
-            let given = given_by_restoring_runtime(&*s.seams.targets, node.gpus())?;
+            let given = given_by_restoring_runtime(&*s.seams.targets, &s.config, node.gpus())?;
             if let Some((path, g)) = &given {
                 info!(
                     "usable GPUs: [{}], what the restoring runtime's spec {} gives the container ({})",
@@ -176,7 +176,7 @@ impl RestoreSession {
             let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
             let planned = RestoreClaims::plan(c, &devices, &s.plans, node.gpus(), &usable, &s.config)?;
             crate::claims::log_plan(&planned);
-            s.claims = Some(planned);
+            s.claims = Some(with_host_mounts(&*s.seams.targets, planned));
         }
         info!("preflight passed for {} CUDA process(es) in {:.3} s", s.plans.len(), t0.elapsed().as_secs_f64());
         s.node = Some(node);
@@ -468,6 +468,21 @@ fn open_image_dir(host: &dyn CriuHost) -> Result<Option<Dir>, EngineError> {
     Ok(Some(Dir::from_owned(fd, shown).map_err(preflight::ImageFileError::from)?))
 }
 
+/// The claims with CRIU's own mounts when a descriptor moves to another GPU's node, read here in CRIU's process:
+/// the restored tasks that reopen the descriptors cannot tell them (their `/proc` is not theirs yet).
+fn with_host_mounts(targets: &dyn Targets, mut planned: RestoreClaims) -> RestoreClaims {
+    if planned.moves_a_gpu_node() {
+        match targets.own_mounts() {
+            Ok(m) => planned.set_host_mounts(m),
+            Err(e) => warn!(
+                "cannot read CRIU's own mounts ({e}): a restored container's /dev that lacks a moved GPU's node does \
+                 not get it before CRIU reopens the forked processes' descriptors"
+            ),
+        }
+    }
+    planned
+}
+
 /// The preflight's free-memory verdict, in the log.
 fn log_memory_verdict(memory: &preflight::MemoryVerdict) {
     match memory {
@@ -587,14 +602,17 @@ fn warn_foreign_dev(pid: HostPid, why: &ForeignDev, shows: &[u32], moves: &[(u32
 }
 
 /// The GPUs the runtime that runs this CRIU (runc, crun, youki) gives the container in its
-/// spec. `Ok(None)`: no such runtime, no spec, or a spec that says nothing about GPUs.
+/// spec. `Ok(None)`: no such runtime, no spec, or a spec that says nothing about GPUs. The test doubles' stand-in
+/// nodes the configuration names count as the GPU nodes they stand for.
 fn given_by_restoring_runtime(
     targets: &dyn Targets,
+    config: &Config,
     node_gpus: &[GpuIdentity],
 ) -> Result<Option<(PathBuf, GivenGpus)>, EngineError> {
     let spec = targets.restoring_runtime_spec().map_err(EngineError::SpecFile)?;
     let Some(spec) = spec else { return Ok(None) };
-    match ccm_settings::spec::gpus_given_by_spec(&spec.text, node_gpus) {
+    let stand_ins = crate::claims::with_stand_ins(config, Default::default()).stand_ins;
+    match ccm_settings::spec::gpus_given_by_spec_with_stand_ins(&spec.text, node_gpus, &stand_ins) {
         Ok(g) => Ok(g.map(|g| (spec.path, g))),
         Err(source) => Err(EngineError::Spec {
             runtime: spec.runtime,

@@ -67,6 +67,8 @@ pub trait Targets: Send + Sync {
     fn mount_namespace(&self, pid: u32) -> Result<u64, ProcessError>;
     /// The restored task's `/dev`.
     fn container_dev(&self, pid: u32) -> Result<DevView, ProcessError>;
+    /// CRIU's own mounts (its mount namespace's mountinfo).
+    fn own_mounts(&self) -> Result<Vec<ccm_process::mountinfo::MountEntry>, ProcessError>;
     /// The OCI spec of the runtime that runs this CRIU.
     fn restoring_runtime_spec(&self) -> Result<Option<RuntimeSpec>, FileError>;
     /// This node's hostname (recorded in the identity image).
@@ -205,6 +207,9 @@ impl Targets for RealTargets {
             V::Own(d) => DevView::Own(Box::new(d)),
             V::Foreign { why, gpu_minors } => DevView::Foreign { why, gpu_minors },
         })
+    }
+    fn own_mounts(&self) -> Result<Vec<ccm_process::mountinfo::MountEntry>, ProcessError> {
+        ccm_process::container::own_mounts()
     }
     fn restoring_runtime_spec(&self) -> Result<Option<RuntimeSpec>, FileError> {
         ccm_process::container::restoring_runtime_spec()

@@ -177,6 +177,11 @@ pub enum ReopenError {
     #[error("/dev/{name}: {errno}")]
     Open { name: String, errno: rustix::io::Errno },
     #[error(
+        "/dev/{name} is not in the restored task's /dev, and the plugin did not add it there: {why}; the restoring \
+         runtime must give the container that device"
+    )]
+    NotAdded { name: String, why: String },
+    #[error(
         "/dev/{name} (mode {mode:o}, owner {owner}:{group}) cannot be opened {access} by the restored task's \
          credentials (uid {uid}, gid {gid}): refused (the task could not have opened it itself)"
     )]
@@ -198,6 +203,62 @@ pub fn reopen_node(
     let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
     let root = rustix::fs::open("/", dir, Mode::empty()).map_err(ReopenError::Dev)?;
     reopen_node_as(root.as_fd(), node, want, flags, creds)
+}
+
+/// [`reopen_node`] for the node of a GPU the restore moved the descriptor to (`node`, the dump's `held`): when the
+/// restored task's `/dev` lacks it, as CRIU's copy of the dumped container's `/dev` does, and that `/dev` is the
+/// container's own ([`crate::container::dev_in_root`] against CRIU's mounts `host`), the node is added there first
+/// with the number the plugin found on this node and the mode and owner of the dumped node, then opened by the
+/// same rules. The plugin adds the moved GPUs' nodes for the driver's restore later (RESUME_DEVICES_LATE); CRIU
+/// reopens the descriptors before that. Returns the descriptor and whether the node was added.
+pub fn reopen_moved_gpu_node(
+    node: NvidiaNode,
+    held: NvidiaNode,
+    want: DevNumber,
+    flags: i32,
+    creds: Option<&HolderCreds>,
+    host: &[crate::mountinfo::MountEntry],
+) -> Result<(OwnedFd, bool), ReopenError> {
+    let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    let root = rustix::fs::open("/", dir, Mode::empty()).map_err(ReopenError::Dev)?;
+    reopen_moved_gpu_node_in(root.as_fd(), std::process::id(), (node, held), want, flags, creds, host)
+}
+
+/// [`reopen_moved_gpu_node`] under the root directory `root` of task `pid` (for messages).
+pub fn reopen_moved_gpu_node_in(
+    root: BorrowedFd<'_>,
+    pid: u32,
+    (node, held): (NvidiaNode, NvidiaNode),
+    want: DevNumber,
+    flags: i32,
+    creds: Option<&HolderCreds>,
+    host: &[crate::mountinfo::MountEntry],
+) -> Result<(OwnedFd, bool), ReopenError> {
+    use crate::container::{create_node_like, dev_in_root, DevView, NodeEditError};
+    let name = node.dev_name();
+    match reopen_node_as(root, node, want, flags, creds) {
+        Err(ReopenError::Missing { .. }) if matches!(node, NvidiaNode::Gpu(_)) && !name.contains('/') => {}
+        other => return other.map(|fd| (fd, false)),
+    }
+    let not_added = |why: String| ReopenError::NotAdded { name: name.clone(), why };
+    let dev = match dev_in_root(root, pid, host) {
+        Ok(DevView::Own(dev)) => dev,
+        Ok(DevView::Foreign { why, .. }) => return Err(not_added(why.to_string())),
+        Ok(DevView::HostNamespace) => return Err(not_added("the task is in CRIU's mount namespace".into())),
+        Err(e) => return Err(not_added(e.to_string())),
+    };
+    let kind = match want.kind {
+        DevType::Char => FileType::CharacterDevice,
+        DevType::Block => FileType::BlockDevice,
+    };
+    let rdev = rustix::fs::makedev(want.major, want.minor);
+    let added = match create_node_like(&dev, &name, kind, rdev, &held.dev_name()) {
+        Ok(()) => true,
+        // Another task of the tree added it between the look and the mknod: opened below by the same checks.
+        Err(NodeEditError::Exists { .. }) => false,
+        Err(e) => return Err(not_added(e.to_string())),
+    };
+    reopen_node_as(root, node, want, flags, creds).map(|fd| (fd, added))
 }
 
 /// [`reopen_node_in`] with the holder's credentials checked against the node found before it is opened.

@@ -15,7 +15,7 @@
 //! character device of the NVIDIA major is ever removed.
 
 use std::ffi::OsString;
-use std::os::fd::{AsFd, OwnedFd};
+use std::os::fd::{AsFd, BorrowedFd, OwnedFd};
 use std::os::unix::ffi::OsStringExt;
 use std::path::{Path, PathBuf};
 
@@ -300,6 +300,58 @@ pub fn container_dev(pid: u32) -> Result<DevView, ProcessError> {
     Ok(DevView::Own(ContainerDev { pid, dev, gpu_minors, impostors }))
 }
 
+/// CRIU's own mounts (the mountinfo of its mount namespace), read in CRIU's process before any task is restored:
+/// the file systems a restored task's `/dev` must not be ([`dev_in_root`]).
+pub fn own_mounts() -> Result<Vec<MountEntry>, ProcessError> {
+    read_mountinfo(std::process::id())
+}
+
+/// tmpfs's `statfs` magic (`TMPFS_MAGIC`; the host's devtmpfs reports it too, and is caught as one of CRIU's mounts).
+const TMPFS_MAGIC: i64 = 0x0102_1994;
+
+/// The `/dev` under the root directory `root`, as [`container_dev`] judges a task's `/dev`, for a caller inside the
+/// task: CRIU calls RESTORE_EXT_FILE in the restored task, in its mount namespace and root, where `/proc` is not yet
+/// the one that names it. The same rules, read from the file systems themselves instead of mountinfo: `dev` reached
+/// without a link, a mount of its own (a file system other than the root's), a tmpfs (`statfs`), and none of the
+/// file systems that CRIU's own mount namespace has mounted (`host`, from [`own_mounts`] in CRIU's process: the
+/// host's `/dev` and any bind mount of it share their device number with one of those).
+pub fn dev_in_root(root: BorrowedFd<'_>, pid: u32, host: &[MountEntry]) -> Result<DevView, ProcessError> {
+    let shown = Path::new("/dev");
+    let dev = match rustix::fs::openat(
+        root,
+        "dev",
+        OFlags::RDONLY | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC,
+        Mode::empty(),
+    ) {
+        Ok(fd) => fd,
+        Err(rustix::io::Errno::LOOP) | Err(rustix::io::Errno::NOTDIR) => {
+            let why = match rustix::fs::readlinkat(root, "dev", Vec::new()) {
+                Ok(t) => ForeignDev::Symlink { target: t.to_string_lossy().into_owned() },
+                Err(_) => ForeignDev::NotDirectory,
+            };
+            return Ok(DevView::Foreign { why, gpu_minors: Vec::new() });
+        }
+        Err(e) => return Err(proc_err(pid, "open", shown)(e)),
+    };
+    let (gpu_minors, impostors) = gpu_nodes(&dev);
+    let foreign = |why| Ok(DevView::Foreign { why, gpu_minors: gpu_minors.clone() });
+    let st = rustix::fs::fstat(&dev).map_err(proc_err(pid, "stat", shown))?;
+    let top = rustix::fs::fstat(root).map_err(proc_err(pid, "stat", Path::new("/")))?;
+    if st.st_dev == top.st_dev {
+        return foreign(ForeignDev::NotAMount);
+    }
+    let fs = rustix::fs::fstatfs(&dev).map_err(proc_err(pid, "statfs", shown))?;
+    #[allow(clippy::useless_conversion)] // f_type's width differs between targets
+    if i64::from(fs.f_type) != TMPFS_MAGIC {
+        return foreign(ForeignDev::NotTmpfs { fs_type: format!("file system of type {:#x}", fs.f_type) });
+    }
+    let on = (rustix::fs::major(st.st_dev), rustix::fs::minor(st.st_dev));
+    if let Some(m) = host.iter().find(|m| (m.major, m.minor) == on) {
+        return foreign(ForeignDev::SharedWithHost { mount_point: m.mount_point.clone() });
+    }
+    Ok(DevView::Own(ContainerDev { pid, dev, gpu_minors, impostors }))
+}
+
 fn read_mountinfo(pid: u32) -> Result<Vec<MountEntry>, ProcessError> {
     let path = proc_path(pid, "mountinfo");
     let bytes =
@@ -341,10 +393,6 @@ pub enum NodeEditError {
 /// else 0666 root), all read without following a link.
 pub fn create_gpu_node(dev: &ContainerDev, minor: u32) -> Result<(), NodeEditError> {
     let name = node_name(minor);
-    let io = |action: &'static str, name: &str| {
-        let name = name.to_string();
-        move |e: rustix::io::Errno| NodeEditError::Io { pid: dev.pid, action, name, source: e.into() }
-    };
     if let Ok(st) = rustix::fs::statat(&dev.dev, name.as_str(), AtFlags::SYMLINK_NOFOLLOW) {
         return Err(NodeEditError::Exists { name, kind: crate::dir::kind_name(FileType::from_raw_mode(st.st_mode)) });
     }
@@ -363,25 +411,70 @@ pub fn create_gpu_node(dev: &ContainerDev, minor: u32) -> Result<(), NodeEditErr
         })
         .or(host_node);
     let (mode, uid, gid) = like.map(|s| (s.st_mode & 0o7777, s.st_uid, s.st_gid)).unwrap_or((0o666, 0, 0));
-    // mknod applies the umask; the node must have the mode exactly. CRIU's process is single-threaded
-    // here (the hook's own thread, before any worker starts), so the umask change is seen by no one else.
-    let old = rustix::process::umask(Mode::empty());
-    let made = rustix::fs::mknodat(&dev.dev, name.as_str(), FileType::CharacterDevice, Mode::from_raw_mode(mode), rdev);
-    rustix::process::umask(old);
-    made.map_err(io("mknod", &name))?;
-    rustix::fs::chownat(
-        &dev.dev,
-        name.as_str(),
-        Some(rustix::fs::Uid::from_raw(uid)),
-        Some(rustix::fs::Gid::from_raw(gid)),
-        AtFlags::SYMLINK_NOFOLLOW,
-    )
-    .map_err(io("chown", &name))?;
+    make_node(dev, &name, FileType::CharacterDevice, rdev, (mode, uid, gid))?;
     match node_minor(&dev.dev, &name) {
         Ok(m) if m == minor => Ok(()),
         Ok(_) => Err(NodeEditError::NotAGpuNode { name, kind: "an NVIDIA node of another GPU" }),
         Err(kind) => Err(NodeEditError::NotAGpuNode { name, kind }),
     }
+}
+
+/// Creates `/dev/<name>` in the container as the device `kind` `rdev` (the node of a moved GPU that a restored
+/// task's descriptor opens, its number the host's), with the mode and owner of the container's `/dev/<like>` where
+/// that is a device node (the node the task held at dump), else 0666 root (the driver's own nodes'). Never follows
+/// a link; `Exists` when anything is at the name already (another task of the tree may have made it first).
+pub fn create_node_like(
+    dev: &ContainerDev,
+    name: &str,
+    kind: FileType,
+    rdev: rustix::fs::Dev,
+    like: &str,
+) -> Result<(), NodeEditError> {
+    if let Ok(st) = rustix::fs::statat(&dev.dev, name, AtFlags::SYMLINK_NOFOLLOW) {
+        let kind = crate::dir::kind_name(FileType::from_raw_mode(st.st_mode));
+        return Err(NodeEditError::Exists { name: name.to_string(), kind });
+    }
+    let like = rustix::fs::statat(&dev.dev, like, AtFlags::SYMLINK_NOFOLLOW)
+        .ok()
+        .filter(|st| matches!(FileType::from_raw_mode(st.st_mode), FileType::CharacterDevice | FileType::BlockDevice));
+    let (mode, uid, gid) = like.map(|s| (s.st_mode & 0o7777, s.st_uid, s.st_gid)).unwrap_or((0o666, 0, 0));
+    make_node(dev, name, kind, rdev, (mode, uid, gid))?;
+    match rustix::fs::statat(&dev.dev, name, AtFlags::SYMLINK_NOFOLLOW) {
+        Ok(st) if FileType::from_raw_mode(st.st_mode) == kind && st.st_rdev == rdev => Ok(()),
+        Ok(st) => Err(NodeEditError::NotAGpuNode {
+            name: name.to_string(),
+            kind: crate::dir::kind_name(FileType::from_raw_mode(st.st_mode)),
+        }),
+        Err(_) => Err(NodeEditError::NotAGpuNode { name: name.to_string(), kind: "gone" }),
+    }
+}
+
+/// `mknodat` and `fchownat` of `name` in `dev`, the mode exactly `mode` and the owner `uid:gid`.
+fn make_node(
+    dev: &ContainerDev,
+    name: &str,
+    kind: FileType,
+    rdev: rustix::fs::Dev,
+    (mode, uid, gid): (u32, u32, u32),
+) -> Result<(), NodeEditError> {
+    let io = |action: &'static str| {
+        move |e: rustix::io::Errno| NodeEditError::Io { pid: dev.pid, action, name: name.to_string(), source: e.into() }
+    };
+    // mknod applies the umask; the node must have the mode exactly. The calling process is single-threaded here
+    // (CRIU's hook thread before any worker starts, or a restored task before CRIU's restorer makes its threads),
+    // so the umask change is seen by no one else.
+    let old = rustix::process::umask(Mode::empty());
+    let made = rustix::fs::mknodat(&dev.dev, name, kind, Mode::from_raw_mode(mode), rdev);
+    rustix::process::umask(old);
+    made.map_err(io("mknod"))?;
+    rustix::fs::chownat(
+        &dev.dev,
+        name,
+        Some(rustix::fs::Uid::from_raw(uid)),
+        Some(rustix::fs::Gid::from_raw(gid)),
+        AtFlags::SYMLINK_NOFOLLOW,
+    )
+    .map_err(io("chown"))
 }
 
 /// Removes `/dev/nvidia<minor>` from the container, only when it is that GPU's character device.

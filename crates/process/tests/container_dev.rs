@@ -218,3 +218,94 @@ fn a_gpu_node_that_is_a_link_to_a_host_file_is_neither_copied_nor_removed() {
     assert_eq!(host.hash(), before, "nothing on the host side changed");
     let _ = std::fs::remove_file(&ready);
 }
+
+/// The root of `pid` as a restored task sees its own `/` (CRIU calls RESTORE_EXT_FILE in the task).
+fn root_of(pid: u32) -> std::fs::File {
+    std::fs::File::open(format!("/proc/{pid}/root")).unwrap()
+}
+
+/// A descriptor held on `/dev/nvidia0` at dump that the restore moves onto GPU 1: `want` stands for the restoring
+/// node's number of `/dev/nvidia1` (here `/dev/zero`'s, char 1:5, which any test machine can open).
+fn reopen_moved(pid: u32) -> Result<(std::os::fd::OwnedFd, bool), ccm_process::claims::ReopenError> {
+    use ccm_identity::claims::{DevNumber, DevType, NvidiaNode};
+    use std::os::fd::AsFd;
+    let want = DevNumber { kind: DevType::Char, major: 1, minor: 5 };
+    let host = ccm_process::container::own_mounts().unwrap();
+    let root = root_of(pid);
+    ccm_process::claims::reopen_moved_gpu_node_in(
+        root.as_fd(),
+        pid,
+        (NvidiaNode::Gpu(1), NvidiaNode::Gpu(0)),
+        want,
+        libc::O_RDWR,
+        None,
+        &host,
+    )
+}
+
+#[test]
+fn a_moved_gpus_node_is_added_to_the_tasks_own_dev_with_the_held_nodes_mode_then_reopened() {
+    let ready = std::env::temp_dir().join(format!("ccm-devready-moved-{}", std::process::id()));
+    let _ = std::fs::remove_file(&ready);
+    // CRIU's copy of the dumped /dev: the held GPU's node (a stand-in number, mode 620, group 44) and no nvidia1.
+    let script = format!(
+        "mount -t tmpfs -o mode=755 tmpfs /dev && mknod -m 620 /dev/nvidia0 c 1 3 && chown 0:44 /dev/nvidia0 \
+         && touch {} && exec sleep 60",
+        ready.display()
+    );
+    let Some((_c, pid)) = start(&script, &ready) else { return };
+    let (fd, added) = reopen_moved(pid).unwrap();
+    assert!(added, "the node was missing, so it was added");
+    let node = std::fs::symlink_metadata(format!("/proc/{pid}/root/dev/nvidia1")).unwrap();
+    assert!(node.file_type().is_char_device());
+    assert_eq!((nix::sys::stat::major(node.rdev()), nix::sys::stat::minor(node.rdev())), (1, 5));
+    assert_eq!(node.permissions().mode() & 0o7777, 0o620, "the held node's mode");
+    assert_eq!((node.uid(), node.gid()), (0, 44), "the held node's owner");
+    let opened = std::fs::metadata(format!("/proc/self/fd/{}", std::os::fd::AsRawFd::as_raw_fd(&fd))).unwrap();
+    assert_eq!(opened.rdev(), node.rdev(), "the descriptor is of the added node");
+    // Another task of the tree finds it there: opened, not added again.
+    let (_fd, added) = reopen_moved(pid).unwrap();
+    assert!(!added);
+    let _ = std::fs::remove_file(&ready);
+}
+
+#[test]
+fn a_moved_gpus_node_is_never_added_to_a_dev_the_host_shares_or_behind_a_link() {
+    let host = HostSide::new("moved");
+    let before = host.hash();
+    let t = tempfile::tempdir().unwrap();
+    let ready = t.path().join("ready");
+    for (what, script, says) in [
+        (
+            "a host tmpfs bound on /dev",
+            format!("mount --bind {} /dev; touch {}; exec sleep 60", host.0.display(), ready.display()),
+            "the host also has mounted",
+        ),
+        (
+            "a /dev that is a link to the host's directory",
+            chroot_script(
+                &t.path().join("root"),
+                &format!("mkdir -p $R/{h}; ln -s {h} $R/dev", h = host.0.display()),
+                &ready,
+            ),
+            "a /dev that is a link is refused",
+        ),
+        (
+            "a /dev of the container's root file system",
+            chroot_script(&t.path().join("root2"), "mkdir -p $R/dev; mknod $R/dev/nvidia0 c 1 3", &ready),
+            "no mount of its own",
+        ),
+    ] {
+        let _ = std::fs::remove_file(&ready);
+        let Some((_c, pid)) = start(&script, &ready) else { return };
+        // Refused: a link before any node is looked for, the others when the node is found missing.
+        let e = reopen_moved(pid).unwrap_err();
+        assert!(e.to_string().contains(says), "{what}: {e}");
+        if !what.contains("link") {
+            assert!(matches!(e, ccm_process::claims::ReopenError::NotAdded { .. }), "{what}: {e}");
+            assert!(e.to_string().contains("/dev/nvidia1 is not in the restored task's /dev"), "{what}: {e}");
+        }
+    }
+    assert!(!t.path().join("root2/dev/nvidia1").exists(), "nothing added to the root file system");
+    assert_eq!(host.hash(), before, "nothing on the host side changed");
+}

@@ -13,6 +13,7 @@
 
 use serde::Deserialize;
 
+use ccm_identity::claims::{DevNumber, DevType, NvidiaNode};
 use ccm_identity::gpu::{GpuIdentity, GpuUuid, PciAddress};
 use ccm_identity::text;
 
@@ -75,7 +76,22 @@ struct SpecDevice {
     path: String,
     #[serde(rename = "type")]
     kind: Option<String>,
+    major: Option<i64>,
     minor: Option<i64>,
+}
+
+impl SpecDevice {
+    /// The device number the entry names, when it names one completely.
+    fn number(&self) -> Option<DevNumber> {
+        let kind = match self.kind.as_deref()? {
+            "c" | "u" => DevType::Char,
+            "b" => DevType::Block,
+            _ => return None,
+        };
+        let major = u32::try_from(self.major?).ok()?;
+        let minor = u32::try_from(self.minor?).ok()?;
+        Some(DevNumber { kind, major, minor })
+    }
 }
 
 #[derive(Debug, Deserialize)]
@@ -117,20 +133,38 @@ pub fn nvidia_minor_of_path(path: &str) -> Option<u32> {
 /// `Ok(None)`: the spec says nothing about GPUs (the caller keeps its default). `Err`: the spec
 /// cannot be read, or names GPUs the plugin cannot map; the restore is refused.
 pub fn gpus_given_by_spec(spec_json: &str, node_gpus: &[GpuIdentity]) -> Result<Option<GivenGpus>, SpecError> {
+    gpus_given_by_spec_with_stand_ins(spec_json, node_gpus, &[])
+}
+
+/// [`gpus_given_by_spec`] where exact device numbers stand for NVIDIA nodes: the test doubles' stand-ins
+/// (`CCM_TEST_DOUBLE_NVIDIA_DEVICES`: a loop block device as `/dev/nvidiaN`, which a process can hold open). A
+/// `linux.devices` entry named `/dev/nvidiaN` whose number stands for a GPU's node is that GPU's, of any type.
+pub fn gpus_given_by_spec_with_stand_ins(
+    spec_json: &str,
+    node_gpus: &[GpuIdentity],
+    stand_ins: &[(DevNumber, NvidiaNode)],
+) -> Result<Option<GivenGpus>, SpecError> {
     let spec: Spec = serde_json::from_str(spec_json).map_err(|e| SpecError::Malformed(text::shown(&e.to_string())))?;
     if spec.oci_version.trim().is_empty() {
         return Err(SpecError::Malformed("its ociVersion is empty".into()));
     }
     let mut nodes: Vec<(String, u32)> = Vec::new();
     for d in spec.linux.iter().flat_map(|l| &l.devices) {
-        if d.kind.as_deref().is_some_and(|k| k != "c") {
+        let stand_in = d.number().and_then(|n| {
+            stand_ins.iter().find_map(|(s, node)| match node {
+                NvidiaNode::Gpu(g) if *s == n => Some(*g),
+                _ => None,
+            })
+        });
+        if stand_in.is_none() && d.kind.as_deref().is_some_and(|k| k != "c") {
             continue;
         }
         if let Some(m) = nvidia_minor_of_path(&d.path) {
             // The node's own minor decides which GPU it is; the path's number is only a name.
-            let minor = match d.minor {
-                None => m,
-                Some(v) => u32::try_from(v).map_err(|_| {
+            let minor = match (stand_in, d.minor) {
+                (Some(g), _) => g,
+                (None, None) => m,
+                (None, Some(v)) => u32::try_from(v).map_err(|_| {
                     SpecError::Malformed(format!("linux.devices {} has minor {v}", text::shown(&d.path)))
                 })?,
             };
@@ -293,6 +327,23 @@ mod tests {
         let spec =
             r#"{"ociVersion":"1.0.2","linux":{"devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":2}]}}"#;
         assert_eq!(gpus_given_by_spec(spec, &node()).unwrap().unwrap().uuids, vec![node()[2].uuid]);
+    }
+
+    #[test]
+    fn a_test_doubles_stand_in_node_counts_as_the_gpu_it_stands_for_and_nothing_else_does() {
+        // The doubles' loop block devices as /dev/nvidia0 and /dev/nvidia1 (CDI names them by those numbers).
+        let spec = r#"{"ociVersion":"1.2.0","linux":{"devices":[
+            {"path":"/dev/nvidiactl","type":"c","major":10,"minor":237},
+            {"path":"/dev/nvidia1","type":"b","major":7,"minor":4}]}}"#;
+        let stand_ins = [
+            (DevNumber { kind: DevType::Block, major: 7, minor: 3 }, NvidiaNode::Gpu(0)),
+            (DevNumber { kind: DevType::Block, major: 7, minor: 4 }, NvidiaNode::Gpu(1)),
+            (DevNumber { kind: DevType::Char, major: 10, minor: 237 }, NvidiaNode::Control),
+        ];
+        let g = gpus_given_by_spec_with_stand_ins(spec, &node(), &stand_ins).unwrap().unwrap();
+        assert_eq!(g.uuids, vec![node()[1].uuid]);
+        // Without the stand-ins a block device is no GPU node: the spec says nothing about GPUs.
+        assert!(gpus_given_by_spec(spec, &node()).unwrap().is_none());
     }
 
     #[test]
