@@ -623,6 +623,24 @@ fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
                 v["image"] = image_json(i);
             }
         }
+        v["page_files"] = c
+            .images
+            .iter()
+            .filter_map(|(_, i)| Some((i.pid, i.staging.as_ref()?)))
+            .map(|(pid, t)| {
+                serde_json::json!({
+                    "pid": pid,
+                    "name": ccm_identity::staging::page_file_name(pid),
+                    "bytes": t.file_bytes,
+                    "regions": t.regions.len(),
+                    "region_bytes": t.region_bytes(),
+                    "chunk_bytes": t.chunk_bytes,
+                    "chunks": t.chunk_count(),
+                    "holes": t.holes(),
+                })
+            })
+            .collect::<Vec<_>>()
+            .into();
         v["needs"] = needs(&c);
         println!("{}", serde_json::to_string_pretty(&v).map_err(input)?);
         return Ok(());
@@ -725,6 +743,9 @@ fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
                 held
             );
         }
+        if let Some(t) = &img.staging {
+            println!("  {}", staging_line(img.pid, t));
+        }
         let env = &img.env;
         for (k, v) in [
             ("CUDA_VISIBLE_DEVICES", &env.cuda_visible_devices),
@@ -740,6 +761,25 @@ fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
         println!("\n{name}:\n{text}");
     }
     Ok(())
+}
+
+/// The line `inspect` prints for a process whose staging pages the plugin wrote (issue 47): its page file, checked
+/// whole when the checkpoint was read (there, and of the size its table names), and what the table holds.
+fn staging_line(pid: u32, t: &ccm_identity::staging::StagingTable) -> String {
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20));
+    let holes = t.holes();
+    format!(
+        "staging pages: the driver's {} in {} region(s), written by the plugin to {} ({}, its size checked); {} \
+         chunk(s) of {}, {holes} of them all zero and left out as holes ({} not written), each written chunk with its \
+         CRC-32",
+        mib(t.region_bytes()),
+        t.regions.len(),
+        ccm_identity::staging::page_file_name(pid),
+        mib(t.file_bytes),
+        t.chunk_count(),
+        mib(t.chunk_bytes),
+        mib(t.region_bytes().saturating_sub(t.file_bytes)),
+    )
 }
 
 /// This node as the command-line tool sees it: NVML, called directly (no agent: the tool is no

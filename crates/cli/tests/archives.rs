@@ -64,6 +64,29 @@ fn image(pid: u32) -> Vec<u8> {
 
 /// The same, with the device memory the dump recorded on its GPU.
 fn image_holding(pid: u32, device_memory: Option<u64>) -> Vec<u8> {
+    image_with(pid, device_memory, None)
+}
+
+/// A staging table (issue 47) of one region of three 64 KiB chunks, the middle one all zero: a page file of 128 KiB.
+fn staging_table() -> ccm_identity::staging::StagingTable {
+    use ccm_identity::staging::{StagedChunk, StagingRegion, StagingTable, MIN_CHUNK_BYTES};
+    StagingTable {
+        chunk_bytes: MIN_CHUNK_BYTES,
+        file_bytes: 2 * MIN_CHUNK_BYTES,
+        regions: vec![StagingRegion {
+            start: 0x7f00_0000_0000,
+            len: 3 * MIN_CHUNK_BYTES,
+            chunks: vec![
+                StagedChunk::Data { offset: 0, crc: 1 },
+                StagedChunk::Hole,
+                StagedChunk::Data { offset: MIN_CHUNK_BYTES, crc: 2 },
+            ],
+        }],
+    }
+}
+
+/// [`image_holding`] with the staging table the dump recorded, if any.
+fn image_with(pid: u32, device_memory: Option<u64>, staging: Option<ccm_identity::staging::StagingTable>) -> Vec<u8> {
     let gpu = ccm_identity::GpuIdentity {
         uuid: "GPU-6ebf35c8-1111-2222-3333-444455556666".parse().unwrap(),
         pci: ccm_identity::PciAddress::parse("0000:00:06.0").unwrap(),
@@ -75,7 +98,7 @@ fn image_holding(pid: u32, device_memory: Option<u64>) -> Vec<u8> {
     };
     let uuid = gpu.uuid;
     IdentityImage {
-        staging: None,
+        staging,
         pid,
         host_pid: 4000 + pid,
         dumped_at_unix: 1_790_000_000,
@@ -613,5 +636,46 @@ fn a_closed_stdout_ends_inspect_quietly() {
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(stdout.trim(), "status 141", "json {json}: {stdout} {stderr}");
         assert!(stderr.is_empty(), "json {json}: quiet, no panic: {stderr}");
+    }
+}
+
+#[test]
+fn inspect_shows_a_processes_page_file_and_a_cut_one_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let with_pages = |page_file_bytes: Option<usize>| {
+        let mut t = Tar::new();
+        t.dir("checkpoint")
+            .file("checkpoint/inventory.img", b"\x54\xc6\x60\x58inventory")
+            .file("checkpoint/cuda-migrate-7.img", &image_with(7, Some(64 << 20), Some(staging_table())));
+        if let Some(n) = page_file_bytes {
+            t.file("checkpoint/cuda-migrate-pages-7.img", &vec![0x5a; n]);
+        }
+        t.finish()
+    };
+    let whole = write(dir.path(), "whole.tar", &with_pages(Some(128 << 10)));
+    let out = run(&["inspect", &whole], QUICK);
+    let all = text(&out);
+    assert_eq!(out.status.code(), Some(0), "{all}");
+    assert!(
+        all.contains(
+            "staging pages: the driver's 0.2 MiB in 1 region(s), written by the plugin to cuda-migrate-pages-7.img \
+             (0.1 MiB, its size checked); 3 chunk(s) of 0.1 MiB, 1 of them all zero and left out as holes (0.1 MiB not \
+             written)"
+        ),
+        "{all}"
+    );
+    let out = run(&["inspect", "--json", &whole], QUICK);
+    let v: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let pages = &v["page_files"][0];
+    assert_eq!(pages["name"], "cuda-migrate-pages-7.img", "{v}");
+    assert_eq!(
+        (pages["bytes"].as_u64(), pages["chunks"].as_u64(), pages["holes"].as_u64()),
+        (Some(128 << 10), Some(3), Some(1))
+    );
+    // A cut page file, or none: refused before anything else, naming the file and the fix.
+    for (name, pages) in [("cut.tar", Some(100 << 10)), ("none.tar", None)] {
+        let path = write(dir.path(), name, &with_pages(pages));
+        let out = run(&["inspect", &path], QUICK);
+        assert_clean_failure(&out, 2, &["cuda-migrate-pages-7.img"]);
     }
 }
