@@ -339,7 +339,7 @@ case_two_processes() {
     tr=$(elapsed "$t0")
     go_round "$c/ctl/a" 2; go_round "$c/ctl/b" 2
     if sa=$(check_sample_report "$c/ctl/a/report2.json") && sb=$(check_sample_report "$c/ctl/b/report2.json"); then
-        record c3-runc-two-processes "both CUDA processes restored, identity agrees, data intact" "a: $sa; b: $sb; images: $(count_files "$c"/img/cuda-migrate-[0-9]*.img)" PASS "checkpoint ${td}s, restore ${tr}s; $(grep -o 'checkpoint of [0-9]* CUDA process(es) took [0-9.]* s' "$c/img.work/dump.log")"
+        record c3-runc-two-processes "both CUDA processes restored, identity agrees, data intact" "a: $sa; b: $sb; images: $(count_files "$c"/img/cuda-migrate-[0-9]*.img)" PASS "checkpoint ${td}s, restore ${tr}s; $(grep -o '^.*criu-cuda-migrate: checkpoint of [0-9]* CUDA process(es) took [0-9.]* s' "$c/img.work/dump.log" | grep -o 'checkpoint of .*' | tail -n1)"
     else
         record c3-runc-two-processes "both restored, identity agrees" "a: ${sa:-?}; b: ${sb:-?}" FAIL "checkpoint ${td}s, restore ${tr}s"
     fi

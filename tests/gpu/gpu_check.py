@@ -240,19 +240,23 @@ def plugin_lines(path, pattern=None):
 def phase_seconds(log, phase):
     """Seconds the plugin spent in its checkpoint (dump log) or restore (restore log) phase for all
     processes together, from its own timing lines:
-      1. `checkpoint of N CUDA process(es) took X s` / `restore of N ... took X s` (the whole
-         parallel batch, as the engine logs it);
+      1. `driver checkpoint of N CUDA process(es) took X s` / `driver restore of N ... took X s` (the
+         driver's part of the parallel batch), else `checkpoint of N ... took X s` / `restore of N ...`
+         (the whole batch, as older plugins log it);
       2. else the longest per-process driver call (`cuCheckpointProcessCheckpoint X s` /
          `cuCheckpointProcessRestore ... X s`);
       3. else, by CRIU's timestamps, the span from the first to the last plugin line naming the
          phase.
     None when the log has none of these."""
     lines = plugin_lines(log)
-    batch = re.compile(rf"\b{phase} of \d+ .*?took ([0-9.]+) ?s", re.I)
-    for _ts, text in lines:
-        m = batch.search(text)
-        if m:
-            return float(m.group(1))
+    # `driver checkpoint of N ... took` first: the driver's part alone (the batch's line also counts the staging
+    # pages' write or fill, which have timing lines of their own); older plugins log only the batch's line.
+    for pattern in (rf"\bdriver {phase} of \d+ .*?took ([0-9.]+) ?s", rf"\b{phase} of \d+ .*?took ([0-9.]+) ?s"):
+        batch = re.compile(pattern, re.I)
+        for _ts, text in lines:
+            m = batch.search(text)
+            if m:
+                return float(m.group(1))
     call = re.compile(rf"cuCheckpointProcess{phase}\b[^;]*?([0-9]+\.[0-9]+) ?s", re.I)
     calls = [float(m.group(1)) for _ts, text in lines for m in [call.search(text)] if m]
     if calls:

@@ -691,6 +691,12 @@ impl DumpSession {
         }
         let started = Instant::now();
         let (mut results, memory) = checkpoint_batch(&node, &*self.seams.targets, &self.config, &todo);
+        // The driver's part alone (the staging write below is timed on its own line; the batch's line has both).
+        info!(
+            "driver checkpoint of {} CUDA process(es) took {:.3} s (parallel)",
+            todo.len(),
+            started.elapsed().as_secs_f64()
+        );
         // Written through CRIU's own descriptor of the image directory: it may be in another mount
         // namespace than any path we could name, and a path could be swapped under us.
         let dir =
