@@ -97,6 +97,11 @@ pub const STATE_RUNNING: c_int = 0;
 pub const STATE_LOCKED: c_int = 1;
 pub const STATE_CHECKPOINTED: c_int = 2;
 pub const STATE_FAILED: c_int = 3;
+/// CUDA 13.4 (driver r615): a checkpoint to the caller's custom storage is under way (the target's device memory is
+/// mapped into the caller until `cuCheckpointOperationComplete`).
+pub const STATE_CHECKPOINTING: c_int = 4;
+/// CUDA 13.4: a restore from the caller's custom storage is under way (until `cuCheckpointOperationComplete`).
+pub const STATE_RESTORING: c_int = 5;
 
 /// `CUcheckpointLockArgs`: `timeoutMs` at offset 0 (0: no timeout).
 #[repr(C)]
@@ -145,29 +150,53 @@ const _: () = {
 /// The newest CUDA driver API version (`cuDriverGetVersion`) whose restore-argument layout this
 /// build knows: 13.4.
 pub const NEWEST_KNOWN_DRIVER_API: i32 = 13040;
+/// The first CUDA driver API version whose `CUcheckpointRestoreArgs` carry a device map (`gpuPairs`): 13.0 (driver
+/// r580). In 12.8 and 12.9 (r570, r575) the struct is reserved words only.
+pub const FIRST_DEVICE_MAP_DRIVER_API: i32 = 13000;
 
 /// Whether [`RestoreArgs`] may carry a device map on a driver of this `cuDriverGetVersion`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum RestoreArgsLayout {
-    /// CUDA 12.8 (the checkpoint API with GPU pairs) through [`NEWEST_KNOWN_DRIVER_API`].
+    /// CUDA 13.0 (the first restore arguments with GPU pairs) through [`NEWEST_KNOWN_DRIVER_API`].
     Known,
+    /// CUDA 12.8 or 12.9: the restore arguments are reserved words; a restore onto the same GPUs (no arguments)
+    /// works, a device map cannot be given. The text says what to do.
+    NoDeviceMap(String),
     /// A newer driver: a restore onto the same GPUs (no arguments) is safe; a map is not passed,
     /// because its struct may have changed. The text says what to do.
     Unknown(String),
 }
 
+impl RestoreArgsLayout {
+    /// Why no device map may be passed to this driver (`None`: it may).
+    pub fn no_map_why(&self) -> Option<&str> {
+        match self {
+            RestoreArgsLayout::Known => None,
+            RestoreArgsLayout::NoDeviceMap(why) | RestoreArgsLayout::Unknown(why) => Some(why),
+        }
+    }
+}
+
 pub fn restore_args_layout(driver_api: i32) -> RestoreArgsLayout {
+    let shown = |v: i32| format!("{}.{}", v / 1000, (v % 1000) / 10);
+    if driver_api < FIRST_DEVICE_MAP_DRIVER_API {
+        return RestoreArgsLayout::NoDeviceMap(format!(
+            "the driver's CUDA API {} (driver r570/r575) has no device map in its checkpoint restore arguments \
+             (CUcheckpointRestoreArgs gained gpuPairs in CUDA {}, driver r580): restores onto the same GPUs work; \
+             to restore onto other GPUs, install driver 580 or later on both nodes",
+            shown(driver_api),
+            shown(FIRST_DEVICE_MAP_DRIVER_API)
+        ));
+    }
     if driver_api <= NEWEST_KNOWN_DRIVER_API {
         return RestoreArgsLayout::Known;
     }
     RestoreArgsLayout::Unknown(format!(
-        "the driver's CUDA API {}.{} is newer than this build of criu-cuda-migrate knows ({}.{}): its \
+        "the driver's CUDA API {} is newer than this build of criu-cuda-migrate knows ({}): its \
          CUcheckpointRestoreArgs may differ, so no device map is passed to it. Restores onto the same GPUs work; \
          for a migration, update criu-cuda-migrate",
-        driver_api / 1000,
-        (driver_api % 1000) / 10,
-        NEWEST_KNOWN_DRIVER_API / 1000,
-        (NEWEST_KNOWN_DRIVER_API % 1000) / 10
+        shown(driver_api),
+        shown(NEWEST_KNOWN_DRIVER_API)
     ))
 }
 
@@ -191,6 +220,12 @@ mod tests {
     #[test]
     fn a_newer_driver_gets_no_device_map() {
         assert_eq!(restore_args_layout(13000), RestoreArgsLayout::Known);
+        // CUDA 12.8 and 12.9: the restore arguments are reserved words, no map can be given.
+        for old in [12080, 12090] {
+            let l = restore_args_layout(old);
+            assert!(matches!(l, RestoreArgsLayout::NoDeviceMap(_)), "{old}: {l:?}");
+            assert!(l.no_map_why().unwrap().contains("install driver 580 or later"), "{l:?}");
+        }
         assert_eq!(restore_args_layout(13040), RestoreArgsLayout::Known);
         let RestoreArgsLayout::Unknown(why) = restore_args_layout(14000) else { panic!("14.0 is unknown") };
         assert!(why.contains("14.0") && why.contains("update criu-cuda-migrate"), "{why}");

@@ -18,6 +18,10 @@ pub enum ProcessState {
     Locked,
     Checkpointed,
     Failed,
+    /// CUDA 13.4: a checkpoint to another caller's custom storage is under way, or was left unfinished.
+    Checkpointing,
+    /// CUDA 13.4: a restore from another caller's custom storage is under way, or was left unfinished.
+    Restoring,
     /// A value this build does not know (a newer driver).
     Other(i32),
 }
@@ -30,6 +34,8 @@ impl ProcessState {
             abi::STATE_LOCKED => ProcessState::Locked,
             abi::STATE_CHECKPOINTED => ProcessState::Checkpointed,
             abi::STATE_FAILED => ProcessState::Failed,
+            abi::STATE_CHECKPOINTING => ProcessState::Checkpointing,
+            abi::STATE_RESTORING => ProcessState::Restoring,
             o => ProcessState::Other(o),
         }
     }
@@ -42,6 +48,8 @@ impl std::fmt::Display for ProcessState {
             ProcessState::Locked => f.write_str("LOCKED"),
             ProcessState::Checkpointed => f.write_str("CHECKPOINTED"),
             ProcessState::Failed => f.write_str("FAILED"),
+            ProcessState::Checkpointing => f.write_str("CHECKPOINTING (custom storage)"),
+            ProcessState::Restoring => f.write_str("RESTORING (custom storage)"),
             ProcessState::Other(v) => write!(f, "state {v}"),
         }
     }
@@ -143,15 +151,14 @@ impl CheckpointApi {
     pub fn restore(&self, pid: i32, pairs: &[(GpuUuid, GpuUuid)]) -> Result<(), CudaError> {
         let raw: Vec<GpuPair> =
             pairs.iter().map(|(o, n)| GpuPair { old_uuid: *o.as_bytes(), new_uuid: *n.as_bytes() }).collect();
-        if let (false, abi::RestoreArgsLayout::Unknown(why)) =
-            (raw.is_empty(), abi::restore_args_layout(self.driver_api))
-        {
-            // Never hand a newer driver a struct it may read differently.
+        let layout = abi::restore_args_layout(self.driver_api);
+        if let (false, Some(why)) = (raw.is_empty(), layout.no_map_why()) {
+            // Never hand a driver a struct it reads differently (an older one's reserved words, a newer one's).
             return Err(CudaError {
                 call: "cuCheckpointProcessRestore",
                 code: abi::CudaCode::NotSupported,
                 name: "CUDA_ERROR_NOT_SUPPORTED".into(),
-                description: why,
+                description: why.to_string(),
             });
         }
         let r = if raw.is_empty() {

@@ -3,7 +3,7 @@
 
 use std::path::PathBuf;
 
-use ccm_driver::abi::{restore_args_layout, RestoreArgsLayout};
+use ccm_driver::abi::restore_args_layout;
 use ccm_identity::image::{IdentityImage, ImageError};
 use ccm_identity::map::{self, Concern, DeviceMap, MapError, MapRequest, UsableGpus};
 use ccm_identity::memory::{self, ProcessNeed, TargetNeed};
@@ -206,9 +206,10 @@ pub enum PreflightError {
          driver (`nvidia-smi`) and that CRIU runs where it sees the GPUs"
     )]
     NvmlFailed(String),
-    /// The driver is newer than this build knows, and the map moves a GPU.
+    /// The driver's restore arguments cannot carry a device map (older than CUDA 13.0, or newer than this build
+    /// knows), and the map moves a GPU.
     #[error("{0}")]
-    DriverTooNew(String),
+    NoDeviceMap(String),
     #[error(transparent)]
     Memory(#[from] memory::MemoryError),
 }
@@ -250,8 +251,8 @@ pub fn run(
     }
     let plans = plan(images, node.gpus(), config, usable)?;
     if plans.iter().any(|p| !p.map.is_identity()) {
-        if let RestoreArgsLayout::Unknown(why) = restore_args_layout(node.cuda_driver_version()) {
-            return Err(PreflightError::DriverTooNew(why));
+        if let Some(why) = restore_args_layout(node.cuda_driver_version()).no_map_why() {
+            return Err(PreflightError::NoDeviceMap(why.to_string()));
         }
     }
     let memory = if plans.is_empty() {

@@ -34,6 +34,8 @@ fn state_code(s: ProcessState) -> i32 {
         ProcessState::Locked => 1,
         ProcessState::Checkpointed => 2,
         ProcessState::Failed => 3,
+        ProcessState::Checkpointing => 4,
+        ProcessState::Restoring => 5,
         ProcessState::Other(v) => v,
     }
 }
