@@ -6,6 +6,12 @@
 #
 #   bash tests/gpu/staging-bench.sh                       (after tests/gpu/prepare.sh; .device carried)
 #   CCM_SB_PLAN="tmpfs:1,8,32 disk:8" bash tests/gpu/staging-bench.sh
+#   CCM_SB_PLAN="tmpfs:kv disk:kv" bash tests/gpu/staging-bench.sh   (the torch case below)
+#
+# A size `kv` is the issue's torch case instead of the sample workload: tests/gpu/torch_workload.py with 16 GiB of
+# weights (a pattern) and a KV-cache-like 16 GiB allocation of which 2 GiB are written (CCM_SB_KV="WEIGHTS KV
+# WRITTEN", in MiB, changes them); its row's GiB column reads `kv`, and the page file's size is compared with the
+# bytes written (weights + written KV) in the log and the table's notes.
 #
 # Writes $OUT/staging-bench.tsv (one row per run) and $OUT/staging-bench.md (the table for docs/BENCHMARKS.md), and
 # each run's CRIU logs under $OUT/logs/. Columns: storage, GiB, mode, dump wall, the driver's checkpoint, the
@@ -56,6 +62,21 @@ mem_sampler() {
 # timing LOG PATTERN: the first number before " s" on the plugin's line matching PATTERN.
 timing() { grep -a "$2" "$1" 2>/dev/null | head -n1 | grep -oE '[0-9]+\.[0-9]+ s' | head -n1 | cut -d' ' -f1; }
 
+# launch_kv_workload DIR: the torch case (see the header), W_PID its pid once ready.
+launch_kv_workload() {
+    local dir=$1 weights kv written
+    read -r weights kv written <<<"${CCM_SB_KV:-16384 16384 2048}"
+    mkdir -p "$dir"
+    start_detached "$dir" "$dir/torch.log" python3 "$REPO/tests/gpu/torch_workload.py" --dir "$dir" --mib "$weights" \
+        --kv-mib "$kv" --kv-written-mib "$written" --rounds 2
+    if ! wait_file "$dir/ready" "$READY_TIMEOUT" "$STARTED_PID"; then
+        fail "$CASE" "torch workload ready" "not ready in ${READY_TIMEOUT}s: $(tail -n 2 "$dir/torch.log" | tr '\n' ' ')"
+    fi
+    W_PID=$(<"$dir/ready")
+    W_PID=${W_PID//[!0-9]/}
+    log "$CASE: torch, $weights MiB of weights, $kv MiB KV of which $written MiB written: pid $W_PID"
+}
+
 one_run() { # STORAGE GIB MODE
     local storage=$1 gib=$2 mode=$3 base d avail0 low peak size ckpt write fill drst criu_own data
     base=$(storage_dir "$storage")
@@ -63,7 +84,11 @@ one_run() { # STORAGE GIB MODE
     rm -rf "$d"
     mkdir -p "$d"
     CASE="staging-$storage-${gib}GiB-$mode"
-    launch_workload "$d/w" $((gib * 1024)) 0 2
+    if [[ $gib == kv ]]; then
+        launch_kv_workload "$d/w"
+    else
+        launch_workload "$d/w" $((gib * 1024)) 0 2
+    fi
     sync
     echo 3 >/proc/sys/vm/drop_caches
     avail0=$(awk '/^MemAvailable:/ { print $2 }' /proc/meminfo)
@@ -88,7 +113,11 @@ one_run() { # STORAGE GIB MODE
         return
     fi
     data=no
-    if round "$d/w" 1 "$W_PID" && "${CHECK[@]}" report "$d/w/report1.json" --data-ok >/dev/null; then data=yes; fi
+    if [[ $gib == kv ]]; then
+        round "$d/w" 1 "$W_PID" && "${CHECK[@]}" torch "$d/w/report1.json" >/dev/null && data=yes
+    elif round "$d/w" 1 "$W_PID" && "${CHECK[@]}" report "$d/w/report1.json" --data-ok >/dev/null; then
+        data=yes
+    fi
     ckpt=$("${CHECK[@]}" phase "$d/dump.log" checkpoint)
     drst=$("${CHECK[@]}" phase "$d/restore.log" restore)
     write=$(timing "$d/dump.log" 'timing: staging write')

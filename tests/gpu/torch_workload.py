@@ -69,6 +69,10 @@ def main():
     p.add_argument("--device", default="cuda:0")
     p.add_argument("--seed", type=int, default=1000)
     p.add_argument("--rounds", type=int, default=1)
+    # A KV-cache-like allocation (issue 47's benchmark): --kv-mib of device memory of which only the first
+    # --kv-written-mib are written (a pattern of another seed), the rest never touched.
+    p.add_argument("--kv-mib", type=int, default=0)
+    p.add_argument("--kv-written-mib", type=int, default=0)
     a = p.parse_args()
 
     import torch  # after closing fds: importing opens nothing that must survive
@@ -77,15 +81,21 @@ def main():
     torch.cuda.set_device(dev)
     n = a.mib * (1 << 20) // 4
     data = pattern(torch, n, a.seed, dev)
+    kv, kv_n = None, a.kv_written_mib * (1 << 20) // 4
+    if a.kv_mib > 0:
+        kv = torch.empty(a.kv_mib * (1 << 20) // 4, dtype=torch.int32, device=dev)
+        kv[:kv_n] = pattern(torch, kv_n, a.seed + 1, dev)
     torch.cuda.synchronize()
     write_atomic(a.dir, "ready", f"{os.getpid()}\n")
-    print(f"torch_workload[{os.getpid()}]: ready, {a.mib} MiB on {dev}", flush=True)
+    print(f"torch_workload[{os.getpid()}]: ready, {a.mib} MiB (+ {a.kv_mib} MiB KV, {a.kv_written_mib} written) on {dev}", flush=True)
 
     for k in range(1, a.rounds + 1):
         wait_for(a.dir, f"go{k}")
         report = {"pid": os.getpid(), "round": k, "device": str(dev), "data_ok": False, "work_ok": False, "error": None}
         try:
             report["data_ok"] = bool(torch.equal(data, pattern(torch, n, a.seed, dev)))
+            if kv is not None:
+                report["data_ok"] = report["data_ok"] and bool(torch.equal(kv[:kv_n], pattern(torch, kv_n, a.seed + 1, dev)))
             x = torch.randn(2048, 2048, device=dev)
             y = (x @ x.T).trace()
             z = torch.ones(1 << 20, device=dev).sum()
