@@ -197,6 +197,19 @@ holds() {
     echo
 }
 
+# tree_snapshot ROOT: every process of ROOT's tree as the kernel shows it now: pid, ppid, state, threads, comm, and
+# each thread's children list (what CRIU and `job` walk); for the row whose job and CRIU saw fewer processes than
+# this walk (issue 46's tr-scale, run 3).
+tree_snapshot() {
+    local p t
+    for p in $(descendants "$1"); do
+        echo "pid $p ppid $(awk '{ print $4 }' "/proc/$p/stat" 2>/dev/null) state $(awk '{ print $3 }' "/proc/$p/stat" 2>/dev/null) threads $(find "/proc/$p/task" -mindepth 1 -maxdepth 1 2>/dev/null | wc -l) comm $(cat "/proc/$p/comm" 2>/dev/null) tgid-status $(awk '/^(Tgid|NSpid):/ { printf "%s ", $0 }' "/proc/$p/status" 2>/dev/null)"
+        for t in /proc/"$p"/task/*; do
+            [[ -s $t/children ]] && echo "  task ${t##*/} children: $(cat "$t/children")"
+        done
+    done
+}
+
 holds_tree() { # ROOT: holds of every process of ROOT's tree
     local p
     echo "# /proc/devices: $(grep -i nvidia /proc/devices | tr '\n' ' ')"
@@ -424,7 +437,10 @@ case_bare() {
         return
     fi
     holds_tree "$root" >"$LOGS/$name-holds.txt"
+    tree_snapshot "$root" >"$LOGS/$name-tree-before-job.txt"
     job_check "$root" "$name"
+    echo "$JOB_OUT" >"$LOGS/$name-job.txt"
+    tree_snapshot "$root" >"$LOGS/$name-tree-before-dump.txt"
     tree_pids=$(descendants "$root")
     log "$name: dumping tree $(echo "$tree_pids" | tr '\n' ' ')"
     local t0
@@ -701,7 +717,10 @@ phase_move_dump() {
         return
     fi
     holds_tree "$root" >"$LOGS/$name-holds.txt"
+    tree_snapshot "$root" >"$LOGS/$name-tree-before-job.txt"
     job_check "$root" "$name"
+    echo "$JOB_OUT" >"$LOGS/$name-job.txt"
+    tree_snapshot "$root" >"$LOGS/$name-tree-before-dump.txt"
     tree_pids=$(descendants "$root")
     t0=$(now)
     # shellcheck disable=SC2046
