@@ -156,6 +156,8 @@ for item in $PLAN; do
 done
 {
     echo "GPU: $(nvidia-smi --query-gpu=name,driver_version --format=csv,noheader | head -n1); $(nproc) CPUs"
+    # What decides how fast the driver pins the staging pages: huge pages or not, and which memory node they are on.
+    echo "transparent huge pages: $(cat /sys/kernel/mm/transparent_hugepage/enabled 2>/dev/null), defrag $(cat /sys/kernel/mm/transparent_hugepage/defrag 2>/dev/null); $(lscpu 2>/dev/null | grep -i '^NUMA node(s)' | tr -s ' ')"
     for s in "${speeds[@]}"; do echo "storage $s"; done
     echo
     echo "| storage | GiB | mode | dump wall | driver checkpoint | staging write | CRIU's own (dump) | restore wall | staging fill | driver restore | images | peak host memory (dump) | data |"

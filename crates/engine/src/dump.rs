@@ -697,6 +697,11 @@ impl DumpSession {
             todo.len(),
             started.elapsed().as_secs_f64()
         );
+        crate::restore::log_anon_backing(
+            &*self.seams.targets,
+            todo.iter().map(|(pid, _)| *pid),
+            "after the driver's checkpoint",
+        );
         // Written through CRIU's own descriptor of the image directory: it may be in another mount
         // namespace than any path we could name, and a path could be swapped under us.
         let dir =

@@ -592,6 +592,9 @@ impl Targets for FakeTargets {
     fn own_mounts(&self) -> Result<Vec<ccm_process::mountinfo::MountEntry>, ProcessError> {
         Ok(self.script().own_mounts.clone())
     }
+    fn anon_rollup(&self, _pid: u32) -> Option<ccm_process::maps::AnonRollup> {
+        None
+    }
     fn restoring_runtime_spec(&self) -> Result<Option<RuntimeSpec>, FileError> {
         match self.script().spec.clone() {
             None => Ok(None),

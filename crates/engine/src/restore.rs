@@ -269,6 +269,7 @@ impl RestoreSession {
         // them; a process whose pages cannot is not restored by the driver (it must not run: its tree is killed).
         let unfilled = self.fill_staging(&jobs);
         let (jobs, refused): (Vec<_>, Vec<_>) = jobs.into_iter().partition(|(j, _)| !unfilled.contains_key(&j.pid));
+        log_anon_backing(targets, jobs.iter().map(|(j, _)| j.pid), "before the driver's restore");
         // Restore threads run; everything else of each task stays stopped until CRIU resumes it.
         let config = &self.config;
         let driver_t0 = Instant::now();
@@ -488,6 +489,24 @@ fn with_host_mounts(targets: &dyn Targets, mut planned: RestoreClaims) -> Restor
         }
     }
     planned
+}
+
+/// At debug level (CRIU's `-v4`), how each process's anonymous memory is backed, the staging pages among it:
+/// transparent huge pages or 4 KiB pages, which the driver pins for its copy (the kernel walks the page tables to
+/// answer, so only when asked for).
+pub(crate) fn log_anon_backing(targets: &dyn Targets, pids: impl Iterator<Item = HostPid>, when: &str) {
+    if !log::log_enabled!(log::Level::Debug) {
+        return;
+    }
+    for pid in pids {
+        if let Some(r) = targets.anon_rollup(pid.get()) {
+            debug!(
+                "pid {pid}: {when}: {} MiB of anonymous memory, {} MiB of it in transparent huge pages",
+                r.anon_kib >> 10,
+                r.huge_kib >> 10
+            );
+        }
+    }
 }
 
 /// The preflight's free-memory verdict, in the log.

@@ -69,6 +69,8 @@ pub trait Targets: Send + Sync {
     fn container_dev(&self, pid: u32) -> Result<DevView, ProcessError>;
     /// CRIU's own mounts (its mount namespace's mountinfo).
     fn own_mounts(&self) -> Result<Vec<ccm_process::mountinfo::MountEntry>, ProcessError>;
+    /// How `pid`'s anonymous memory is backed (transparent huge pages or not), for the log.
+    fn anon_rollup(&self, pid: u32) -> Option<ccm_process::maps::AnonRollup>;
     /// The OCI spec of the runtime that runs this CRIU.
     fn restoring_runtime_spec(&self) -> Result<Option<RuntimeSpec>, FileError>;
     /// This node's hostname (recorded in the identity image).
@@ -210,6 +212,9 @@ impl Targets for RealTargets {
     }
     fn own_mounts(&self) -> Result<Vec<ccm_process::mountinfo::MountEntry>, ProcessError> {
         ccm_process::container::own_mounts()
+    }
+    fn anon_rollup(&self, pid: u32) -> Option<ccm_process::maps::AnonRollup> {
+        ccm_process::maps::anon_rollup(pid).ok()
     }
     fn restoring_runtime_spec(&self) -> Result<Option<RuntimeSpec>, FileError> {
         ccm_process::container::restoring_runtime_spec()
