@@ -482,6 +482,51 @@ $cdi
 EOF
 }
 
+# --- containerd's CRI (cri-flow.sh, cri-cdi-flow.sh, cri-cdi-tree-flow.sh). These need SOCK (containerd's socket)
+# and D (its root and state directory).
+CONTAINER_FLOWS=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
+
+# cri CALL JSON: one CRI call (cri_client.py); its answer as JSON on stdout.
+cri() { python3 "$CONTAINER_FLOWS/cri_client.py" "$SOCK" "$@"; }
+# field JSON-FILE KEY: a top-level string field of a response.
+field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2" 2>/dev/null; }
+# state ID: the container's CRI state (CONTAINER_RUNNING, ...).
+state() { cri ContainerStatus "{\"container_id\":\"$1\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["state"])'; }
+# task_pid ID: the container's host pid; bundle_of ID: its runc shim's bundle (config.json), while it exists.
+task_pid() { cri ContainerStatus "{\"container_id\":\"$1\",\"verbose\":true}" | python3 -c 'import json,sys; print(json.loads(json.load(sys.stdin)["info"]["info"])["pid"])' 2>/dev/null; }
+bundle_of() { echo "$D/state/io.containerd.runtime.v2.task/k8s.io/$1"; }
+
+# cri_runc_conf COPY: the plugin's libdir line in /etc/criu/runc.conf only (what the user guide says for containerd;
+# on a hybrid cgroup v1 host also manage-cgroups=ignore: CRIU cannot restore the v1 cpuset, podman-flow.sh says
+# more), the other CRIU configuration files removed; a copy of it in COPY.
+cri_runc_conf() {
+    mkdir -p /etc/criu
+    rm -f /etc/criu/default.conf /etc/criu/crun.conf
+    {
+        grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
+        grep -qv '^0::' /proc/self/cgroup && echo 'manage-cgroups=ignore'
+    } >/etc/criu/runc.conf
+    cp /etc/criu/runc.conf "$1"
+}
+
+# cri_images STEP IMAGE-TAR PAUSE-TAR: once containerd's CRI answers, the workload's image (IMAGE) and the sandbox's
+# imported, IMAGE tagged REG_IMAGE, pushed to the loopback registry and pulled through CRI, each through the flow's
+# step function STEP (with its prefix); returns 1 at the first failed step. The container's image comes from a
+# registry, as a kubelet's would: containerd 2.1's restore pulls the base image by the NAME@DIGEST the checkpoint
+# recorded (ImageRef), and an image only imported has no such name. Debian's docker-registry serves it on 127.0.0.1
+# over plain HTTP, which containerd's resolvers use for a loopback registry.
+# shellcheck disable=SC2153 # IMAGE and REG_IMAGE are the flow's
+cri_images() {
+    local run=$1
+    for _ in $(seq 150); do cri Version '{}' >/dev/null 2>&1 && break; sleep 0.2; done
+    "$run" version cri Version '{}' || return 1
+    "$run" image ctr --address "$SOCK" --namespace k8s.io images import "$2" || return 1
+    "$run" pause-image ctr --address "$SOCK" --namespace k8s.io images import "$3" || return 1
+    "$run" tag ctr --address "$SOCK" --namespace k8s.io images tag "$IMAGE" "$REG_IMAGE" || return 1
+    "$run" push ctr --address "$SOCK" --namespace k8s.io images push --plain-http "$REG_IMAGE" || return 1
+    "$run" pull cri PullImage "{\"image\":{\"image\":\"$REG_IMAGE\"}}" || return 1
+}
+
 # cri_cleanup STOP: what a CRI flow (cri-flow.sh, cri-cdi-flow.sh) leaves behind, for its EXIT trap: its
 # containers (with STOP=1, stopped before they are removed), the pod sandbox, containerd and the registry, every
 # process and cgroup under CGROUP_PARENT, containerd's shims of SOCK (they outlive containerd), the mounts under
@@ -625,7 +670,7 @@ EOF
 
 # --- A torchrun-like tree in a container (tree-agent.sh: an agent, RANKS ranks of the sample workload, each with
 # forked workers holding the GPU's nodes; podman-cdi-tree-flow.sh, cri-cdi-tree-flow.sh). These need P, S, CTL (the
-# ranks' control directories' parent on this side: CTL/wR) and RANKS.
+# ranks' control directories' parent on this side: CTL/wR) and RANKS; tree_doubles also SIM, G0 and G1.
 
 # rounds CASE K: round K of every rank (go<K>, then done<K>), each rank's report<K>.json copied to
 # S/P-CASE-w<R>-report<K>.json; the status (1 when a rank did not report) in S/P-CASE-round<K>.rc.
@@ -638,6 +683,22 @@ rounds() {
     done
     echo "$rc" >"$S/$P-$case-round$k.rc"
     return "$rc"
+}
+
+# tree_doubles CDI-SPEC: the stand-in nodes of the two GPUs (loop_stand_ins in S/P-loops: LOOPS, STAND_INS), the
+# doubles of G0 and G1 in SIM, and their CDI spec at CDI-SPEC naming the stand-ins' numbers; S/P-stand-ins.txt,
+# S/P-gpus.txt and S/P-cdi.json record them. Returns 1 (S/P-setup.err says why) when no loop device was free.
+tree_doubles() {
+    mkdir -p "$S/$P-loops" "$(dirname "$1")"
+    if ! loop_stand_ins "$S/$P-loops" 2; then
+        echo "no free loop device for the stand-ins of /dev/nvidia0 and /dev/nvidia1" >"$S/$P-setup.err"
+        return 1
+    fi
+    echo "$STAND_INS" >"$S/$P-stand-ins.txt"
+    sim_stack "$SIM" "$S/sim-bin" "$G0" "$G1"
+    echo "$G0 $G1" >"$S/$P-gpus.txt"
+    write_sim_cdi_spec "$1" "$SIM" 0 1 "${STAND_IN_NUMBERS[@]}"
+    cp "$1" "$S/$P-cdi.json"
 }
 
 # children_of PID: the pids whose parent is PID (there is no pgrep in these roots).

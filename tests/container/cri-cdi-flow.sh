@@ -45,7 +45,8 @@ CTL2=$S/ccdi-ctl-restored
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
-# step, make_image, cuda_rootfs, write_sim_cdi_spec, sim_stack
+# step, make_image, cuda_rootfs, write_sim_cdi_spec, sim_stack, cri, field, state, task_pid, bundle_of, cri_runc_conf,
+# cri_images, cri_cleanup
 # shellcheck source=tests/container/common.sh
 . "$HERE/common.sh"
 
@@ -55,9 +56,6 @@ cstep() {
     shift
     step "ccdi-$n" "$@"
 }
-cri() { python3 "$HERE/cri_client.py" "$SOCK" "$@"; }
-field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2" 2>/dev/null; }
-state() { cri ContainerStatus "{\"container_id\":\"$1\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["state"])'; }
 
 # round DIR K NAME: go<K> in DIR, then its report copied to S/ccdi-NAME-report<K>.json; status in
 # S/ccdi-NAME-round<K>.rc.
@@ -70,9 +68,6 @@ round() {
     return "$rc"
 }
 
-# The container's host pid and its spec (the runc shim's bundle) while it exists.
-task_pid() { cri ContainerStatus "{\"container_id\":\"$1\",\"verbose\":true}" | python3 -c 'import json,sys; print(json.loads(json.load(sys.stdin)["info"]["info"])["pid"])' 2>/dev/null; }
-bundle_of() { echo "$D/state/io.containerd.runtime.v2.task/k8s.io/$1"; }
 
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() { cri_cleanup 1; }
@@ -82,13 +77,8 @@ touch "$S/flow.log"
 [ -f /etc/criu/criu-cuda-migrate.conf.example ] ||
     cstep install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
 mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup
-mkdir -p /etc/criu "$D" "$S/ccdi-logs" "$CTL" "$CTL2"
-rm -f /etc/criu/default.conf /etc/criu/crun.conf
-{
-    grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
-    grep -qv '^0::' /proc/self/cgroup && echo 'manage-cgroups=ignore'
-} >/etc/criu/runc.conf
-cp /etc/criu/runc.conf "$S/ccdi-runc.conf"
+mkdir -p "$D" "$S/ccdi-logs" "$CTL" "$CTL2"
+cri_runc_conf "$S/ccdi-runc.conf"
 
 # The doubles and their CDI spec.
 sim_stack "$SIM" "$S/sim-bin" "$G0" "$G1"
@@ -113,8 +103,6 @@ env CRIU_CUDA_MIGRATE_LIBCUDA="$SIM/lib/libcuda.so.1" CRIU_CUDA_MIGRATE_LIBNVML=
 CONTAINERD_PID=$!
 echo "containerd's environment: CRIU_CUDA_MIGRATE_LIBCUDA/LIBNVML, CCM_SIM_CONFIG, CCM_SIM_STATE_DIR (the doubles)" \
     >"$S/ccdi-sim-adjustments.txt"
-for _ in $(seq 150); do cri Version '{}' >/dev/null 2>&1 && break; sleep 0.2; done
-cstep version cri Version '{}' || exit 0
 
 # The images: the CUDA workload's (busybox, the workload, its libraries) and the sandbox's.
 R=/tmp/ccm-ccdi-rootfs
@@ -122,11 +110,7 @@ rm -rf "$R"
 cuda_rootfs "$R" "$S/sim-bin/ccm-sample-workload" "$SIM/lib/libcuda.so.1" "$SIM/lib/libnvidia-ml.so.1"
 make_image /tmp/ccm-cuda-oci.tar "$IMAGE" '["/usr/local/bin/ccm-sample-workload"]' "$R"
 make_image /tmp/ccm-pause-oci.tar "$PAUSE" '["/bin/sleep","2147483647"]'
-cstep image ctr --address "$SOCK" --namespace k8s.io images import /tmp/ccm-cuda-oci.tar || exit 0
-cstep pause-image ctr --address "$SOCK" --namespace k8s.io images import /tmp/ccm-pause-oci.tar || exit 0
-cstep tag ctr --address "$SOCK" --namespace k8s.io images tag "$IMAGE" "$REG_IMAGE" || exit 0
-cstep push ctr --address "$SOCK" --namespace k8s.io images push --plain-http "$REG_IMAGE" || exit 0
-cstep pull cri PullImage "{\"image\":{\"image\":\"$REG_IMAGE\"}}" || exit 0
+cri_images cstep /tmp/ccm-cuda-oci.tar /tmp/ccm-pause-oci.tar || exit 0
 
 POD_CONFIG=$(printf '{"metadata":{"name":"ccm-gpu-pod","uid":"ccm-gpu-pod-uid-%s","namespace":"default","attempt":0},"log_directory":"%s","linux":{"cgroup_parent":"%s","security_context":{"namespace_options":{"network":2,"pid":1,"ipc":0}}}}' \
     "$$" "$S/ccdi-logs" "$CGROUP_PARENT")

@@ -50,17 +50,10 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # step, pstep, ok, note, make_image, cuda_rootfs, write_sim_cdi_spec, sim_stack, runc_for_cri_shim, start_registry,
-# write_cri_config, cri_cleanup, archive_tools, nvidia_nodes, rounds, tree_holdings; tests/lib/common.sh:
-# loop_stand_ins, wait_file
+# write_cri_config, cri, field, state, task_pid, bundle_of, cri_runc_conf, cri_images, cri_cleanup, nvidia_nodes,
+# rounds, tree_holdings, tree_doubles; tests/lib/common.sh: wait_file
 # shellcheck source=tests/container/common.sh
 . "$HERE/common.sh"
-
-cri() { python3 "$HERE/cri_client.py" "$SOCK" "$@"; }
-field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2" 2>/dev/null; }
-state() { cri ContainerStatus "{\"container_id\":\"$1\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["state"])'; }
-# The container's host pid (its agent: the container's pid namespace has it as 1) and its spec (the shim's bundle).
-task_pid() { cri ContainerStatus "{\"container_id\":\"$1\",\"verbose\":true}" | python3 -c 'import json,sys; print(json.loads(json.load(sys.stdin)["info"]["info"])["pid"])' 2>/dev/null; }
-bundle_of() { echo "$D/state/io.containerd.runtime.v2.task/k8s.io/$1"; }
 
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() {
@@ -75,25 +68,12 @@ touch "$S/flow.log"
 [ -f /etc/criu/criu-cuda-migrate.conf.example ] ||
     pstep install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
 mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup
-mkdir -p /etc/criu "$D" "$S/$P-logs" "$CTL" "$S/$P-loops"
-rm -f /etc/criu/default.conf /etc/criu/crun.conf
-{
-    grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
-    grep -qv '^0::' /proc/self/cgroup && echo 'manage-cgroups=ignore'
-} >/etc/criu/runc.conf
-cp /etc/criu/runc.conf "$S/$P-runc.conf"
+mkdir -p "$D" "$S/$P-logs" "$CTL"
+cri_runc_conf "$S/$P-runc.conf"
 
 # The stand-in nodes, the doubles, their CDI spec naming the stand-ins.
-if ! loop_stand_ins "$S/$P-loops" 2; then
-    echo "no free loop device for the stand-ins of /dev/nvidia0 and /dev/nvidia1" >"$S/$P-setup.err"
-    exit 0
-fi
-echo "$STAND_INS" >"$S/$P-stand-ins.txt"
-sim_stack "$SIM" "$S/sim-bin" "$G0" "$G1"
-echo "$G0 $G1" >"$S/$P-gpus.txt"
 rm -f /etc/cdi/*.json /etc/cdi/*.yaml
-write_sim_cdi_spec /etc/cdi/ccm-sim.json "$SIM" 0 1 "${STAND_IN_NUMBERS[@]}"
-cp /etc/cdi/ccm-sim.json "$S/$P-cdi.json"
+tree_doubles /etc/cdi/ccm-sim.json || exit 0
 
 runc_for_cri_shim "$S/$P-host-adjustments.txt"
 start_registry "$D" "$S/$P-registry.log"
@@ -108,8 +88,6 @@ CONTAINERD_PID=$!
 echo "containerd's environment: the doubles (CRIU_CUDA_MIGRATE_LIBCUDA/LIBNVML, CCM_SIM_CONFIG, CCM_SIM_STATE_DIR)," \
     "their stand-in nodes (CCM_TEST_DOUBLE_NVIDIA_DEVICES) and CRIU_CUDA_MIGRATE_MULTI_PROCESS=warn" \
     >"$S/$P-sim-adjustments.txt"
-for _ in $(seq 150); do cri Version '{}' >/dev/null 2>&1 && break; sleep 0.2; done
-pstep version cri Version '{}' || exit 0
 
 # The images: busybox (with mkdir for the agent), the workload, its libraries and the agent; the sandbox's.
 R=/tmp/ccm-ctree-rootfs
@@ -119,11 +97,7 @@ cp "$HERE/tree-agent.sh" "$R/usr/local/bin/"
 mkdir -p "$R/bin" && ln -sf busybox "$R/bin/mkdir"
 make_image /tmp/ccm-ctree-oci.tar "$IMAGE" '["/bin/sh","/usr/local/bin/tree-agent.sh"]' "$R"
 make_image /tmp/ccm-ctree-pause-oci.tar "$PAUSE" '["/bin/sleep","2147483647"]'
-pstep image ctr --address "$SOCK" --namespace k8s.io images import /tmp/ccm-ctree-oci.tar || exit 0
-pstep pause-image ctr --address "$SOCK" --namespace k8s.io images import /tmp/ccm-ctree-pause-oci.tar || exit 0
-pstep tag ctr --address "$SOCK" --namespace k8s.io images tag "$IMAGE" "$REG_IMAGE" || exit 0
-pstep push ctr --address "$SOCK" --namespace k8s.io images push --plain-http "$REG_IMAGE" || exit 0
-pstep pull cri PullImage "{\"image\":{\"image\":\"$REG_IMAGE\"}}" || exit 0
+cri_images pstep /tmp/ccm-ctree-oci.tar /tmp/ccm-ctree-pause-oci.tar || exit 0
 
 POD_CONFIG=$(printf '{"metadata":{"name":"ccm-tree-pod","uid":"ccm-tree-pod-uid-%s","namespace":"default","attempt":0},"log_directory":"%s","linux":{"cgroup_parent":"%s","security_context":{"namespace_options":{"network":2,"pid":1,"ipc":0}}}}' \
     "$$" "$S/$P-logs" "$CGROUP_PARENT")

@@ -44,14 +44,10 @@ LOOP='tok=$$-$RANDOM-$RANDOM; i=0; while :; do i=$((i+1)); echo "$tok $i" >/out/
 export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
-# step, wait_counter, beyond
+# step, wait_counter, beyond, cri, field, state, cri_runc_conf, cri_cleanup
 # shellcheck source=tests/container/common.sh
 . "$HERE/common.sh"
 
-cri() { python3 "$HERE/cri_client.py" "$SOCK" "$@"; }
-# field JSON-FILE KEY: a top-level string field of a response.
-field() { python3 -c 'import json,sys; print(json.load(open(sys.argv[1]))[sys.argv[2]])' "$1" "$2" 2>/dev/null; }
-state() { cri ContainerStatus "{\"container_id\":\"$1\"}" | python3 -c 'import json,sys; print(json.load(sys.stdin)["status"]["state"])'; }
 
 # shellcheck disable=SC2317 # run by the EXIT trap
 cleanup() { cri_cleanup 0; }
@@ -60,14 +56,8 @@ trap cleanup EXIT
 [ -f /etc/criu/criu-cuda-migrate.conf.example ] ||
     step cri-install env DEBIAN_FRONTEND=noninteractive dpkg -i "$S/package.deb" || exit 0
 mountpoint -q /sys/fs/cgroup || mount -t cgroup2 cgroup2 /sys/fs/cgroup
-mkdir -p /etc/criu "$D" "$S/cri-out" "$S/cri-logs"
-rm -f /etc/criu/default.conf /etc/criu/crun.conf
-{
-    grep '^libdir ' /etc/criu/criu-cuda-migrate.conf.example
-    # A hybrid cgroup v1 host: CRIU cannot restore the v1 cpuset (podman-flow.sh says more).
-    grep -qv '^0::' /proc/self/cgroup && echo 'manage-cgroups=ignore'
-} >/etc/criu/runc.conf
-cp /etc/criu/runc.conf "$S/cri-runc.conf"
+mkdir -p "$D" "$S/cri-out" "$S/cri-logs"
+cri_runc_conf "$S/cri-runc.conf"
 
 # Two local images (no registry here): busybox, and a sandbox ("pause") image that only sleeps (make_image:
 # common.sh).

@@ -77,7 +77,7 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 # step, pstep, ok, note, install_with_cgroup2, podman_storage_and_conf, podman_criu_conf, sim_stack, sim_runtime,
 # write_sim_cdi_spec, podman_cuda_image, checkpoint_export, restore_import, override, after_restore, podman_cleanup,
-# rounds, tree_holdings;
+# rounds, tree_holdings, tree_doubles;
 # tests/lib/common.sh: loop_stand_ins, wait_file
 # shellcheck source=tests/container/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -103,16 +103,7 @@ podman_storage_and_conf "$HYBRID" "$S/$P-host-adjustments.txt"
 podman_criu_conf "$RT" || exit 0
 
 # --- the stand-in nodes, the doubles, their CDI spec naming the stand-ins, the runtime that hands CRIU their settings
-mkdir -p "$S/$P-loops"
-if ! loop_stand_ins "$S/$P-loops" 2; then
-    echo "no free loop device for the stand-ins of /dev/nvidia0 and /dev/nvidia1" >"$S/$P-setup.err"
-    exit 0
-fi
-echo "$STAND_INS" >"$S/$P-stand-ins.txt"
-sim_stack "$SIM" "$S/sim-bin" "$G0" "$G1"
-echo "$G0 $G1" >"$S/$P-gpus.txt"
-write_sim_cdi_spec "$CDI" "$SIM" 0 1 "${STAND_IN_NUMBERS[@]}"
-cp "$CDI" "$S/$P-cdi.json"
+tree_doubles "$CDI" || exit 0
 sim_runtime "$SIMRT" "$RT_BIN" "$SIM" "CCM_TEST_DOUBLE_NVIDIA_DEVICES=$STAND_INS" CRIU_CUDA_MIGRATE_MULTI_PROCESS=warn
 
 # --- the image: busybox, the workload, the C libraries, the agent (no registry)
