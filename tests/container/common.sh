@@ -701,6 +701,17 @@ tree_doubles() {
     cp "$1" "$S/$P-cdi.json"
 }
 
+# ranks_ready: waits for every rank's ready file (60 s each); the status in S/P-ready.rc. Returns 1 when one did not
+# come (the flow then saves the container's log in S/P-ready.err and ends).
+ranks_ready() {
+    local r ready=0
+    for ((r = 0; r < RANKS; r++)); do
+        wait_file "$CTL/w$r/ready" 60 || ready=1
+    done
+    echo "$ready" >"$S/$P-ready.rc"
+    return "$ready"
+}
+
 # children_of PID: the pids whose parent is PID (there is no pgrep in these roots).
 children_of() {
     local f line ppid

@@ -51,7 +51,7 @@ HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # step, pstep, ok, note, make_image, cuda_rootfs, write_sim_cdi_spec, sim_stack, runc_for_cri_shim, start_registry,
 # write_cri_config, cri, field, state, task_pid, bundle_of, cri_runc_conf, cri_images, cri_cleanup, nvidia_nodes,
-# rounds, tree_holdings, tree_doubles; tests/lib/common.sh: wait_file
+# rounds, tree_holdings, tree_doubles, ranks_ready; tests/lib/common.sh: wait_file
 # shellcheck source=tests/container/common.sh
 . "$HERE/common.sh"
 
@@ -113,12 +113,7 @@ CTR=$(field "$S/$P-create.out" container_id)
 pstep start cri StartContainer "{\"container_id\":\"$CTR\"}" || exit 0
 cp "$(bundle_of "$CTR")/config.json" "$S/$P-run-spec.json" 2>/dev/null
 nvidia_nodes "$S/$P-run-spec.json" >"$S/$P-run-spec-nodes.txt"
-ready=0
-for ((r = 0; r < RANKS; r++)); do
-    wait_file "$CTL/w$r/ready" 60 || ready=1
-done
-echo "$ready" >"$S/$P-ready.rc"
-if [ "$ready" != 0 ]; then
+if ! ranks_ready; then
     cat "$S/$P-logs/tree.log" >"$S/$P-ready.err" 2>/dev/null
     exit 0
 fi

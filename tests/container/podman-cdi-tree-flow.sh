@@ -77,7 +77,7 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 
 # step, pstep, ok, note, install_with_cgroup2, podman_storage_and_conf, podman_criu_conf, sim_stack, sim_runtime,
 # write_sim_cdi_spec, podman_cuda_image, checkpoint_export, restore_import, override, after_restore, podman_cleanup,
-# rounds, tree_holdings, tree_doubles;
+# rounds, tree_holdings, tree_doubles, ranks_ready;
 # tests/lib/common.sh: loop_stand_ins, wait_file
 # shellcheck source=tests/container/common.sh
 . "$(dirname "${BASH_SOURCE[0]}")/common.sh"
@@ -113,12 +113,7 @@ podman_cuda_image "$IMAGE" "$SIM" "$(dirname "${BASH_SOURCE[0]}")/tree-agent.sh"
 mkdir -p "$CTL"
 pstep run podman run --runtime "$SIMRT" -d --name "$NAME" --network none --cgroup-parent "$CGROUP_PARENT" \
     --device nvidia.com/gpu=0 -v "$CTL:/ctl" "$IMAGE" /bin/sh /usr/local/bin/tree-agent.sh "$RANKS" "$WORKERS" 3 || exit 0
-ready=0
-for ((r = 0; r < RANKS; r++)); do
-    wait_file "$CTL/w$r/ready" 60 || ready=1
-done
-echo "$ready" >"$S/$P-ready.rc"
-if [ "$ready" != 0 ]; then
+if ! ranks_ready; then
     podman logs "$NAME" >"$S/$P-ready.err" 2>&1
     exit 0
 fi
