@@ -137,6 +137,50 @@ pub struct RestoreArgs {
     pub reserved1: u64,
 }
 
+/// `CUcheckpointOperationHandle` (CUDA 13.4): the driver's opaque handle of a custom-storage operation.
+pub type OperationHandle = *mut std::ffi::c_void;
+
+/// `CUcheckpointCustomStoragePerDeviceData` (CUDA 13.4): one GPU's device memory of the target, mapped into the
+/// calling process as one contiguous region, and a stream of the caller's primary context on that GPU.
+#[repr(C)]
+#[derive(Clone, Copy, Debug)]
+pub struct CustomStoragePerDevice {
+    pub dev_ptr: u64,
+    pub size: usize,
+    pub stream: *mut std::ffi::c_void,
+}
+
+/// `CUcheckpointCustomStorageInfo` (CUDA 13.4), allocated and filled by the driver.
+#[repr(C)]
+#[derive(Debug)]
+pub struct CustomStorageInfo {
+    pub handle: OperationHandle,
+    pub per_device: *mut CustomStoragePerDevice,
+    pub device_count: c_uint,
+}
+
+/// `CUcheckpointCheckpointArgs` of CUDA 13.4: `customStorageInfo_out` (NULL: the device memory goes to the target's
+/// host memory, as before) and reserved bytes; zeroed, it is the older [`ReservedArgs`].
+#[repr(C)]
+pub struct CheckpointArgs134 {
+    pub custom_storage_info_out: *mut *mut CustomStorageInfo,
+    pub reserved: [u8; 56],
+}
+
+/// `CUcheckpointRestoreArgs` of CUDA 13.4: the device map, padding, `customStorageInfo_out`, reserved bytes; with a
+/// NULL `customStorageInfo_out` it reads as the 13.0-13.3 [`RestoreArgs`].
+#[repr(C)]
+pub struct RestoreArgs134 {
+    pub gpu_pairs: *const GpuPair,
+    pub gpu_pairs_count: c_uint,
+    pub padding0: c_uint,
+    pub custom_storage_info_out: *mut *mut CustomStorageInfo,
+    pub reserved: [u8; 40],
+}
+
+/// The first CUDA driver API version with custom storage (`cuCheckpointOperationComplete`): 13.4 (driver r615).
+pub const FIRST_CUSTOM_STORAGE_DRIVER_API: i32 = 13040;
+
 const _: () = {
     assert!(std::mem::size_of::<LockArgs>() == 64);
     assert!(std::mem::offset_of!(LockArgs, timeout_ms) == 0);
@@ -145,6 +189,18 @@ const _: () = {
     assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs) == 0);
     assert!(std::mem::offset_of!(RestoreArgs, gpu_pairs_count) == 8);
     assert!(std::mem::size_of::<GpuPair>() == 32);
+    // CUDA 13.4's layout, as NVIDIA's cuda.h documents it (docs/ARCHITECTURE.md, the driver's custom storage).
+    assert!(std::mem::size_of::<CustomStoragePerDevice>() == 24);
+    assert!(std::mem::offset_of!(CustomStoragePerDevice, size) == 8);
+    assert!(std::mem::offset_of!(CustomStoragePerDevice, stream) == 16);
+    assert!(std::mem::size_of::<CustomStorageInfo>() == 24);
+    assert!(std::mem::offset_of!(CustomStorageInfo, device_count) == 16);
+    assert!(std::mem::size_of::<CheckpointArgs134>() == 64);
+    assert!(std::mem::offset_of!(CheckpointArgs134, custom_storage_info_out) == 0);
+    assert!(std::mem::size_of::<RestoreArgs134>() == 64);
+    assert!(std::mem::offset_of!(RestoreArgs134, gpu_pairs_count) == 8);
+    assert!(std::mem::offset_of!(RestoreArgs134, padding0) == 12);
+    assert!(std::mem::offset_of!(RestoreArgs134, custom_storage_info_out) == 16);
 };
 
 /// The newest CUDA driver API version (`cuDriverGetVersion`) whose restore-argument layout this

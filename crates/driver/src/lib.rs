@@ -6,6 +6,7 @@
 pub mod abi;
 pub mod checkpoint;
 pub mod cuda;
+pub mod custom_storage;
 pub mod libfile;
 pub mod nvml;
 pub mod procfs;

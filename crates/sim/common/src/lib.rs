@@ -52,11 +52,13 @@ pub enum SimError {
 /// The CUDA ABI the double serves: declared once, in `ccm_driver::abi`, for the driver wrapper and
 /// the double alike.
 pub mod cuda {
+    pub use ccm_driver::abi::{CheckpointArgs134, CustomStorageInfo, CustomStoragePerDevice, RestoreArgs134};
     pub use ccm_driver::abi::{
         CudaCode, GpuPair, LockArgs, RestoreArgs, CUDA_ERROR_ILLEGAL_STATE, CUDA_ERROR_INVALID_CONTEXT,
         CUDA_ERROR_INVALID_DEVICE, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_NOT_FOUND, CUDA_ERROR_NOT_INITIALIZED,
         CUDA_ERROR_NOT_READY, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_OPERATING_SYSTEM, CUDA_ERROR_OUT_OF_MEMORY,
-        CUDA_ERROR_UNKNOWN, CUDA_SUCCESS, STATE_CHECKPOINTED, STATE_LOCKED, STATE_RUNNING,
+        CUDA_ERROR_UNKNOWN, CUDA_SUCCESS, STATE_CHECKPOINTED, STATE_CHECKPOINTING, STATE_LOCKED, STATE_RESTORING,
+        STATE_RUNNING,
     };
 
     /// `cuGetErrorName` / `cuGetErrorString` texts, NUL-terminated for the C ABI.

@@ -33,6 +33,17 @@ pub enum Op {
         pairs: Option<Vec<(SimUuid, SimUuid)>>,
     },
     Unlock,
+    /// CUDA 13.4's checkpoint to the caller's custom storage: the device memory is laid out per GPU in region files
+    /// the caller maps ([`crate::registry::Registration::custom_regions`]); the process is CHECKPOINTING until
+    /// [`Op::Complete`].
+    CheckpointCustom,
+    /// The restore from the caller's custom storage: empty region files the caller fills; RESTORING until
+    /// [`Op::Complete`].
+    RestoreCustom {
+        pairs: Option<Vec<(SimUuid, SimUuid)>>,
+    },
+    /// `cuCheckpointOperationComplete`: the custom-storage operation in progress ends.
+    Complete,
 }
 
 impl Op {
@@ -42,6 +53,9 @@ impl Op {
             Op::Checkpoint => "checkpoint",
             Op::Restore { .. } => "restore",
             Op::Unlock => "unlock",
+            Op::CheckpointCustom => "checkpoint-custom",
+            Op::RestoreCustom { .. } => "restore-custom",
+            Op::Complete => "complete",
         }
     }
 }
@@ -65,7 +79,7 @@ impl Request {
         let mut s = format!("id={}\nop={}\n", self.id, self.op.name());
         match &self.op {
             Op::Lock { timeout_ms } => s.push_str(&format!("timeout_ms={timeout_ms}\n")),
-            Op::Restore { pairs: Some(pairs) } => {
+            Op::Restore { pairs: Some(pairs) } | Op::RestoreCustom { pairs: Some(pairs) } => {
                 let list: Vec<String> = pairs.iter().map(|(o, n)| format!("{o}>{n}")).collect();
                 s.push_str(&format!("pairs={}\n", list.join(",")));
             }
@@ -103,6 +117,9 @@ impl Request {
             Some("checkpoint") => Op::Checkpoint,
             Some("restore") => Op::Restore { pairs },
             Some("unlock") => Op::Unlock,
+            Some("checkpoint-custom") => Op::CheckpointCustom,
+            Some("restore-custom") => Op::RestoreCustom { pairs },
+            Some("complete") => Op::Complete,
             _ => return Err(bad("unknown op")),
         };
         Ok(Request { id, op })

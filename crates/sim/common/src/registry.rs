@@ -56,6 +56,15 @@ impl Registration {
     pub fn dir(&self) -> &Path {
         &self.dir
     }
+    /// A custom-storage operation's regions (CUDA 13.4), one line per GPU slot: `UUID SIZE PATH` (the region file
+    /// the caller reads or fills).
+    pub fn custom_regions(&self) -> PathBuf {
+        self.dir.join("custom-regions")
+    }
+    /// The region file of GPU slot `slot` of a custom-storage operation.
+    pub fn custom_region(&self, slot: usize) -> PathBuf {
+        self.dir.join(format!("region-{slot}"))
+    }
     /// The restore thread's tid in the process's own pid namespace.
     pub fn tid(&self) -> PathBuf {
         self.dir.join("tid")

@@ -472,3 +472,48 @@ fn nvml_missing_knob_fails_nvml_init() {
     let out = t.output();
     assert!(line(&out, "BEFORE ordinal=0").contains("nvml_uuid_at_bus_id=NVML_UNAVAILABLE"), "{out}");
 }
+
+/// The driver's custom storage (CUDA 13.4) on the double, through `ccm_driver::custom_storage` as `ccm-sim-ctl`
+/// drives it: the device memory of a LOCKED process mapped into the caller, copied to a file, the process
+/// CHECKPOINTED with nothing of it in its host memory (a restore from host memory is refused), then restored from
+/// the file onto the other GPU and unlocked, its data intact. A 13.0 driver offers no custom storage.
+#[test]
+fn custom_storage_moves_the_device_memory_through_the_callers_file_onto_the_other_gpu() {
+    let sim = Sim::new();
+    let mut config = sim.config.clone();
+    config.cuda_driver_version = 13040;
+    std::fs::write(sim.root.join("gpus.json"), config.to_json()).unwrap();
+    let t = sim.target(&[]);
+    let pid = t.pid();
+    let file = sim.root.join("device-memory.bin");
+    let file = file.to_str().unwrap();
+    let (rc, out) = sim.ctl(pid, &["lock"]);
+    assert_eq!(rc, 0, "{out}");
+    let (rc, out) = sim.ctl(pid, &["custom-checkpoint", file]);
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("CTL custom regions=2") && out.contains("CTL state=2"), "{out}");
+    assert_eq!(sim.state().used_bytes(&sim.config.gpus[0].uuid), 0, "the device memory stayed on G0");
+    assert!(std::fs::metadata(file).unwrap().len() > 0);
+    // Nothing in the process's host memory: the driver cannot restore it from there.
+    let (rc, out) = sim.ctl(pid, &["restore"]);
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.contains("CUDA_ERROR_INVALID_VALUE") && out.contains("CTL state=2"), "{out}");
+    let (rc, out) = sim.ctl(pid, &["custom-restore", file, "swap"]);
+    assert_eq!(rc, 0, "{out}");
+    assert!(out.contains("CTL state=1"), "{out}");
+    let (rc, out) = sim.ctl(pid, &["unlock"]);
+    assert_eq!(rc, 0, "{out}");
+    let (rc, out) = t.finish();
+    assert_eq!(rc, 0, "{out}");
+    assert_eq!(line(&out, "DATA"), "DATA intact");
+    assert!(line(&out, "AFTER ordinal=0").contains(&format!("cuda_uuid={}", sim.uuid(1))), "{out}");
+
+    // CUDA 13.0 (driver 580): no custom storage; the process is left as it was.
+    std::fs::write(sim.root.join("gpus.json"), sim.config.to_json()).unwrap();
+    let t = sim.target(&[]);
+    let (rc, out) = sim.ctl(t.pid(), &["custom-checkpoint", file]);
+    assert_eq!(rc, 1, "{out}");
+    assert!(out.contains("custom storage: not offered by this driver"), "{out}");
+    let (rc, out) = sim.ctl(t.pid(), &["state"]);
+    assert!(rc == 0 && out.contains("CTL state=0"), "{out}");
+}

@@ -27,6 +27,8 @@ const TABLE_WORDS_AT: usize = 36;
 const MIRROR_STRIDE: usize = 0x80;
 const MIRROR_WORDS_AT: usize = 0x10;
 const PCI_REVISION: u32 = 0xa1;
+/// Streams of the custom-storage regions: `STREAM_BASE + ordinal` (the primary context of that ordinal).
+pub const STREAM_BASE: usize = 0x57e0_0000;
 
 /// Device pointers: allocation `h` owns `[BASE + h * STRIDE, BASE + h * STRIDE + size)`.
 const DPTR_BASE: u64 = 1 << 44;
@@ -78,6 +80,21 @@ pub struct Inner {
     node_fds: Vec<OwnedFd>,
     /// Device contents moved into host memory by a checkpoint, per allocation handle.
     saved: BTreeMap<u64, HostCopy>,
+    /// A custom-storage operation (CUDA 13.4) in progress, or a checkpoint whose device memory went to the
+    /// caller's storage (nothing in `saved`).
+    custom: Option<Custom>,
+    /// Device memory of another process mapped into this one by a custom-storage operation this process called:
+    /// handle → (slot, region file, size). Its device pointers resolve like allocations.
+    mapped: BTreeMap<u64, (usize, std::path::PathBuf, u64)>,
+}
+
+/// Where a custom-storage operation (CUDA 13.4) stands on the target.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Custom {
+    Checkpointing,
+    /// CHECKPOINTED, the device memory in the caller's storage only.
+    Stored,
+    Restoring,
 }
 
 #[derive(Clone, Copy)]
@@ -187,6 +204,8 @@ impl Driver {
                 next_handle: 1,
                 node_fds: Vec::new(),
                 saved: BTreeMap::new(),
+                custom: None,
+                mapped: BTreeMap::new(),
             }),
             state_dir,
             pid,
@@ -399,7 +418,14 @@ impl Driver {
     /// The allocation holding `[dptr, dptr + len)`: handle, offset, allocation.
     fn resolve(&self, inner: &Inner, dptr: u64, len: u64) -> Result<(u64, u64, Allocation), i32> {
         let handle = dptr.checked_sub(DPTR_BASE).ok_or(CUDA_ERROR_INVALID_VALUE)? / DPTR_STRIDE;
-        let a = *inner.allocations.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        let a = match inner.mapped.get(&handle) {
+            // Another process's device memory, mapped by a custom-storage operation: on its slot, of its size.
+            Some(&(slot, _, size)) => {
+                let ordinal = self.ordinals.iter().position(|s| *s == slot).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+                Allocation { ordinal, size }
+            }
+            None => *inner.allocations.get(&handle).ok_or(CUDA_ERROR_INVALID_VALUE)?,
+        };
         let offset = dptr - DPTR_BASE - handle * DPTR_STRIDE;
         if offset.checked_add(len).is_none_or(|end| end > a.size) {
             return Err(CUDA_ERROR_INVALID_VALUE);
@@ -410,7 +436,10 @@ impl Driver {
     /// Opens the allocation's file for one operation; it is closed when the operation ends, so
     /// the process never holds a descriptor to "device memory".
     fn open_allocation(&self, inner: &Inner, handle: u64, a: &Allocation) -> Result<File, i32> {
-        let path = self.allocation_path(inner, handle, a)?;
+        let path = match inner.mapped.get(&handle) {
+            Some((_, region, _)) => region.clone(),
+            None => self.allocation_path(inner, handle, a)?,
+        };
         OpenOptions::new().read(true).write(true).open(&path).map_err(|e| {
             eprintln!("cuda-test-double: device memory file {} is gone: {e}", path.display());
             CUDA_ERROR_UNKNOWN
@@ -488,7 +517,194 @@ impl Driver {
                 self.restore(pairs.as_deref(), faults.restore_fail)
             }
             Op::Unlock => self.unlock(faults.unlock_fail),
+            Op::CheckpointCustom => self.checkpoint_custom(faults.checkpoint_fail),
+            Op::RestoreCustom { pairs } => self.restore_custom(pairs.as_deref(), faults.restore_fail),
+            Op::Complete => self.complete(),
         }
+    }
+
+    // ---- custom storage (CUDA 13.4): the caller copies the device memory itself --------------
+
+    /// The allocations of GPU slot `slot`, in handle order: each one's place in the slot's region is the sum of
+    /// the sizes before it.
+    fn slot_allocations(&self, inner: &Inner, slot: usize) -> Vec<(u64, Allocation)> {
+        inner
+            .allocations
+            .iter()
+            .filter(|(_, a)| self.ordinals.get(a.ordinal) == Some(&slot))
+            .map(|(h, a)| (*h, *a))
+            .collect()
+    }
+
+    /// Writes the region list the caller maps: one line per slot, `UUID SIZE PATH`.
+    fn write_regions(&self, inner: &Inner) -> Result<(), String> {
+        let mut text = String::new();
+        for slot in 0..inner.current.len() {
+            let size: u64 = self.slot_allocations(inner, slot).iter().map(|(_, a)| a.size).sum();
+            let uuid = &inner.config.gpus[inner.current[slot]].uuid;
+            text.push_str(&format!("{uuid} {size} {}\n", self.registration.custom_region(slot).display()));
+        }
+        ccm_sim_common::write_atomic(&self.registration.custom_regions(), text.as_bytes()).map_err(|e| e.to_string())
+    }
+
+    fn set_state(&self, inner: &mut Inner, state: i32) {
+        inner.state = state;
+        self.write_state_file(state);
+    }
+
+    /// `cuCheckpointProcessCheckpoint` with custom storage: each slot's allocations laid end to end in its region
+    /// file (the mapping the real driver makes in the caller); CHECKPOINTING until the caller completes.
+    fn checkpoint_custom(&self, forced_failure: Option<i32>) -> i32 {
+        let mut inner = self.lock_inner();
+        if inner.state != STATE_LOCKED {
+            return CUDA_ERROR_ILLEGAL_STATE;
+        }
+        if let Some(code) = forced_failure {
+            return code;
+        }
+        for slot in 0..inner.current.len() {
+            let mut region = Vec::new();
+            for (handle, a) in self.slot_allocations(&inner, slot) {
+                let read = self.allocation_path(&inner, handle, &a).map_err(|_| std::io::Error::other("bad ordinal"));
+                match read.and_then(std::fs::read) {
+                    Ok(bytes) => region.extend_from_slice(&bytes),
+                    Err(e) => {
+                        eprintln!("cuda-test-double: custom checkpoint cannot read device memory {handle}: {e}");
+                        return CUDA_ERROR_OPERATING_SYSTEM;
+                    }
+                }
+            }
+            if let Err(e) = std::fs::write(self.registration.custom_region(slot), &region) {
+                eprintln!("cuda-test-double: custom checkpoint cannot write its region {slot}: {e}");
+                return CUDA_ERROR_OPERATING_SYSTEM;
+            }
+        }
+        if let Err(e) = self.write_regions(&inner) {
+            eprintln!("cuda-test-double: {e}");
+            return CUDA_ERROR_OPERATING_SYSTEM;
+        }
+        inner.custom = Some(Custom::Checkpointing);
+        self.set_state(&mut inner, STATE_CHECKPOINTING);
+        CUDA_SUCCESS
+    }
+
+    /// `cuCheckpointProcessRestore` with custom storage: empty regions of each slot's size on the GPUs the map
+    /// names, which the caller fills; RESTORING until the caller completes.
+    fn restore_custom(&self, pairs: Option<&[(SimUuid, SimUuid)]>, forced_failure: Option<i32>) -> i32 {
+        let mut inner = self.lock_inner();
+        if inner.state != STATE_CHECKPOINTED || inner.custom != Some(Custom::Stored) {
+            return CUDA_ERROR_ILLEGAL_STATE;
+        }
+        if let Some(code) = forced_failure {
+            return code;
+        }
+        let node = SimConfig::from_env().unwrap_or_else(|_| inner.config.clone());
+        let next = match self.plan_restore(&inner, &node, pairs) {
+            Ok(n) => n,
+            Err(code) => return code,
+        };
+        inner.current = next;
+        inner.config = node;
+        for slot in 0..inner.current.len() {
+            let size: u64 = self.slot_allocations(&inner, slot).iter().map(|(_, a)| a.size).sum();
+            let made = File::create(self.registration.custom_region(slot)).and_then(|f| f.set_len(size));
+            if let Err(e) = made {
+                eprintln!("cuda-test-double: custom restore cannot make its region {slot}: {e}");
+                return CUDA_ERROR_OPERATING_SYSTEM;
+            }
+        }
+        if let Err(e) = self.write_regions(&inner) {
+            eprintln!("cuda-test-double: {e}");
+            return CUDA_ERROR_OPERATING_SYSTEM;
+        }
+        inner.custom = Some(Custom::Restoring);
+        self.set_state(&mut inner, STATE_RESTORING);
+        CUDA_SUCCESS
+    }
+
+    /// `cuCheckpointOperationComplete`: a checkpoint drops the device memory (CHECKPOINTED, in the caller's storage
+    /// only); a restore cuts the filled regions back into allocations (LOCKED).
+    fn complete(&self) -> i32 {
+        let mut inner = self.lock_inner();
+        match inner.custom {
+            Some(Custom::Checkpointing) => {
+                for (handle, a) in inner.allocations.clone() {
+                    if let Ok(path) = self.allocation_path(&inner, handle, &a) {
+                        let _ = std::fs::remove_file(path);
+                    }
+                }
+                inner.node_fds.clear();
+                inner.custom = Some(Custom::Stored);
+                self.set_state(&mut inner, STATE_CHECKPOINTED);
+            }
+            Some(Custom::Restoring) => {
+                for slot in 0..inner.current.len() {
+                    let region = match std::fs::read(self.registration.custom_region(slot)) {
+                        Ok(r) => r,
+                        Err(e) => {
+                            eprintln!("cuda-test-double: custom restore cannot read its region {slot}: {e}");
+                            return CUDA_ERROR_OPERATING_SYSTEM;
+                        }
+                    };
+                    let mut at = 0usize;
+                    for (handle, a) in self.slot_allocations(&inner, slot) {
+                        let end = at + a.size as usize;
+                        let written = self
+                            .allocation_path(&inner, handle, &a)
+                            .map_err(|_| std::io::Error::other("bad ordinal"))
+                            .and_then(|p| {
+                                p.parent().map_or(Ok(()), std::fs::create_dir_all)?;
+                                std::fs::write(p, region.get(at..end).unwrap_or_default())
+                            });
+                        if let Err(e) = written {
+                            eprintln!("cuda-test-double: custom restore cannot write device memory {handle}: {e}");
+                            return CUDA_ERROR_OPERATING_SYSTEM;
+                        }
+                        at = end;
+                    }
+                }
+                if let Err(e) = self.open_nodes(&mut inner) {
+                    eprintln!("cuda-test-double: {e}");
+                    return CUDA_ERROR_OPERATING_SYSTEM;
+                }
+                inner.custom = None;
+                self.set_state(&mut inner, STATE_LOCKED);
+            }
+            _ => return CUDA_ERROR_ILLEGAL_STATE,
+        }
+        for slot in 0..inner.current.len() {
+            let _ = std::fs::remove_file(self.registration.custom_region(slot));
+        }
+        let _ = std::fs::remove_file(self.registration.custom_regions());
+        CUDA_SUCCESS
+    }
+
+    /// Maps another process's region (a custom-storage operation this process called) at a device pointer of
+    /// this process's `ordinal`.
+    pub fn map_region(
+        &self,
+        inner: &mut Inner,
+        ordinal: usize,
+        path: std::path::PathBuf,
+        size: u64,
+    ) -> Result<u64, i32> {
+        let slot = *self.ordinals.get(ordinal).ok_or(CUDA_ERROR_INVALID_DEVICE)?;
+        let handle = inner.next_handle;
+        inner.next_handle += 1;
+        inner.mapped.insert(handle, (slot, path, size));
+        Ok(DPTR_BASE + handle * DPTR_STRIDE)
+    }
+
+    /// Undoes [`Self::map_region`].
+    pub fn unmap_region(&self, inner: &mut Inner, dptr: u64) {
+        if let Some(h) = dptr.checked_sub(DPTR_BASE).map(|d| d / DPTR_STRIDE) {
+            inner.mapped.remove(&h);
+        }
+    }
+
+    /// The CUDA ordinal this process sees GPU `uuid` as, now.
+    pub fn ordinal_of(&self, inner: &Inner, uuid: &SimUuid) -> Option<usize> {
+        (0..self.ordinals.len()).find(|&o| inner.config.gpus[inner.current[self.ordinals[o]]].uuid == *uuid)
     }
 
     fn lock(&self, timeout_ms: u32, forced_timeout: bool) -> i32 {
@@ -601,6 +817,13 @@ impl Driver {
         let mut inner = self.lock_inner();
         if inner.state != STATE_CHECKPOINTED {
             return CUDA_ERROR_ILLEGAL_STATE;
+        }
+        if inner.custom == Some(Custom::Stored) {
+            // Not measured on a real driver: what it answers for a restore from host memory that holds nothing.
+            eprintln!(
+                "cuda-test-double: restore from host memory, but the checkpoint went to the caller's custom storage"
+            );
+            return CUDA_ERROR_INVALID_VALUE;
         }
         if let Some(code) = forced_failure {
             return code;

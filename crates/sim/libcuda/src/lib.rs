@@ -397,9 +397,10 @@ fn call_target(pid: c_int, op: Op, extra: Duration) -> Result<(), i32> {
     let state = controller_state_dir()?;
     let call = match &op {
         Op::Lock { .. } => "lock",
-        Op::Checkpoint => "checkpoint",
-        Op::Restore { .. } => "restore",
+        Op::Checkpoint | Op::CheckpointCustom => "checkpoint",
+        Op::Restore { .. } | Op::RestoreCustom { .. } => "restore",
         Op::Unlock => "unlock",
+        Op::Complete => "complete",
     };
     match protocol::exchange_then(&state, pid, op, call_timeout() + extra, || caller_fault(&state, call)) {
         Ok(CUDA_SUCCESS) => Ok(()),
@@ -455,7 +456,7 @@ pub extern "C" fn cuCheckpointProcessGetState(pid: c_int, out: *mut c_int) -> Cu
         // From the process's memory, like the real driver's answer from its restore thread; the file (what
         // the process wrote last) only without ptrace access to it.
         let reg = &resolved.registration;
-        if let Some(s) = reg.state_in_memory_of(pid).filter(|s| (STATE_RUNNING..=STATE_CHECKPOINTED).contains(s)) {
+        if let Some(s) = reg.state_in_memory_of(pid).filter(|s| (STATE_RUNNING..=STATE_RESTORING).contains(s)) {
             return put(out, s);
         }
         let text = std::fs::read_to_string(reg.state()).map_err(|_| CUDA_ERROR_NOT_FOUND)?;
@@ -474,15 +475,114 @@ pub unsafe extern "C" fn cuCheckpointProcessLock(pid: c_int, args: *const LockAr
     })
 }
 
-#[no_mangle]
-pub extern "C" fn cuCheckpointProcessCheckpoint(pid: c_int, _args: *const c_void) -> CuResult {
-    guard(|| call_target(pid, Op::Checkpoint, Duration::ZERO))
+/// A custom-storage operation this process called (CUDA 13.4): its target and the regions mapped here. Its address
+/// is the operation's `CUcheckpointOperationHandle`; `cuCheckpointOperationComplete` frees it.
+struct CustomOp {
+    pid: c_int,
+    info: CustomStorageInfo,
+    per_device: Vec<CustomStoragePerDevice>,
+}
+
+/// Runs a custom-storage `op` on `pid`, then maps the regions it lists into this process (each at a device pointer
+/// of the ordinal this process sees its GPU as, with that ordinal's stream) and returns the driver-owned info.
+fn custom_op(pid: c_int, op: Op) -> Result<*mut CustomStorageInfo, i32> {
+    // The caller must have initialised the driver (documented for custom storage).
+    let d = driver::get()?;
+    call_target(pid, op, Duration::ZERO)?;
+    let state = controller_state_dir()?;
+    let resolved = registry::resolve(&state, pid).ok_or(CUDA_ERROR_NOT_FOUND)?;
+    let text = std::fs::read_to_string(resolved.registration.custom_regions()).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    let mut g = d.enter();
+    let mut per_device = Vec::new();
+    for line in text.lines() {
+        let mut w = line.splitn(3, ' ');
+        let (Some(uuid), Some(size), Some(path)) = (w.next(), w.next(), w.next()) else {
+            return Err(CUDA_ERROR_UNKNOWN);
+        };
+        let uuid: SimUuid = uuid.parse().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+        let size: u64 = size.parse().map_err(|_| CUDA_ERROR_UNKNOWN)?;
+        // The caller needs a context on every GPU of the target (the real driver: CUDA_ERROR_INVALID_CONTEXT).
+        let ordinal = d.ordinal_of(&g, &uuid).ok_or(CUDA_ERROR_INVALID_CONTEXT)?;
+        let dev_ptr = d.map_region(&mut g, ordinal, std::path::PathBuf::from(path), size)?;
+        per_device.push(CustomStoragePerDevice {
+            dev_ptr,
+            size: usize::try_from(size).map_err(|_| CUDA_ERROR_UNKNOWN)?,
+            stream: (driver::STREAM_BASE + ordinal) as *mut c_void,
+        });
+    }
+    let count = c_uint::try_from(per_device.len()).map_err(|_| CUDA_ERROR_UNKNOWN)?;
+    let op = Box::into_raw(Box::new(CustomOp {
+        pid,
+        info: CustomStorageInfo { handle: std::ptr::null_mut(), per_device: std::ptr::null_mut(), device_count: count },
+        per_device,
+    }));
+    // SAFETY: `op` was just made by Box::into_raw and is only freed by cuCheckpointOperationComplete.
+    unsafe {
+        (*op).info.per_device = (*op).per_device.as_mut_ptr();
+        (*op).info.handle = op.cast();
+        Ok(&raw mut (*op).info)
+    }
 }
 
 /// # Safety
-/// `args` is NULL or points to a `CUcheckpointRestoreArgs` whose `gpuPairs` holds `gpuPairsCount` pairs.
+/// `args` is NULL or points to a `CUcheckpointCheckpointArgs` (CUDA 13.4's layout; older ones are its zeroed form).
 #[no_mangle]
-pub unsafe extern "C" fn cuCheckpointProcessRestore(pid: c_int, args: *const RestoreArgs) -> CuResult {
+pub unsafe extern "C" fn cuCheckpointProcessCheckpoint(pid: c_int, args: *const CheckpointArgs134) -> CuResult {
+    guard(|| {
+        // SAFETY: a non-NULL args points to a CUcheckpointCheckpointArgs, per cuda.h.
+        let out = if args.is_null() { std::ptr::null_mut() } else { unsafe { (*args).custom_storage_info_out } };
+        if out.is_null() {
+            return call_target(pid, Op::Checkpoint, Duration::ZERO);
+        }
+        let info = custom_op(pid, Op::CheckpointCustom)?;
+        // SAFETY: customStorageInfo_out points to the caller's CUcheckpointCustomStorageInfo pointer, per cuda.h.
+        unsafe { *out = info };
+        Ok(())
+    })
+}
+
+/// `cuCheckpointOperationComplete` (CUDA 13.4): ends the custom-storage operation `handle` on its target and unmaps
+/// its regions here.
+///
+/// # Safety
+/// `handle` is the `handle` of a `CUcheckpointCustomStorageInfo` this double returned and not yet completed.
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointOperationComplete(handle: *mut c_void) -> CuResult {
+    guard(|| {
+        if handle.is_null() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        // SAFETY: per the contract above, `handle` is a CustomOp made by custom_op and not freed yet.
+        let op = unsafe { Box::from_raw(handle.cast::<CustomOp>()) };
+        let done = call_target(op.pid, Op::Complete, Duration::ZERO);
+        let d = driver::get()?;
+        let mut g = d.enter();
+        for p in &op.per_device {
+            d.unmap_region(&mut g, p.dev_ptr);
+        }
+        done
+    })
+}
+
+/// `cuStreamGetCtx`: the context of a custom-storage region's stream (the primary context of its ordinal).
+#[no_mangle]
+pub extern "C" fn cuStreamGetCtx(stream: *mut c_void, ctx: *mut CuContext) -> CuResult {
+    guard(|| {
+        let d = driver::get()?;
+        let _g = d.enter();
+        let ordinal = (stream as usize).checked_sub(driver::STREAM_BASE).ok_or(CUDA_ERROR_INVALID_VALUE)?;
+        if ordinal >= d.device_count() {
+            return Err(CUDA_ERROR_INVALID_VALUE);
+        }
+        put(ctx, (CONTEXT_BASE + ordinal) as CuContext)
+    })
+}
+
+/// # Safety
+/// `args` is NULL or points to a `CUcheckpointRestoreArgs` (CUDA 13.4's layout; 13.0-13.3's with zeros after the
+/// map) whose `gpuPairs` holds `gpuPairsCount` pairs.
+#[no_mangle]
+pub unsafe extern "C" fn cuCheckpointProcessRestore(pid: c_int, args: *const RestoreArgs134) -> CuResult {
     guard(|| {
         // Like the real driver, the restoring process must have initialised the driver itself.
         driver::get()?;
@@ -501,7 +601,15 @@ pub unsafe extern "C" fn cuCheckpointProcessRestore(pid: c_int, args: *const Res
                 Some(raw.iter().map(|p| (SimUuid(p.old_uuid), SimUuid(p.new_uuid))).collect())
             }
         };
-        call_target(pid, Op::Restore { pairs }, Duration::ZERO)
+        // SAFETY: a non-NULL args points to a CUcheckpointRestoreArgs, per cuda.h.
+        let out = if args.is_null() { std::ptr::null_mut() } else { unsafe { (*args).custom_storage_info_out } };
+        if out.is_null() {
+            return call_target(pid, Op::Restore { pairs }, Duration::ZERO);
+        }
+        let info = custom_op(pid, Op::RestoreCustom { pairs })?;
+        // SAFETY: customStorageInfo_out points to the caller's CUcheckpointCustomStorageInfo pointer, per cuda.h.
+        unsafe { *out = info };
+        Ok(())
     })
 }
 

@@ -4,7 +4,11 @@
 //! ```text
 //! ccm-sim-ctl PID tid | state | lock [TIMEOUT_MS] | checkpoint | lockckpt [TIMEOUT_MS]
 //!             | restore [OLD=NEW[,OLD=NEW...] | swap] | unlock
+//!             | custom-checkpoint FILE | custom-restore FILE [OLD=NEW,... | swap]
 //! ```
+//! `custom-checkpoint` and `custom-restore` use the driver's custom storage (CUDA 13.4, `ccm_driver::custom_storage`):
+//! the device memory of a LOCKED process goes into FILE (`REGIONS` line, one size line per GPU region, then the
+//! regions' bytes) and comes back from it onto the GPUs the map names.
 //! `restore swap` pairs the GPU set's GPUs in reverse order (G0->G1, G1->G0 on two GPUs); the set is
 //! read from `CCM_SIM_CONFIG`. Prints one `CTL` line per call; exits 0 when every call succeeded,
 //! 1 when a call failed (its CUresult is printed), 2 on bad usage.
@@ -13,13 +17,15 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use ccm_driver::checkpoint::{CheckpointApi, ProcessState};
+use ccm_driver::custom_storage::CustomStorageApi;
 use ccm_driver::{CudaError, Libcuda};
 use ccm_identity::GpuUuid;
 use ccm_sim_common::dl::libcuda_path;
 use ccm_sim_common::{SimConfig, SimUuid};
 
 const USAGE: &str =
-    "usage: ccm-sim-ctl PID tid|state|lock [MS]|checkpoint|lockckpt [MS]|restore [OLD=NEW,...|swap]|unlock";
+    "usage: ccm-sim-ctl PID tid|state|lock [MS]|checkpoint|lockckpt [MS]|restore [OLD=NEW,...|swap]|unlock\
+                     |custom-checkpoint FILE|custom-restore FILE [OLD=NEW,...|swap]";
 
 /// The controller: the project's own driver wrapper (`ccm_driver`), so the test double is driven
 /// through exactly the calls the plugin makes.
@@ -86,6 +92,81 @@ impl Ctl {
     }
 }
 
+/// The custom-storage copies of `custom-checkpoint` / `custom-restore`, in 1 MiB pieces.
+const PIECE: usize = 1 << 20;
+
+/// `custom-checkpoint FILE`: the regions the driver maps here, written to FILE, then the operation completed.
+fn custom_checkpoint(ctl: &mut Ctl, api: &CustomStorageApi, pid: i32, file: &str) -> Result<(), String> {
+    let t = Instant::now();
+    let op = api.checkpoint(pid);
+    ctl.report("cuCheckpointProcessCheckpoint(custom storage)", &op, t);
+    let Ok(op) = op else { return Ok(()) };
+    let mut out = format!("REGIONS {}\n", op.regions.len()).into_bytes();
+    for r in &op.regions {
+        out.extend_from_slice(format!("{}\n", r.size).as_bytes());
+    }
+    let mut buf = vec![0u8; PIECE];
+    for (i, r) in op.regions.clone().iter().enumerate() {
+        let mut at = 0u64;
+        while at < r.size {
+            let n = PIECE.min(usize::try_from(r.size - at).map_err(|e| e.to_string())?);
+            op.read(i, at, &mut buf[..n]).map_err(|e| e.to_string())?;
+            out.extend_from_slice(&buf[..n]);
+            at += n as u64;
+        }
+    }
+    std::fs::write(file, &out).map_err(|e| format!("{file}: {e}"))?;
+    println!("CTL custom regions={} bytes={}", op.regions.len(), op.regions.iter().map(|r| r.size).sum::<u64>());
+    let t = Instant::now();
+    let done = op.complete();
+    ctl.report("cuCheckpointOperationComplete", &done, t);
+    Ok(())
+}
+
+/// `custom-restore FILE [PAIRS]`: the regions the driver maps here filled from FILE (their count and sizes must be
+/// FILE's), then the operation completed.
+fn custom_restore(
+    ctl: &mut Ctl,
+    api: &CustomStorageApi,
+    pid: i32,
+    file: &str,
+    pairs: &[(GpuUuid, GpuUuid)],
+) -> Result<(), String> {
+    let bytes = std::fs::read(file).map_err(|e| format!("{file}: {e}"))?;
+    let mut lines = bytes.split(|b| *b == b'\n');
+    let head = String::from_utf8_lossy(lines.next().unwrap_or_default()).into_owned();
+    let n: usize = head.strip_prefix("REGIONS ").and_then(|v| v.parse().ok()).ok_or("not a custom-storage file")?;
+    let mut sizes = Vec::new();
+    for _ in 0..n {
+        let l = String::from_utf8_lossy(lines.next().unwrap_or_default()).into_owned();
+        sizes.push(l.parse::<u64>().map_err(|_| "a bad region size")?);
+    }
+    let header = head.len() + 1 + sizes.iter().map(|s| s.to_string().len() + 1).sum::<usize>();
+    let t = Instant::now();
+    let op = api.restore(pid, pairs);
+    ctl.report("cuCheckpointProcessRestore(custom storage)", &op, t);
+    let Ok(op) = op else { return Ok(()) };
+    let got: Vec<u64> = op.regions.iter().map(|r| r.size).collect();
+    if got != sizes {
+        return Err(format!("the driver's regions {got:?} are not the file's {sizes:?}"));
+    }
+    let mut at_file = header;
+    for (i, size) in sizes.iter().enumerate() {
+        let mut at = 0u64;
+        while at < *size {
+            let n = PIECE.min(usize::try_from(size - at).map_err(|e| e.to_string())?);
+            let piece = bytes.get(at_file..at_file + n).ok_or("the file is cut short")?;
+            op.write(i, at, piece).map_err(|e| e.to_string())?;
+            at += n as u64;
+            at_file += n;
+        }
+    }
+    let t = Instant::now();
+    let done = op.complete();
+    ctl.report("cuCheckpointOperationComplete", &done, t);
+    Ok(())
+}
+
 fn parse_pairs(spec: &str) -> Result<Vec<(SimUuid, SimUuid)>, String> {
     if spec == "swap" {
         let config = SimConfig::from_env().map_err(|e| e.to_string())?;
@@ -146,6 +227,31 @@ fn run(args: &[String]) -> Result<bool, String> {
         }
         "unlock" => {
             ctl.call("cuCheckpointProcessUnlock", |api| api.unlock(pid));
+            ctl.state(pid);
+        }
+        "custom-checkpoint" | "custom-restore" => {
+            let file = rest.first().ok_or(USAGE)?;
+            let Some(custom) = CustomStorageApi::new(&lib) else {
+                println!(
+                    "CTL custom storage: not offered by this driver (CUDA 13.4 and cuCheckpointOperationComplete)"
+                );
+                return Ok(false);
+            };
+            let t = Instant::now();
+            let r = custom.retain_contexts();
+            ctl.report("cuDevicePrimaryCtxRetain (every GPU)", &r, t);
+            if op == "custom-checkpoint" {
+                custom_checkpoint(&mut ctl, &custom, pid, file)?;
+            } else {
+                let pairs: Vec<(GpuUuid, GpuUuid)> = match rest.get(1) {
+                    Some(spec) => parse_pairs(spec)?
+                        .iter()
+                        .map(|(o, n)| (GpuUuid::from_bytes(o.0), GpuUuid::from_bytes(n.0)))
+                        .collect(),
+                    None => Vec::new(),
+                };
+                custom_restore(&mut ctl, &custom, pid, file, &pairs)?;
+            }
             ctl.state(pid);
         }
         _ => return Err(USAGE.to_string()),
