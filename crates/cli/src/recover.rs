@@ -139,6 +139,9 @@ pub fn run(pid: i32, json: bool) -> CliResult {
     if !json {
         println!("pid {pid}: {before}");
     }
+    if let Some(why) = custom_storage_refusal(pid, before) {
+        return Err(Failure::Refused(why));
+    }
     let (done, after) = match wait(&rx, deadline + UNLOCK_SLACK, pid, "the put-back to RUNNING")? {
         Progress::Done(d, a) => (d, a),
         Progress::Before(_) => return Err(Failure::Input(format!("pid {pid}: the driver work answered out of order"))),
@@ -182,6 +185,20 @@ pub fn run(pid: i32, json: bool) -> CliResult {
     }
 }
 
+/// Why a process in a custom-storage operation (CUDA 13.4) cannot be put back here: its device memory is mapped into
+/// the tool that started the operation, and only that tool's `cuCheckpointOperationComplete` ends it.
+fn custom_storage_refusal(pid: HostPid, state: ProcessState) -> Option<String> {
+    let doing = match state {
+        ProcessState::Checkpointing => "a checkpoint to another tool's custom storage",
+        ProcessState::Restoring => "a restore from another tool's custom storage",
+        _ => return None,
+    };
+    Some(format!(
+        "pid {pid} is {state}: {doing} is in progress or was left unfinished (CUDA 13.4); its device memory is mapped \
+         into that tool, and only that tool can complete the operation: let it finish, or kill pid {pid}"
+    ))
+}
+
 /// A step of the put-back that the driver failed, with the driver's text.
 #[derive(Debug, thiserror::Error)]
 #[error("pid {pid}: {} failed: {error}", .step.name())]
@@ -194,6 +211,17 @@ struct StepFailed {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_process_in_a_custom_storage_operation_is_refused_naming_what_to_do() {
+        let pid = HostPid::new(42).unwrap();
+        let why = custom_storage_refusal(pid, ProcessState::Checkpointing).unwrap();
+        assert!(why.contains("pid 42 is CHECKPOINTING") && why.contains("kill pid 42"), "{why}");
+        assert!(custom_storage_refusal(pid, ProcessState::Restoring).unwrap().contains("restore from"));
+        for s in [ProcessState::Running, ProcessState::Locked, ProcessState::Checkpointed] {
+            assert!(custom_storage_refusal(pid, s).is_none());
+        }
+    }
 
     #[test]
     fn a_driver_step_that_never_answers_ends_at_its_deadline() {
