@@ -311,13 +311,16 @@ launch() {
     fi
     variant=standalone
     [[ $shape != tr-uring ]] && variant=$(cat "$WORK/wayout" 2>/dev/null || echo node-io-uring-off)
-    [[ $shape == tr-scale ]] && nproc=$TR_RANKS workers=$TR_WORKERS
+    local epoch=8
+    # Many workers per rank: an epoch longer than the run, so that no epoch ends (and no worker is replaced) while
+    # the job check and the dump look at the tree (run 3 of GPU-TESTING's torchrun table).
+    [[ $shape == tr-scale ]] && nproc=$TR_RANKS workers=$TR_WORKERS epoch=$((STEPS + 8))
     tr_variant "$variant" || variant=standalone
     tr_variant "$variant"
     # The node's switch only for the run that needs it (the tr-uring row needs io_uring on).
     if ((TR_SYSCTL)); then io_uring_off; else io_uring_on; fi
     start_detached "$dir" "$out" env "$@" "${TR_ENV[@]}" OMP_NUM_THREADS=1 "${TR_PRE[@]}" "$TORCH_PY" -m torch.distributed.run \
-        --nnodes 1 --nproc-per-node "$nproc" "${TR_ARGS[@]}" "$JOBS" tr-dl --workers "$workers" --steps "$steps" \
+        --nnodes 1 --nproc-per-node "$nproc" "${TR_ARGS[@]}" "$JOBS" tr-dl --workers "$workers" --epoch-batches "$epoch" --steps "$steps" \
         --logfile "$logf" --sleep "$sleep_s" --pause-at "$pause"
     log "$shape: torchrun ($variant: ${TR_ENV[*]} ${TR_ARGS[*]}), $nproc rank(s) x $workers workers: agent $STARTED_PID"
 }

@@ -252,10 +252,16 @@ def torch_job(a, log):
 
 
 class RankDataset(SynthDataset):
-    """A rank's share: the samples of SynthDataset shifted by the rank (every rank trains on its own data)."""
+    """A rank's share: the samples of SynthDataset shifted by the rank (every rank trains on its own data).
+    `epoch_batches`: its length in batches (tr-dl --epoch-batches): longer than the run, no epoch ends while a
+    checkpoint may be taken (the workers of a rank with more workers than batches come and go at an epoch's end)."""
 
-    def __init__(self, rank):
+    def __init__(self, rank, epoch_batches=EPOCH_BATCHES):
         self.rank = rank
+        self.epoch_batches = epoch_batches
+
+    def __len__(self):
+        return BATCH * self.epoch_batches
 
     def __getitem__(self, i):
         return SynthDataset.__getitem__(self, i + 7 * BATCH * self.rank)
@@ -283,7 +289,7 @@ def torchrun_job(a, log):
         model(torch.zeros(1, D_IN, device=dev))
     torch.cuda.synchronize()
     loader = torch.utils.data.DataLoader(
-        RankDataset(rank), batch_size=BATCH, shuffle=False, num_workers=a.workers, persistent_workers=True,
+        RankDataset(rank, a.epoch_batches), batch_size=BATCH, shuffle=False, num_workers=a.workers, persistent_workers=True,
         pin_memory=True,
     )
     it = iter(loader)
@@ -404,6 +410,7 @@ def main():
     p.add_argument("--extra-managed", type=lambda t: [int(x) for x in t.split(",") if x], default=[],
                    help="c-uvm: more managed allocations of these byte sizes (comma-separated), for the probe")
     p.add_argument("--workers", type=int, default=2, help="tr-dl: DataLoader workers per rank")
+    p.add_argument("--epoch-batches", type=int, default=EPOCH_BATCHES, help="tr-dl: a rank's epoch, in batches")
     a = p.parse_args()
     a.log = os.path.abspath(a.log)
     log = Log(a.log)
