@@ -1144,8 +1144,8 @@ fn assert_claims_name(log: &str, pids: &[String], what: &str) {
 /// mapped the GPU, the restore log's claims name every worker. Then the same archive with
 /// `CRIU_CUDA_MIGRATE_USABLE_GPUS` naming G1 (conmon_env_vars): the plugin plans every worker's GPU descriptor onto
 /// `/dev/nvidia1` and none onto `/dev/nvidia0`; Podman cannot carry the move out (its restore reuses the checkpoint's
-/// spec: the plugin adds `/dev/nvidia1` to the restored `/dev` when the workers' descriptors are reopened, and the
-/// spec's devices cgroup denies it), which must fail for that reason only, with the archive intact and nothing left running, after
+/// spec, whose devices cgroup denies `/dev/nvidia1`: the plugin refuses the restore at init, naming it), which must
+/// fail for that reason only, with the archive intact and nothing left running, after
 /// which the archive restores again on G0 (were the move to pass, the test checks the workers on `/dev/nvidia1` and
 /// the ranks on G1 instead). At the end every worker exits 7 when told, and the container ends with its ranks. runc
 /// (runc.conf), on both suites.
@@ -1283,13 +1283,14 @@ fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_rank_tree_with_forked_worker
         loud(&format!("NOTE: podman ({} root) moved the tree onto G1 with its workers' nodes", root.suite));
         g1
     } else {
-        // Podman's restore --import reuses the checkpoint's spec: the plugin adds /dev/nvidia1 to the restored /dev
-        // when CRIU asks it to reopen a worker's descriptor, and the spec's devices cgroup denies opening it (a
-        // plugin that could not add the node says so instead).
+        // Podman's restore --import reuses the checkpoint's spec, whose devices cgroup denies /dev/nvidia1: the
+        // plugin refuses the restore at init, naming it (were the spec not read, the reopen would fail on it).
         let missing = "/dev/nvidia1 is not in the restored task's /dev";
         let denied = "/dev/nvidia1: Operation not permitted";
+        // Refused before anything is restored: the checkpoint's spec (Podman keeps it) denies G1's node.
+        let refused = "does not let the container open /dev/nvidia1";
         assert!(
-            usable_log.contains(missing) || usable_log.contains(denied),
+            usable_log.contains(refused) || usable_log.contains(missing) || usable_log.contains(denied),
             "the restore onto G1 failed, but not on the workers' /dev/nvidia1 as known:\n{}\n{}",
             scratch.read(&f("usable-restore.err")),
             plugin_lines(&usable_log)
@@ -1309,7 +1310,10 @@ fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_rank_tree_with_forked_worker
             "NOTE: podman ({} root) restore --import of a tree whose forked workers hold GPU nodes cannot move it onto \
              another GPU: {}; the plugin planned the workers onto /dev/nvidia1, and the archive restored again on G0",
             root.suite,
-            if usable_log.contains(missing) {
+            if usable_log.contains(refused) {
+                "the plugin refused it before CRIU restored anything: the checkpoint's spec (its devices cgroup) denies \
+                 /dev/nvidia1"
+            } else if usable_log.contains(missing) {
                 "the restored /dev (the checkpoint's) has no /dev/nvidia1 when CRIU reopens the workers' descriptors"
             } else {
                 "the checkpoint's devices cgroup denies /dev/nvidia1"

@@ -42,12 +42,11 @@
 #   usable: `restore --import A1` with CRIU_CUDA_MIGRATE_USABLE_GPUS=G1 through conmon_env_vars (the user guide's
 #           way): the plugin plans the move (the ranks G0 -> G1, every worker's GPU descriptor reopened as
 #           /dev/nvidia1, never /dev/nvidia0). Under Podman the restore fails (measured, trixie and forky): Podman's
-#           restore --import reuses the checkpoint's spec. The restored /dev, CRIU's copy of the dumped one, has no
-#           /dev/nvidia1 when CRIU asks the plugin to reopen the workers' descriptors (RESTORE_EXT_FILE, in each
-#           restored task), so the plugin adds it there (as it does under CRI, cri-cdi-tree-flow.sh), but the devices
-#           cgroup that runc sets up from that spec before CRIU runs (CRIU and the restored tasks are in it) lets no
-#           process of the container open the other GPU's node. CRIU's log, the archive's sum and the processes left
-#           are recorded, and the flow goes on with
+#           restore --import reuses the checkpoint's spec, and the devices cgroup that runc sets up from it before
+#           CRIU runs (CRIU and the restored tasks are in it) lets no process of the container open the other GPU's
+#           node: the plugin reads that spec's rules at init and refuses the restore there, naming the node (the
+#           workers' reopen would otherwise fail on it). CRIU's log, the archive's sum and the processes left are
+#           recorded, and the flow goes on with
 #   retry:  `restore --import A1` again without the setting: back on G0, every worker holding /dev/nvidia0.
 #           (Where the move passes, the flow goes on with the usable container instead, and the test checks it.)
 #   end:    round 2 on the last restore's GPU; the workers are told to exit and round 3 reports that every one exited

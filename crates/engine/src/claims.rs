@@ -446,6 +446,21 @@ impl RestoreClaims {
         Ok(RestoreClaims { claims, reopen, host_mounts: Vec::new() })
     }
 
+    /// The GPU nodes (minors on this node) the claimed descriptors open.
+    pub fn gpu_minors(&self) -> Vec<u32> {
+        let mut m: Vec<u32> = self
+            .reopen
+            .values()
+            .filter_map(|r| match r.node {
+                NvidiaNode::Gpu(minor) => Some(minor),
+                _ => None,
+            })
+            .collect();
+        m.sort_unstable();
+        m.dedup();
+        m
+    }
+
     /// Whether a descriptor opens another GPU's node than it held at dump (a node the restored `/dev` may lack).
     pub fn moves_a_gpu_node(&self) -> bool {
         self.reopen.values().any(|r| r.node != r.held && matches!(r.node, NvidiaNode::Gpu(_)))

@@ -66,6 +66,15 @@ pub enum EngineError {
         source: Box<ccm_settings::spec::SpecError>,
     },
     #[error(
+        "the restoring runtime's {spec} does not let the container open {node}, the node of GPU {gpu} that this \
+         restore puts {who} on: the container's devices cgroup would refuse it. Restore onto the \
+         GPUs the spec gives the container (drop CRIU_CUDA_MIGRATE_USABLE_GPUS or the device map that names {gpu}), or \
+         have the runtime give the container that GPU (Podman's `restore --import` keeps the checkpoint's devices; a \
+         CRI restore builds a new spec from the new request); the images are unchanged"
+    )]
+    /// `spec`: `(runc) spec PATH`; `node`: `/dev/nvidia1 (char 195:1)`.
+    NodeDenied { spec: String, node: String, gpu: String, who: String },
+    #[error(
         "pid {pid}: only {left:.1} s of CRIU's --timeout ({timeout_s} s) are left to lock it; raise criu's --timeout"
     )]
     NoTimeToLock { pid: ccm_identity::HostPid, left: f64, timeout_s: u64 },

@@ -118,6 +118,9 @@ impl RestoreSession {
                 let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
                 let planned = RestoreClaims::plan(c, &devices, &[], &gpus, &usable, &s.config)?;
                 crate::claims::log_plan(&planned);
+                let targets: Vec<(u32, String)> =
+                    planned.gpu_minors().into_iter().map(|m| (m, gpu_of_minor(&gpus, m))).collect();
+                refuse_nodes_the_runtime_denies(&*s.seams.targets, &devices, &targets, "its forked processes")?;
                 s.claims = Some(with_host_mounts(&*s.seams.targets, planned));
                 return Ok(s);
             }
@@ -176,7 +179,26 @@ impl RestoreSession {
             let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
             let planned = RestoreClaims::plan(c, &devices, &s.plans, node.gpus(), &usable, &s.config)?;
             crate::claims::log_plan(&planned);
+            let targets: Vec<(u32, String)> =
+                planned.gpu_minors().into_iter().map(|m| (m, gpu_of_minor(node.gpus(), m))).collect();
+            refuse_nodes_the_runtime_denies(&*s.seams.targets, &devices, &targets, "its forked processes")?;
             s.claims = Some(with_host_mounts(&*s.seams.targets, planned));
+        }
+        // The CUDA processes' new GPUs too: their restore opens those nodes in the container's cgroup.
+        let cuda_targets: Vec<(u32, String)> = {
+            let mut t: Vec<(u32, String)> = s
+                .plans
+                .iter()
+                .flat_map(|p| p.map.pairs.iter())
+                .filter_map(|pair| node.gpu(&pair.new).map(|g| (g.minor, g.uuid.to_string())))
+                .collect();
+            t.sort();
+            t.dedup();
+            t
+        };
+        if !cuda_targets.is_empty() {
+            let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
+            refuse_nodes_the_runtime_denies(&*s.seams.targets, &devices, &cuda_targets, "its CUDA processes")?;
         }
         info!("preflight passed for {} CUDA process(es) in {:.3} s", s.plans.len(), t0.elapsed().as_secs_f64());
         s.node = Some(node);
@@ -474,6 +496,42 @@ fn open_image_dir(host: &dyn CriuHost) -> Result<Option<Dir>, EngineError> {
     let shown = std::fs::read_link(format!("/proc/self/fd/{}", fd.as_raw_fd()))
         .unwrap_or_else(|_| PathBuf::from("CRIU's image directory"));
     Ok(Some(Dir::from_owned(fd, shown).map_err(preflight::ImageFileError::from)?))
+}
+
+/// The UUID of the GPU of `minor` among `gpus`, for messages (`minor N` when none is).
+fn gpu_of_minor(gpus: &[GpuIdentity], minor: u32) -> String {
+    gpus.iter().find(|g| g.minor == minor).map_or_else(|| format!("minor {minor}"), |g| g.uuid.to_string())
+}
+
+/// Refuses, before CRIU restores anything, a restore that puts processes on a GPU whose node the restoring runtime's
+/// devices cgroup denies the container (`targets`: minor and GPU): the restore would fail in the middle otherwise
+/// (the forked workers' reopen, the driver's own opens). Podman's `restore --import` keeps the checkpoint's spec, and
+/// with it the checkpoint's devices, whatever GPUs the usable set names. Only a spec that gives GPU nodes and device
+/// rules is judged ([`ccm_settings::spec::spec_allows_device`]).
+fn refuse_nodes_the_runtime_denies(
+    targets: &dyn Targets,
+    devices: &ccm_identity::claims::NvidiaDevices,
+    gpus: &[(u32, String)],
+    who: &str,
+) -> Result<(), EngineError> {
+    if gpus.is_empty() {
+        return Ok(());
+    }
+    // An unreadable spec was refused already where the usable set was read.
+    let Ok(Some(spec)) = targets.restoring_runtime_spec() else { return Ok(()) };
+    for (minor, gpu) in gpus {
+        let node = ccm_identity::claims::NvidiaNode::Gpu(*minor);
+        let Some(number) = devices.number_of(node) else { continue };
+        if ccm_settings::spec::spec_allows_device(&spec.text, number) == Some(false) {
+            return Err(EngineError::NodeDenied {
+                spec: format!("({}) spec {}", spec.runtime, spec.path.display()),
+                node: format!("{node} ({number})"),
+                gpu: gpu.clone(),
+                who: who.to_string(),
+            });
+        }
+    }
+    Ok(())
 }
 
 /// The claims with CRIU's own mounts when a descriptor moves to another GPU's node, read here in CRIU's process:

@@ -231,6 +231,38 @@ fn the_restoring_runtime_s_spec_decides_the_usable_gpus() {
     assert!(seen(&["usable GPUs: [", "what the restoring runtime's spec /run/bundle-x/config.json gives"]));
 }
 
+/// A usable set naming a GPU whose node the restoring runtime's devices cgroup denies (Podman's `restore --import`
+/// keeps the checkpoint's spec): refused before anything is restored, naming the node, the GPU and the way out.
+#[test]
+fn a_gpu_whose_node_the_runtimes_devices_cgroup_denies_refuses_the_restore() {
+    let spec_giving_gpu0 = r#"{"ociVersion":"1.2.0","linux":{"devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0}],
+        "resources":{"devices":[{"allow":false,"access":"rwm"},{"allow":true,"type":"c","major":195,"minor":0,"access":"rwm"}]}}}"#;
+    let s = Setup::new("rdenied", &[5604]).config(&[("CRIU_CUDA_MIGRATE_USABLE_GPUS", &gpu(1).uuid.to_string())]);
+    let (agent, targets, criu) = s.parts();
+    targets.script().spec = Some(Ok(spec(spec_giving_gpu0)));
+    targets.script().devices =
+        ccm_identity::claims::NvidiaDevices::from_proc_devices("Character devices:\n195 nvidia\n");
+    let e = refused(s.init_with(agent, targets, criu));
+    let text = e.to_string();
+    assert!(matches!(e, EngineError::NodeDenied { .. }), "{text}");
+    assert!(
+        text.contains("does not let the container open /dev/nvidia1 (char 195:1)")
+            && text.contains(&gpu(1).uuid.to_string())
+            && text.contains("its CUDA processes")
+            && text.contains("the images are unchanged"),
+        "{text}"
+    );
+    // A spec whose cgroup allows both GPUs' nodes (the process enumerated both): no refusal.
+    let both = spec_giving_gpu0.replace(r#""minor":0,"access""#, r#""minor":-1,"access""#);
+    let s = Setup::new("rallowed", &[5605]).config(&[("CRIU_CUDA_MIGRATE_USABLE_GPUS", &gpu(1).uuid.to_string())]);
+    let (agent, targets, criu) = s.parts();
+    targets.script().spec = Some(Ok(spec(&both)));
+    targets.script().devices =
+        ccm_identity::claims::NvidiaDevices::from_proc_devices("Character devices:\n195 nvidia\n");
+    let mut r = s.init_with(agent, targets, criu).unwrap();
+    assert!(matches!(r.resume(5605), (HookOutcome::Done, true)));
+}
+
 #[test]
 fn the_kernel_driver_s_gpu_list_is_used_with_or_without_nvml_memory() {
     for (pid, check) in [(5701, "on"), (5702, "off")] {

@@ -69,6 +69,65 @@ struct SpecProcess {
 struct SpecLinux {
     #[serde(default)]
     devices: Vec<SpecDevice>,
+    resources: Option<SpecResources>,
+}
+
+#[derive(Debug, Deserialize)]
+struct SpecResources {
+    #[serde(default)]
+    devices: Vec<SpecDeviceRule>,
+}
+
+/// One `linux.resources.devices` rule: the devices cgroup's allow or deny list entry.
+#[derive(Debug, Deserialize)]
+struct SpecDeviceRule {
+    allow: bool,
+    #[serde(rename = "type")]
+    kind: Option<String>,
+    major: Option<i64>,
+    minor: Option<i64>,
+    access: Option<String>,
+}
+
+impl SpecDeviceRule {
+    fn matches(&self, n: DevNumber) -> bool {
+        let kind = match self.kind.as_deref() {
+            None | Some("a") => true,
+            Some("c") => n.kind == DevType::Char,
+            Some("b") => n.kind == DevType::Block,
+            Some(_) => false,
+        };
+        // An absent or negative number is the wildcard (`*`).
+        let number = |want: Option<i64>, have: u32| want.is_none_or(|w| w < 0 || w == i64::from(have));
+        kind && number(self.major, n.major) && number(self.minor, n.minor)
+    }
+}
+
+/// Whether the devices cgroup a runtime sets up from this spec lets the container open `number` for reading and
+/// writing: the `linux.resources.devices` rules in order, the last one that matches deciding, from "denied" (as runc
+/// and crun apply them). Only for a spec that gives GPU nodes in `linux.devices` (CDI, the device plugin with CDI):
+/// under the legacy NVIDIA hook the spec names none, and the hook allows the GPUs' nodes in the cgroup itself when
+/// the container starts. `None`: no such spec, no device rules (the runtime's defaults decide), or unreadable.
+pub fn spec_allows_device(spec_json: &str, number: DevNumber) -> Option<bool> {
+    let spec: Spec = serde_json::from_str(spec_json).ok()?;
+    let linux = spec.linux?;
+    if !linux.devices.iter().any(|d| nvidia_minor_of_path(&d.path).is_some()) {
+        return None;
+    }
+    let rules = linux.resources.map(|r| r.devices).unwrap_or_default();
+    if rules.is_empty() {
+        return None;
+    }
+    let mut allowed = false;
+    for r in rules.iter().filter(|r| r.matches(number)) {
+        let access = r.access.as_deref().unwrap_or("rwm");
+        if r.allow && access.contains('r') && access.contains('w') {
+            allowed = true;
+        } else if !r.allow && (access.contains('r') || access.contains('w')) {
+            allowed = false;
+        }
+    }
+    Some(allowed)
 }
 
 #[derive(Debug, Deserialize)]
@@ -344,6 +403,46 @@ mod tests {
         assert_eq!(g.uuids, vec![node()[1].uuid]);
         // Without the stand-ins a block device is no GPU node: the spec says nothing about GPUs.
         assert!(gpus_given_by_spec(spec, &node()).unwrap().is_none());
+    }
+
+    #[test]
+    fn the_devices_cgroup_rules_decide_which_nodes_the_container_may_open() {
+        // Podman's and runc's shape: everything denied, then the default nodes, then the CDI device.
+        let spec = r#"{"ociVersion":"1.2.0","linux":{"devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0}],
+            "resources":{"devices":[
+            {"allow":false,"access":"rwm"},
+            {"allow":true,"type":"c","major":1,"minor":3,"access":"rwm"},
+            {"allow":true,"type":"c","major":195,"minor":0,"access":"rwm"},
+            {"allow":true,"type":"c","major":195,"minor":255,"access":"rw"},
+            {"allow":true,"type":"b","major":7,"minor":-1,"access":"rwm"}]}}}"#;
+        let chr = |major, minor| DevNumber { kind: DevType::Char, major, minor };
+        assert_eq!(spec_allows_device(spec, chr(195, 0)), Some(true));
+        assert_eq!(spec_allows_device(spec, chr(195, 1)), Some(false), "another GPU's node");
+        assert_eq!(spec_allows_device(spec, DevNumber { kind: DevType::Block, major: 7, minor: 9 }), Some(true));
+        // A privileged container allows every device; a later deny wins over an earlier allow.
+        let gpu0 = r#""devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0}]"#;
+        let all = format!(
+            r#"{{"ociVersion":"1.2.0","linux":{{{gpu0},"resources":{{"devices":[{{"allow":true,"access":"rwm"}}]}}}}}}"#
+        );
+        let all = all.as_str();
+        assert_eq!(spec_allows_device(all, chr(195, 7)), Some(true));
+        let denied = format!(
+            r#"{{"ociVersion":"1.2.0","linux":{{{gpu0},"resources":{{"devices":[{{"allow":true,"access":"rwm"}},
+            {{"allow":false,"type":"c","major":195,"access":"rwm"}}]}}}}}}"#
+        );
+        let denied = denied.as_str();
+        assert_eq!(spec_allows_device(denied, chr(195, 1)), Some(false));
+        // Read-only access is no use to a GPU node; no rules: the runtime's defaults, unknown here.
+        let ro = format!(
+            r#"{{"ociVersion":"1.2.0","linux":{{{gpu0},"resources":{{"devices":[{{"allow":true,"type":"c","access":"r"}}]}}}}}}"#
+        );
+        let ro = ro.as_str();
+        assert_eq!(spec_allows_device(ro, chr(195, 1)), Some(false));
+        assert_eq!(spec_allows_device(r#"{"ociVersion":"1.2.0","linux":{}}"#, chr(195, 1)), None);
+        // The legacy NVIDIA hook's spec names no GPU node: the hook allows them itself; not judged here.
+        let legacy = r#"{"ociVersion":"1.2.0","linux":{"resources":{"devices":[{"allow":false,"access":"rwm"}]}}}"#;
+        assert_eq!(spec_allows_device(legacy, chr(195, 1)), None);
+        assert_eq!(spec_allows_device("not json", chr(195, 1)), None);
     }
 
     #[test]
