@@ -105,7 +105,8 @@ impl SpecDeviceRule {
 
 /// Whether the devices cgroup a runtime sets up from this spec lets the container open `number` for reading and
 /// writing: the `linux.resources.devices` rules in order, the last one that matches deciding, from "denied" (as runc
-/// and crun apply them). Only for a spec that gives GPU nodes in `linux.devices` (CDI, the device plugin with CDI):
+/// and crun apply them); a node `linux.devices` gives is allowed. Only for a spec that gives GPU nodes in
+/// `linux.devices` (CDI, the device plugin with CDI):
 /// under the legacy NVIDIA hook the spec names none, and the hook allows the GPUs' nodes in the cgroup itself when
 /// the container starts. `None`: no such spec, no device rules (the runtime's defaults decide), or unreadable.
 pub fn spec_allows_device(spec_json: &str, number: DevNumber) -> Option<bool> {
@@ -113,6 +114,11 @@ pub fn spec_allows_device(spec_json: &str, number: DevNumber) -> Option<bool> {
     let linux = spec.linux?;
     if !linux.devices.iter().any(|d| nvidia_minor_of_path(&d.path).is_some()) {
         return None;
+    }
+    // A node the spec gives is the container's, whatever the rules say (a runtime may allow its linux.devices
+    // itself, without a rule for each).
+    if linux.devices.iter().any(|d| d.number() == Some(number)) {
+        return Some(true);
     }
     let rules = linux.resources.map(|r| r.devices).unwrap_or_default();
     if rules.is_empty() {
@@ -419,6 +425,11 @@ mod tests {
         assert_eq!(spec_allows_device(spec, chr(195, 0)), Some(true));
         assert_eq!(spec_allows_device(spec, chr(195, 1)), Some(false), "another GPU's node");
         assert_eq!(spec_allows_device(spec, DevNumber { kind: DevType::Block, major: 7, minor: 9 }), Some(true));
+        // A node linux.devices gives is allowed without a rule of its own.
+        let given = r#"{"ociVersion":"1.2.0","linux":{"devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0},
+            {"path":"/dev/nvidia2","type":"c","major":195,"minor":2}],"resources":{"devices":[{"allow":false,"access":"rwm"}]}}}"#;
+        assert_eq!(spec_allows_device(given, chr(195, 2)), Some(true));
+        assert_eq!(spec_allows_device(given, chr(195, 1)), Some(false));
         // A privileged container allows every device; a later deny wins over an earlier allow.
         let gpu0 = r#""devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0}]"#;
         let all = format!(
