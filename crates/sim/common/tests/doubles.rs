@@ -508,8 +508,9 @@ fn custom_storage_moves_the_device_memory_through_the_callers_file_onto_the_othe
     assert_eq!(line(&out, "DATA"), "DATA intact");
     assert!(line(&out, "AFTER ordinal=0").contains(&format!("cuda_uuid={}", sim.uuid(1))), "{out}");
 
-    // CUDA 13.0 (driver 580): no custom storage; the process is left as it was.
-    std::fs::write(sim.root.join("gpus.json"), sim.config.to_json()).unwrap();
+    // CUDA 13.0 (driver 580): no custom storage; the process is left as it was. (A new set of doubles: the first
+    // target's `go` file would let a second one in the same directory run to its end at once.)
+    let sim = Sim::new();
     let t = sim.target(&[]);
     let (rc, out) = sim.ctl(t.pid(), &["custom-checkpoint", file]);
     assert_eq!(rc, 1, "{out}");
