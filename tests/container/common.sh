@@ -527,6 +527,17 @@ cri_images() {
     "$run" pull cri PullImage "{\"image\":{\"image\":\"$REG_IMAGE\"}}" || return 1
 }
 
+# cri_restored PREFIX ID: what a CRI restore (StartContainer of container ID, made from a checkpoint) leaves for the
+# test: CRIU's restore log, the restored container's spec, the NVIDIA nodes the spec gives and its state, as
+# S/PREFIX-restore.log, -restore-spec.json, -restore-spec-nodes.txt and -after-restore.state.
+cri_restored() {
+    local p=$1 id=$2
+    cp "$S/$p-criu-work/restore.log" "$S/$p-restore.log" 2>/dev/null
+    cp "$(bundle_of "$id")/config.json" "$S/$p-restore-spec.json" 2>/dev/null
+    nvidia_nodes "$S/$p-restore-spec.json" >"$S/$p-restore-spec-nodes.txt"
+    state "$id" >"$S/$p-after-restore.state" 2>&1
+}
+
 # cri_cleanup STOP: what a CRI flow (cri-flow.sh, cri-cdi-flow.sh) leaves behind, for its EXIT trap: its
 # containers (with STOP=1, stopped before they are removed), the pod sandbox, containerd and the registry, every
 # process and cgroup under CGROUP_PARENT, containerd's shims of SOCK (they outlive containerd), the mounts under

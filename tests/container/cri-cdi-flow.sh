@@ -46,7 +46,7 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # step, make_image, cuda_rootfs, write_sim_cdi_spec, sim_stack, cri, field, state, task_pid, bundle_of, cri_runc_conf,
-# cri_images, cri_cleanup
+# cri_images, cri_restored, cri_cleanup
 # shellcheck source=tests/container/common.sh
 . "$HERE/common.sh"
 
@@ -154,12 +154,8 @@ RESTORE_CONFIG=$(printf '{"metadata":{"name":"cuda-restored","attempt":0},"image
 cstep restore-create cri CreateContainer "{\"pod_sandbox_id\":\"$POD\",\"config\":$RESTORE_CONFIG,\"sandbox_config\":$POD_CONFIG}" || exit 0
 RESTORED=$(field "$S/ccdi-restore-create.out" container_id)
 cstep restore-start cri StartContainer "{\"container_id\":\"$RESTORED\"}"
-cp "$S/ccdi-criu-work/restore.log" "$S/ccdi-restore.log" 2>/dev/null
-ok_start=$(cat "$S/ccdi-restore-start.rc")
-cp "$(bundle_of "$RESTORED")/config.json" "$S/ccdi-restore-spec.json" 2>/dev/null
-nvidia_nodes "$S/ccdi-restore-spec.json" >"$S/ccdi-restore-spec-nodes.txt"
-state "$RESTORED" >"$S/ccdi-after-restore.state" 2>&1
-[ "$ok_start" = 0 ] || exit 0
+cri_restored ccdi "$RESTORED"
+[ "$(cat "$S/ccdi-restore-start.rc")" = 0 ] || exit 0
 PID2=$(task_pid "$RESTORED")
 [ -n "$PID2" ] && ls "/proc/$PID2/root/dev/" >"$S/ccdi-restore-dev.txt" 2>&1
 round "$CTL2" 2 restored || exit 0

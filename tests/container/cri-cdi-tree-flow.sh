@@ -50,8 +50,8 @@ export PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin
 HERE=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 # step, pstep, ok, note, make_image, cuda_rootfs, write_sim_cdi_spec, sim_stack, runc_for_cri_shim, start_registry,
-# write_cri_config, cri, field, state, task_pid, bundle_of, cri_runc_conf, cri_images, cri_cleanup, nvidia_nodes,
-# rounds, tree_holdings, tree_doubles, ranks_ready; tests/lib/common.sh: wait_file
+# write_cri_config, cri, field, state, task_pid, bundle_of, cri_runc_conf, cri_images, cri_restored, cri_cleanup,
+# nvidia_nodes, rounds, tree_holdings, tree_doubles, ranks_ready; tests/lib/common.sh: wait_file
 # shellcheck source=tests/container/common.sh
 . "$HERE/common.sh"
 
@@ -140,10 +140,7 @@ RESTORE_CONFIG=$(printf '{"metadata":{"name":"tree-restored","attempt":0},"image
 pstep restore-create cri CreateContainer "{\"pod_sandbox_id\":\"$POD\",\"config\":$RESTORE_CONFIG,\"sandbox_config\":$POD_CONFIG}" || exit 0
 RESTORED=$(field "$S/$P-restore-create.out" container_id)
 pstep restore-start cri StartContainer "{\"container_id\":\"$RESTORED\"}"
-cp "$S/$P-criu-work/restore.log" "$S/$P-restore.log" 2>/dev/null
-cp "$(bundle_of "$RESTORED")/config.json" "$S/$P-restore-spec.json" 2>/dev/null
-nvidia_nodes "$S/$P-restore-spec.json" >"$S/$P-restore-spec-nodes.txt"
-state "$RESTORED" >"$S/$P-after-restore.state" 2>&1
+cri_restored "$P" "$RESTORED"
 ok restore-start || exit 0
 AGENT=$(task_pid "$RESTORED")
 [ -n "$AGENT" ] && ls "/proc/$AGENT/root/dev/" >"$S/$P-restore-dev.txt" 2>&1

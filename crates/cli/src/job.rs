@@ -302,12 +302,12 @@ fn criu_version(criu: &std::path::Path) -> Option<String> {
     (!v.is_empty() && v.len() < 64).then_some(v)
 }
 
-/// The kernel's release (`/proc/sys/kernel/osrelease`: a line of some 30 bytes; at most 256 read).
+/// The kernel's release (`/proc/sys/kernel/osrelease`: a line of some 30 bytes), read by the plugin's file rules:
+/// relative to its directory, no link followed, a regular file, at most 256 bytes.
 fn kernel_release() -> Option<String> {
-    use std::io::Read;
-    let mut text = String::new();
-    std::fs::File::open("/proc/sys/kernel/osrelease").ok()?.take(256).read_to_string(&mut text).ok()?;
-    Some(text.trim().to_string())
+    let bytes =
+        ccm_process::dir::Dir::open(std::path::Path::new("/proc/sys/kernel")).ok()?.read_file("osrelease", 256).ok()?;
+    Some(String::from_utf8_lossy(&bytes).trim().to_string())
 }
 
 /// The line saying that the tree's inet sockets would fail the dump in CRIU (CRIU before 4.2 on Linux 6.16 and later:

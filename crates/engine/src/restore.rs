@@ -173,10 +173,10 @@ impl RestoreSession {
                 p.map.render_table(&p.image, node.gpus())
             );
         }
+        let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
         if let Some(c) = claims {
             // The workers' descriptors obey the GPUs the CUDA processes were given, not every GPU of the node.
             let usable = usable.gpus_of(node.gpus())?;
-            let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
             let planned = RestoreClaims::plan(c, &devices, &s.plans, node.gpus(), &usable, &s.config)?;
             crate::claims::log_plan(&planned);
             let targets: Vec<(u32, String)> =
@@ -185,21 +185,15 @@ impl RestoreSession {
             s.claims = Some(with_host_mounts(&*s.seams.targets, planned));
         }
         // The CUDA processes' new GPUs too: their restore opens those nodes in the container's cgroup.
-        let cuda_targets: Vec<(u32, String)> = {
-            let mut t: Vec<(u32, String)> = s
-                .plans
-                .iter()
-                .flat_map(|p| p.map.pairs.iter())
-                .filter_map(|pair| node.gpu(&pair.new).map(|g| (g.minor, g.uuid.to_string())))
-                .collect();
-            t.sort();
-            t.dedup();
-            t
-        };
-        if !cuda_targets.is_empty() {
-            let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
-            refuse_nodes_the_runtime_denies(&*s.seams.targets, &devices, &cuda_targets, "its CUDA processes")?;
-        }
+        let mut cuda_targets: Vec<(u32, String)> = s
+            .plans
+            .iter()
+            .flat_map(|p| p.map.pairs.iter())
+            .filter_map(|pair| node.gpu(&pair.new).map(|g| (g.minor, g.uuid.to_string())))
+            .collect();
+        cuda_targets.sort();
+        cuda_targets.dedup();
+        refuse_nodes_the_runtime_denies(&*s.seams.targets, &devices, &cuda_targets, "its CUDA processes")?;
         info!("preflight passed for {} CUDA process(es) in {:.3} s", s.plans.len(), t0.elapsed().as_secs_f64());
         s.node = Some(node);
         Ok(s)

@@ -180,12 +180,36 @@ pub enum ReopenError {
         "/dev/{name} is not in the restored task's /dev, and the plugin did not add it there: {why}; the restoring \
          runtime must give the container that device"
     )]
-    NotAdded { name: String, why: String },
+    NotAdded {
+        name: String,
+        #[source]
+        why: NotAddedReason,
+    },
     #[error(
         "/dev/{name} (mode {mode:o}, owner {owner}:{group}) cannot be opened {access} by the restored task's \
          credentials (uid {uid}, gid {gid}): refused (the task could not have opened it itself)"
     )]
     NotPermitted { name: String, mode: u32, owner: u32, group: u32, access: &'static str, uid: u32, gid: u32 },
+}
+
+/// Why the plugin did not add a moved GPU's node to a restored task's `/dev` ([`reopen_moved_gpu_node`]).
+#[derive(Debug, thiserror::Error)]
+pub enum NotAddedReason {
+    /// `/dev` is not the container's own (the host's, a bind mount of it, a link, no mount of its own).
+    #[error("{0}")]
+    Foreign(crate::container::ForeignDev),
+    #[error("the task is in CRIU's mount namespace")]
+    HostNamespace,
+    #[error(transparent)]
+    Unreadable(#[from] ProcessError),
+    #[error(transparent)]
+    Edit(#[from] crate::container::NodeEditError),
+}
+
+/// The calling process's root directory, opened without following a link (a restored task's, from inside it).
+fn own_root() -> Result<OwnedFd, ReopenError> {
+    let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
+    rustix::fs::open("/", dir, Mode::empty()).map_err(ReopenError::Dev)
 }
 
 /// Opens `/dev/<node>` of the calling process's root (the restored task's: CRIU calls
@@ -200,9 +224,7 @@ pub fn reopen_node(
     flags: i32,
     creds: Option<&HolderCreds>,
 ) -> Result<OwnedFd, ReopenError> {
-    let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let root = rustix::fs::open("/", dir, Mode::empty()).map_err(ReopenError::Dev)?;
-    reopen_node_as(root.as_fd(), node, want, flags, creds)
+    reopen_node_as(own_root()?.as_fd(), node, want, flags, creds)
 }
 
 /// [`reopen_node`] for the node of a GPU the restore moved the descriptor to (`node`, the dump's `held`): when the
@@ -219,9 +241,7 @@ pub fn reopen_moved_gpu_node(
     creds: Option<&HolderCreds>,
     host: &[crate::mountinfo::MountEntry],
 ) -> Result<(OwnedFd, bool), ReopenError> {
-    let dir = OFlags::PATH | OFlags::DIRECTORY | OFlags::NOFOLLOW | OFlags::CLOEXEC;
-    let root = rustix::fs::open("/", dir, Mode::empty()).map_err(ReopenError::Dev)?;
-    reopen_moved_gpu_node_in(root.as_fd(), std::process::id(), (node, held), want, flags, creds, host)
+    reopen_moved_gpu_node_in(own_root()?.as_fd(), std::process::id(), (node, held), want, flags, creds, host)
 }
 
 /// [`reopen_moved_gpu_node`] under the root directory `root` of task `pid` (for messages).
@@ -240,12 +260,12 @@ pub fn reopen_moved_gpu_node_in(
         Err(ReopenError::Missing { .. }) if matches!(node, NvidiaNode::Gpu(_)) && !name.contains('/') => {}
         other => return other.map(|fd| (fd, false)),
     }
-    let not_added = |why: String| ReopenError::NotAdded { name: name.clone(), why };
+    let not_added = |why: NotAddedReason| ReopenError::NotAdded { name: name.clone(), why };
     let dev = match dev_in_root(root, pid, host) {
         Ok(DevView::Own(dev)) => dev,
-        Ok(DevView::Foreign { why, .. }) => return Err(not_added(why.to_string())),
-        Ok(DevView::HostNamespace) => return Err(not_added("the task is in CRIU's mount namespace".into())),
-        Err(e) => return Err(not_added(e.to_string())),
+        Ok(DevView::Foreign { why, .. }) => return Err(not_added(NotAddedReason::Foreign(why))),
+        Ok(DevView::HostNamespace) => return Err(not_added(NotAddedReason::HostNamespace)),
+        Err(e) => return Err(not_added(e.into())),
     };
     let kind = match want.kind {
         DevType::Char => FileType::CharacterDevice,
@@ -256,7 +276,7 @@ pub fn reopen_moved_gpu_node_in(
         Ok(()) => true,
         // Another task of the tree added it between the look and the mknod: opened below by the same checks.
         Err(NodeEditError::Exists { .. }) => false,
-        Err(e) => return Err(not_added(e.to_string())),
+        Err(e) => return Err(not_added(e.into())),
     };
     reopen_node_as(root, node, want, flags, creds).map(|fd| (fd, added))
 }

@@ -88,6 +88,22 @@ pub struct Inner {
     mapped: BTreeMap<u64, (usize, std::path::PathBuf, u64)>,
 }
 
+/// Why a step of a custom-storage operation of the double failed (the call answers CUDA_ERROR_OPERATING_SYSTEM).
+#[derive(Debug, thiserror::Error)]
+enum CustomStorageError {
+    #[error("device memory {handle}: {source}")]
+    Allocation { handle: u64, source: std::io::Error },
+    #[error("its region {slot}: {source}")]
+    Region { slot: usize, source: std::io::Error },
+    #[error("its region list: {0}")]
+    Regions(#[from] SimError),
+    #[error("an allocation of an ordinal it does not have")]
+    Ordinal,
+    /// The device node stand-ins ([`Driver::open_nodes`]'s text).
+    #[error("{0}")]
+    Nodes(String),
+}
+
 /// Where a custom-storage operation (CUDA 13.4) stands on the target.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum Custom {
@@ -537,19 +553,26 @@ impl Driver {
     }
 
     /// Writes the region list the caller maps: one line per slot, `UUID SIZE PATH`.
-    fn write_regions(&self, inner: &Inner) -> Result<(), String> {
+    fn write_regions(&self, inner: &Inner) -> Result<(), CustomStorageError> {
         let mut text = String::new();
         for slot in 0..inner.current.len() {
             let size: u64 = self.slot_allocations(inner, slot).iter().map(|(_, a)| a.size).sum();
             let uuid = &inner.config.gpus[inner.current[slot]].uuid;
             text.push_str(&format!("{uuid} {size} {}\n", self.registration.custom_region(slot).display()));
         }
-        ccm_sim_common::write_atomic(&self.registration.custom_regions(), text.as_bytes()).map_err(|e| e.to_string())
+        Ok(ccm_sim_common::write_atomic(&self.registration.custom_regions(), text.as_bytes())?)
     }
 
     fn set_state(&self, inner: &mut Inner, state: i32) {
         inner.state = state;
         self.write_state_file(state);
+    }
+
+    /// Every step of a custom-storage operation is file I/O; a failure answers CUDA_ERROR_OPERATING_SYSTEM and the
+    /// process stays in the state it was in.
+    fn failed(step: &str, e: CustomStorageError) -> i32 {
+        eprintln!("cuda-test-double: {step}: {e}");
+        CUDA_ERROR_OPERATING_SYSTEM
     }
 
     /// `cuCheckpointProcessCheckpoint` with custom storage: each slot's allocations laid end to end in its region
@@ -562,34 +585,30 @@ impl Driver {
         if let Some(code) = forced_failure {
             return code;
         }
-        for slot in 0..inner.current.len() {
-            let mut region = Vec::new();
-            for (handle, a) in self.slot_allocations(&inner, slot) {
-                let read = self.allocation_path(&inner, handle, &a).map_err(|_| std::io::Error::other("bad ordinal"));
-                match read.and_then(std::fs::read) {
-                    Ok(bytes) => region.extend_from_slice(&bytes),
-                    Err(e) => {
-                        eprintln!("cuda-test-double: custom checkpoint cannot read device memory {handle}: {e}");
-                        return CUDA_ERROR_OPERATING_SYSTEM;
-                    }
-                }
-            }
-            if let Err(e) = std::fs::write(self.registration.custom_region(slot), &region) {
-                eprintln!("cuda-test-double: custom checkpoint cannot write its region {slot}: {e}");
-                return CUDA_ERROR_OPERATING_SYSTEM;
-            }
-        }
-        if let Err(e) = self.write_regions(&inner) {
-            eprintln!("cuda-test-double: {e}");
-            return CUDA_ERROR_OPERATING_SYSTEM;
+        if let Err(e) = self.lay_out_regions(&inner) {
+            return Self::failed("custom checkpoint", e);
         }
         inner.custom = Some(Custom::Checkpointing);
         self.set_state(&mut inner, STATE_CHECKPOINTING);
         CUDA_SUCCESS
     }
 
-    /// `cuCheckpointProcessRestore` with custom storage: empty regions of each slot's size on the GPUs the map
-    /// names, which the caller fills; RESTORING until the caller completes.
+    fn lay_out_regions(&self, inner: &Inner) -> Result<(), CustomStorageError> {
+        for slot in 0..inner.current.len() {
+            let mut region = Vec::new();
+            for (handle, a) in self.slot_allocations(inner, slot) {
+                let path = self.allocation_path(inner, handle, &a).map_err(|_| CustomStorageError::Ordinal)?;
+                let bytes = std::fs::read(path).map_err(|source| CustomStorageError::Allocation { handle, source })?;
+                region.extend_from_slice(&bytes);
+            }
+            std::fs::write(self.registration.custom_region(slot), &region)
+                .map_err(|source| CustomStorageError::Region { slot, source })?;
+        }
+        self.write_regions(inner)
+    }
+
+    /// `cuCheckpointProcessRestore` with custom storage: empty regions of each slot's size, which the caller fills,
+    /// on the GPUs the map names; RESTORING until the caller completes.
     fn restore_custom(&self, pairs: Option<&[(SimUuid, SimUuid)]>, forced_failure: Option<i32>) -> i32 {
         let mut inner = self.lock_inner();
         if inner.state != STATE_CHECKPOINTED || inner.custom != Some(Custom::Stored) {
@@ -603,19 +622,21 @@ impl Driver {
             Ok(n) => n,
             Err(code) => return code,
         };
+        // A slot's region is as large as its allocations, on whichever GPU: made before the move, so that a
+        // failure leaves the process CHECKPOINTED on its old GPUs.
+        let made = (0..inner.current.len()).try_for_each(|slot| {
+            let size: u64 = self.slot_allocations(&inner, slot).iter().map(|(_, a)| a.size).sum();
+            File::create(self.registration.custom_region(slot))
+                .and_then(|f| f.set_len(size))
+                .map_err(|source| CustomStorageError::Region { slot, source })
+        });
+        if let Err(e) = made {
+            return Self::failed("custom restore", e);
+        }
         inner.current = next;
         inner.config = node;
-        for slot in 0..inner.current.len() {
-            let size: u64 = self.slot_allocations(&inner, slot).iter().map(|(_, a)| a.size).sum();
-            let made = File::create(self.registration.custom_region(slot)).and_then(|f| f.set_len(size));
-            if let Err(e) = made {
-                eprintln!("cuda-test-double: custom restore cannot make its region {slot}: {e}");
-                return CUDA_ERROR_OPERATING_SYSTEM;
-            }
-        }
         if let Err(e) = self.write_regions(&inner) {
-            eprintln!("cuda-test-double: {e}");
-            return CUDA_ERROR_OPERATING_SYSTEM;
+            return Self::failed("custom restore", e);
         }
         inner.custom = Some(Custom::Restoring);
         self.set_state(&mut inner, STATE_RESTORING);
@@ -638,34 +659,8 @@ impl Driver {
                 self.set_state(&mut inner, STATE_CHECKPOINTED);
             }
             Some(Custom::Restoring) => {
-                for slot in 0..inner.current.len() {
-                    let region = match std::fs::read(self.registration.custom_region(slot)) {
-                        Ok(r) => r,
-                        Err(e) => {
-                            eprintln!("cuda-test-double: custom restore cannot read its region {slot}: {e}");
-                            return CUDA_ERROR_OPERATING_SYSTEM;
-                        }
-                    };
-                    let mut at = 0usize;
-                    for (handle, a) in self.slot_allocations(&inner, slot) {
-                        let end = at + a.size as usize;
-                        let written = self
-                            .allocation_path(&inner, handle, &a)
-                            .map_err(|_| std::io::Error::other("bad ordinal"))
-                            .and_then(|p| {
-                                p.parent().map_or(Ok(()), std::fs::create_dir_all)?;
-                                std::fs::write(p, region.get(at..end).unwrap_or_default())
-                            });
-                        if let Err(e) = written {
-                            eprintln!("cuda-test-double: custom restore cannot write device memory {handle}: {e}");
-                            return CUDA_ERROR_OPERATING_SYSTEM;
-                        }
-                        at = end;
-                    }
-                }
-                if let Err(e) = self.open_nodes(&mut inner) {
-                    eprintln!("cuda-test-double: {e}");
-                    return CUDA_ERROR_OPERATING_SYSTEM;
+                if let Err(e) = self.cut_regions(&mut inner) {
+                    return Self::failed("custom restore's completion", e);
                 }
                 inner.custom = None;
                 self.set_state(&mut inner, STATE_LOCKED);
@@ -677,6 +672,25 @@ impl Driver {
         }
         let _ = std::fs::remove_file(self.registration.custom_regions());
         CUDA_SUCCESS
+    }
+
+    /// The filled regions cut back into the allocations, on the GPUs the restore moved them to; the nodes opened.
+    fn cut_regions(&self, inner: &mut Inner) -> Result<(), CustomStorageError> {
+        for slot in 0..inner.current.len() {
+            let region = std::fs::read(self.registration.custom_region(slot))
+                .map_err(|source| CustomStorageError::Region { slot, source })?;
+            let mut at = 0usize;
+            for (handle, a) in self.slot_allocations(inner, slot) {
+                let end = at + a.size as usize;
+                let path = self.allocation_path(inner, handle, &a).map_err(|_| CustomStorageError::Ordinal)?;
+                path.parent()
+                    .map_or(Ok(()), std::fs::create_dir_all)
+                    .and_then(|()| std::fs::write(&path, region.get(at..end).unwrap_or_default()))
+                    .map_err(|source| CustomStorageError::Allocation { handle, source })?;
+                at = end;
+            }
+        }
+        self.open_nodes(inner).map_err(CustomStorageError::Nodes)
     }
 
     /// Maps another process's region (a custom-storage operation this process called) at a device pointer of

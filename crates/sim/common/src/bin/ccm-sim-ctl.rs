@@ -95,8 +95,24 @@ impl Ctl {
 /// The custom-storage copies of `custom-checkpoint` / `custom-restore`, in 1 MiB pieces.
 const PIECE: usize = 1 << 20;
 
+/// Why `custom-checkpoint` or `custom-restore` could not move the device memory (the driver's own failures are
+/// `CTL` lines).
+#[derive(Debug, thiserror::Error)]
+enum CustomFileError {
+    #[error("{file}: {source}")]
+    File { file: String, source: std::io::Error },
+    #[error("{0}: not a custom-storage file of ccm-sim-ctl (a `REGIONS N` line, then N sizes)")]
+    Format(String),
+    #[error("{0}: cut short")]
+    Short(String),
+    #[error("the driver's regions {driver:?} are not the file's {file:?}")]
+    Regions { driver: Vec<u64>, file: Vec<u64> },
+    #[error(transparent)]
+    Copy(#[from] CudaError),
+}
+
 /// `custom-checkpoint FILE`: the regions the driver maps here, written to FILE, then the operation completed.
-fn custom_checkpoint(ctl: &mut Ctl, api: &CustomStorageApi, pid: i32, file: &str) -> Result<(), String> {
+fn custom_checkpoint(ctl: &mut Ctl, api: &CustomStorageApi, pid: i32, file: &str) -> Result<(), CustomFileError> {
     let t = Instant::now();
     let op = api.checkpoint(pid);
     ctl.report("cuCheckpointProcessCheckpoint(custom storage)", &op, t);
@@ -109,13 +125,13 @@ fn custom_checkpoint(ctl: &mut Ctl, api: &CustomStorageApi, pid: i32, file: &str
     for (i, r) in op.regions.clone().iter().enumerate() {
         let mut at = 0u64;
         while at < r.size {
-            let n = PIECE.min(usize::try_from(r.size - at).map_err(|e| e.to_string())?);
-            op.read(i, at, &mut buf[..n]).map_err(|e| e.to_string())?;
+            let n = PIECE.min(usize::try_from(r.size - at).unwrap_or(PIECE));
+            op.read(i, at, &mut buf[..n])?;
             out.extend_from_slice(&buf[..n]);
             at += n as u64;
         }
     }
-    std::fs::write(file, &out).map_err(|e| format!("{file}: {e}"))?;
+    std::fs::write(file, &out).map_err(|source| CustomFileError::File { file: file.into(), source })?;
     println!("CTL custom regions={} bytes={}", op.regions.len(), op.regions.iter().map(|r| r.size).sum::<u64>());
     let t = Instant::now();
     let done = op.complete();
@@ -131,15 +147,16 @@ fn custom_restore(
     pid: i32,
     file: &str,
     pairs: &[(GpuUuid, GpuUuid)],
-) -> Result<(), String> {
-    let bytes = std::fs::read(file).map_err(|e| format!("{file}: {e}"))?;
+) -> Result<(), CustomFileError> {
+    let bytes = std::fs::read(file).map_err(|source| CustomFileError::File { file: file.into(), source })?;
     let mut lines = bytes.split(|b| *b == b'\n');
     let head = String::from_utf8_lossy(lines.next().unwrap_or_default()).into_owned();
-    let n: usize = head.strip_prefix("REGIONS ").and_then(|v| v.parse().ok()).ok_or("not a custom-storage file")?;
+    let format = || CustomFileError::Format(file.into());
+    let n: usize = head.strip_prefix("REGIONS ").and_then(|v| v.parse().ok()).ok_or_else(format)?;
     let mut sizes = Vec::new();
     for _ in 0..n {
         let l = String::from_utf8_lossy(lines.next().unwrap_or_default()).into_owned();
-        sizes.push(l.parse::<u64>().map_err(|_| "a bad region size")?);
+        sizes.push(l.parse::<u64>().map_err(|_| format())?);
     }
     let header = head.len() + 1 + sizes.iter().map(|s| s.to_string().len() + 1).sum::<usize>();
     let t = Instant::now();
@@ -148,15 +165,15 @@ fn custom_restore(
     let Ok(op) = op else { return Ok(()) };
     let got: Vec<u64> = op.regions.iter().map(|r| r.size).collect();
     if got != sizes {
-        return Err(format!("the driver's regions {got:?} are not the file's {sizes:?}"));
+        return Err(CustomFileError::Regions { driver: got, file: sizes });
     }
     let mut at_file = header;
     for (i, size) in sizes.iter().enumerate() {
         let mut at = 0u64;
         while at < *size {
-            let n = PIECE.min(usize::try_from(size - at).map_err(|e| e.to_string())?);
-            let piece = bytes.get(at_file..at_file + n).ok_or("the file is cut short")?;
-            op.write(i, at, piece).map_err(|e| e.to_string())?;
+            let n = PIECE.min(usize::try_from(size - at).unwrap_or(PIECE));
+            let piece = bytes.get(at_file..at_file + n).ok_or_else(|| CustomFileError::Short(file.into()))?;
+            op.write(i, at, piece)?;
             at += n as u64;
             at_file += n;
         }
@@ -241,7 +258,7 @@ fn run(args: &[String]) -> Result<bool, String> {
             let r = custom.retain_contexts();
             ctl.report("cuDevicePrimaryCtxRetain (every GPU)", &r, t);
             if op == "custom-checkpoint" {
-                custom_checkpoint(&mut ctl, &custom, pid, file)?;
+                custom_checkpoint(&mut ctl, &custom, pid, file).map_err(|e| e.to_string())?;
             } else {
                 let pairs: Vec<(GpuUuid, GpuUuid)> = match rest.get(1) {
                     Some(spec) => parse_pairs(spec)?
@@ -250,7 +267,7 @@ fn run(args: &[String]) -> Result<bool, String> {
                         .collect(),
                     None => Vec::new(),
                 };
-                custom_restore(&mut ctl, &custom, pid, file, &pairs)?;
+                custom_restore(&mut ctl, &custom, pid, file, &pairs).map_err(|e| e.to_string())?;
             }
             ctl.state(pid);
         }
