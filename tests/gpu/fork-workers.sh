@@ -55,7 +55,8 @@
 # Needs, carried in .device/ (tests/gpu/prepare.sh): criu-debs, runc-debs, pkg, bin/criu-cuda-migrate; python3
 # with torch at /opt/torch/.venv/bin/python3. Writes $OUT/fork-workers-results.tsv and fork-workers-table.md.
 # Exits 1 when a row FAILs, 2 when the machine is not set up. Knobs: CCM_FORK_STEPS (40), CCM_FORK_PAUSE (10),
-# CCM_FORK_SHAPES (the bare rows, space-separated), CCM_FORK_PID_BASE (31000, move-dump), CCM_MOVE_SHAPE (c-fork),
+# CCM_FORK_SHAPES (the bare rows, space-separated), CCM_TR_RANKS and CCM_TR_WORKERS (tr-scale's tree: 2 x 16),
+# CCM_TR_SCALE_PACE (tr-scale's seconds per step: 2), CCM_FORK_PID_BASE (31000, move-dump), CCM_MOVE_SHAPE (c-fork),
 # CCM_XFER_XZ_LEVEL (3), CCM_XFER_ZSTD_LEVEL (19), CCM_XFER_PART_MB (15), CCM_XFER_MAX_PARTS (7: more FAILs the row),
 # CCM_XFER_OUT_PARTS (7: how many go to $OUT), CCM_WORK (/var/tmp/ccm-fork-workers).
 
@@ -331,6 +332,24 @@ criu_flags() {
     if [[ $1 == tr-* ]]; then echo "--tcp-established --network-lock nftables"; fi
 }
 
+# pace SHAPE: seconds between the job's steps. tr-scale's tree is large enough that reading its holdings, the job
+# check and the dump outlast the 30 steps after `ready` at 0.2 s (run 4 of GPU-TESTING's torchrun table: the ranks
+# had ended, and the row dumped the agent alone), so its steps are slower (CCM_TR_SCALE_PACE).
+pace() {
+    if [[ $1 == tr-scale ]]; then echo "${CCM_TR_SCALE_PACE:-2}"; else echo 0.2; fi
+}
+
+# tree_whole SHAPE SNAPSHOT: nothing when SNAPSHOT (tree_snapshot's lines) holds every live process a torchrun SHAPE
+# has while it trains (the agent, its ranks and their workers), else why not; nothing for other shapes.
+tree_whole() {
+    local shape=$1 want live ranks=1 workers=2
+    [[ $shape == tr-* ]] || return 0
+    [[ $shape == tr-scale ]] && ranks=$TR_RANKS workers=$TR_WORKERS
+    want=$((1 + ranks * (1 + workers)))
+    live=$(awk '$1 == "pid" && $6 != "Z" { n++ } END { print n + 0 }' "$2")
+    ((live >= want)) || echo "the tree had $live live process(es) at the dump, not the $want it trains with (1 agent, $ranks rank(s) of $workers worker(s)): the job had ended or was ending, so the row proves nothing"
+}
+
 # uring-probe: which way of starting torchrun leaves the tree without an io_uring (the agent's rendezvous store);
 # the first torchrun setting that does is the way out (else the node's switch), written to $WORK/wayout.
 case_uring_probe() {
@@ -427,11 +446,11 @@ row_result() {
 }
 
 case_bare() {
-    local shape=$1 name=$1 d=$WORK/run-$1 root rc=1 rrc=- td=- tr=- img_mb tree_pids p same=1 res extra=""
+    local shape=$1 name=$1 d=$WORK/run-$1 root rc=1 rrc=- td=- tr=- img_mb tree_pids p same=1 res extra="" whole
     log "$name: start"
     rm -rf "$d"
     mkdir -p "$d/img"
-    launch "$d" "$d/stdout.log" "$shape" "$d/run.log" "$STEPS" 0.2 "$PAUSE_AT"
+    launch "$d" "$d/stdout.log" "$shape" "$d/run.log" "$STEPS" "$(pace "$shape")" "$PAUSE_AT"
     root=$STARTED_PID
     if ! wait_line "$d/run.log" "^ready step=$PAUSE_AT\$" "$READY_S" "$root"; then
         verdict "$name" "$EXPECT_ROW" "job not ready: $(tail -n 3 "$d/stdout.log" "$d/run.log" 2>/dev/null | one_line 300)" FAIL
@@ -446,6 +465,7 @@ case_bare() {
     tree_snapshot "$root" >"$LOGS/$name-tree-before-dump.txt"
     tree_pids=$(descendants "$root")
     log "$name: dumping tree $(echo "$tree_pids" | tr '\n' ' ')"
+    whole=$(tree_whole "$shape" "$LOGS/$name-tree-before-dump.txt")
     local t0
     t0=$(now)
     # shellcheck disable=SC2046 # criu_flags gives words
@@ -478,6 +498,8 @@ case_bare() {
     [[ $rrc != - && $rrc -ne 0 ]] && extra+="; restore error: $(first_errors "$d/img/restore.log")"
     plugin_notes "$name" "$d/img/dump.log" "$d/img/restore.log"
     res=$(row_result "$name" "$JOB_RC" "$rc" "${rrc/-/1}" "$same")
+    # A job that ended before the dump proves nothing, whatever it printed.
+    [[ -n $whole ]] && res=FAIL extra+="; $whole"
     verdict "$name" "$EXPECT_ROW" \
         "job rc=$JOB_RC ($JOB_HEAD; ${JOB_LINE#verdict: }); dump rc=$rc; restore rc=$rrc; $CMP$extra; plugin: $NOTES; tree: $(summary_holds "$LOGS/$name-holds.txt")" \
         "$res" "dump ${td}s, restore ${tr}s, images $img_mb MiB; plugin $PTIMES"
@@ -700,7 +722,7 @@ print("worker %d: %d mappings (%d of files, %d files), %d NVIDIA mappings, %d NV
 # The move to another machine: c-fork (small images).
 
 phase_move_dump() {
-    local name=move-dump root rc=1 td img_mb tree_pids p t0 parts
+    local name=move-dump root rc=1 td img_mb tree_pids p t0 parts whole
     log "$name: start"
     rm -rf "$XFER"
     mkdir -p "$XFER/run" "$XFER/img" "$XFER/ref"
@@ -725,6 +747,7 @@ phase_move_dump() {
     echo "$JOB_OUT" >"$LOGS/$name-job.txt"
     tree_snapshot "$root" >"$LOGS/$name-tree-before-dump.txt"
     tree_pids=$(descendants "$root")
+    whole=$(tree_whole "$MOVE_SHAPE" "$LOGS/$name-tree-before-dump.txt")
     t0=$(now)
     # shellcheck disable=SC2046
     criu_cmd -- dump -t "$root" -D "$XFER/img" --libdir "$PLUGIN_LIBDIR" -v4 -o dump.log --link-remap $(criu_flags "$MOVE_SHAPE") && rc=0 || rc=$?
@@ -753,8 +776,8 @@ phase_move_dump() {
     cp "$XFER/meta.txt" "$RESULTS_DIR/fork-xfer-meta.txt"
     log "$name: archive $(du -ch "$XFER_PARTS"/fork-xfer.tar.* | tail -n1 | cut -f1) in $parts parts ($(xfer_codec)), $(elapsed "$t0") s"
     verdict "$name" "job exits 0; criu dump rc 0 on machine A; at most ${CCM_XFER_MAX_PARTS:-7} parts" \
-        "GPU $GPU_UUID; pid $root; job rc=$JOB_RC (${JOB_LINE#verdict: }); dump rc=$rc; images $img_mb MiB; $parts parts ($(xfer_codec), $(elapsed "$t0") s); plugin: $NOTES; tree: $(summary_holds "$LOGS/$name-holds.txt")" \
-        "$([[ $JOB_RC -eq 0 && $parts -le ${CCM_XFER_MAX_PARTS:-7} ]] && echo PASS || echo FAIL)" "dump ${td}s; plugin $PTIMES"
+        "GPU $GPU_UUID; pid $root; job rc=$JOB_RC (${JOB_LINE#verdict: }); dump rc=$rc; images $img_mb MiB; $parts parts ($(xfer_codec), $(elapsed "$t0") s); plugin: $NOTES; tree: $(summary_holds "$LOGS/$name-holds.txt")${whole:+; $whole}" \
+        "$([[ $JOB_RC -eq 0 && $parts -le ${CCM_XFER_MAX_PARTS:-7} && -z $whole ]] && echo PASS || echo FAIL)" "dump ${td}s; plugin $PTIMES"
 }
 
 # The codec of the move's archive: the carried zstd when it runs here (its long-distance matching over a 2 GiB

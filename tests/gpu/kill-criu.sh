@@ -48,9 +48,13 @@ if [[ ${CCM_KILL_AT:-} == after-release ]]; then
 #!/bin/sh
 # CRIU's first action after CHECKPOINT_DEVICES: kill CRIU (an ancestor of this script).
 case $CRTOOLS_SCRIPT_ACTION in network-lock | post-dump) ;; *) exit 0 ;; esac
+# By its command line, not its comm: CRIU 4.2.1 from .device/criu-forky runs through its own loader, whose name
+# the kernel gives it (`ld-linux-x86-64`).
 p=$PPID
 while [ "$p" -gt 1 ]; do
-    if [ "$(cat "/proc/$p/comm")" = criu ] || [ "$(cat "/proc/$p/comm")" = criu.bin ]; then kill -9 "$p"; exit 0; fi
+    case " $(tr '\0' ' ' <"/proc/$p/cmdline") " in
+    *"/criu dump "* | *" criu dump "* | *"/criu.bin dump "*) kill -9 "$p"; exit 0 ;;
+    esac
     p=$(sed -n 's/^PPid:[[:space:]]*//p' "/proc/$p/status")
 done
 exit 0

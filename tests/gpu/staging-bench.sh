@@ -77,10 +77,25 @@ launch_kv_workload() {
     log "$CASE: torch, $weights MiB of weights, $kv MiB KV of which $written MiB written: pid $W_PID"
 }
 
+# first_error LOG: the first error CRIU or the plugin logged (the last line only says the dump failed).
+first_error() {
+    grep -a -m1 -E 'Error|criu-cuda-migrate: .*(fail|refus|error|went away)' "$1" 2>/dev/null | cut -c1-300
+}
+
+# keep_failed DIR: a failed run's logs, the workload's output and the kernel's last words (an OOM kill) kept in the
+# results folder, its images freed.
+keep_failed() {
+    dmesg 2>/dev/null | tail -n 20 >"$1/dmesg-tail.txt"
+    free -m >"$1/free.txt" 2>&1
+    save_logs "$1"
+    cleanup_processes
+    rm -rf "$1"
+}
+
 one_run() { # STORAGE GIB MODE
     local storage=$1 gib=$2 mode=$3 base d avail0 low peak size ckpt write fill drst criu_own data
     base=$(storage_dir "$storage")
-    d=$base/$mode-$gib
+    d=$base/$storage-$mode-$gib
     rm -rf "$d"
     mkdir -p "$d"
     CASE="staging-$storage-${gib}GiB-$mode"
@@ -97,7 +112,8 @@ one_run() { # STORAGE GIB MODE
     export CRIU_CUDA_MIGRATE_STAGING=$mode
     if ! dump "$W_PID" "$d/img" "$d/dump.log"; then
         kill "$sampler" 2>/dev/null
-        record "$CASE" "dump, restore, data intact" "dump failed: $(criu_tail "$d/dump.log")" FAIL "dump ${DUMP_SECS}s"
+        record "$CASE" "dump, restore, data intact" "dump failed: $(first_error "$d/dump.log")" FAIL "dump ${DUMP_SECS}s"
+        keep_failed "$d"
         return
     fi
     kill "$sampler" 2>/dev/null
@@ -109,7 +125,8 @@ one_run() { # STORAGE GIB MODE
     sync
     echo 3 >/proc/sys/vm/drop_caches
     if ! restore "$d/img" "$d/restore.log"; then
-        record "$CASE" "dump, restore, data intact" "restore failed: $(criu_tail "$d/restore.log")" FAIL "dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+        record "$CASE" "dump, restore, data intact" "restore failed: $(first_error "$d/restore.log")" FAIL "dump ${DUMP_SECS}s restore ${RESTORE_SECS}s"
+        keep_failed "$d"
         return
     fi
     data=no
