@@ -1300,6 +1300,18 @@ fn podman_with_a_cdi_gpu_checkpoints_and_restores_a_rank_tree_with_forked_worker
             "the failed restore reached the driver's restore:\n{}",
             plugin_lines(&usable_log)
         );
+        if usable_log.contains(refused) {
+            // The archive's preflight with the same usable set said so first (a note: a CRI restore builds a new
+            // spec), naming the same node.
+            let preflight = scratch.read(&f("usable-preflight.out"));
+            assert!(
+                preflight.contains("note: Podman's `restore --import` keeps the dumped container's spec (spec.dump)")
+                    && preflight.contains("does not let the container open /dev/nvidia1 (block 7:")
+                    && preflight.contains(g1),
+                "the archive's preflight did not say what Podman's restore --import would be refused:\n{preflight}\n{}",
+                scratch.read(&f("usable-preflight.err"))
+            );
+        }
         assert_eq!(
             scratch.read(&f("a1.sum-before")),
             scratch.read(&f("a1.sum-after")),

@@ -141,6 +141,10 @@ note "same: done"
 
 # --- usable: A1 restored where only G1 may be used (the usable set given to conmon)
 override "$S/$P-usable.conf" "CRIU_CUDA_MIGRATE_USABLE_GPUS=$G1"
+# What the user can ask first: the preflight of the archive with that usable set (the doubles' NVML and stand-ins).
+pstep usable-preflight env CRIU_CUDA_MIGRATE_LIBNVML="$SIM/lib/libnvidia-ml.so.1" CCM_SIM_CONFIG="$SIM/gpus.json" \
+    CCM_SIM_STATE_DIR="$SIM/state" CCM_TEST_DOUBLE_NVIDIA_DEVICES="$STAND_INS" \
+    criu-cuda-migrate preflight "$S/$P-a1.tar.gz" --usable-gpus "$G1"
 sha256sum <"$S/$P-a1.tar.gz" >"$S/$P-a1.sum-before"
 restore_import usable "$S/$P-a1.tar.gz" "$S/$P-usable.conf"
 if ok usable-restore; then

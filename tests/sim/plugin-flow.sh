@@ -401,6 +401,19 @@ forked-swap)
     export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
     "$BIN/criu-cuda-migrate" preflight "$WORK/img" >"$WORK/preflight.txt" 2>&1 || fail "preflight refused: $(cat "$WORK/preflight.txt")"
     grep -q "reopened as /dev/nvidia1" "$WORK/preflight.txt" || fail "preflight does not plan /dev/nvidia1: $(cat "$WORK/preflight.txt")"
+    # A bundle whose devices cgroup lets the container open GPU 0's node only (as Podman's `restore --import` keeps
+    # the checkpoint's spec), both GPUs usable: the preflight refuses the swap onto GPU 1 as the plugin does, naming
+    # the node.
+    mkdir -p "$WORK/bundle-denied"
+    IFS=: read -r _ maj0 min0 <<<"${STAND_IN_NUMBERS[0]}"
+    printf '{"ociVersion":"1.2.0","linux":{"devices":[{"path":"/dev/nvidia0","type":"b","major":%s,"minor":%s}],"resources":{"devices":[{"allow":false,"access":"rwm"},{"allow":true,"type":"b","major":%s,"minor":%s,"access":"rwm"}]}}}\n' \
+        "$maj0" "$min0" "$maj0" "$min0" >"$WORK/bundle-denied/config.json"
+    if "$BIN/criu-cuda-migrate" preflight "$WORK/img" --bundle "$WORK/bundle-denied" --usable-gpus "$G0,$G1" \
+        >"$WORK/preflight-denied.txt" 2>&1; then
+        fail "preflight accepted a restore onto a GPU whose node the bundle's devices cgroup denies: $(cat "$WORK/preflight-denied.txt")"
+    fi
+    grep -q "does not let the container open /dev/nvidia1 (block 7:" "$WORK/preflight-denied.txt" ||
+        fail "preflight --bundle did not name the denied node: $(cat "$WORK/preflight-denied.txt")"
     restore "$WORK/img" || fail "criu restore with the swap map failed"
     grep -q "reopened as /dev/nvidia1 (block 7:" "$WORK/img/restore.log" || fail "the plan did not map the child's GPU node"
     links=$(for f in "/proc/$child"/fd/*; do readlink "$f"; done)

@@ -897,12 +897,12 @@ fn run_preflight(
         preflight::run(&node, checkpoint.images, &config, &usable).map_err(|e| Failure::Refused(e.to_string()))?;
     let plans = &verdict.plans;
     // The forked processes' descriptors, as the plugin plans them at its init.
+    let devices =
+        ccm_engine::claims::with_stand_ins(&config, ccm_process::claims::nvidia_devices().unwrap_or_default());
     let claims = match checkpoint.claims {
         Some(cl) => {
             // The same usable set as the CUDA processes' map (the plugin's rule).
             let usable_uuids = usable.gpus_of(node.gpus()).map_err(|e| Failure::Refused(e.to_string()))?;
-            let devices =
-                ccm_engine::claims::with_stand_ins(&config, ccm_process::claims::nvidia_devices().unwrap_or_default());
             Some(
                 ccm_engine::claims::RestoreClaims::plan(cl, &devices, plans, node.gpus(), &usable_uuids, &config)
                     .map_err(|e| Failure::Refused(e.to_string()))?,
@@ -912,6 +912,42 @@ fn run_preflight(
     };
     if let (Some(c), false) = (&claims, json) {
         println!("forked processes without a CUDA context:\n{}", c.describe());
+    }
+    // The GPUs' nodes against the devices cgroup of the spec the restored container gets, as the plugin checks them
+    // at its init: the bundle's refuses; an archive's spec.dump is the one Podman's `restore --import` keeps (a CRI
+    // restore builds a new spec), so what it denies is said, not refused.
+    let mut targets = ccm_engine::restore::cuda_gpu_targets(plans, node.gpus());
+    if let Some(c) = &claims {
+        targets.extend(c.gpu_targets(node.gpus()));
+        targets.sort();
+        targets.dedup();
+    }
+    let mut spec_dump_denies = None;
+    if let Some((path, text)) = &spec {
+        if let Some(d) = ccm_engine::restore::node_the_spec_denies(text, &devices, &targets) {
+            return Err(Failure::Refused(
+                ccm_engine::EngineError::NodeDenied {
+                    spec: format!("spec {} (--bundle)", path.display()),
+                    node: d.node,
+                    gpu: d.gpu,
+                    who: "its processes".into(),
+                }
+                .to_string(),
+            ));
+        }
+    } else if let Some((member, text)) = checkpoint.archive.as_ref().and_then(|a| a.spec.as_ref()) {
+        spec_dump_denies = ccm_engine::restore::node_the_spec_denies(text, &devices, &targets);
+        if let (Some(d), false) = (&spec_dump_denies, json) {
+            println!(
+                "note: Podman's `restore --import` keeps the dumped container's spec ({}), whose devices cgroup does \
+                 not let the container open {}, the node of GPU {} that this restore puts its processes on: the \
+                 plugin refuses that restore before CRIU restores anything. Restore with Podman onto the GPUs the \
+                 container had, or through CRI, whose restore builds a new spec (check it with --bundle)",
+                ccm_identity::text::shown(member),
+                d.node,
+                d.gpu
+            );
+        }
     }
     if json {
         let v: Vec<_> = plans
@@ -926,6 +962,10 @@ fn run_preflight(
             })
             .collect();
         let mut doc = serde_json::json!({"ok": true, "processes": v, "needs": needs});
+        if let Some(d) = &spec_dump_denies {
+            // What Podman's `restore --import` (which keeps spec.dump) would be refused.
+            doc["spec_dump_denies"] = serde_json::json!({"node": d.node, "gpu": d.gpu});
+        }
         if let Some(i) = image {
             doc["image"] = i;
         }

@@ -461,6 +461,17 @@ impl RestoreClaims {
         m
     }
 
+    /// The GPUs (minor, and its UUID among `gpus`, else `minor N`) whose nodes the restore reopens.
+    pub fn gpu_targets(&self, gpus: &[GpuIdentity]) -> Vec<(u32, String)> {
+        self.gpu_minors()
+            .into_iter()
+            .map(|m| {
+                let gpu = gpus.iter().find(|g| g.minor == m);
+                (m, gpu.map_or_else(|| format!("minor {m}"), |g| g.uuid.to_string()))
+            })
+            .collect()
+    }
+
     /// Whether a descriptor opens another GPU's node than it held at dump (a node the restored `/dev` may lack).
     pub fn moves_a_gpu_node(&self) -> bool {
         self.reopen.values().any(|r| r.node != r.held && matches!(r.node, NvidiaNode::Gpu(_)))

@@ -118,8 +118,7 @@ impl RestoreSession {
                 let devices = crate::claims::node_devices(&s.config, &*s.seams.targets);
                 let planned = RestoreClaims::plan(c, &devices, &[], &gpus, &usable, &s.config)?;
                 crate::claims::log_plan(&planned);
-                let targets: Vec<(u32, String)> =
-                    planned.gpu_minors().into_iter().map(|m| (m, gpu_of_minor(&gpus, m))).collect();
+                let targets = planned.gpu_targets(&gpus);
                 refuse_nodes_the_runtime_denies(&*s.seams.targets, &devices, &targets, "its forked processes")?;
                 s.claims = Some(with_host_mounts(&*s.seams.targets, planned));
                 return Ok(s);
@@ -179,20 +178,12 @@ impl RestoreSession {
             let usable = usable.gpus_of(node.gpus())?;
             let planned = RestoreClaims::plan(c, &devices, &s.plans, node.gpus(), &usable, &s.config)?;
             crate::claims::log_plan(&planned);
-            let targets: Vec<(u32, String)> =
-                planned.gpu_minors().into_iter().map(|m| (m, gpu_of_minor(node.gpus(), m))).collect();
+            let targets = planned.gpu_targets(node.gpus());
             refuse_nodes_the_runtime_denies(&*s.seams.targets, &devices, &targets, "its forked processes")?;
             s.claims = Some(with_host_mounts(&*s.seams.targets, planned));
         }
         // The CUDA processes' new GPUs too: their restore opens those nodes in the container's cgroup.
-        let mut cuda_targets: Vec<(u32, String)> = s
-            .plans
-            .iter()
-            .flat_map(|p| p.map.pairs.iter())
-            .filter_map(|pair| node.gpu(&pair.new).map(|g| (g.minor, g.uuid.to_string())))
-            .collect();
-        cuda_targets.sort();
-        cuda_targets.dedup();
+        let cuda_targets = cuda_gpu_targets(&s.plans, node.gpus());
         refuse_nodes_the_runtime_denies(&*s.seams.targets, &devices, &cuda_targets, "its CUDA processes")?;
         info!("preflight passed for {} CUDA process(es) in {:.3} s", s.plans.len(), t0.elapsed().as_secs_f64());
         s.node = Some(node);
@@ -492,9 +483,38 @@ fn open_image_dir(host: &dyn CriuHost) -> Result<Option<Dir>, EngineError> {
     Ok(Some(Dir::from_owned(fd, shown).map_err(preflight::ImageFileError::from)?))
 }
 
-/// The UUID of the GPU of `minor` among `gpus`, for messages (`minor N` when none is).
-fn gpu_of_minor(gpus: &[GpuIdentity], minor: u32) -> String {
-    gpus.iter().find(|g| g.minor == minor).map_or_else(|| format!("minor {minor}"), |g| g.uuid.to_string())
+/// The GPUs (minor, UUID) the CUDA processes of `plans` are restored onto, each once.
+pub fn cuda_gpu_targets(plans: &[crate::preflight::ProcessPlan], gpus: &[GpuIdentity]) -> Vec<(u32, String)> {
+    let mut targets: Vec<(u32, String)> = plans
+        .iter()
+        .flat_map(|p| p.map.pairs.iter())
+        .filter_map(|pair| gpus.iter().find(|g| g.uuid == pair.new).map(|g| (g.minor, g.uuid.to_string())))
+        .collect();
+    targets.sort();
+    targets.dedup();
+    targets
+}
+
+/// A GPU's node that a spec's devices cgroup rules deny the container: `node` as `/dev/nvidia1 (char 195:1)`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct DeniedNode {
+    pub node: String,
+    pub gpu: String,
+}
+
+/// The first of `gpus` (minor, GPU) whose node `spec_json` denies the container, by the rules
+/// [`ccm_settings::spec::spec_allows_device`] judges; `None` when the spec allows them all or says nothing.
+pub fn node_the_spec_denies(
+    spec_json: &str,
+    devices: &ccm_identity::claims::NvidiaDevices,
+    gpus: &[(u32, String)],
+) -> Option<DeniedNode> {
+    gpus.iter().find_map(|(minor, gpu)| {
+        let node = ccm_identity::claims::NvidiaNode::Gpu(*minor);
+        let number = devices.number_of(node)?;
+        (ccm_settings::spec::spec_allows_device(spec_json, number) == Some(false))
+            .then(|| DeniedNode { node: format!("{node} ({number})"), gpu: gpu.clone() })
+    })
 }
 
 /// Refuses, before CRIU restores anything, a restore that puts processes on a GPU whose node the restoring runtime's
@@ -513,19 +533,15 @@ fn refuse_nodes_the_runtime_denies(
     }
     // An unreadable spec was refused already where the usable set was read.
     let Ok(Some(spec)) = targets.restoring_runtime_spec() else { return Ok(()) };
-    for (minor, gpu) in gpus {
-        let node = ccm_identity::claims::NvidiaNode::Gpu(*minor);
-        let Some(number) = devices.number_of(node) else { continue };
-        if ccm_settings::spec::spec_allows_device(&spec.text, number) == Some(false) {
-            return Err(EngineError::NodeDenied {
-                spec: format!("({}) spec {}", spec.runtime, spec.path.display()),
-                node: format!("{node} ({number})"),
-                gpu: gpu.clone(),
-                who: who.to_string(),
-            });
-        }
+    match node_the_spec_denies(&spec.text, devices, gpus) {
+        Some(DeniedNode { node, gpu }) => Err(EngineError::NodeDenied {
+            spec: format!("({}) spec {}", spec.runtime, spec.path.display()),
+            node,
+            gpu,
+            who: who.to_string(),
+        }),
+        None => Ok(()),
     }
-    Ok(())
 }
 
 /// The claims with CRIU's own mounts when a descriptor moves to another GPU's node, read here in CRIU's process:

@@ -231,6 +231,24 @@ fn the_restoring_runtime_s_spec_decides_the_usable_gpus() {
     assert!(seen(&["usable GPUs: [", "what the restoring runtime's spec /run/bundle-x/config.json gives"]));
 }
 
+/// The one rule the plugin and `criu-cuda-migrate preflight --bundle` apply: the first target GPU whose node the spec's
+/// devices cgroup denies, named with its number; nothing when every node is allowed or the node's number is unknown.
+#[test]
+fn the_first_gpu_node_a_spec_denies_is_named_with_its_number() {
+    use crate::restore::{node_the_spec_denies, DeniedNode};
+    let spec = r#"{"ociVersion":"1.2.0","linux":{"devices":[{"path":"/dev/nvidia0","type":"c","major":195,"minor":0}],
+        "resources":{"devices":[{"allow":false,"access":"rwm"},{"allow":true,"type":"c","major":195,"minor":0,"access":"rwm"}]}}}"#;
+    let devices = ccm_identity::claims::NvidiaDevices::from_proc_devices("Character devices:\n195 nvidia\n");
+    assert_eq!(node_the_spec_denies(spec, &devices, &[(0, "G0".into())]), None);
+    assert_eq!(
+        node_the_spec_denies(spec, &devices, &[(0, "G0".into()), (1, "G1".into()), (2, "G2".into())]),
+        Some(DeniedNode { node: "/dev/nvidia1 (char 195:1)".into(), gpu: "G1".into() })
+    );
+    let unknown = ccm_identity::claims::NvidiaDevices::default();
+    assert_eq!(node_the_spec_denies(spec, &unknown, &[(1, "G1".into())]), None, "no number: nothing to judge");
+    assert_eq!(node_the_spec_denies("not json", &devices, &[(1, "G1".into())]), None);
+}
+
 /// A usable set naming a GPU whose node the restoring runtime's devices cgroup denies (Podman's `restore --import`
 /// keeps the checkpoint's spec): refused before anything is restored, naming the node, the GPU and the way out.
 #[test]
