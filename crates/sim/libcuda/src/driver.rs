@@ -99,9 +99,18 @@ enum CustomStorageError {
     Regions(#[from] SimError),
     #[error("an allocation of an ordinal it does not have")]
     Ordinal,
-    /// The device node stand-ins ([`Driver::open_nodes`]'s text).
-    #[error("{0}")]
-    Nodes(String),
+    /// The device node stand-ins.
+    #[error(transparent)]
+    Nodes(#[from] NodesError),
+}
+
+/// Why the device node stand-ins could not be opened ([`Driver::open_nodes`]).
+#[derive(Debug, thiserror::Error)]
+enum NodesError {
+    #[error("cannot create {}: {source}", dir.display())]
+    Dir { dir: std::path::PathBuf, source: std::io::Error },
+    #[error("cannot open the device node stand-in {}: {source}", path.display())]
+    Open { path: std::path::PathBuf, source: std::io::Error },
 }
 
 /// Where a custom-storage operation (CUDA 13.4) stands on the target.
@@ -144,6 +153,7 @@ pub fn get() -> Result<&'static Driver, i32> {
 enum StartError {
     Sim(SimError),
     NoDevice(&'static str),
+    Nodes(NodesError),
     Os(String),
 }
 
@@ -152,6 +162,7 @@ impl std::fmt::Display for StartError {
         match self {
             StartError::Sim(e) => write!(f, "{e}"),
             StartError::NoDevice(why) => write!(f, "no device: {why}"),
+            StartError::Nodes(e) => write!(f, "{e}"),
             StartError::Os(why) => write!(f, "{why}"),
         }
     }
@@ -232,7 +243,7 @@ impl Driver {
         };
         {
             let mut inner = driver.lock_inner();
-            driver.open_nodes(&mut inner).map_err(StartError::Os)?;
+            driver.open_nodes(&mut inner).map_err(StartError::Nodes)?;
         }
         let driver: &'static Driver = Box::leak(Box::new(driver));
         driver.register()?;
@@ -356,9 +367,9 @@ impl Driver {
         Ok(&inner.config.gpus[self.current_gpu(inner, ordinal)?])
     }
 
-    fn open_nodes(&self, inner: &mut Inner) -> Result<(), String> {
+    fn open_nodes(&self, inner: &mut Inner) -> Result<(), NodesError> {
         let dev = self.state_dir.dev_dir();
-        std::fs::create_dir_all(&dev).map_err(|e| format!("cannot create {}: {e}", dev.display()))?;
+        std::fs::create_dir_all(&dev).map_err(|source| NodesError::Dir { dir: dev.clone(), source })?;
         inner.node_fds.clear();
         for &slot in &self.ordinals {
             let minor = inner.config.gpus[inner.current[slot]].minor;
@@ -369,7 +380,7 @@ impl Driver {
                 .create(true)
                 .truncate(false)
                 .open(&path)
-                .map_err(|e| format!("cannot open the device node stand-in {}: {e}", path.display()))?;
+                .map_err(|source| NodesError::Open { path: path.clone(), source })?;
             inner.node_fds.push(OwnedFd::from(file));
         }
         Ok(())
@@ -690,7 +701,7 @@ impl Driver {
                 at = end;
             }
         }
-        self.open_nodes(inner).map_err(CustomStorageError::Nodes)
+        Ok(self.open_nodes(inner)?)
     }
 
     /// Maps another process's region (a custom-storage operation this process called) at a device pointer of

@@ -17,11 +17,12 @@ use std::process::ExitCode;
 use std::time::Instant;
 
 use ccm_driver::checkpoint::{CheckpointApi, ProcessState};
+use ccm_driver::cuda::LoadError;
 use ccm_driver::custom_storage::CustomStorageApi;
 use ccm_driver::{CudaError, Libcuda};
 use ccm_identity::GpuUuid;
 use ccm_sim_common::dl::libcuda_path;
-use ccm_sim_common::{SimConfig, SimUuid};
+use ccm_sim_common::{SimConfig, SimError, SimUuid};
 
 const USAGE: &str =
     "usage: ccm-sim-ctl PID tid|state|lock [MS]|checkpoint|lockckpt [MS]|restore [OLD=NEW,...|swap]|unlock\
@@ -184,40 +185,56 @@ fn custom_restore(
     Ok(())
 }
 
-fn parse_pairs(spec: &str) -> Result<Vec<(SimUuid, SimUuid)>, String> {
+/// Why `ccm-sim-ctl` could not make its calls (exit 2): the arguments, the GPU set or the library.
+#[derive(Debug, thiserror::Error)]
+enum CtlError {
+    #[error("{USAGE}")]
+    Usage,
+    #[error("`{0}` is not a pid")]
+    Pid(String),
+    #[error("`{0}` is not a timeout in ms")]
+    Timeout(String),
+    #[error("`{0}` is not OLD=NEW")]
+    Pair(String),
+    /// A UUID of a pair, or the GPU set `swap` reads (`CCM_SIM_CONFIG`).
+    #[error(transparent)]
+    Sim(#[from] SimError),
+    #[error(transparent)]
+    Load(#[from] LoadError),
+    #[error(transparent)]
+    CustomFile(#[from] CustomFileError),
+}
+
+fn parse_pairs(spec: &str) -> Result<Vec<(SimUuid, SimUuid)>, CtlError> {
     if spec == "swap" {
-        let config = SimConfig::from_env().map_err(|e| e.to_string())?;
+        let config = SimConfig::from_env()?;
         let n = config.gpus.len();
         return Ok((0..n).map(|i| (config.gpus[i].uuid, config.gpus[n - 1 - i].uuid)).collect());
     }
     spec.split(',')
         .filter(|s| !s.is_empty())
         .map(|p| {
-            let (o, n) = p.split_once('=').ok_or_else(|| format!("`{p}` is not OLD=NEW"))?;
-            Ok((
-                o.parse().map_err(|e: ccm_sim_common::SimError| e.to_string())?,
-                n.parse().map_err(|e: ccm_sim_common::SimError| e.to_string())?,
-            ))
+            let (o, n) = p.split_once('=').ok_or_else(|| CtlError::Pair(p.to_string()))?;
+            Ok((o.parse()?, n.parse()?))
         })
         .collect()
 }
 
-fn run(args: &[String]) -> Result<bool, String> {
+fn run(args: &[String]) -> Result<bool, CtlError> {
     let (pid, op) = match args {
-        [pid, op, ..] => (pid.parse::<i32>().map_err(|_| format!("`{pid}` is not a pid"))?, op.as_str()),
-        _ => return Err(USAGE.to_string()),
+        [pid, op, ..] => (pid.parse::<i32>().map_err(|_| CtlError::Pid(pid.clone()))?, op.as_str()),
+        _ => return Err(CtlError::Usage),
     };
     let rest = &args[2..];
-    let lib = Libcuda::load_from(&libcuda_path()).map_err(|e| e.to_string())?;
-    let api = CheckpointApi::new(&lib).map_err(|e| e.to_string())?;
+    let lib = Libcuda::load_from(&libcuda_path())?;
+    let api = CheckpointApi::new(&lib)?;
     let mut ctl = Ctl { api, failed: false };
     let t = Instant::now();
     // The restoring process must have initialised the driver.
     let r = lib.init();
     ctl.report("cuInit", &r, t);
-    let timeout = |i: usize| {
-        rest.get(i).map_or(Ok(10_000), |v| v.parse::<u32>().map_err(|_| format!("`{v}` is not a timeout in ms")))
-    };
+    let timeout =
+        |i: usize| rest.get(i).map_or(Ok(10_000), |v| v.parse::<u32>().map_err(|_| CtlError::Timeout(v.clone())));
     match op {
         "tid" => ctl.tid(pid),
         "state" => ctl.state(pid),
@@ -247,7 +264,7 @@ fn run(args: &[String]) -> Result<bool, String> {
             ctl.state(pid);
         }
         "custom-checkpoint" | "custom-restore" => {
-            let file = rest.first().ok_or(USAGE)?;
+            let file = rest.first().ok_or(CtlError::Usage)?;
             let Some(custom) = CustomStorageApi::new(&lib) else {
                 println!(
                     "CTL custom storage: not offered by this driver (CUDA 13.4 and cuCheckpointOperationComplete)"
@@ -258,7 +275,7 @@ fn run(args: &[String]) -> Result<bool, String> {
             let r = custom.retain_contexts();
             ctl.report("cuDevicePrimaryCtxRetain (every GPU)", &r, t);
             if op == "custom-checkpoint" {
-                custom_checkpoint(&mut ctl, &custom, pid, file).map_err(|e| e.to_string())?;
+                custom_checkpoint(&mut ctl, &custom, pid, file)?;
             } else {
                 let pairs: Vec<(GpuUuid, GpuUuid)> = match rest.get(1) {
                     Some(spec) => parse_pairs(spec)?
@@ -267,11 +284,11 @@ fn run(args: &[String]) -> Result<bool, String> {
                         .collect(),
                     None => Vec::new(),
                 };
-                custom_restore(&mut ctl, &custom, pid, file, &pairs).map_err(|e| e.to_string())?;
+                custom_restore(&mut ctl, &custom, pid, file, &pairs)?;
             }
             ctl.state(pid);
         }
-        _ => return Err(USAGE.to_string()),
+        _ => return Err(CtlError::Usage),
     }
     Ok(!ctl.failed)
 }
