@@ -8,6 +8,16 @@
 source "$REPO/tests/lib/common.sh"
 first_error() { grep -m3 -E 'Error|criu-cuda-migrate: .*(refused|failed)' "$1" 2>/dev/null | sed 's/.*criu-cuda-migrate: //' | one_line 300; }
 
+# page_files RESTORE_LOG [DUMP_LOG]: what the plugin's page file did (issue 47), short: the dump's staging write (when
+# its log is there) and the restore's fill; `no page file` when the restore filled none (the staging pages were left
+# to CRIU). A row that expects the page file checks for `fill`.
+page_files() {
+    local w="" f
+    [[ -n ${2:-} ]] && w=$(grep -a -m1 -o 'staging write of [^,]*, [0-9]* MiB written' "$2" 2>/dev/null)
+    f=$(grep -a -m1 -o 'staging fill of [0-9]* process(es): [0-9]* MiB from page files in [0-9.]* s' "$1" 2>/dev/null)
+    if [[ -z $f ]]; then echo "no page file"; else echo "page file: ${w:+$w; }$f"; fi
+}
+
 plugin_times() { # LOG: the plugin's driver-call times, short (as container.sh)
     grep -o 'cuCheckpointProcess[A-Za-z]* [^;]*[0-9.]* s\|cuInit [0-9.]* s in the driver agent[^)]*)' "$1" 2>/dev/null |
         sed 's/cuCheckpointProcess//; s/ (timeout [0-9]* ms)//; s/ in the driver agent (started at init; this hook waited/ (waited/' | tr '\n' ';' | cut -c1-160

@@ -50,7 +50,8 @@ setup_containerd() {
     # machine lacks (runc init: `failed to update /proc/self/oom_score_adj: Permission denied`, RunPodSandbox fails):
     # then containerd's own knob for that case keeps every score at or above its own.
     OOM_RESTRICT=
-    if ! (echo -999 >/proc/self/oom_score_adj) 2>/dev/null; then
+    # (Unless CCM_RT_CRI_EXTRA sets it already: a key twice is an error to containerd's TOML reader.)
+    if [[ ${CCM_RT_CRI_EXTRA:-} != *restrict_oom_score_adj* ]] && ! (echo -999 >/proc/self/oom_score_adj) 2>/dev/null; then
         OOM_RESTRICT="  restrict_oom_score_adj = true"
         log "this root cannot lower an OOM score (no CAP_SYS_RESOURCE): containerd's CRI gets restrict_oom_score_adj = true"
     fi
@@ -150,7 +151,7 @@ phase_containerd_same() {
     setup_containerd || return 0
     cdi || { record c0-cdi-spec "CDI spec written" "$(tail -n2 "$WORK/cdi.txt" | one_line)" FAIL -; return 0; }
     ctr_image || { record c0-ctr-image "ctr images import" "$(tail -n2 "$WORK/ctr-import.log" | one_line)" FAIL -; return 0; }
-    local c=$WORK/ctrd-same id=ccm-rt-c1 t0 td tr seen l
+    local c=$WORK/ctrd-same id=ccm-rt-c1 t0 td tr seen l pages
     rm -rf "$c"; mkdir -p "$c"
     C containers rm "$id" ccm-rt-c2 >/dev/null 2>&1
     if ! ctr_run "$id" "$c/ctl" 4; then
@@ -186,10 +187,11 @@ phase_containerd_same() {
             l=$(task_log ccm-rt-c2 restore.log)
             [[ -n $l ]] && cp "$l" "$c/restore.log"
             go_round "$c/ctl" 3
-            if seen=$(check_sample_report "$c/ctl/report3.json"); then
-                record c3-ctr-checkpoint-restore "ctr containers checkpoint --task, kill, containers restore --live: identity agrees, data intact" "$seen; usable GPUs: $(usable_line "$c/restore.log")" PASS "checkpoint ${td}s, restore ${tr}s; $(plugin_times "$c/restore.log")"
+            pages=$(page_files "$c/restore.log")
+            if seen=$(check_sample_report "$c/ctl/report3.json") && [[ $pages == "page file: "* ]]; then
+                record c3-ctr-checkpoint-restore "ctr containers checkpoint --task, kill, containers restore --live: identity agrees, data intact, the device memory through the plugin's page file in the checkpoint image" "$seen; $pages; usable GPUs: $(usable_line "$c/restore.log")" PASS "checkpoint ${td}s, restore ${tr}s; $(plugin_times "$c/restore.log")"
             else
-                record c3-ctr-checkpoint-restore "identity agrees after the restore" "$seen" FAIL "restore ${tr}s"
+                record c3-ctr-checkpoint-restore "identity agrees after the restore, the page file filled" "$seen; $pages" FAIL "restore ${tr}s"
             fi
         else
             l=$(task_log ccm-rt-c2 restore.log)
@@ -270,7 +272,7 @@ phase_containerd_restore() {
                 l=$(task_log ccm-rt-cx2 restore.log); [[ -n $l ]] && cp "$l" "$x/restore.log"
                 go_round "$x/ctl" 2
                 if seen=$(check_sample_report "$x/ctl/report2.json"); then
-                    record cx3-ctr-restore "ctr containers restore --live on machine B: identity names B's GPU, data intact" "dumped on $gpu_a, now: $seen; usable GPUs: $(usable_line "$x/restore.log"); $(majors_note "$x/meta.txt")" "$([[ $gpu_a != "$GPU_UUID" ]] && echo PASS || echo 'PASS (same GPU)')" "restore ${tr}s; $(plugin_times "$x/restore.log")"
+                    record cx3-ctr-restore "ctr containers restore --live on machine B: identity names B's GPU, data intact" "dumped on $gpu_a, now: $seen; $(page_files "$x/restore.log"); usable GPUs: $(usable_line "$x/restore.log"); $(majors_note "$x/meta.txt")" "$([[ $gpu_a != "$GPU_UUID" ]] && echo PASS || echo 'PASS (same GPU)')" "restore ${tr}s; $(plugin_times "$x/restore.log")"
                 else
                     record cx3-ctr-restore "identity names B's GPU" "$seen; $(majors_note "$x/meta.txt")" FAIL "restore ${tr}s"
                 fi
@@ -296,7 +298,7 @@ phase_containerd_restore() {
         cp "$WORK/cri-criu-work/restore.log" "$x/cri-restore.log" 2>/dev/null
         tr=$(elapsed "$t0")
         if go_round "$x/cri-ctl2" 2 && seen=$(check_sample_report "$x/cri-ctl2/report2.json"); then
-            record cx4-cri-restore "CRI restore (CreateContainer from A's archive, CDI_devices nvidia.com/gpu=0 of B) on machine B: identity names B's GPU" "dumped on $gpu_a, now: $seen; usable GPUs: $(usable_line "$x/cri-restore.log")" "$([[ $gpu_a != "$GPU_UUID" ]] && echo PASS || echo 'PASS (same GPU)')" "restore ${tr}s; $(plugin_times "$x/cri-restore.log")"
+            record cx4-cri-restore "CRI restore (CreateContainer from A's archive, CDI_devices nvidia.com/gpu=0 of B) on machine B: identity names B's GPU" "dumped on $gpu_a, now: $seen; $(page_files "$x/cri-restore.log"); usable GPUs: $(usable_line "$x/cri-restore.log")" "$([[ $gpu_a != "$GPU_UUID" ]] && echo PASS || echo 'PASS (same GPU)')" "restore ${tr}s; $(plugin_times "$x/cri-restore.log")"
         else
             record cx4-cri-restore "the CRI restore runs on B's GPU" "${seen:-$(tail -n2 "$WORK/cri-create-cuda-x-restored.out" "$x/cri-restore.out" | one_line) $(first_error "$x/cri-restore.log")}" FAIL -
         fi

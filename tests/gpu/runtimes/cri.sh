@@ -45,7 +45,7 @@ cri_gone() { # ID
 }
 
 cri_same() {
-    local c=$WORK/cri-same id id2 seen t0 td tr
+    local c=$WORK/cri-same id id2 seen t0 td tr pages
     rm -rf "$c"; mkdir -p "$c/ctl" "$c/ctl2"
     # shellcheck disable=SC2119 # the default image archive
     cri_setup || { record c4-cri-cdi "CRI setup (registry, images, pod)" "$(tail -n2 "$WORK/cri-push.log" "$WORK/cri-pull.err" "$WORK/cri-runp.out" 2>/dev/null | one_line)" FAIL -; return; }
@@ -63,10 +63,11 @@ cri_same() {
     id2=$(cri_create cuda-restored "$c/ckpt.tar" "$c/ctl2" nvidia.com/gpu=0) && cri StartContainer "{\"container_id\":\"$id2\"}" >"$c/restore.out" 2>&1
     cp "$WORK/cri-criu-work/restore.log" "$c/restore.log" 2>/dev/null
     tr=$(elapsed "$t0")
-    if go_round "$c/ctl2" 2 && seen=$(check_sample_report "$c/ctl2/report2.json"); then
-        record c4-cri-cdi "CRI: CDI_devices nvidia.com/gpu=0, CheckpointContainer, CreateContainer from the archive (CDI again), StartContainer: identity agrees" "$seen; usable GPUs: $(usable_line "$c/restore.log")" PASS "checkpoint ${td}s, restore ${tr}s; $(plugin_times "$c/restore.log")"
+    pages=$(page_files "$c/restore.log")
+    if go_round "$c/ctl2" 2 && seen=$(check_sample_report "$c/ctl2/report2.json") && [[ $pages == "page file: "* ]]; then
+        record c4-cri-cdi "CRI: CDI_devices nvidia.com/gpu=0, CheckpointContainer, CreateContainer from the archive (CDI again), StartContainer: identity agrees, the device memory through the plugin's page file in the archive" "$seen; $pages; usable GPUs: $(usable_line "$c/restore.log")" PASS "checkpoint ${td}s, restore ${tr}s; $(plugin_times "$c/restore.log")"
     else
-        record c4-cri-cdi "the CRI restore runs on this GPU" "${seen:-$(tail -n2 "$WORK/cri-create-cuda-restored.out" "$c/restore.out" | one_line) $(first_error "$c/restore.log")}" FAIL "checkpoint ${td}s"
+        record c4-cri-cdi "the CRI restore runs on this GPU, the page file filled" "${seen:-$(tail -n2 "$WORK/cri-create-cuda-restored.out" "$c/restore.out" | one_line) $(first_error "$c/restore.log")}; $pages" FAIL "checkpoint ${td}s"
     fi
     [[ -n ${id2:-} ]] && cri_gone "$id2"
     rm -f "$c/ckpt.tar"

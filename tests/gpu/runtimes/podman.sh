@@ -205,7 +205,7 @@ phase_podman_same() {
     setup_podman || return 0
     cdi || { record p0-cdi-spec "CDI spec written" "cdi-spec.sh failed: $(tail -n2 "$WORK/cdi.txt" | one_line)" FAIL -; return 0; }
     podman_image "$IMAGE" sample_rootfs || { record p0-image "podman import" "$(tail -n2 "$WORK/import.log" | one_line)" FAIL -; return 0; }
-    local c=$WORK/podman-same ctl name=ccm-rt-p1 t0 td tr seen nodes a1 sum1 sum2 err procs usable
+    local c=$WORK/podman-same ctl name=ccm-rt-p1 t0 td tr seen nodes a1 sum1 sum2 err procs usable pages
     rm -rf "$c"; mkdir -p "$c"
     ctl=$c/ctl
     if ! p_run "$name" "$ctl" "$PODMAN_RUNTIME" 64 4; then
@@ -263,10 +263,11 @@ phase_podman_same() {
         tr=$(elapsed "$t0")
         usable=$(usable_line "$c/restore.log")
         go_round "$ctl" 3
-        if seen=$(check_sample_report "$ctl/report3.json"); then
-            record p3-podman-export-import "checkpoint --export --compress zstd, rm, restore --import (the retry after p4): identity agrees, data intact; the usable set from the restored spec" "$seen; usable GPUs: ${usable:-(no line)}" PASS "checkpoint ${td}s, restore ${tr}s; $(plugin_times "$c/restore.log")"
+        pages=$(page_files "$c/restore.log" "$a1.dump.log")
+        if seen=$(check_sample_report "$ctl/report3.json") && [[ $pages == "page file: "* ]]; then
+            record p3-podman-export-import "checkpoint --export --compress zstd, rm, restore --import (the retry after p4): identity agrees, data intact, the device memory through the plugin's page file in the archive; the usable set from the restored spec" "$seen; $pages; usable GPUs: ${usable:-(no line)}" PASS "checkpoint ${td}s, restore ${tr}s; $(plugin_times "$c/restore.log")"
         else
-            record p3-podman-export-import "identity agrees after the restore" "$seen" FAIL "checkpoint ${td}s, restore ${tr}s"
+            record p3-podman-export-import "identity agrees after the restore, the page file filled" "$seen; $pages" FAIL "checkpoint ${td}s, restore ${tr}s"
         fi
     else
         record p3-podman-export-import "restore --import passes" "$(tail -n2 "$c/restore.log.out" | one_line) $(first_error "$c/restore.log")" FAIL "checkpoint ${td}s"
@@ -346,7 +347,7 @@ phase_podman_restore() {
     tr=$(elapsed "$t0")
     go_round "$x/ctl" 2
     if seen=$(check_sample_report "$x/ctl/report2.json"); then
-        record px2-podman-restore "restore --import on machine B: every identity names B's GPU, data intact" "dumped on $gpu_a, now: $seen; restored spec: $(spec_nodes "$name"); usable GPUs: $(usable_line "$x/restore.log"); $(majors_note "$x/meta.txt")" "$([[ $gpu_a != "$GPU_UUID" ]] && echo PASS || echo 'PASS (same GPU)')" "restore ${tr}s; $(plugin_times "$x/restore.log")"
+        record px2-podman-restore "restore --import on machine B: every identity names B's GPU, data intact" "dumped on $gpu_a, now: $seen; $(page_files "$x/restore.log"); restored spec: $(spec_nodes "$name"); usable GPUs: $(usable_line "$x/restore.log"); $(majors_note "$x/meta.txt")" "$([[ $gpu_a != "$GPU_UUID" ]] && echo PASS || echo 'PASS (same GPU)')" "restore ${tr}s; $(plugin_times "$x/restore.log")"
     else
         record px2-podman-restore "identity names B's GPU" "$seen; $(majors_note "$x/meta.txt")" FAIL "restore ${tr}s"
     fi
