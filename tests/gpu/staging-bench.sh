@@ -77,11 +77,6 @@ launch_kv_workload() {
     log "$CASE: torch, $weights MiB of weights, $kv MiB KV of which $written MiB written: pid $W_PID"
 }
 
-# first_error LOG: the first error CRIU or the plugin logged (the last line only says the dump failed).
-first_error() {
-    grep -a -m1 -E 'Error|criu-cuda-migrate: .*(fail|refus|error|went away)' "$1" 2>/dev/null | cut -c1-300
-}
-
 # keep_failed DIR: a failed run's logs, the workload's output and the kernel's last words (an OOM kill) kept in the
 # results folder, its images freed.
 keep_failed() {

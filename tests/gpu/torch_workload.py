@@ -67,18 +67,18 @@ def pattern(torch, start, n, seed, device):
     return torch.remainder(torch.arange(start, start + n, dtype=torch.int64, device=device), MODULUS).to(torch.int32) + seed
 
 
+def pieces(n):
+    """(start, length) of each CHUNK-sized piece of n elements."""
+    return ((start, min(CHUNK, n - start)) for start in range(0, n, CHUNK))
+
+
 def fill_pattern(torch, t, n, seed):
-    for start in range(0, n, CHUNK):
-        m = min(CHUNK, n - start)
+    for start, m in pieces(n):
         t[start:start + m] = pattern(torch, start, m, seed, t.device)
 
 
 def has_pattern(torch, t, n, seed):
-    for start in range(0, n, CHUNK):
-        m = min(CHUNK, n - start)
-        if not torch.equal(t[start:start + m], pattern(torch, start, m, seed, t.device)):
-            return False
-    return True
+    return all(torch.equal(t[start:start + m], pattern(torch, start, m, seed, t.device)) for start, m in pieces(n))
 
 
 def main():

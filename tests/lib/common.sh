@@ -18,6 +18,13 @@ elapsed() { awk -v a="$1" -v b="$(now)" 'BEGIN { printf "%.2f", b - a }'; }
 # one_line [MAX]: stdin on one line (newlines to spaces, runs of spaces squeezed), cut to MAX characters (240).
 one_line() { tr '\n' ' ' | tr -s ' ' | cut -c1-"${1:-240}"; }
 
+# first_error LOG: CRIU's and the plugin's first errors in a CRIU log (refusals, failures, CRIU going away), on one
+# line: the last line of a failed dump only says that it failed.
+first_error() {
+    grep -a -m3 -E 'Error|criu-cuda-migrate: .*(refus|fail|error|went away)' "$1" 2>/dev/null |
+        sed 's/.*criu-cuda-migrate: //' | one_line 300
+}
+
 # record CASE EXPECTED SEEN RESULT TIMES: one tab-separated row of the result table appended to $RESULTS (SEEN's
 # newlines as spaces), and logged.
 record() {

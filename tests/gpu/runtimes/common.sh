@@ -6,7 +6,6 @@
 # log, now, elapsed, record CASE EXPECTED SEEN RESULT TIMES, one_line, print_table, wait_file FILE SECONDS, ...
 # shellcheck source=tests/lib/common.sh
 source "$REPO/tests/lib/common.sh"
-first_error() { grep -m3 -E 'Error|criu-cuda-migrate: .*(refused|failed)' "$1" 2>/dev/null | sed 's/.*criu-cuda-migrate: //' | one_line 300; }
 
 # page_files RESTORE_LOG [DUMP_LOG]: what the plugin's page file did (issue 47), short: the dump's staging write (when
 # its log is there) and the restore's fill; `no page file` when the restore filled none (the staging pages were left
