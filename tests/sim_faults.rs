@@ -288,3 +288,25 @@ fn a_flipped_byte_in_the_page_file_is_refused_before_the_driver_restore() {
 fn criu_killed_after_the_release_is_filled_back_and_put_back_by_the_driver_agent() {
     run_case("criu-killed-after-release");
 }
+
+/// Issue 47, item 6: the driver's custom storage (CUDA 13.4) on the doubles: the driver agent copies the device
+/// memory into the page file; --leave-running puts the process back from it; a
+/// flipped byte is refused before the driver's restore, a driver without custom storage by the preflight (images
+/// unchanged); the process then moves onto the other GPUs with its data.
+#[test]
+fn custom_storage_puts_back_refuses_damage_and_moves_the_process() {
+    run_case("custom-storage");
+}
+
+/// Issue 47, item 6: a dump of two whose second checkpoint fails rolls the first back from its page file.
+#[test]
+fn a_failed_dump_puts_back_the_process_checkpointed_to_custom_storage() {
+    run_case("custom-storage-one-of-two");
+}
+
+/// Issue 47, item 6: CRIU killed after a checkpoint to custom storage: the driver agent restores the process from its
+/// page file and unlocks it, RUNNING with its data.
+#[test]
+fn criu_killed_after_a_custom_storage_checkpoint_is_put_back_from_the_page_file() {
+    run_case("custom-storage-criu-killed");
+}

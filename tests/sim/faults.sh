@@ -20,7 +20,8 @@
 #            agent-stop-restore | agent-kill-restore | agent-panic-lock | agent-panic-checkpoint |
 #            agent-panic-restore | image-symlink-zero | image-fifo | image-symlink-secret |
 #            image-oversized | image-control | image-pid-renamed | setting-disable-unknown |
-#            staging-page-file-cut | staging-page-file-flipped | criu-killed-after-release
+#            staging-page-file-cut | staging-page-file-flipped | criu-killed-after-release |
+#            custom-storage | custom-storage-one-of-two | custom-storage-criu-killed
 # Prints `SEEN <line>` (the error line the user sees), `STATE pid=N <state>` (every process after) and
 # `FAULT <case> OK`, exit 0, when the case behaves as documented in docs/RELIABILITY.md; exits 1 with
 # the relevant logs otherwise.
@@ -121,12 +122,6 @@ go() {
     [ -e "$dir/done$k" ] || fail "no report $k from $dir: the workload does not run"
 }
 
-check_agree() { # DIR ROUND
-    local r="$1/report$2.json"
-    grep -q '"all_data_ok": *true' "$r" || fail "data not intact in $r: $(cat "$r")"
-    grep -q '"all_agree": *true' "$r" || fail "identity disagrees in $r: $(cat "$r")"
-}
-
 # dump IMG PID [CRIU ARGS...]: runs criu dump; returns CRIU's exit status (never fails the script).
 dump() {
     local img=$1 pid=$2
@@ -216,10 +211,10 @@ no_agent_left() {
     for _ in $(seq 200); do agent_alive_of "$WORK/state" || { echo "AGENTS none left"; return 0; }; sleep 0.05; done
     fail "a driver agent of this run is still there 10 s after CRIU ended"
 }
-# recover PID: the CLI brings a process left LOCKED or CHECKPOINTED back to RUNNING.
+# recover PID [ARGS...]: the CLI brings a process left LOCKED or CHECKPOINTED back to RUNNING.
 # With --json: one document on stdout (the progress line goes to stderr) that says RUNNING after.
 recover() {
-    "$BIN/criu-cuda-migrate" --json recover --pid "$1" >"$WORK/recover-$1.json" 2>"$WORK/recover-$1.err" ||
+    "$BIN/criu-cuda-migrate" --json recover --pid "$@" >"$WORK/recover-$1.json" 2>"$WORK/recover-$1.err" ||
         fail "criu-cuda-migrate recover --pid $1 failed: $(cat "$WORK/recover-$1.json" "$WORK/recover-$1.err")"
     { grep -q '"after":"RUNNING"' "$WORK/recover-$1.json" && grep -q '"ok":true' "$WORK/recover-$1.json"; } ||
         fail "recover --json of pid $1 does not say RUNNING and ok: $(cat "$WORK/recover-$1.json")"
@@ -252,6 +247,33 @@ both_run_on() {
     check_agree "$WORK/w0" 1
     check_agree "$WORK/w1" 1
 }
+
+# after_checkpoint_script kill|fail FILE: a CRIU action script that, at the first action after CHECKPOINT_DEVICES
+# (network-lock; post-dump where there is none), kills CRIU (an ancestor, SIGKILL) or fails, which fails the dump.
+after_checkpoint_script() {
+    cat >"$2" <<SCRIPT
+#!/bin/sh
+case \$CRTOOLS_SCRIPT_ACTION in network-lock | post-dump) ;; *) exit 0 ;; esac
+[ $1 = fail ] && exit 1
+p=\$PPID
+while [ "\$p" -gt 1 ]; do
+    if [ "\$(cat "/proc/\$p/comm")" = criu ]; then kill -9 "\$p"; exit 0; fi
+    p=\$(sed -n 's/^PPid:[[:space:]]*//p' "/proc/\$p/status")
+done
+exit 0
+SCRIPT
+    chmod +x "$2"
+}
+
+# flip_byte FILE OFFSET: adds one to the byte at OFFSET, in place.
+flip_byte() {
+    local b
+    b=$(od -An -tu1 -j "$2" -N1 "$1" | tr -d ' ')
+    printf '%b' "\\0$(printf '%03o' $(((b + 1) % 256)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
+}
+
+# custom_storage_driver: the doubles' driver offers custom storage (CUDA 13.4).
+custom_storage_driver() { sed -i 's/"cuda_driver_version":[0-9]*/"cuda_driver_version":13040/' "$WORK/gpus.json"; }
 
 case $CASE in
 lock-timeout)
@@ -532,8 +554,7 @@ staging-page-file-cut | staging-page-file-flipped)
         sum=$(images_sum "$WORK/img")
         refused_cleanly "$WORK/img" "$pid" "$sum" "staging pages are in .*cuda-migrate-pages-$pid.img, but it is [0-9]+ bytes where the table names"
     else
-        b=$(od -An -tu1 -j 4096 -N1 "$pages" | tr -d ' ')
-        printf '%b' "\\0$(printf '%03o' $(((b + 1) % 256)))" | dd of="$pages" bs=1 seek=4096 conv=notrunc status=none
+        flip_byte "$pages" 4096
         sum=$(images_sum "$WORK/img")
         if restore "$WORK/img"; then fail "a restore from a damaged page file succeeded"; fi
         seen "$WORK/img/restore.log" "pid $pid: its staging pages cannot be filled back from its page file: .*CRC32"
@@ -635,21 +656,8 @@ criu-killed-after-release)
     # the page file is before the release, fills the pages back, then restores and unlocks the process: RUNNING with
     # its device data as before the dump.
     pid=$(start "$WORK/w0" 0,1)
-    mkdir -p "$WORK/img"
-    cat >"$WORK/kill-criu.sh" <<'KILL'
-#!/bin/sh
-# The first action after CHECKPOINT_DEVICES (network-lock; post-dump where there is none): kill CRIU, an ancestor.
-case $CRTOOLS_SCRIPT_ACTION in network-lock | post-dump) ;; *) exit 0 ;; esac
-p=$PPID
-while [ "$p" -gt 1 ]; do
-    if [ "$(cat "/proc/$p/comm")" = criu ]; then kill -9 "$p"; exit 0; fi
-    p=$(sed -n 's/^PPid:[[:space:]]*//p' "/proc/$p/status")
-done
-exit 0
-KILL
-    chmod +x "$WORK/kill-criu.sh"
-    criu dump -t "$pid" -D "$WORK/img" --libdir "$WORK/plugins" -v4 -o dump.log --action-script "$WORK/kill-criu.sh" &&
-        fail "the dump whose CRIU was killed succeeded"
+    after_checkpoint_script kill "$WORK/kill-criu.sh"
+    dump "$WORK/img" "$pid" --action-script "$WORK/kill-criu.sh" && fail "the dump whose CRIU was killed succeeded"
     seen "$WORK/img/dump.log" "pid $pid: staging pages: .* released in"
     for _ in $(seq 100); do grep -q "^TracerPid:[[:space:]]*0$" "/proc/$pid/status" && break; sleep 0.05; done
     for _ in $(seq 600); do [ "$(state "$pid")" = RUNNING ] && break; sleep 0.05; done
@@ -861,6 +869,87 @@ setting-disable-unknown)
     unset CRIU_CUDA_MIGRATE_DISABLE
     seen "$WORK/img/dump.log" "configuration: CRIU_CUDA_MIGRATE_DISABLE=\"y\" is not valid: expected .on. or .off."
     expect_state "$pid" RUNNING
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+custom-storage)
+    # The driver's custom storage (CUDA 13.4, driver r615; here the doubles'): the driver agent copies the device
+    # memory into the page file itself, the process keeps none. A --leave-running dump puts it back from there:
+    # RUNNING with its data (a dump that fails after the checkpoint: custom-storage-one-of-two); where that
+    # put-back fails, `recover --images` does it. A flipped byte is refused before the driver's restore is called, a node whose driver has no custom storage is
+    # refused by the preflight, the images unchanged both times; then the process moves onto the other GPUs.
+    custom_storage_driver
+    pid=$(start "$WORK/w0" 0,1)
+    dump "$WORK/lr" "$pid" --leave-running || fail "criu dump --leave-running failed"
+    seen "$WORK/lr/dump.log" "pid $pid: cuCheckpointProcessCheckpoint to custom storage .* 2 region\(s\), 16 MiB of device memory"
+    seen "$WORK/lr/dump.log" "pid $pid: rolled back: cuCheckpointProcessRestore"
+    expect_state "$pid" RUNNING
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    # The put-back's restore fails: the process stays CHECKPOINTED, its line names `recover --images`, which
+    # restores it from the page file once the cause is gone.
+    echo restore-fail >"$WORK/state/faults"
+    dump "$WORK/lr2" "$pid" --leave-running || fail "criu dump --leave-running failed"
+    rm -f "$WORK/state/faults"
+    expect_state "$pid" CHECKPOINTED
+    seen "$WORK/lr2/dump.log" "pid $pid is left CHECKPOINTED: .*run .criu-cuda-migrate recover --pid $pid --images $WORK/lr2."
+    recover "$pid" --images "$WORK/lr2"
+    expect_state "$pid" RUNNING
+    go "$WORK/w0" 2
+    check_agree "$WORK/w0" 2
+    dump_ok "$WORK/img" "$pid"
+    pages=$WORK/img/cuda-migrate-pages-$pid.img
+    [ -s "$pages" ] || fail "no page file written: $(grep -a custom "$WORK/img/dump.log")"
+    grep -q "staging pages:" "$WORK/img/dump.log" && fail "the staging path ran beside the custom storage"
+    cp -p "$pages" "$WORK/good-pages.img"
+    flip_byte "$pages" 4096
+    sum=$(images_sum "$WORK/img")
+    if restore "$WORK/img"; then fail "a restore from a damaged page file succeeded"; fi
+    seen "$WORK/img/restore.log" "pid $pid: .*differs from its checksum .*the driver was not called"
+    wait_gone "$pid" || fail "pid $pid survived a restore whose page file was damaged"
+    [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "images changed after a refused restore"
+    cp -p "$WORK/good-pages.img" "$pages"
+    sum=$(images_sum "$WORK/img")
+    sed -i 's/"cuda_driver_version":13040/"cuda_driver_version":13000/' "$WORK/gpus.json"
+    refused_cleanly "$WORK/img" "$pid" "$sum" "checkpointed through the driver's custom storage .* offers CUDA 13.0"
+    custom_storage_driver
+    export CRIU_CUDA_MIGRATE_DEVICE_MAP="$G0=$G1,$G1=$G0"
+    restore_works "$WORK/img" "$pid" "$WORK/w0" 3
+    unset CRIU_CUDA_MIGRATE_DEVICE_MAP
+    seen "$WORK/img/restore.log" "pid $pid: cuCheckpointProcessRestore from custom storage \(its page file\) with 2 pair\(s\)"
+    [ "$(ordinal_uuid "$WORK/w0/report3.json" 0)" = "$G1" ] || fail "ordinal 0 not moved onto $G1"
+    ;;
+custom-storage-one-of-two)
+    # A tree of two on a driver with custom storage: w0's checkpoint fails after w1's went to its page file. The
+    # rollback restores w1 from the page file and unlocks both: RUNNING, data intact, the empty page file gone.
+    custom_storage_driver
+    root=$(W0_FAULTS=checkpoint-fail start_tree)
+    p0=$(cat "$WORK/w0/ready")
+    p1=$(cat "$WORK/w1/ready")
+    if dump "$WORK/img" "$root"; then fail "the dump succeeded although a checkpoint failed"; fi
+    seen "$WORK/img/dump.log" "CHECKPOINT_DEVICES\(pid $p0\) failed: .*CUDA_ERROR_UNKNOWN"
+    seen "$WORK/img/dump.log" "pid $p1: cuCheckpointProcessCheckpoint to custom storage"
+    seen "$WORK/img/dump.log" "pid $p1: rolled back: cuCheckpointProcessRestore"
+    expect_state "$p0" RUNNING
+    expect_state "$p1" RUNNING
+    [ -e "$WORK/img/cuda-migrate-pages-$p0.img" ] && fail "pid $p0's unused page file was left"
+    go "$WORK/w0" 1
+    go "$WORK/w1" 1
+    check_agree "$WORK/w0" 1
+    check_agree "$WORK/w1" 1
+    ;;
+custom-storage-criu-killed)
+    # CRIU dies (SIGKILL) after a checkpoint to custom storage: the driver agent restores the process from its
+    # page file and unlocks it: RUNNING with its device data.
+    custom_storage_driver
+    pid=$(start "$WORK/w0" 0,1)
+    after_checkpoint_script kill "$WORK/kill-criu.sh"
+    dump "$WORK/img" "$pid" --action-script "$WORK/kill-criu.sh" && fail "the dump whose CRIU was killed succeeded"
+    for _ in $(seq 100); do grep -q "^TracerPid:[[:space:]]*0$" "/proc/$pid/status" && break; sleep 0.05; done
+    for _ in $(seq 600); do [ "$(state "$pid")" = RUNNING ] && break; sleep 0.05; done
+    expect_state "$pid" RUNNING
+    seen "$WORK/img/dump.log" "driver agent: pid $pid: [0-9]+ MiB of device memory filled back from .*cuda-migrate-pages-$pid.img"
+    seen "$WORK/img/dump.log" "driver agent: pid $pid: unlocked, RUNNING again after CRIU went away"
     go "$WORK/w0" 1
     check_agree "$WORK/w0" 1
     ;;

@@ -74,15 +74,6 @@ dump() { # IMG PID
 restore() { # IMG
     criu restore -d -D "$1" --libdir "$WORK/plugins" -v4 -o restore.log
 }
-# ordinal_uuid REPORT N: the UUID the workload's CUDA reported for ordinal N (no python in the root).
-ordinal_uuid() { tr -d ' \n' <"$1" | grep -o '"ordinal":'"$2"',[^}]*' | grep -o '"uuid":"[^"]*"' | head -n1 | cut -d'"' -f4; }
-
-check_agree() { # DIR ROUND
-    local r="$1/report$2.json"
-    grep -q '"all_data_ok": *true' "$r" || fail "data not intact in $r: $(cat "$r")"
-    grep -q '"all_agree": *true' "$r" || fail "identity disagrees in $r: $(cat "$r")"
-}
-
 # check_props DIR ROUND: the runtime-style cudaDeviceProp copies name the GPUs the driver reports, and
 # the decoys beside them are byte for byte as written.
 check_props() {

@@ -55,3 +55,14 @@ sim_stack_cleanup() {
         esac
     done
 }
+
+# check_agree DIR ROUND: the workload's report of that round says its data is intact and its identity agrees (the
+# caller's `fail` names what is wrong).
+check_agree() {
+    local r="$1/report$2.json"
+    grep -q '"all_data_ok": *true' "$r" || fail "data not intact in $r: $(cat "$r")"
+    grep -q '"all_agree": *true' "$r" || fail "identity disagrees in $r: $(cat "$r")"
+}
+
+# ordinal_uuid REPORT ORDINAL: the GPU UUID the workload's report names for that CUDA ordinal.
+ordinal_uuid() { tr -d ' \n' <"$1" | grep -o '"ordinal":'"$2"',[^}]*' | grep -o '"uuid":"[^"]*"' | head -n1 | cut -d'"' -f4; }

@@ -372,6 +372,39 @@ impl Agent {
         self.done(Call::Restore { pid: pid.driver(), pairs: pairs.to_vec() }, deadline)
     }
 
+    /// The checkpoint of `pid` to the driver's custom storage, copied by the agent into the empty page file at
+    /// `page_file` (see [`Call::CheckpointToStorage`]).
+    pub fn checkpoint_to_storage(
+        &self,
+        pid: HostPid,
+        page_file: &str,
+        deadline: Duration,
+    ) -> Result<ccm_identity::staging::DriverStorage, AgentError> {
+        match self.call(Call::CheckpointToStorage { pid: pid.driver(), page_file: page_file.to_string() }, deadline)? {
+            Answer::DriverStorage(d) => Ok(d),
+            a => Err(Self::unexpected(a)),
+        }
+    }
+
+    /// The restore of `pid` from the driver's custom storage, filled from `page_file` by `storage` (see
+    /// [`Call::RestoreFromStorage`]); an empty `pairs` restores onto the same GPUs.
+    pub fn restore_from_storage(
+        &self,
+        pid: HostPid,
+        pairs: &[(GpuUuid, GpuUuid)],
+        page_file: &str,
+        storage: &ccm_identity::staging::DriverStorage,
+        deadline: Duration,
+    ) -> Result<(), AgentError> {
+        let call = Call::RestoreFromStorage {
+            pid: pid.driver(),
+            pairs: pairs.to_vec(),
+            page_file: page_file.to_string(),
+            storage: storage.clone(),
+        };
+        self.done(call, deadline)
+    }
+
     /// Records that `pid`'s staging pages are in `page_file` and released in the task (see
     /// [`Call::StagingReleased`]).
     pub fn staging_released(

@@ -14,13 +14,15 @@
 //! - [`client::Agent`]: the plugin's handle (spawn, one method per call, exit);
 //! - [`server`]: the agent's loop, warm-up (`cuInit` and NVML start at once), rollback when
 //!   CRIU dies mid-dump;
-//! - [`protocol`]: the frames between them.
+//! - [`protocol`]: the frames between them;
+//! - [`storage`]: the driver's custom storage (CUDA 13.4): the device memory copied by the agent itself.
 
 #![forbid(unsafe_code)]
 
 pub mod client;
 pub mod protocol;
 pub mod server;
+pub mod storage;
 
 pub use client::{Agent, AgentError, Lost, AGENT_PROCESS_NAME};
 pub use protocol::{CuInitInfo, DriverInfo, DriverLibs, NodeInfo, NvmlInfo, NvmlUnavailable};

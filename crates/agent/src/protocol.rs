@@ -67,6 +67,23 @@ pub enum Call {
         page_file: String,
         table: ccm_identity::staging::StagingTable,
     },
+    /// CUDA 13.4's custom storage: checkpoints the LOCKED `pid` with its device memory handed to this agent, which
+    /// copies it into `page_file` (an absolute path in CRIU's mount namespace, of an empty regular file the plugin
+    /// made) chunk by chunk (CRC32 each, all-zero chunks left out as holes), syncs it and completes the operation:
+    /// the process is CHECKPOINTED and holds no device memory. Answered with the table
+    /// ([`Answer::DriverStorage`]).
+    CheckpointToStorage {
+        pid: i32,
+        page_file: String,
+    },
+    /// The restore from custom storage of the CHECKPOINTED `pid` onto the GPUs `pairs` name (empty: the same ones),
+    /// its regions filled from `page_file` by `storage` (every chunk checked), then completed: the process is LOCKED.
+    RestoreFromStorage {
+        pid: i32,
+        pairs: Vec<(GpuUuid, GpuUuid)>,
+        page_file: String,
+        storage: ccm_identity::staging::DriverStorage,
+    },
     /// The plugin is done: exit without touching any process.
     Exit,
 }
@@ -89,6 +106,8 @@ impl Call {
             Call::VideoMemory { .. } => "the resource manager's process memory query",
             Call::Framebuffer { .. } => "the resource manager's free memory query",
             Call::StagingReleased { .. } => "the record of released staging pages",
+            Call::CheckpointToStorage { .. } => "cuCheckpointProcessCheckpoint to custom storage",
+            Call::RestoreFromStorage { .. } => "cuCheckpointProcessRestore from custom storage",
             Call::Exit => "exit",
         }
     }
@@ -101,6 +120,8 @@ impl Call {
             | Call::Lock { pid, .. }
             | Call::Checkpoint { pid }
             | Call::Restore { pid, .. }
+            | Call::CheckpointToStorage { pid, .. }
+            | Call::RestoreFromStorage { pid, .. }
             | Call::Unlock { pid } => Some(*pid),
             _ => None,
         }
@@ -122,6 +143,9 @@ pub struct DriverInfo {
     pub libcuda_path: String,
     pub cuda_driver_version: i32,
     pub load_seconds: f64,
+    /// Whether the driver offers custom storage (CUDA 13.4, driver r615: `cuCheckpointOperationComplete`).
+    #[serde(default)]
+    pub custom_storage: bool,
 }
 
 /// The node as NVML lists it.
@@ -168,6 +192,7 @@ pub enum Answer {
     DeviceMemory(Vec<GpuMemory>),
     VideoMemory(PidMemoryReport),
     Framebuffer(FramebufferReport),
+    DriverStorage(ccm_identity::staging::DriverStorage),
 }
 
 /// A failure as it crosses the socket.

@@ -18,8 +18,10 @@ use std::time::{Duration, Instant};
 
 use ccm_driver::checkpoint::{put_back, CheckpointApi, Step};
 use ccm_driver::cuda::LoadError;
+use ccm_driver::custom_storage::CustomStorageApi;
 use ccm_driver::nvml::{Nvml, NvmlFailure};
 use ccm_driver::{CudaError, Libcuda};
+use ccm_identity::GpuUuid;
 use log::{error, info, warn};
 
 use ccm_process::tree::ProcessHandle;
@@ -89,6 +91,8 @@ struct Touched {
     /// Processes whose staging pages the plugin released, with their page file and table: filled back before any
     /// put-back of an orphaned agent.
     staged: BTreeMap<i32, (String, ccm_identity::staging::StagingTable)>,
+    /// Processes this agent checkpointed to custom storage, with their page file and table: put back from there.
+    stored: BTreeMap<i32, (String, ccm_identity::staging::DriverStorage)>,
 }
 
 struct Shared {
@@ -96,6 +100,9 @@ struct Shared {
     nvml: Ready<NvmlState>,
     nvml_list: OnceLock<Result<NvmlInfo, NvmlUnavailable>>,
     cuinit: Ready<Result<f64, WireError>>,
+    /// The driver's custom storage, made at its first use (after `cuInit`, with every GPU's primary context
+    /// retained), or why it cannot be used.
+    storage: OnceLock<Result<CustomStorageApi, String>>,
     touched: Mutex<Touched>,
     inflight: AtomicUsize,
     /// The process of each driver call in flight (one entry per call).
@@ -123,6 +130,7 @@ pub fn serve(stream: UnixStream, libs: &DriverLibs, order: WarmUp, criu_parent: 
         nvml: Ready::new(),
         nvml_list: OnceLock::new(),
         cuinit: Ready::new(),
+        storage: OnceLock::new(),
         touched: Mutex::new(Touched::default()),
         inflight: AtomicUsize::new(0),
         inflight_pids: Mutex::new(Vec::new()),
@@ -152,7 +160,9 @@ pub fn serve(stream: UnixStream, libs: &DriverLibs, order: WarmUp, criu_parent: 
                 std::thread::spawn(move || {
                     // A restore for a CRIU restore: hold the process by a pidfd from now on.
                     let handle = match &req.call {
-                        Call::Restore { pid, .. } => u32::try_from(*pid).ok().and_then(|p| ProcessHandle::open(p).ok()),
+                        Call::Restore { pid, .. } | Call::RestoreFromStorage { pid, .. } => {
+                            u32::try_from(*pid).ok().and_then(|p| ProcessHandle::open(p).ok())
+                        }
                         _ => None,
                     };
                     let result = answer_guarded(&req.call, || {
@@ -241,6 +251,7 @@ fn warm_up(shared: &Arc<Shared>, libs: &DriverLibs, order: WarmUp) {
             libcuda_path: lib.path().to_string(),
             cuda_driver_version: lib.driver_version().unwrap_or(0),
             load_seconds: t0.elapsed().as_secs_f64(),
+            custom_storage: CustomStorageApi::new(&lib).is_some(),
         };
         Ok(Loaded { lib, api, info })
     });
@@ -328,6 +339,55 @@ fn api(shared: &Shared) -> Result<&CheckpointApi, WireError> {
     Ok(&l.api)
 }
 
+/// The driver's custom storage, once `cuInit` has ended.
+fn storage(shared: &Shared) -> Result<&CustomStorageApi, WireError> {
+    api(shared)?;
+    let lib = &loaded(shared)?.lib;
+    shared
+        .storage
+        .get_or_init(|| {
+            let s = CustomStorageApi::new(lib)
+                .ok_or_else(|| "this driver offers no custom storage (CUDA 13.4, driver r615)".to_string())?;
+            s.retain_contexts().map_err(|e| format!("the GPUs' primary contexts cannot be retained: {e}"))?;
+            Ok(s)
+        })
+        .as_ref()
+        .map_err(|e| WireError::Agent(e.clone()))
+}
+
+fn storage_error(e: crate::storage::StorageError) -> WireError {
+    match e {
+        crate::storage::StorageError::Refused(e) => WireError::from_cuda(&e),
+        e => WireError::Agent(e.to_string()),
+    }
+}
+
+/// The page file at `page_file` (an absolute path in CRIU's mount namespace): its directory opened, then the file
+/// relative to it, never through a link, a regular file only.
+fn page_file_parts(page_file: &str) -> Result<(ccm_process::dir::Dir, &str), WireError> {
+    let path = std::path::Path::new(page_file);
+    match (path.parent(), path.file_name().and_then(|n| n.to_str())) {
+        (Some(dir), Some(name)) => ccm_process::dir::Dir::open(dir)
+            .map(|d| (d, name))
+            .map_err(|e| WireError::Agent(format!("the page file's directory: {e}"))),
+        _ => Err(WireError::Agent(format!("the page file {page_file} has no directory and name"))),
+    }
+}
+
+fn restore_from_storage(
+    shared: &Shared,
+    pid: i32,
+    pairs: &[(GpuUuid, GpuUuid)],
+    page_file: &str,
+    storage_table: &ccm_identity::staging::DriverStorage,
+) -> Result<u64, WireError> {
+    storage_table.check().map_err(|e| WireError::Agent(format!("the driver storage table of pid {pid}: {e}")))?;
+    let api = storage(shared)?;
+    let (dir, name) = page_file_parts(page_file)?;
+    let (file, size) = dir.open_file(name).map_err(|e| WireError::Agent(e.to_string()))?;
+    crate::storage::restore_from_file(api, pid, pairs, &file, size, storage_table).map_err(storage_error)
+}
+
 fn cuda<T>(r: Result<T, CudaError>) -> Result<T, WireError> {
     r.map_err(|e| WireError::from_cuda(&e))
 }
@@ -382,6 +442,15 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
                 .insert(*pid, (page_file.clone(), table.clone()));
             Ok(Answer::Done)
         }
+        Call::CheckpointToStorage { pid, page_file } => {
+            let api = storage(shared)?;
+            let (dir, name) = page_file_parts(page_file)?;
+            let file = dir.open_empty_for_writing(name).map_err(|e| WireError::Agent(e.to_string()))?;
+            crate::storage::checkpoint_to_file(api, *pid, &file).map(Answer::DriverStorage).map_err(storage_error)
+        }
+        Call::RestoreFromStorage { pid, pairs, page_file, storage } => {
+            restore_from_storage(shared, *pid, pairs, page_file, storage).map(|_| Answer::Done)
+        }
         Call::Exit => Ok(Answer::Done),
     }
 }
@@ -421,6 +490,33 @@ fn fill_back(pid: i32, page_file: &str, table: &ccm_identity::staging::StagingTa
     )?)
 }
 
+/// The put-back calls of a process checkpointed to custom storage: its restore reads its page file.
+struct FromStorage<'a> {
+    shared: &'a Shared,
+    api: &'a CheckpointApi,
+    page_file: &'a str,
+    table: &'a ccm_identity::staging::DriverStorage,
+}
+
+impl ccm_driver::checkpoint::PutBackCalls for FromStorage<'_> {
+    type Error = String;
+    fn restore_in_place(&self, pid: ccm_identity::HostPid, _deadline: Duration) -> Result<(), String> {
+        let pid = pid.driver();
+        restore_from_storage(self.shared, pid, &[], self.page_file, self.table)
+            .map(|bytes| {
+                info!(
+                    "driver agent: pid {pid}: {} MiB of device memory filled back from {}",
+                    bytes >> 20,
+                    self.page_file
+                )
+            })
+            .map_err(|e| format!("{e:?}"))
+    }
+    fn unlock(&self, pid: ccm_identity::HostPid) -> Result<(), String> {
+        self.api.unlock(pid.driver()).map_err(|e| e.to_string())
+    }
+}
+
 fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>, handle: Option<ProcessHandle>) {
     if result.is_err() {
         return;
@@ -433,7 +529,14 @@ fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>, handl
         Call::Checkpoint { pid } => {
             t.checkpointed.insert(*pid);
         }
-        Call::Restore { pid, .. } => {
+        Call::CheckpointToStorage { pid, page_file } => {
+            t.checkpointed.insert(*pid);
+            if let Ok(Answer::DriverStorage(d)) = result {
+                t.stored.insert(*pid, (page_file.clone(), d.clone()));
+            }
+        }
+        Call::Restore { pid, .. } | Call::RestoreFromStorage { pid, .. } => {
+            t.stored.remove(pid);
             // A process this agent did not lock was checkpointed by an earlier CRIU run: this is
             // a CRIU restore, and the process stays LOCKED until the unlock.
             let put_back_by_us = t.checkpointed.remove(pid) || t.locked.contains(pid);
@@ -503,22 +606,38 @@ fn orphaned(shared: &Shared) {
                             }
                         }
                     }
+                    // A process checkpointed to custom storage holds no device memory: it comes back from its page
+                    // file.
+                    let stored = shared.touched.lock().unwrap_or_else(|p| p.into_inner()).stored.remove(pid);
+                    let recover = crate::storage::recover_command(pid, stored.as_ref().map(|s| s.0.as_str()));
                     let state = match api.state(*pid) {
                         Ok(s) => s,
                         Err(e) => {
-                            error!("pid {pid}: its CUDA state cannot be read after CRIU went away ({e}); run `criu-cuda-migrate recover --pid {pid}`");
+                            error!(
+                                "pid {pid}: its CUDA state cannot be read after CRIU went away ({e}); run `{recover}`"
+                            );
                             continue;
                         }
                     };
                     let Some(host_pid) = ccm_identity::HostPid::new((*pid).into()) else { continue };
-                    for step in put_back(api, host_pid, state, ORPHAN_RESTORE_DEADLINE, |_| {}) {
+                    let steps = match &stored {
+                        Some((page_file, table)) => {
+                            let calls = FromStorage { shared, api, page_file, table };
+                            put_back(&calls, host_pid, state, ORPHAN_RESTORE_DEADLINE, |_| {})
+                        }
+                        None => put_back(api, host_pid, state, ORPHAN_RESTORE_DEADLINE, |_| {}),
+                    };
+                    for step in steps {
                         match (&step.error, step.step) {
-                            (None, Step::Restore) => info!("driver agent: pid {pid}: restored onto its GPUs after CRIU went away"),
-                            (None, Step::Unlock) => info!("driver agent: pid {pid}: unlocked, RUNNING again after CRIU went away"),
-                            (Some(e), s) => error!(
-                                "pid {pid} is left {} after CRIU went away: {e}; run `criu-cuda-migrate recover --pid {pid}`",
-                                s.left_in()
-                            ),
+                            (None, Step::Restore) => {
+                                info!("driver agent: pid {pid}: restored onto its GPUs after CRIU went away")
+                            }
+                            (None, Step::Unlock) => {
+                                info!("driver agent: pid {pid}: unlocked, RUNNING again after CRIU went away")
+                            }
+                            (Some(e), s) => {
+                                error!("pid {pid} is left {} after CRIU went away: {e}; run `{recover}`", s.left_in())
+                            }
                         }
                     }
                 }

@@ -103,6 +103,10 @@ enum Command {
         /// The process's pid (as `ps` shows it on this host).
         #[arg(long)]
         pid: i32,
+        /// The dump's image directory, for a process whose device memory went to the page file there through the
+        /// driver's custom storage (CUDA 13.4): it is restored from that file (the plugin's ERROR line names it).
+        #[arg(long, value_name = "DIR")]
+        images: Option<PathBuf>,
     },
     /// CRIU's action script for runc: brings a restored network namespace's loopback up (run by CRIU, not by hand)
     ///
@@ -192,7 +196,7 @@ fn main() -> ExitCode {
         Command::Node(a) if a.check => ("node", readiness::run(a, json)),
         Command::Node(_) => ("node", node(json)),
         Command::Job { pid, criu } => ("job", job::run(*pid, criu.as_deref(), json)),
-        Command::Recover { pid } => ("recover", recover::run(*pid, json)),
+        Command::Recover { pid, images } => ("recover", recover::run(*pid, images.as_deref(), json)),
         Command::NoIoUring { command } => ("no-io-uring", no_io_uring(command)),
         Command::ActionScript { .. } => ("action-script", action_script()),
     };
@@ -376,9 +380,9 @@ fn checkpoint_of_archive(path: &Path, a: &ccm_archive::CheckpointArchive) -> Res
         images.push((member.clone(), preflight::decode_image(member, &f.name, &f.bytes).map_err(input)?));
     }
     images.sort_by_key(|(_, i)| i.pid);
-    // A process's staging pages (issue 47): its page file there, of the size its table names, before any restore.
+    // A process's page file (issue 47): there, of the size its table names, before any restore.
     for (member, img) in &images {
-        let Some(t) = &img.staging else { continue };
+        let Some(t) = img.page_table() else { continue };
         let name = ccm_identity::staging::page_file_name(img.pid);
         let why = match a.page_files.iter().find(|(n, _)| *n == name) {
             Some((_, size)) if *size == t.file_bytes => continue,
@@ -626,11 +630,12 @@ fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
         v["page_files"] = c
             .images
             .iter()
-            .filter_map(|(_, i)| Some((i.pid, i.staging.as_ref()?)))
-            .map(|(pid, t)| {
+            .filter_map(|(_, i)| Some((i.pid, i.page_table()?, i.driver_storage.is_some())))
+            .map(|(pid, t, custom)| {
                 serde_json::json!({
                     "pid": pid,
                     "name": ccm_identity::staging::page_file_name(pid),
+                    "written_by": if custom { "driver custom storage" } else { "staging pages" },
                     "bytes": t.file_bytes,
                     "regions": t.regions.len(),
                     "region_bytes": t.region_bytes(),
@@ -746,6 +751,9 @@ fn inspect(path: &Path, limits: &ArchiveArgs, json: bool) -> CliResult {
         if let Some(t) = &img.staging {
             println!("  {}", staging_line(img.pid, t));
         }
+        if let Some(d) = &img.driver_storage {
+            println!("  {}", driver_storage_line(img.pid, d));
+        }
         let env = &img.env;
         for (k, v) in [
             ("CUDA_VISIBLE_DEVICES", &env.cuda_visible_devices),
@@ -779,6 +787,25 @@ fn staging_line(pid: u32, t: &ccm_identity::staging::StagingTable) -> String {
         t.chunk_count(),
         mib(t.chunk_bytes),
         mib(t.region_bytes().saturating_sub(t.file_bytes)),
+    )
+}
+
+/// The line `inspect` prints for a process whose device memory the driver agent copied through the driver's custom
+/// storage (CUDA 13.4).
+fn driver_storage_line(pid: u32, d: &ccm_identity::staging::DriverStorage) -> String {
+    let mib = |b: u64| format!("{:.1} MiB", b as f64 / f64::from(1u32 << 20));
+    let t = &d.table;
+    format!(
+        "device memory: {} in {} GPU region(s), copied by the driver agent through the driver's custom storage (CUDA \
+         13.4) to {} ({}, its size checked); {} chunk(s) of {}, {} of them all zero and left out as holes, each \
+         written chunk with its CRC-32; its restore needs a driver with custom storage (r615 or later)",
+        mib(d.device_bytes()),
+        d.regions.len(),
+        ccm_identity::staging::page_file_name(pid),
+        mib(t.file_bytes),
+        t.chunk_count(),
+        mib(t.chunk_bytes),
+        t.holes(),
     )
 }
 

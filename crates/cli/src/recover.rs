@@ -90,26 +90,84 @@ fn wait<T>(rx: &mpsc::Receiver<Result<T, Failure>>, limit: Duration, pid: HostPi
     }
 }
 
-pub fn run(pid: i32, json: bool) -> CliResult {
+/// A process the plugin checkpointed to the driver's custom storage (CUDA 13.4) holds no device memory: its put-back
+/// restores it from the page file of its dump, by the table of its identity image, both in `dir`.
+struct FromPageFile {
+    storage: ccm_driver::custom_storage::CustomStorageApi,
+    api: CheckpointApi,
+    table: ccm_identity::staging::DriverStorage,
+    file: std::fs::File,
+    size: u64,
+}
+
+impl FromPageFile {
+    /// The identity image of `pid` (by the pid in its namespace) in `dir`, its driver storage table and its page file.
+    fn open(
+        dir: &std::path::Path,
+        pid: HostPid,
+    ) -> Result<(ccm_identity::staging::DriverStorage, std::fs::File, u64), Failure> {
+        let d = ccm_process::dir::Dir::open(dir).map_err(input)?;
+        let ns_pid = ccm_process::tree::ns_pid(pid.get()).unwrap_or(pid.get());
+        let img =
+            ccm_engine::preflight::read_image(&d, &ccm_identity::IdentityImage::file_name(ns_pid)).map_err(input)?;
+        let Some(table) = img.driver_storage else {
+            return Err(Failure::Input(format!(
+                "{}: the image of pid {pid} has no driver storage table: its device memory was not checkpointed to \
+                 the driver's custom storage; run recover without --images",
+                d.shown_file(&ccm_identity::IdentityImage::file_name(ns_pid)).display()
+            )));
+        };
+        let (file, size) = d.open_file(&ccm_identity::staging::page_file_name(ns_pid)).map_err(input)?;
+        Ok((table, file, size))
+    }
+}
+
+impl ccm_driver::checkpoint::PutBackCalls for FromPageFile {
+    type Error = String;
+    fn restore_in_place(&self, pid: HostPid, _deadline: Duration) -> Result<(), String> {
+        ccm_agent::storage::restore_from_file(&self.storage, pid.driver(), &[], &self.file, self.size, &self.table)
+            .map(|_| ())
+            .map_err(|e| e.to_string())
+    }
+    fn unlock(&self, pid: HostPid) -> Result<(), String> {
+        self.api.unlock(pid.driver()).map_err(|e| e.to_string())
+    }
+}
+
+pub fn run(pid: i32, images: Option<&std::path::Path>, json: bool) -> CliResult {
     let pid = HostPid::new(pid.into()).ok_or_else(|| not_here(pid))?;
     if !std::path::Path::new(&format!("/proc/{pid}")).exists() {
         return Err(not_here(pid));
     }
     refuse_if_traced(pid)?;
     let deadline = put_back_deadline(pid)?;
+    let from_page_file = images.map(|dir| FromPageFile::open(dir, pid)).transpose()?;
     // The driver's calls on a thread of their own: a call that never returns cannot hold this one,
     // which gives up at the deadline (the process's exit ends the call).
     let (tx, rx) = mpsc::channel::<Result<Progress, Failure>>();
     std::thread::spawn(move || {
-        let load = || -> Result<(CheckpointApi, ProcessState), Failure> {
+        let load = || -> Result<(CheckpointApi, ProcessState, Option<FromPageFile>), Failure> {
             let lib = ccm_driver::Libcuda::load(ccm_engine::Config::driver_libs_in_env().libcuda.as_deref())
                 .map_err(input)?;
             let api = CheckpointApi::new(&lib).map_err(input)?;
             lib.init().map_err(input)?;
             let before = api.state(pid.driver()).map_err(|e| Failure::Input(format!("pid {pid}: {e}")))?;
-            Ok((api, before))
+            let from_page_file = match from_page_file {
+                None => None,
+                Some((table, file, size)) => {
+                    let storage = ccm_driver::custom_storage::CustomStorageApi::new(&lib).ok_or_else(|| {
+                        Failure::Refused(format!(
+                            "pid {pid}: this driver offers no custom storage (CUDA 13.4, driver r615), which the \
+                             restore from a page file needs"
+                        ))
+                    })?;
+                    storage.retain_contexts().map_err(input)?;
+                    Some(FromPageFile { storage, api: CheckpointApi::new(&lib).map_err(input)?, table, file, size })
+                }
+            };
+            Ok((api, before, from_page_file))
         };
-        let (api, before) = match load() {
+        let (api, before, from_page_file) = match load() {
             Ok(l) => l,
             Err(f) => {
                 let _ = tx.send(Err(f));
@@ -124,11 +182,15 @@ pub fn run(pid: i32, json: bool) -> CliResult {
         }
         // Progress of the long step (the device memory back onto the GPUs, about 1 s per GiB) on
         // stderr, so that --json output stays one document on stdout.
-        let done = ccm_driver::checkpoint::put_back(&api, pid, before, deadline, |step| {
+        let starting = |step| {
             if step == Step::Restore {
                 eprintln!("criu-cuda-migrate: pid {pid}: restoring its device memory onto the same GPUs ...");
             }
-        });
+        };
+        let done = match &from_page_file {
+            Some(f) => ccm_driver::checkpoint::put_back(f, pid, before, deadline, starting),
+            None => ccm_driver::checkpoint::put_back(&api, pid, before, deadline, starting),
+        };
         let after = api.state(pid.driver()).map(|s| s.to_string()).unwrap_or_else(|e| e.to_string());
         let _ = tx.send(Ok(Progress::Done(done, after)));
     });

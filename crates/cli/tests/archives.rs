@@ -99,6 +99,7 @@ fn image_with(pid: u32, device_memory: Option<u64>, staging: Option<ccm_identity
     let uuid = gpu.uuid;
     IdentityImage {
         staging,
+        driver_storage: None,
         pid,
         host_pid: 4000 + pid,
         dumped_at_unix: 1_790_000_000,

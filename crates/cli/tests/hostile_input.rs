@@ -492,6 +492,7 @@ fn image_of(pid: u32, sites: usize, name_len: usize) -> ccm_identity::image::Ide
     };
     IdentityImage {
         staging: None,
+        driver_storage: None,
         pid,
         host_pid: pid,
         dumped_at_unix: 0,

@@ -25,6 +25,8 @@ type MemcpyHtoDFn = unsafe extern "C" fn(u64, *const c_void, usize) -> CuResult;
 type DeviceGetCountFn = unsafe extern "C" fn(*mut c_int) -> CuResult;
 type DeviceGetFn = unsafe extern "C" fn(*mut c_int, c_int) -> CuResult;
 type PrimaryCtxRetainFn = unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult;
+type CtxGetDeviceFn = unsafe extern "C" fn(*mut c_int) -> CuResult;
+type DeviceGetUuidFn = unsafe extern "C" fn(*mut [u8; 16], c_int) -> CuResult;
 
 /// The custom-storage entry points of a loaded libcuda that has them.
 pub struct CustomStorageApi {
@@ -39,6 +41,8 @@ pub struct CustomStorageApi {
     device_get_count: DeviceGetCountFn,
     device_get: DeviceGetFn,
     primary_ctx_retain: PrimaryCtxRetainFn,
+    ctx_get_device: CtxGetDeviceFn,
+    device_get_uuid: DeviceGetUuidFn,
 }
 
 /// One GPU's region of an operation in progress, as the driver handed it over (in its order).
@@ -46,6 +50,8 @@ pub struct CustomStorageApi {
 pub struct DeviceRegion {
     pub dev_ptr: u64,
     pub size: u64,
+    /// The GPU the region is on (its stream's context's device).
+    pub gpu: GpuUuid,
     ctx: *mut c_void,
 }
 
@@ -78,6 +84,8 @@ impl CustomStorageApi {
                 device_get_count: lib.symbol("cuDeviceGetCount").ok()?,
                 device_get: lib.symbol("cuDeviceGet").ok()?,
                 primary_ctx_retain: lib.symbol("cuDevicePrimaryCtxRetain").ok()?,
+                ctx_get_device: lib.symbol("cuCtxGetDevice").ok()?,
+                device_get_uuid: lib.symbol("cuDeviceGetUuid_v2").ok()?,
                 lib: lib.clone(),
             })
         }
@@ -161,7 +169,16 @@ impl CustomStorageApi {
             // memory itself carries no context (peers' measurement), so the copies use the stream's.
             let r = unsafe { (self.stream_get_ctx)(p.stream, &mut ctx) };
             self.lib.check("cuStreamGetCtx", r)?;
-            op.regions.push(DeviceRegion { dev_ptr: p.dev_ptr, size: p.size as u64, ctx });
+            // SAFETY: a context the driver named; then one int and 16 bytes written.
+            let gpu = unsafe {
+                self.lib.check("cuCtxSetCurrent", (self.ctx_set_current)(ctx))?;
+                let mut dev: c_int = 0;
+                self.lib.check("cuCtxGetDevice", (self.ctx_get_device)(&mut dev))?;
+                let mut uuid = [0u8; 16];
+                self.lib.check("cuDeviceGetUuid_v2", (self.device_get_uuid)(&mut uuid, dev))?;
+                GpuUuid(uuid)
+            };
+            op.regions.push(DeviceRegion { dev_ptr: p.dev_ptr, size: p.size as u64, gpu, ctx });
         }
         Ok(op)
     }

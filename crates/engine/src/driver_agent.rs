@@ -11,6 +11,7 @@ use ccm_agent::{Agent, AgentError, CuInitInfo, DriverInfo, Lost, NodeInfo, WarmU
 use ccm_driver::checkpoint::ProcessState;
 use ccm_driver::nvml::GpuMemory;
 use ccm_driver::rm::{FramebufferReport, PidMemoryReport};
+use ccm_identity::staging::DriverStorage;
 use ccm_identity::{GpuUuid, HostPid, HostTid, PciAddress};
 
 use crate::config::Config;
@@ -30,6 +31,23 @@ pub trait DriverAgent: Send + Sync {
     fn checkpoint(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError>;
     fn restore(&self, pid: HostPid, pairs: &[(GpuUuid, GpuUuid)], deadline: Duration) -> Result<(), AgentError>;
     fn unlock(&self, pid: HostPid) -> Result<(), AgentError>;
+    /// The checkpoint of `pid` to the driver's custom storage (CUDA 13.4), copied by the agent into the empty page
+    /// file at `page_file` (absolute, in CRIU's mount namespace); its table.
+    fn checkpoint_to_storage(
+        &self,
+        pid: HostPid,
+        page_file: &str,
+        deadline: Duration,
+    ) -> Result<DriverStorage, AgentError>;
+    /// The restore of `pid` from the driver's custom storage, filled from `page_file` by `storage`.
+    fn restore_from_storage(
+        &self,
+        pid: HostPid,
+        pairs: &[(GpuUuid, GpuUuid)],
+        page_file: &str,
+        storage: &DriverStorage,
+        deadline: Duration,
+    ) -> Result<(), AgentError>;
     /// Tells the agent that `pid`'s staging pages are in `page_file` and about to be released in the task
     /// (`crate::staging`): should CRIU go away, it fills them back before it puts the process back.
     fn staging_released(
@@ -107,6 +125,24 @@ impl DriverAgent for Agent {
     fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
         Agent::unlock(self, pid)
     }
+    fn checkpoint_to_storage(
+        &self,
+        pid: HostPid,
+        page_file: &str,
+        deadline: Duration,
+    ) -> Result<DriverStorage, AgentError> {
+        Agent::checkpoint_to_storage(self, pid, page_file, deadline)
+    }
+    fn restore_from_storage(
+        &self,
+        pid: HostPid,
+        pairs: &[(GpuUuid, GpuUuid)],
+        page_file: &str,
+        storage: &DriverStorage,
+        deadline: Duration,
+    ) -> Result<(), AgentError> {
+        Agent::restore_from_storage(self, pid, pairs, page_file, storage, deadline)
+    }
     fn staging_released(
         &self,
         pid: HostPid,
@@ -132,6 +168,23 @@ impl DriverAgent for Agent {
     }
     fn exit_without_waiting(&self) {
         Agent::exit_without_waiting(self)
+    }
+}
+
+/// The put-back of a process checkpointed to the driver's custom storage: its restore fills it from its page file.
+pub struct FromStorage<'a> {
+    pub agent: &'a dyn DriverAgent,
+    pub page_file: &'a str,
+    pub storage: &'a DriverStorage,
+}
+
+impl ccm_driver::checkpoint::PutBackCalls for FromStorage<'_> {
+    type Error = AgentError;
+    fn restore_in_place(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError> {
+        self.agent.restore_from_storage(pid, &[], self.page_file, self.storage, deadline)
+    }
+    fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
+        self.agent.unlock(pid)
     }
 }
 

@@ -52,6 +52,23 @@ struct Tracked {
     settles_by: Option<(Instant, ProcessState)>,
     /// Its staging pages in its page file (issue 47): a put-back fills them back first.
     staged: Option<crate::staging::Staged>,
+    /// Its device memory in its page file, copied there by the driver agent through the driver's custom storage
+    /// (CUDA 13.4): a put-back restores it from there.
+    stored: Option<Stored>,
+}
+
+/// A page file made (empty) for the driver agent's copy: its name in the image directory and its absolute path.
+#[derive(Debug)]
+struct StorageFile {
+    name: String,
+    path: String,
+}
+
+/// A process checkpointed to the driver's custom storage: its page file (absolute, for the driver agent) and table.
+#[derive(Debug)]
+struct Stored {
+    page_file: String,
+    storage: ccm_identity::staging::DriverStorage,
 }
 
 impl Tracked {
@@ -66,6 +83,7 @@ impl Tracked {
             device_bytes: None,
             settles_by: None,
             staged: None,
+            stored: None,
         }
     }
 }
@@ -689,8 +707,16 @@ impl DumpSession {
         if self.refuse_for_sharing(&node) {
             return;
         }
+        // Written through CRIU's own descriptor of the image directory: it may be in another mount
+        // namespace than any path we could name, and a path could be swapped under us.
+        let dir =
+            host.image_dir().map(|fd| Dir::from_owned(fd, PathBuf::from("CRIU's image directory")).map_err(Arc::new));
+        let storage_files = match dir.as_ref() {
+            Some(Ok(dir)) => self.storage_files(&node, dir, &todo),
+            _ => BTreeMap::new(),
+        };
         let started = Instant::now();
-        let (mut results, memory) = checkpoint_batch(&node, &*self.seams.targets, &self.config, &todo);
+        let (mut results, memory) = checkpoint_batch(&node, &*self.seams.targets, &self.config, &todo, &storage_files);
         // The driver's part alone (the staging write below is timed on its own line; the batch's line has both).
         info!(
             "driver checkpoint of {} CUDA process(es) took {:.3} s (parallel)",
@@ -702,10 +728,6 @@ impl DumpSession {
             todo.iter().map(|(pid, _)| *pid),
             "after the driver's checkpoint",
         );
-        // Written through CRIU's own descriptor of the image directory: it may be in another mount
-        // namespace than any path we could name, and a path could be swapped under us.
-        let dir =
-            host.image_dir().map(|fd| Dir::from_owned(fd, PathBuf::from("CRIU's image directory")).map_err(Arc::new));
         let (mut staged, staging_failed) = match dir.as_ref() {
             Some(Ok(dir)) => self.offload_staging(dir, &todo, &mut results),
             _ => Default::default(),
@@ -714,13 +736,51 @@ impl DumpSession {
             let Some(t) = self.tracked.get_mut(&pid) else { continue };
             t.device_bytes = memory.get(&pid).cloned().flatten().map(|u| u.iter().map(|x| x.bytes).sum::<u64>());
             t.staged = staged.remove(&pid);
-            let recorded = record_checkpoint(t, r, started, dir.as_ref());
+            let recorded = record_checkpoint(t, r, started, dir.as_ref(), storage_files.get(&pid));
             t.checkpoint_result = Some(match staging_failed.get(&pid) {
                 Some(f) => Err(f.clone()),
                 None => recorded,
             });
         }
         info!("checkpoint of {} CUDA process(es) took {:.3} s (parallel)", todo.len(), t0.elapsed().as_secs_f64());
+    }
+
+    /// Where the driver agent copies each process's device memory when the driver offers custom storage (CUDA
+    /// 13.4) and the staging setting is `plugin`: a fresh page file per process under a temporary name (named after
+    /// its image once the identity scan knows the pid in its namespace), with its path for the agent. Empty where
+    /// the driver stages the device memory in the processes.
+    fn storage_files(&self, node: &Node, dir: &Dir, todo: &[(HostPid, HostTid)]) -> BTreeMap<HostPid, StorageFile> {
+        let mut out = BTreeMap::new();
+        if !node.custom_storage || self.config.staging == crate::Staging::Criu {
+            return out;
+        }
+        for &(pid, _) in todo {
+            // Named after the pid in the process's own namespace (its identity image's), under which the driver agent
+            // knows it from the start: should CRIU go away, the agent puts the process back from this path.
+            let ns_pid = self.seams.targets.ns_pid(pid.get()).unwrap_or(pid.get());
+            let name = ccm_identity::staging::page_file_name(ns_pid);
+            let made = dir.create_fresh(&name, 0o600, false).and_then(|(_, tmp, _)| {
+                dir.rename_into_place(&tmp, &name).inspect_err(|_| {
+                    let _ = dir.remove(&tmp);
+                })
+            });
+            match made {
+                Ok(()) => {
+                    let path = crate::staging::page_file_path(dir, &name);
+                    out.insert(pid, StorageFile { name, path });
+                }
+                Err(e) => warn!(
+                    "pid {pid}: its page file cannot be created ({e}); the driver stages its device memory in the \
+                     process instead of the driver's custom storage"
+                ),
+            }
+        }
+        info!(
+            "the driver offers custom storage: the driver agent copies the device memory of {} process(es) into \
+             their page files",
+            out.len()
+        );
+        out
     }
 
     /// The staging offload (`crate::staging`) of every process whose checkpoint and identity succeeded; each one's
@@ -735,7 +795,7 @@ impl DumpSession {
             .iter()
             .zip(results.iter())
             .filter_map(|(&(pid, _), r)| match r {
-                Ok((Timed { value: Ok(()), .. }, Ok(Ok(img)), Some(before))) => {
+                Ok((Timed { value: Ok(None), .. }, Ok(Ok(img)), Some(before))) => {
                     Some(crate::staging::Checkpointed { pid, image_pid: img.pid, before: before.clone() })
                 }
                 _ => None,
@@ -872,8 +932,9 @@ impl DumpSession {
                     Err(e) => {
                         for t in &todo {
                             error!(
-                                "pid {} may be left LOCKED or CHECKPOINTED: the driver agent was lost and a fresh one cannot start ({e}); run `criu-cuda-migrate recover --pid {}`",
-                                t.pid, t.pid
+                                "pid {} may be left LOCKED or CHECKPOINTED: the driver agent was lost and a fresh one cannot start ({e}); run `{}`",
+                                t.pid,
+                                ccm_agent::storage::recover_command(t.pid, t.stored.as_ref().map(|s| s.page_file.as_str()))
                             );
                         }
                         return;
@@ -899,7 +960,11 @@ impl DumpSession {
         );
         for (t, r) in todo.iter().zip(results) {
             if let Err(e) = r {
-                error!("pid {}: rollback failed ({e}); its CUDA state is unknown: run `criu-cuda-migrate recover --pid {}`", t.pid, t.pid);
+                error!(
+                    "pid {}: rollback failed ({e}); its CUDA state is unknown: run `{}`",
+                    t.pid,
+                    ccm_agent::storage::recover_command(t.pid, t.stored.as_ref().map(|s| s.page_file.as_str()))
+                );
             }
         }
     }
@@ -937,7 +1002,7 @@ impl DumpSession {
 /// What one process's work in the checkpoint batch gave: the driver's checkpoint and its identity.
 /// The third part: its mappings before the checkpoint, for the staging offload.
 type CheckpointWork = (
-    Timed<Result<(), AgentError>>,
+    Timed<Result<Option<ccm_identity::staging::DriverStorage>, AgentError>>,
     Result<Result<IdentityImage, ccm_process::ProcessError>, ProcessFailure>,
     Option<Vec<ccm_identity::staging::MapView>>,
 );
@@ -952,6 +1017,7 @@ fn checkpoint_batch(
     targets: &dyn Targets,
     config: &Config,
     todo: &[(HostPid, HostTid)],
+    storage_files: &BTreeMap<HostPid, StorageFile>,
 ) -> (Vec<Result<CheckpointWork, BatchError>>, MemoryByPid) {
     // The identity scan of each process runs while its checkpoint does: the words it looks for
     // sit in libcuda's objects (heap and small mappings), which exist before the checkpoint and
@@ -1001,7 +1067,10 @@ fn checkpoint_batch(
                         collect_identity(pid, node, targets, before?, || memory.wait().get(&pid).cloned().flatten())
                     });
                     // The device memory is not known yet: the deadline for an unknown amount.
-                    let checkpoint = timed(|| api.checkpoint(pid, config.call_deadline(None)));
+                    let checkpoint = timed(|| match storage_files.get(&pid) {
+                        Some(f) => api.checkpoint_to_storage(pid, &f.path, config.call_deadline(None)).map(Some),
+                        None => api.checkpoint(pid, config.call_deadline(None)).map(|()| None),
+                    });
                     let facts = scan.join().map_err(|_| ProcessFailure::Batch(BatchError::Panicked));
                     (checkpoint, facts, views)
                 })
@@ -1018,8 +1087,19 @@ fn record_checkpoint(
     r: Result<CheckpointWork, BatchError>,
     started: Instant,
     dir: Option<&Result<Dir, Arc<ccm_process::dir::FileError>>>,
+    storage_file: Option<&StorageFile>,
 ) -> Result<(), ProcessFailure> {
     let pid = t.pid;
+    let stored = match &r {
+        Ok((Timed { value: Ok(Some(_)), .. }, ..)) => true,
+        _ => {
+            // No device memory went to it: the file goes.
+            if let (Some(f), Some(Ok(dir))) = (storage_file, dir) {
+                let _ = dir.remove(&f.name);
+            }
+            false
+        }
+    };
     match r {
         Err(e) => Err(ProcessFailure::Batch(e)),
         Ok((Timed { value: Err(e), .. }, _, _)) => {
@@ -1034,11 +1114,39 @@ fn record_checkpoint(
                 Err(ProcessFailure::Driver(e))
             }
         }
-        Ok((Timed { value: Ok(()), elapsed }, facts, _)) => {
+        Ok((Timed { value: Ok(storage), elapsed }, facts, _)) => {
             t.checkpointed_by_us = true;
-            info!("pid {pid}: cuCheckpointProcessCheckpoint {:.3} s", elapsed.as_secs_f64());
+            match &storage {
+                None => info!("pid {pid}: cuCheckpointProcessCheckpoint {:.3} s", elapsed.as_secs_f64()),
+                Some(d) => info!(
+                    "pid {pid}: cuCheckpointProcessCheckpoint to custom storage {:.3} s: {} region(s), {} MiB of \
+                     device memory, {} chunk(s) all zero, {} MiB written ({:.2} GB/s with the copy)",
+                    elapsed.as_secs_f64(),
+                    d.regions.len(),
+                    d.device_bytes() >> 20,
+                    d.table.holes(),
+                    d.table.file_bytes >> 20,
+                    d.device_bytes() as f64 / elapsed.as_secs_f64().max(1e-9) / 1e9
+                ),
+            }
+            // The put-back of a process checkpointed to custom storage reads its page file.
+            if let (Some(storage), Some(f)) = (storage.clone(), storage_file.filter(|_| stored)) {
+                t.stored = Some(Stored { page_file: f.path.clone(), storage });
+            }
             match (facts, dir) {
-                (Ok(Ok(img)), Some(Ok(dir))) => write_image(dir, &img),
+                (Ok(Ok(mut img)), Some(Ok(dir))) => {
+                    if let (Some(storage), Some(f)) = (storage, storage_file) {
+                        if f.name != ccm_identity::staging::page_file_name(img.pid) {
+                            return Err(ProcessFailure::StagingMismatch(format!(
+                                "its page file {} does not carry the pid {} of its identity image (its namespace \
+                                 pid changed during the dump?)",
+                                f.name, img.pid
+                            )));
+                        }
+                        img.driver_storage = Some(storage);
+                    }
+                    write_image(dir, &img)
+                }
                 (Ok(Err(e)), _) => Err(ProcessFailure::Identity(Arc::new(e))),
                 (Err(f), _) => Err(f),
                 (_, Some(Err(e))) => Err(ProcessFailure::ImageWrite(e.clone())),
@@ -1146,17 +1254,41 @@ fn rollback_one(api: &dyn DriverAgent, t: &Tracked, config: &Config, cuda_proces
     }
     info!("pid {pid}: rolling back from CUDA state {state}");
     let deadline = config.call_deadline(t.device_bytes);
+    if matches!(state, ProcessState::Checkpointing | ProcessState::Restoring) {
+        // A custom-storage operation left open (its copy failed): the driver has no way to abort it.
+        let why = match &t.checkpoint_result {
+            Some(Err(e)) => e.to_string(),
+            _ => "its operation was not completed".to_string(),
+        };
+        error!(
+            "pid {pid} is left {state}: the driver's custom-storage operation on it could not be completed ({why}), \
+             and the driver offers no way to abort one: end the process and restart its job"
+        );
+        return;
+    }
+    let recover = ccm_agent::storage::recover_command(pid, t.stored.as_ref().map(|s| s.page_file.as_str()));
+    let from_storage = t.stored.as_ref().map(|s| crate::driver_agent::FromStorage {
+        agent: api,
+        page_file: &s.page_file,
+        storage: &s.storage,
+    });
     if t.initial == ProcessState::Locked && state == ProcessState::Checkpointed {
         // Found LOCKED by someone else: its device memory goes back, the lock stays theirs.
-        match api.restore(pid, &[], deadline) {
+        let restored = match &from_storage {
+            Some(f) => f.agent.restore_from_storage(pid, &[], f.page_file, f.storage, deadline),
+            None => api.restore(pid, &[], deadline),
+        };
+        match restored {
             Ok(()) => info!("pid {pid}: rolled back: restored, LOCKED as the dump found it"),
-            Err(e) => error!(
-                "pid {pid} is left CHECKPOINTED: restore failed ({e}); run `criu-cuda-migrate recover --pid {pid}`"
-            ),
+            Err(e) => error!("pid {pid} is left CHECKPOINTED: restore failed ({e}); run `{recover}`"),
         }
         return;
     }
-    for step in put_back(api, pid, state, deadline, |_| {}) {
+    let steps = match &from_storage {
+        Some(f) => put_back(f, pid, state, deadline, |_| {}),
+        None => put_back(api, pid, state, deadline, |_| {}),
+    };
+    for step in steps {
         match (step.step, &step.error) {
             (Step::Restore, None) => {
                 info!("pid {pid}: rolled back: cuCheckpointProcessRestore {:.3} s", step.elapsed.as_secs_f64())
@@ -1173,10 +1305,7 @@ fn rollback_one(api: &dyn DriverAgent, t: &Tracked, config: &Config, cuda_proces
                         advice.cause
                     )
                 } else {
-                    error!(
-                        "pid {pid} is left {now}: {} failed ({e}); run `criu-cuda-migrate recover --pid {pid}`",
-                        s.name()
-                    )
+                    error!("pid {pid} is left {now}: {} failed ({e}); run `{recover}`", s.name())
                 }
             }
         }

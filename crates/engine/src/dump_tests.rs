@@ -348,6 +348,33 @@ fn leave_running_and_criu_over_rpc_put_every_process_back() {
     }
 }
 
+/// Issue 47, item 6: where the driver offers custom storage and the staging setting is `plugin`, the driver agent
+/// checkpoints into the page file and the put-back restores from it; `staging criu` keeps the driver's own staging.
+#[test]
+fn custom_storage_is_used_where_offered_unless_staging_is_criu_and_the_put_back_reads_the_page_file() {
+    for (pid, staging, calls) in
+        [(2311, "plugin", ["checkpoint_to_storage", "restore_from_storage"]), (2312, "criu", ["checkpoint", "restore"])]
+    {
+        let c = config(&[("CRIU_CUDA_MIGRATE_LEAVE_RUNNING", "1"), ("CRIU_CUDA_MIGRATE_STAGING", staging)]);
+        let mut d = dump_with("custom", c, &[pid], 1);
+        d.agent.script().custom_storage = true;
+        assert!(done(&d.pause(pid)));
+        assert!(done(&d.checkpoint(pid)));
+        d.finish(0);
+        assert_eq!(d.agent.state_of(pid), Running, "{staging}");
+        let made: Vec<String> =
+            d.agent.script().calls.iter().filter(|c| c.ends_with(&pid.to_string())).cloned().collect();
+        for call in calls {
+            assert!(made.contains(&format!("{call} {pid}")), "{staging}: {made:?}");
+        }
+        let page_file = d.criu.path().join(ccm_identity::staging::page_file_name(pid));
+        assert_eq!(page_file.exists(), staging == "plugin", "{staging}");
+        if staging == "plugin" {
+            assert!(d.image(pid).unwrap().driver_storage.is_some());
+        }
+    }
+}
+
 #[test]
 fn a_checkpoint_failing_mid_batch_fails_that_process_and_the_rollback_puts_all_back() {
     let pids = [2401, 2402, 2403];

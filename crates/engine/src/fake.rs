@@ -105,6 +105,8 @@ pub struct AgentScript {
     pub exit_without_waiting: bool,
     /// The pairs each restore was given.
     pub restore_pairs: BTreeMap<u32, Vec<(GpuUuid, GpuUuid)>>,
+    /// The driver offers custom storage (CUDA 13.4).
+    pub custom_storage: bool,
     /// Memory each pid imported from another process on GPU 0, as the resource manager reports it (bytes).
     pub imported: BTreeMap<u32, u64>,
     /// The resource manager cannot be asked: the agent's answer.
@@ -210,8 +212,9 @@ impl DriverAgent for FakeAgent {
         Ok(DriverInfo {
             agent_pid: 4000,
             libcuda_path: "libcuda.so.1".into(),
-            cuda_driver_version: 13000,
+            cuda_driver_version: if self.script().custom_storage { 13040 } else { 13000 },
             load_seconds: 0.0,
+            custom_storage: self.script().custom_storage,
         })
     }
     fn node(&self) -> Result<NodeInfo, AgentError> {
@@ -274,6 +277,41 @@ impl DriverAgent for FakeAgent {
     }
     fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
         self.call("unlock", Some(pid), Self::transition(ProcessState::Locked, ProcessState::Running, "unlock"))
+    }
+    fn checkpoint_to_storage(
+        &self,
+        pid: HostPid,
+        _page_file: &str,
+        _: Duration,
+    ) -> Result<ccm_identity::staging::DriverStorage, AgentError> {
+        self.call(
+            "checkpoint_to_storage",
+            Some(pid),
+            Self::transition(ProcessState::Locked, ProcessState::Checkpointed, "checkpoint"),
+        )?;
+        Ok(ccm_identity::staging::DriverStorage {
+            regions: Vec::new(),
+            table: ccm_identity::staging::StagingTable {
+                chunk_bytes: ccm_identity::staging::DEFAULT_CHUNK_BYTES,
+                file_bytes: 0,
+                regions: Vec::new(),
+            },
+        })
+    }
+    fn restore_from_storage(
+        &self,
+        pid: HostPid,
+        pairs: &[(GpuUuid, GpuUuid)],
+        _page_file: &str,
+        _storage: &ccm_identity::staging::DriverStorage,
+        _: Duration,
+    ) -> Result<(), AgentError> {
+        self.script().restore_pairs.insert(pid.get(), pairs.to_vec());
+        self.call(
+            "restore_from_storage",
+            Some(pid),
+            Self::transition(ProcessState::Checkpointed, ProcessState::Locked, "restore"),
+        )
     }
     fn staging_released(
         &self,

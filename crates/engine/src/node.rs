@@ -22,6 +22,8 @@ pub struct Node {
     pub agent: Box<dyn DriverAgent>,
     cuinit: OnceLock<Result<(), AgentError>>,
     pub cuda_driver_version: i32,
+    /// The driver offers custom storage (CUDA 13.4, driver r615): the agent copies a checkpoint's device memory.
+    pub custom_storage: bool,
     /// NVML's view, waited for at first use: a dump needs it only for the identity scan, which
     /// runs during the checkpoint, so the agent's NVML start (16-19 ms) stays off the hooks' path.
     nvml: OnceLock<NvmlView>,
@@ -60,13 +62,18 @@ impl Node {
             other => EngineError::Agent(other),
         })?;
         info!(
-            "driver: {} loaded, CUDA driver API {} ({:.3} s, in the driver agent, pid {})",
-            d.libcuda_path, d.cuda_driver_version, d.load_seconds, d.agent_pid
+            "driver: {} loaded, CUDA driver API {}{} ({:.3} s, in the driver agent, pid {})",
+            d.libcuda_path,
+            d.cuda_driver_version,
+            if d.custom_storage { ", custom storage offered" } else { "" },
+            d.load_seconds,
+            d.agent_pid
         );
         Ok(Node {
             agent,
             cuinit: OnceLock::new(),
             cuda_driver_version: d.cuda_driver_version,
+            custom_storage: d.custom_storage,
             nvml: OnceLock::new(),
             memory: None,
             at_pci: Default::default(),

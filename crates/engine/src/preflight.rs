@@ -114,11 +114,19 @@ pub fn read_images(dir: &Dir) -> Result<Vec<(PathBuf, IdentityImage)>, ImageFile
     Ok(out)
 }
 
-/// The page file of an image with a staging table: there, a regular file (not a link), of exactly the size its
-/// table names. Refused before anything is restored; its contents are checked chunk by chunk at the fill.
+/// The page file of an image with a staging table or a driver storage table: there, a regular file (not a link), of
+/// exactly the size its table names. Refused before anything is restored; its contents are checked chunk by chunk at the fill.
 pub fn check_page_file(dir: &Dir, image: &std::path::Path, img: &IdentityImage) -> Result<(), ImageFileError> {
-    let Some(t) = &img.staging else { return Ok(()) };
+    let Some(t) = img.page_table() else { return Ok(()) };
     let name = ccm_identity::staging::page_file_name(img.pid);
+    if img.staging.is_some() && img.driver_storage.is_some() {
+        return Err(ImageFileError::PageFile {
+            image: image.to_path_buf(),
+            page_file: dir.shown_file(&name),
+            why: "its image names both a staging table and a driver storage table for it, which no dump writes"
+                .to_string(),
+        });
+    }
     let why = match dir.file_size(&name) {
         Ok(size) if size == t.file_bytes => return Ok(()),
         Ok(size) => format!("it is {size} bytes where the table names {}", t.file_bytes),
@@ -210,6 +218,14 @@ pub enum PreflightError {
     /// knows), and the map moves a GPU.
     #[error("{0}")]
     NoDeviceMap(String),
+    /// The dump's driver copied the device memory out through its custom storage (CUDA 13.4), and this node's
+    /// driver has none.
+    #[error(
+        "{image}: its device memory was checkpointed through the driver's custom storage (CUDA 13.4, driver r615 or \
+         later), and this node's driver offers CUDA {found}, which has none: restore on a node whose driver is r615 \
+         or later"
+    )]
+    NoCustomStorage { image: String, found: String },
     #[error(transparent)]
     Memory(#[from] memory::MemoryError),
 }
@@ -250,6 +266,15 @@ pub fn run(
         }
     }
     let plans = plan(images, node.gpus(), config, usable)?;
+    let version = node.cuda_driver_version();
+    if version < ccm_driver::abi::FIRST_CUSTOM_STORAGE_DRIVER_API {
+        if let Some(p) = plans.iter().find(|p| p.image.driver_storage.is_some()) {
+            return Err(PreflightError::NoCustomStorage {
+                image: p.path.display().to_string(),
+                found: format!("{}.{}", version / 1000, version % 1000 / 10),
+            });
+        }
+    }
     if plans.iter().any(|p| !p.map.is_identity()) {
         if let Some(why) = restore_args_layout(node.cuda_driver_version()).no_map_why() {
             return Err(PreflightError::NoDeviceMap(why.to_string()));

@@ -41,6 +41,9 @@ struct Job<'a> {
     plan: Option<&'a ProcessPlan>,
     /// How many CUDA processes the restore holds (a failed restore's advice depends on it).
     cuda_processes: usize,
+    /// The page file the driver agent fills the device memory from, for an image with a driver storage table
+    /// (absolute, in CRIU's mount namespace).
+    storage_file: Option<String>,
 }
 
 impl RestoreSession {
@@ -412,7 +415,11 @@ impl RestoreSession {
                     continue;
                 }
             };
-            jobs.push((Job { pid, plan, cuda_processes }, tid));
+            let storage_file = plan.filter(|p| p.image.driver_storage.is_some()).and_then(|p| {
+                let dir = self.image_dir.as_ref()?;
+                Some(crate::staging::page_file_path(dir, &ccm_identity::staging::page_file_name(p.image.pid)))
+            });
+            jobs.push((Job { pid, plan, cuda_processes, storage_file }, tid));
         }
         jobs
     }
@@ -789,7 +796,18 @@ fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, targets: &dyn 
     };
     info!("pid {pid}: driver restore started ({} pair(s))", pairs.len());
     let device_bytes = job.plan.and_then(|p| p.image.device_memory.as_ref()).map(|u| u.iter().map(|x| x.bytes).sum());
-    let r = timed(|| api.restore(pid, &pairs, config.call_deadline(device_bytes)));
+    let storage = job.plan.and_then(|p| p.image.driver_storage.as_ref());
+    let r = timed(|| match (storage, job.storage_file.as_deref()) {
+        (Some(storage), Some(file)) => {
+            api.restore_from_storage(pid, &pairs, file, storage, config.call_deadline(Some(storage.device_bytes())))
+        }
+        (Some(_), None) => Err(ccm_agent::AgentError::Agent(
+            "its device memory is in its page file (the driver's custom storage), and CRIU gave no image directory to \
+             read it from"
+                .to_string(),
+        )),
+        (None, _) => api.restore(pid, &pairs, config.call_deadline(device_bytes)),
+    });
     if let Err(e) = r.value {
         if e.is_lost() {
             // Whatever the driver did to it, CRIU's restore cannot finish it: it must not run.
@@ -815,7 +833,12 @@ fn restore_one_steps(job: &Job<'_>, node: &Node, config: &Config, targets: &dyn 
             }
         };
     }
-    info!("pid {pid}: cuCheckpointProcessRestore with {} pair(s) {:.3} s", pairs.len(), r.elapsed.as_secs_f64());
+    info!(
+        "pid {pid}: cuCheckpointProcessRestore{} with {} pair(s) {:.3} s",
+        if storage.is_some() { " from custom storage (its page file)" } else { "" },
+        pairs.len(),
+        r.elapsed.as_secs_f64()
+    );
     if let Some(plan) = job.plan.filter(|p| !p.map.changed().is_empty()) {
         if config.reconcile {
             let s: ReconcileSummary = targets.reconcile(pid, plan, node);

@@ -17,6 +17,7 @@ use crate::{Config, EngineError, HookOutcome, ProcessFailure};
 fn image(ns: u32, device_bytes: u64) -> IdentityImage {
     IdentityImage {
         staging: None,
+        driver_storage: None,
         pid: ns,
         host_pid: ns,
         dumped_at_unix: 0,

@@ -86,6 +86,7 @@ fn no_criu_offers_nothing() {
 fn plan(old: &GpuIdentity, new: &GpuIdentity, sites: Vec<PciSite>) -> crate::preflight::ProcessPlan {
     let image = IdentityImage {
         staging: None,
+        driver_storage: None,
         pid: 7,
         host_pid: 7,
         dumped_at_unix: 0,

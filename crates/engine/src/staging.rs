@@ -208,7 +208,7 @@ pub fn offload(
 
 /// The page file's absolute path in CRIU's mount namespace (which the driver agent shares), from CRIU's descriptor
 /// of the image directory.
-fn page_file_path(dir: &Dir, name: &str) -> String {
+pub(crate) fn page_file_path(dir: &Dir, name: &str) -> String {
     use std::os::fd::AsRawFd;
     let at = std::fs::read_link(format!("/proc/self/fd/{}", dir.as_fd().as_raw_fd()))
         .unwrap_or_else(|_| dir.shown().to_path_buf());

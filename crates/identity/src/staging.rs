@@ -146,6 +146,8 @@ pub enum StagingError {
          differently: the restore is refused before the driver is called"
     )]
     RestoredMapping { start: u64, end: u64, found: String },
+    #[error("the driver storage table has {found} chunk regions for {expected} non-empty GPU regions")]
+    DriverRegions { found: usize, expected: usize },
 }
 
 impl StagingTable {
@@ -229,6 +231,74 @@ impl StagingTable {
             return Err(StagingError::Extents { file_bytes: self.file_bytes, at });
         }
         Ok(())
+    }
+}
+
+/// The device memory the driver handed the plugin itself (its custom storage, CUDA 13.4 / driver r615): one region
+/// per GPU, copied into the page file by the driver agent instead of through the process's host memory. The regions
+/// of data lie end to end in a numbering of their own (`table`'s addresses are not the task's: see
+/// [`DriverStorage::places`]), so that the page file, its chunks, checksums and holes and every rule of
+/// [`StagingTable::check`] are the staging path's. A region's last chunk may run past its `size` (to the page): those
+/// bytes are zero in the page file and never copied to the GPU. An empty region (a GPU the process holds nothing on)
+/// has no table region.
+#[derive(Clone, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DriverStorage {
+    /// The GPU each region was on at dump and its exact size, in the driver's order (the restore's regions come in
+    /// the same order, on the GPUs the device map names).
+    pub regions: Vec<DriverRegion>,
+    pub table: StagingTable,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct DriverRegion {
+    pub gpu: crate::GpuUuid,
+    pub size: u64,
+}
+
+impl DriverStorage {
+    /// Where each non-empty region of `sizes` lies in the table's numbering: `(index among sizes, start, len)`, the
+    /// first at 0, each at the page-rounded end of the one before. `None` past the address space.
+    pub fn places(sizes: &[u64]) -> Option<Vec<(usize, u64, u64)>> {
+        let mut at = 0u64;
+        let mut out = Vec::new();
+        for (i, &size) in sizes.iter().enumerate().filter(|(_, s)| **s > 0) {
+            let len = size.checked_next_multiple_of(PAGE_BYTES)?;
+            out.push((i, at, len));
+            at = at.checked_add(len)?;
+        }
+        Some(out)
+    }
+
+    /// The staging table's rules, and the numbering: one table region per non-empty driver region, each where
+    /// [`DriverStorage::places`] puts it.
+    pub fn check(&self) -> Result<(), StagingError> {
+        self.table.check()?;
+        let sizes: Vec<u64> = self.regions.iter().map(|r| r.size).collect();
+        let places = DriverStorage::places(&sizes).unwrap_or_default();
+        if places.len() != self.table.regions.len() {
+            return Err(StagingError::DriverRegions { found: self.table.regions.len(), expected: places.len() });
+        }
+        for (index, (r, &(_, start, len))) in self.table.regions.iter().zip(&places).enumerate() {
+            if (r.start, r.len) != (start, len) {
+                return Err(StagingError::BadRegion { index, start: r.start, len: r.len });
+            }
+        }
+        Ok(())
+    }
+
+    /// Each non-empty driver region (its index in the driver's order, size) with its table region.
+    pub fn regions_with_chunks(&self) -> impl Iterator<Item = (usize, u64, &StagingRegion)> {
+        self.regions
+            .iter()
+            .enumerate()
+            .filter(|(_, r)| r.size > 0)
+            .zip(&self.table.regions)
+            .map(|((i, r), t)| (i, r.size, t))
+    }
+
+    /// Bytes of device memory (the regions' exact sizes).
+    pub fn device_bytes(&self) -> u64 {
+        self.regions.iter().map(|r| r.size).sum()
     }
 }
 

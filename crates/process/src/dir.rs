@@ -34,6 +34,8 @@ pub enum FileError {
     TooLarge { path: PathBuf, limit: u64 },
     #[error("{path} changed while it was opened (another file took its place); nothing was read")]
     Replaced { path: PathBuf },
+    #[error("{path} is not the empty file criu-cuda-migrate made for this write; nothing was written")]
+    NotEmpty { path: PathBuf },
     #[error("`{name}` in {dir} is not a plain file name (one path component, not `.` or `..`)")]
     BadName { dir: PathBuf, name: String },
     #[error("{dir} holds more than {MAX_ENTRIES} entries; it is no directory criu-cuda-migrate reads")]
@@ -56,6 +58,7 @@ impl FileError {
             | FileError::NotRegular { path, .. }
             | FileError::TooLarge { path, .. }
             | FileError::Replaced { path }
+            | FileError::NotEmpty { path }
             | FileError::Io { path, .. } => path,
             FileError::BadName { dir, .. } | FileError::TooManyEntries { dir } => dir,
         }
@@ -412,6 +415,29 @@ impl Dir {
             return Err(io_err("chmod", self.shown_file(&tmp))(e));
         }
         Ok((std::fs::File::from(fd), tmp, direct))
+    }
+
+    /// Opens the existing, empty regular file `name` for writing (a page file the plugin made with
+    /// [`Dir::create_fresh`], written by the driver agent), never through a link.
+    pub fn open_empty_for_writing(&self, name: &str) -> Result<std::fs::File, FileError> {
+        check_name(&self.shown, name)?;
+        let path = self.shown_file(name);
+        let fd = rustix::fs::openat(
+            &self.fd,
+            name,
+            OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
+            Mode::empty(),
+        )
+        .map_err(|e| match e {
+            rustix::io::Errno::LOOP => FileError::Symlink { path: path.clone() },
+            e => io_err("open", path.clone())(e),
+        })?;
+        let st = rustix::fs::fstat(&fd).map_err(io_err("stat", path.clone()))?;
+        match FileType::from_raw_mode(st.st_mode) {
+            FileType::RegularFile if st.st_size == 0 => Ok(std::fs::File::from(fd)),
+            FileType::RegularFile => Err(FileError::NotEmpty { path }),
+            t => Err(FileError::NotRegular { path, kind: kind_name(t) }),
+        }
     }
 
     /// Renames `tmp` (made by [`Dir::create_fresh`]) over `name`: whatever stood there is replaced, not written

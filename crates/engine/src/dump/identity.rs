@@ -132,6 +132,7 @@ pub(super) fn collect_identity(
         device_memory: device_memory(),
         // Filled after the checkpoint, when the plugin writes the staging pages (`crate::staging`).
         staging: None,
+        driver_storage: None,
     };
     // The hostname, the process's mapping names and environment are not ours: no control
     // character of theirs reaches an image or a log raw.
@@ -296,6 +297,7 @@ mod tests {
     fn image(gpus: u32) -> IdentityImage {
         IdentityImage {
             staging: None,
+            driver_storage: None,
             pid: 7,
             host_pid: 7,
             dumped_at_unix: 0,

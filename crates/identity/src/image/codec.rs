@@ -5,15 +5,18 @@
 
 use super::records::{DeviceMemoryUse, IdentityImage, PciSite, ProcessEnv, PropSite};
 use crate::gpu::{GpuIdentity, GpuUuid, PciAddress, PciSignature};
-use crate::staging::{StagedChunk, StagingRegion, StagingTable, MAX_CHUNKS, MAX_REGIONS};
+use crate::staging::{DriverRegion, DriverStorage, StagedChunk, StagingRegion, StagingTable, MAX_CHUNKS, MAX_REGIONS};
 
 /// First 8 bytes of every identity image.
 pub const MAGIC: [u8; 8] = *b"CCMIDIMG";
 /// The format version this code writes, and the newest it reads. Version 2 added the runtime's
 /// `cudaDeviceProp` copies and the device memory per GPU; version-1 images read with neither.
 /// Version 3 added the staging table (issue 47); an image without one is still written as version 2, which
-/// older builds read.
-pub const FORMAT_VERSION: u16 = 3;
+/// older builds read. Version 4 added the driver storage table (the device memory copied out by the driver agent
+/// through the driver's custom storage, CUDA 13.4): the staging table becomes optional (a presence byte before it)
+/// and the driver storage table follows, also optional; an image without a driver storage table is still written
+/// as version 3 (or 2).
+pub const FORMAT_VERSION: u16 = 4;
 /// Header: magic (8), version (2), flags (2), payload length (4).
 pub const HEADER_LEN: usize = 16;
 /// Trailer: CRC32 of header and payload.
@@ -116,6 +119,10 @@ impl IdentityImage {
         if let Some(t) = &self.staging {
             t.check().map_err(ImageError::Staging)?;
         }
+        if let Some(d) = &self.driver_storage {
+            count("driver_storage.regions", d.regions.len(), MAX_GPUS)?;
+            d.check().map_err(ImageError::Staging)?;
+        }
         let total = self.encode_unchecked().len();
         count("image length", total, MAX_IMAGE_BYTES)
     }
@@ -184,11 +191,31 @@ impl IdentityImage {
                 }
             }
         }
-        if let Some(t) = &self.staging {
-            p.staging(t);
-        }
+        let version: u16 = match (&self.staging, &self.driver_storage) {
+            (_, Some(d)) => {
+                match &self.staging {
+                    None => p.u8(0),
+                    Some(t) => {
+                        p.u8(1);
+                        p.staging(t);
+                    }
+                }
+                p.u8(1);
+                p.count(d.regions.len());
+                for r in &d.regions {
+                    p.uuid(&r.gpu);
+                    p.u64(r.size);
+                }
+                p.staging(&d.table);
+                4
+            }
+            (Some(t), None) => {
+                p.staging(t);
+                3
+            }
+            (None, None) => 2,
+        };
         let payload = p.0;
-        let version = if self.staging.is_some() { FORMAT_VERSION } else { 2 };
 
         let mut out = Vec::with_capacity(HEADER_LEN + payload.len() + TRAILER_LEN);
         out.extend_from_slice(&MAGIC);
@@ -324,7 +351,23 @@ impl IdentityImage {
                 other => return Err(ImageError::InvalidValue { field: "device_memory", value: u64::from(other) }),
             };
         }
-        let staging = if version >= 3 { Some(r.staging()?) } else { None };
+        let (staging, driver_storage) = match version {
+            ..=2 => (None, None),
+            3 => (Some(r.staging()?), None),
+            _ => {
+                let staging = match r.u8()? {
+                    0 => None,
+                    1 => Some(r.staging()?),
+                    other => return Err(ImageError::InvalidValue { field: "staging", value: u64::from(other) }),
+                };
+                let driver = match r.u8()? {
+                    0 => None,
+                    1 => Some(r.driver_storage()?),
+                    other => return Err(ImageError::InvalidValue { field: "driver_storage", value: u64::from(other) }),
+                };
+                (staging, driver)
+            }
+        };
         if r.pos != body_end {
             return Err(ImageError::TrailingBytes { offset: r.pos, count: body_end - r.pos });
         }
@@ -343,6 +386,7 @@ impl IdentityImage {
             prop_sites,
             device_memory,
             staging,
+            driver_storage,
         })
     }
 }
@@ -543,6 +587,18 @@ impl<'a> Reader<'a> {
         let t = StagingTable { chunk_bytes, file_bytes, regions };
         t.check().map_err(ImageError::Staging)?;
         Ok(t)
+    }
+
+    /// The driver storage table, checked by its own rules ([`DriverStorage::check`]) before the image is accepted.
+    fn driver_storage(&mut self) -> Result<DriverStorage, ImageError> {
+        let n = self.count("driver_storage.regions", MAX_GPUS, UUID_BYTES + 8)?;
+        let mut regions = Vec::with_capacity(n);
+        for _ in 0..n {
+            regions.push(DriverRegion { gpu: self.uuid()?, size: self.u64()? });
+        }
+        let d = DriverStorage { regions, table: self.staging()? };
+        d.check().map_err(ImageError::Staging)?;
+        Ok(d)
     }
 
     fn gpu(&mut self) -> Result<GpuIdentity, ImageError> {

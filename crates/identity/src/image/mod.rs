@@ -77,6 +77,7 @@ pub(crate) mod tests {
         let g1 = h200(1, 7);
         IdentityImage {
             staging: None,
+            driver_storage: None,
             pid: 42,
             host_pid: 4242,
             dumped_at_unix: 1_760_000_000,
@@ -182,7 +183,7 @@ pub(crate) mod tests {
         let mut newer = good.clone();
         newer[8] = 9;
         let err = IdentityImage::decode(&newer).unwrap_err();
-        assert_eq!(err, ImageError::NewerVersion { found: 9, supported: 3 });
+        assert_eq!(err, ImageError::NewerVersion { found: 9, supported: 4 });
         assert!(err.to_string().contains("upgrade"));
 
         let mut zero = good.clone();
@@ -242,6 +243,59 @@ pub(crate) mod tests {
         img.hostname = "x".repeat(MAX_STRING_BYTES + 1);
         assert!(matches!(img.try_encode(), Err(ImageError::LengthOutOfBounds { field: "hostname", .. })));
         assert!(IdentityImage::decode(&img.encode()).is_err());
+    }
+
+    /// A table of data chunks only, laid out as [`crate::staging::DriverStorage::places`] says.
+    fn driver_storage(sizes: &[u64]) -> crate::staging::DriverStorage {
+        use crate::staging::{DriverRegion, DriverStorage, StagedChunk, StagingRegion, StagingTable, MIN_CHUNK_BYTES};
+        let mut file_bytes = 0;
+        let mut table_regions = Vec::new();
+        for (_, start, len) in DriverStorage::places(sizes).unwrap() {
+            let chunks = (0..len.div_ceil(MIN_CHUNK_BYTES))
+                .map(|k| {
+                    let l = MIN_CHUNK_BYTES.min(len - k * MIN_CHUNK_BYTES);
+                    let c = StagedChunk::Data { offset: file_bytes, crc: 9 };
+                    file_bytes += l;
+                    c
+                })
+                .collect();
+            table_regions.push(StagingRegion { start, len, chunks });
+        }
+        DriverStorage {
+            regions: sizes
+                .iter()
+                .enumerate()
+                .map(|(i, &size)| DriverRegion { gpu: uuid(u8::try_from(i).unwrap()), size })
+                .collect(),
+            table: StagingTable { chunk_bytes: MIN_CHUNK_BYTES, file_bytes, regions: table_regions },
+        }
+    }
+
+    #[test]
+    fn driver_storage_images_are_version_4_and_round_trip() {
+        // The second GPU holds nothing: its region is empty and has no chunks.
+        let d = driver_storage(&[3 * crate::staging::MIN_CHUNK_BYTES + 100, 0, 4096]);
+        assert_eq!(d.table.regions.len(), 2);
+        d.check().unwrap();
+        let img = IdentityImage { driver_storage: Some(d.clone()), ..sample() };
+        let bytes = img.try_encode().unwrap();
+        assert_eq!(u16::from_le_bytes([bytes[8], bytes[9]]), 4);
+        assert_eq!(IdentityImage::decode(&bytes).unwrap(), img);
+        // With a staging table beside it.
+        let both = IdentityImage { staging: Some(d.table.clone()), ..img.clone() };
+        assert_eq!(IdentityImage::decode(&both.try_encode().unwrap()).unwrap(), both);
+        // A staging table alone is still version 3, which the previous release reads.
+        let v3 = IdentityImage { staging: Some(d.table.clone()), ..sample() }.try_encode().unwrap();
+        assert_eq!(u16::from_le_bytes([v3[8], v3[9]]), 3);
+        // A table whose regions are not where the sizes put them is refused, at encode and at decode.
+        let mut forged = d.clone();
+        forged.regions[0].size = 4096;
+        let img = IdentityImage { driver_storage: Some(forged), ..sample() };
+        assert!(matches!(img.try_encode(), Err(ImageError::Staging(_))));
+        assert!(matches!(IdentityImage::decode(&img.encode()), Err(ImageError::Staging(_))));
+        let mut fewer = d;
+        fewer.regions.remove(0);
+        assert!(matches!(fewer.check(), Err(crate::staging::StagingError::DriverRegions { .. })));
     }
 
     #[test]
@@ -336,6 +390,7 @@ pub(crate) mod tests {
             .prop_map(|(head, node_gpus, enumerated, used, env, sites, (prop_sites, device_memory))| {
                 IdentityImage {
                     staging: None,
+                    driver_storage: None,
                     pid: head.0,
                     host_pid: head.1,
                     dumped_at_unix: head.2,

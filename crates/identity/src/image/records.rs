@@ -60,6 +60,11 @@ pub struct IdentityImage {
     /// wrote them (`CRIU_CUDA_MIGRATE_STAGING=criu`, no staging mapping found exactly) or an older image.
     #[serde(default)]
     pub staging: Option<crate::staging::StagingTable>,
+    /// The device memory the driver agent copied out through the driver's custom storage (version 4; CUDA 13.4,
+    /// driver r615): the process holds none of it, and its restore goes through the same storage. `None`: the
+    /// driver staged the device memory in the process (every driver before r615).
+    #[serde(default)]
+    pub driver_storage: Option<crate::staging::DriverStorage>,
 }
 
 /// One `cudaDeviceProp` copy the dump identified in the process (see [`crate::devprop`]).
@@ -88,6 +93,13 @@ impl IdentityImage {
     /// The file name of the image of the process with this pid: `cuda-migrate-<pid>.img`.
     pub fn file_name(pid: u32) -> String {
         format!("cuda-migrate-{pid}.img")
+    }
+
+    /// The table of the process's page file, whichever wrote it: the plugin (the driver's staging pages) or the
+    /// driver agent (the driver's custom storage). A forged image naming both gives the staging table (the
+    /// preflight refuses it).
+    pub fn page_table(&self) -> Option<&crate::staging::StagingTable> {
+        self.staging.as_ref().or(self.driver_storage.as_ref().map(|d| &d.table))
     }
 
     /// The dump node's record of a GPU.
