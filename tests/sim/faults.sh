@@ -272,6 +272,18 @@ flip_byte() {
     printf '%b' "\\0$(printf '%03o' $(((b + 1) % 256)))" | dd of="$1" bs=1 seek="$2" conv=notrunc status=none
 }
 
+# flipped_page_file_refused PID REGEX: one byte of PID's page file in $WORK/img flipped, the restore fails with a line
+# matching REGEX, the restored tree is gone and the images are as they were (the page file stays flipped).
+flipped_page_file_refused() {
+    local sum
+    flip_byte "$WORK/img/cuda-migrate-pages-$1.img" 4096
+    sum=$(images_sum "$WORK/img")
+    if restore "$WORK/img"; then fail "a restore from a damaged page file succeeded"; fi
+    seen "$WORK/img/restore.log" "$2"
+    wait_gone "$1" || fail "pid $1 survived a restore whose page file was damaged"
+    [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "images changed after a refused restore"
+}
+
 # custom_storage_driver: the doubles' driver offers custom storage (CUDA 13.4).
 custom_storage_driver() { sed -i 's/"cuda_driver_version":[0-9]*/"cuda_driver_version":13040/' "$WORK/gpus.json"; }
 
@@ -554,12 +566,7 @@ staging-page-file-cut | staging-page-file-flipped)
         sum=$(images_sum "$WORK/img")
         refused_cleanly "$WORK/img" "$pid" "$sum" "staging pages are in .*cuda-migrate-pages-$pid.img, but it is [0-9]+ bytes where the table names"
     else
-        flip_byte "$pages" 4096
-        sum=$(images_sum "$WORK/img")
-        if restore "$WORK/img"; then fail "a restore from a damaged page file succeeded"; fi
-        seen "$WORK/img/restore.log" "pid $pid: its staging pages cannot be filled back from its page file: .*CRC32"
-        wait_gone "$pid" || fail "pid $pid survived a restore whose page file was damaged"
-        [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "images changed after a refused restore"
+        flipped_page_file_refused "$pid" "pid $pid: its staging pages cannot be filled back from its page file: .*CRC32"
     fi
     cp -p "$WORK/good-pages.img" "$pages"
     restore_works "$WORK/img" "$pid" "$WORK/w0" 1
@@ -902,12 +909,7 @@ custom-storage)
     [ -s "$pages" ] || fail "no page file written: $(grep -a custom "$WORK/img/dump.log")"
     grep -q "staging pages:" "$WORK/img/dump.log" && fail "the staging path ran beside the custom storage"
     cp -p "$pages" "$WORK/good-pages.img"
-    flip_byte "$pages" 4096
-    sum=$(images_sum "$WORK/img")
-    if restore "$WORK/img"; then fail "a restore from a damaged page file succeeded"; fi
-    seen "$WORK/img/restore.log" "pid $pid: .*differs from its checksum .*the driver was not called"
-    wait_gone "$pid" || fail "pid $pid survived a restore whose page file was damaged"
-    [ "$(images_sum "$WORK/img")" = "$sum" ] || fail "images changed after a refused restore"
+    flipped_page_file_refused "$pid" "pid $pid: .*differs from its checksum .*the driver was not called"
     cp -p "$WORK/good-pages.img" "$pages"
     sum=$(images_sum "$WORK/img")
     sed -i 's/"cuda_driver_version":13040/"cuda_driver_version":13000/' "$WORK/gpus.json"

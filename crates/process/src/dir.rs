@@ -366,23 +366,7 @@ impl Dir {
     /// Writes `bytes` into the existing regular file `name` (a kernel interface file: a cgroup's
     /// `cgroup.freeze`), never through a link and never creating it.
     pub fn write_existing(&self, name: &str, bytes: &[u8]) -> Result<(), FileError> {
-        check_name(&self.shown, name)?;
-        let path = self.shown_file(name);
-        let fd = rustix::fs::openat(
-            &self.fd,
-            name,
-            OFlags::WRONLY | OFlags::NOFOLLOW | OFlags::NONBLOCK | OFlags::NOCTTY | OFlags::CLOEXEC,
-            Mode::empty(),
-        )
-        .map_err(|e| match e {
-            rustix::io::Errno::LOOP => FileError::Symlink { path: path.clone() },
-            e => io_err("open", path.clone())(e),
-        })?;
-        let st = rustix::fs::fstat(&fd).map_err(io_err("stat", path.clone()))?;
-        match FileType::from_raw_mode(st.st_mode) {
-            FileType::RegularFile => {}
-            t => return Err(FileError::NotRegular { path, kind: kind_name(t) }),
-        }
+        let (fd, _, path) = self.open_existing_for_writing(name)?;
         std::fs::File::from(fd).write_all(bytes).map_err(|source| FileError::Io { action: "write", path, source })
     }
 
@@ -420,6 +404,16 @@ impl Dir {
     /// Opens the existing, empty regular file `name` for writing (a page file the plugin made with
     /// [`Dir::create_fresh`], written by the driver agent), never through a link.
     pub fn open_empty_for_writing(&self, name: &str) -> Result<std::fs::File, FileError> {
+        let (fd, size, path) = self.open_existing_for_writing(name)?;
+        if size != 0 {
+            return Err(FileError::NotEmpty { path });
+        }
+        Ok(std::fs::File::from(fd))
+    }
+
+    /// The existing regular file `name` opened write-only, never through a link and never created: its descriptor,
+    /// size and shown path.
+    fn open_existing_for_writing(&self, name: &str) -> Result<(OwnedFd, i64, PathBuf), FileError> {
         check_name(&self.shown, name)?;
         let path = self.shown_file(name);
         let fd = rustix::fs::openat(
@@ -434,8 +428,7 @@ impl Dir {
         })?;
         let st = rustix::fs::fstat(&fd).map_err(io_err("stat", path.clone()))?;
         match FileType::from_raw_mode(st.st_mode) {
-            FileType::RegularFile if st.st_size == 0 => Ok(std::fs::File::from(fd)),
-            FileType::RegularFile => Err(FileError::NotEmpty { path }),
+            FileType::RegularFile => Ok((fd, st.st_size, path)),
             t => Err(FileError::NotRegular { path, kind: kind_name(t) }),
         }
     }
