@@ -717,6 +717,16 @@ impl DumpSession {
         };
         let started = Instant::now();
         let (mut results, memory) = checkpoint_batch(&node, &*self.seams.targets, &self.config, &todo, &storage_files);
+        // A page file made for the driver agent's copy that received none goes before the staging offload, which
+        // may write the same name.
+        let mut storage_files = storage_files;
+        for (&(pid, _), r) in todo.iter().zip(&results) {
+            if !matches!(r, Ok((Timed { value: Ok(Some(_)), .. }, ..))) {
+                if let (Some(f), Some(Ok(dir))) = (storage_files.remove(&pid), dir.as_ref()) {
+                    let _ = dir.remove(&f.name);
+                }
+            }
+        }
         // The driver's part alone (the staging write below is timed on its own line; the batch's line has both).
         info!(
             "driver checkpoint of {} CUDA process(es) took {:.3} s (parallel)",
@@ -1068,7 +1078,7 @@ fn checkpoint_batch(
                     });
                     // The device memory is not known yet: the deadline for an unknown amount.
                     let checkpoint = timed(|| match storage_files.get(&pid) {
-                        Some(f) => api.checkpoint_to_storage(pid, &f.path, config.call_deadline(None)).map(Some),
+                        Some(f) => checkpoint_to_storage_or_staged(api, pid, f, config),
                         None => api.checkpoint(pid, config.call_deadline(None)).map(|()| None),
                     });
                     let facts = scan.join().map_err(|_| ProcessFailure::Batch(BatchError::Panicked));
@@ -1078,6 +1088,29 @@ fn checkpoint_batch(
         )
     });
     (results, memory.wait())
+}
+
+/// The checkpoint of `pid` to the driver's custom storage, into `f`; where that fails and the driver still has the
+/// process LOCKED (the custom storage could not be set up, or the driver refused it before taking the process), the
+/// driver's own checkpoint, which stages the device memory in the process, one line saying why.
+fn checkpoint_to_storage_or_staged(
+    api: &dyn DriverAgent,
+    pid: HostPid,
+    f: &StorageFile,
+    config: &Config,
+) -> Result<Option<ccm_identity::staging::DriverStorage>, AgentError> {
+    let e = match api.checkpoint_to_storage(pid, &f.path, config.call_deadline(None)) {
+        Ok(d) => return Ok(Some(d)),
+        Err(e) => e,
+    };
+    if e.is_lost() || api.state(pid).ok() != Some(ProcessState::Locked) {
+        return Err(e);
+    }
+    warn!(
+        "pid {pid}: the checkpoint to the driver's custom storage failed before the driver took the process ({e}); \
+         the driver's own checkpoint instead, which stages its device memory in the process"
+    );
+    api.checkpoint(pid, config.call_deadline(None)).map(|()| None)
 }
 
 /// One process's checkpoint result: its image written, or why not. A checkpoint that lost its
@@ -1090,16 +1123,6 @@ fn record_checkpoint(
     storage_file: Option<&StorageFile>,
 ) -> Result<(), ProcessFailure> {
     let pid = t.pid;
-    let stored = match &r {
-        Ok((Timed { value: Ok(Some(_)), .. }, ..)) => true,
-        _ => {
-            // No device memory went to it: the file goes.
-            if let (Some(f), Some(Ok(dir))) = (storage_file, dir) {
-                let _ = dir.remove(&f.name);
-            }
-            false
-        }
-    };
     match r {
         Err(e) => Err(ProcessFailure::Batch(e)),
         Ok((Timed { value: Err(e), .. }, _, _)) => {
@@ -1130,7 +1153,7 @@ fn record_checkpoint(
                 ),
             }
             // The put-back of a process checkpointed to custom storage reads its page file.
-            if let (Some(storage), Some(f)) = (storage.clone(), storage_file.filter(|_| stored)) {
+            if let (Some(storage), Some(f)) = (storage.clone(), storage_file) {
                 t.stored = Some(Stored { page_file: f.path.clone(), storage });
             }
             match (facts, dir) {

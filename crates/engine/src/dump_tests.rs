@@ -375,6 +375,26 @@ fn custom_storage_is_used_where_offered_unless_staging_is_criu_and_the_put_back_
     }
 }
 
+/// A checkpoint to custom storage the driver refuses before it takes the process (still LOCKED): the driver's own
+/// checkpoint instead, one line saying why; no driver storage table, no page file of the agent's left.
+#[test]
+fn custom_storage_refused_before_the_driver_took_the_process_falls_back_to_the_staged_checkpoint() {
+    let pid = 2321;
+    let mut d = dump_with("custom-fallback", config(&[]), &[pid], 1);
+    d.agent.script().custom_storage = true;
+    d.agent.fail("checkpoint_to_storage", pid, cuda_error("cuCheckpointProcessCheckpoint", CudaCode::InvalidValue));
+    assert!(done(&d.pause(pid)));
+    assert!(done(&d.checkpoint(pid)));
+    assert_eq!(d.agent.state_of(pid), Checkpointed);
+    assert!(seen(&[&format!(
+        "pid {pid}: the checkpoint to the driver's custom storage failed before the driver took"
+    )]));
+    assert!(d.agent.script().calls.contains(&format!("checkpoint {pid}")));
+    assert!(d.image(pid).unwrap().driver_storage.is_none());
+    assert!(!d.criu.path().join(ccm_identity::staging::page_file_name(pid)).exists());
+    d.finish(0);
+}
+
 #[test]
 fn a_checkpoint_failing_mid_batch_fails_that_process_and_the_rollback_puts_all_back() {
     let pids = [2401, 2402, 2403];
