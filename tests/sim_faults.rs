@@ -310,3 +310,24 @@ fn a_failed_dump_puts_back_the_process_checkpointed_to_custom_storage() {
 fn criu_killed_after_a_custom_storage_checkpoint_is_put_back_from_the_page_file() {
     run_case("custom-storage-criu-killed");
 }
+
+/// CRIU's post-dump action script fails after the exit hook was told the dump succeeded: CRIU resumes the process
+/// CHECKPOINTED with its staging pages released. The driver agent, handed the process at the hook, fills the pages
+/// back and puts it back once CRIU is gone: RUNNING, data intact.
+#[test]
+fn a_failed_post_dump_script_is_put_back_by_the_driver_agent() {
+    run_case("post-dump-fails");
+}
+
+/// The same on a driver with custom storage: the process is restored from its page file.
+#[test]
+fn a_failed_post_dump_script_after_a_custom_storage_checkpoint_is_put_back_from_the_page_file() {
+    run_case("custom-storage-post-dump-fails");
+}
+
+/// `criu dump --leave-stopped`: the process stays stopped and CHECKPOINTED; the driver agent fills its staging pages
+/// back and names `recover`, which brings it back RUNNING with its data once it is continued.
+#[test]
+fn a_dump_that_leaves_the_process_stopped_names_recover_and_recover_brings_it_back() {
+    run_case("leave-stopped");
+}

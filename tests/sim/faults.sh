@@ -21,7 +21,8 @@
 #            agent-panic-restore | image-symlink-zero | image-fifo | image-symlink-secret |
 #            image-oversized | image-control | image-pid-renamed | setting-disable-unknown |
 #            staging-page-file-cut | staging-page-file-flipped | criu-killed-after-release |
-#            custom-storage | custom-storage-one-of-two | custom-storage-criu-killed
+#            custom-storage | custom-storage-one-of-two | custom-storage-criu-killed | post-dump-fails |
+#            custom-storage-post-dump-fails | leave-stopped
 # Prints `SEEN <line>` (the error line the user sees), `STATE pid=N <state>` (every process after) and
 # `FAULT <case> OK`, exit 0, when the case behaves as documented in docs/RELIABILITY.md; exits 1 with
 # the relevant logs otherwise.
@@ -939,6 +940,44 @@ custom-storage-one-of-two)
     go "$WORK/w1" 1
     check_agree "$WORK/w0" 1
     check_agree "$WORK/w1" 1
+    ;;
+post-dump-fails | custom-storage-post-dump-fails)
+    # CRIU's post-dump action script fails after a dump whose exit hook was told it succeeded: CRIU then resumes the
+    # tasks instead of ending them, CHECKPOINTED (their staging pages released, or their device memory in the page
+    # file of the driver's custom storage). The driver agent, handed the processes at the hook, stays until CRIU is
+    # gone and puts them back: RUNNING with their device data.
+    [ "$CASE" = custom-storage-post-dump-fails ] && custom_storage_driver
+    pid=$(start "$WORK/w0" 0,1)
+    after_checkpoint_script fail "$WORK/fail-post-dump.sh"
+    dump "$WORK/img" "$pid" --action-script "$WORK/fail-post-dump.sh" && fail "the dump whose post-dump script failed succeeded"
+    seen "$WORK/img/dump.log" "dump done; 1 CUDA process\(es\) stay checkpointed for CRIU to end them"
+    for _ in $(seq 600); do [ "$(state "$pid")" = RUNNING ] && break; sleep 0.05; done
+    expect_state "$pid" RUNNING
+    seen "$WORK/img/dump.log" "pid $pid: CRIU resumed it after a dump it had called successful"
+    if [ "$CASE" = post-dump-fails ]; then
+        seen "$WORK/img/dump.log" "driver agent: pid $pid: [0-9]+ MiB of staging pages filled back"
+    else
+        seen "$WORK/img/dump.log" "driver agent: pid $pid: [0-9]+ MiB of device memory filled back"
+    fi
+    seen "$WORK/img/dump.log" "driver agent: pid $pid: unlocked, RUNNING again after CRIU went away"
+    no_agent_left
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
+    ;;
+leave-stopped)
+    # `criu dump --leave-stopped`: the dump succeeds and CRIU leaves the task stopped, CHECKPOINTED, its staging pages
+    # released. The driver agent fills them back into the stopped task and names `recover`, which, once the task is
+    # continued, brings it back RUNNING with its device data.
+    pid=$(start "$WORK/w0" 0,1)
+    dump "$WORK/img" "$pid" --leave-stopped || fail "criu dump --leave-stopped failed"
+    for _ in $(seq 200); do grep -q "pid $pid is left stopped" "$WORK/img/dump.log" && break; sleep 0.05; done
+    seen "$WORK/img/dump.log" "pid $pid is left stopped and CHECKPOINTED after the dump .*: its [0-9]+ MiB of staging pages are back in it; .*kill -CONT $pid.*criu-cuda-migrate recover --pid $pid"
+    no_agent_left
+    kill -CONT "$pid"
+    recover "$pid"
+    expect_state "$pid" RUNNING
+    go "$WORK/w0" 1
+    check_agree "$WORK/w0" 1
     ;;
 custom-storage-criu-killed)
     # CRIU dies (SIGKILL) after a checkpoint to custom storage: the driver agent restores the process from its

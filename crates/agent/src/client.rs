@@ -423,6 +423,11 @@ impl Agent {
         self.done(Call::Unlock { pid: pid.driver() }, QUERY_DEADLINE)
     }
 
+    /// A successful dump hands its processes to CRIU (see [`Call::HandOver`]).
+    pub fn hand_over(&self) -> Result<(), AgentError> {
+        self.done(Call::HandOver, QUERY_DEADLINE)
+    }
+
     /// The UUID of the GPU NVML finds at `pci` (`None`: "Not Found").
     pub fn uuid_at_pci(&self, pci: PciAddress) -> Result<Option<GpuUuid>, AgentError> {
         match self.call(Call::UuidAtPci { pci }, QUERY_DEADLINE)? {

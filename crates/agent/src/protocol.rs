@@ -84,6 +84,11 @@ pub enum Call {
         page_file: String,
         storage: ccm_identity::staging::DriverStorage,
     },
+    /// A dump that succeeded: CRIU now ends the processes this agent checkpointed. The agent stays until CRIU is gone
+    /// and then puts back any of them that is still running and neither exiting nor being killed: CRIU resumes the
+    /// tasks instead when its post-dump action script fails, after its exit hook was told the dump succeeded. A later
+    /// [`Call::Exit`] is ignored.
+    HandOver,
     /// The plugin is done: exit without touching any process.
     Exit,
 }
@@ -107,6 +112,7 @@ impl Call {
             Call::Framebuffer { .. } => "the resource manager's free memory query",
             Call::StagingReleased { .. } => "the record of released staging pages",
             Call::CheckpointToStorage { .. } => "cuCheckpointProcessCheckpoint to custom storage",
+            Call::HandOver => "the hand-over of the dumped processes to CRIU",
             Call::RestoreFromStorage { .. } => "cuCheckpointProcessRestore from custom storage",
             Call::Exit => "exit",
         }

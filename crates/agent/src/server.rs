@@ -12,7 +12,7 @@
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::os::unix::net::UnixStream;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Condvar, Mutex, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -34,6 +34,9 @@ use crate::protocol::{
 /// How long an orphaned agent waits for calls still running in the driver (a lock waits up to
 /// its own timeout) before it gives up on them.
 const ORPHAN_DRAIN: Duration = Duration::from_secs(60);
+/// How long, after a hand-over and CRIU's end, the dumped processes are given to show that CRIU ended them (its
+/// SIGKILL is sent before it exits: pending or exiting by then).
+const HAND_OVER_SETTLE: Duration = Duration::from_millis(500);
 /// How long a call waits for the warm-up (libcuda loaded, NVML started, `cuInit`).
 const READY_WAIT: Duration = Duration::from_secs(90);
 /// The deadline of a restore the orphaned agent makes itself (it has no one to report to).
@@ -107,6 +110,8 @@ struct Shared {
     inflight: AtomicUsize,
     /// The process of each driver call in flight (one entry per call).
     inflight_pids: Mutex<Vec<i32>>,
+    /// A successful dump handed its processes to CRIU ([`Call::HandOver`]).
+    handed_over: AtomicBool,
 }
 
 /// The agent's main loop; returns the process's exit code.
@@ -134,6 +139,7 @@ pub fn serve(stream: UnixStream, libs: &DriverLibs, order: WarmUp, criu_parent: 
         touched: Mutex::new(Touched::default()),
         inflight: AtomicUsize::new(0),
         inflight_pids: Mutex::new(Vec::new()),
+        handed_over: AtomicBool::new(false),
     });
     {
         let shared = shared.clone();
@@ -149,7 +155,9 @@ pub fn serve(stream: UnixStream, libs: &DriverLibs, order: WarmUp, criu_parent: 
     }));
     loop {
         match read_frame::<Request>(&mut &stream) {
-            Ok(Some(Request { call: Call::Exit, .. })) => return 0,
+            // After a hand-over the agent stays until CRIU is gone (the end of its socket).
+            Ok(Some(Request { call: Call::Exit, .. })) if !shared.handed_over.load(Ordering::SeqCst) => return 0,
+            Ok(Some(Request { call: Call::Exit, .. })) => {}
             Ok(Some(req)) => {
                 shared.inflight.fetch_add(1, Ordering::SeqCst);
                 let pid = req.call.pid();
@@ -451,7 +459,61 @@ fn answer(shared: &Shared, call: &Call) -> Result<Answer, WireError> {
         Call::RestoreFromStorage { pid, pairs, page_file, storage } => {
             restore_from_storage(shared, *pid, pairs, page_file, storage).map(|_| Answer::Done)
         }
+        Call::HandOver => {
+            shared.handed_over.store(true, Ordering::SeqCst);
+            Ok(Answer::Done)
+        }
         Call::Exit => Ok(Answer::Done),
+    }
+}
+
+/// After a hand-over, once CRIU is gone: the dumped processes CRIU ended (gone, exiting or with a SIGKILL pending) are
+/// forgotten, as is one left stopped (`criu dump --leave-stopped`), named by an ERROR line; those left running were
+/// resumed by CRIU while CHECKPOINTED (its post-dump action script failed), and stay for the put-back.
+fn settle_hand_over(shared: &Shared) {
+    let pids: Vec<i32> = {
+        let t = shared.touched.lock().unwrap_or_else(|p| p.into_inner());
+        t.checkpointed.union(&t.locked).copied().collect()
+    };
+    let ended = |p: i32| u32::try_from(p).map_or(true, ccm_process::tree::is_gone_or_ending);
+    let until = Instant::now() + HAND_OVER_SETTLE;
+    while pids.iter().any(|&p| !ended(p)) && Instant::now() < until {
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    let mut t = shared.touched.lock().unwrap_or_else(|p| p.into_inner());
+    for p in pids {
+        let stored = t.stored.get(&p).map(|s| s.0.clone());
+        let stopped = u32::try_from(p).ok().and_then(ccm_process::tree::state_letter).is_some_and(|c| c == 'T');
+        if stopped && t.checkpointed.contains(&p) {
+            // Its restore thread is stopped too: the driver cannot restore it now. Its released staging pages go back
+            // into it (the memory of a stopped process can be written), so that `recover` can, once it runs.
+            let back = match t.staged.get(&p) {
+                None => String::new(),
+                Some((page_file, table)) => match fill_back(p, page_file, table) {
+                    Ok(bytes) => format!("its {} MiB of staging pages are back in it; ", bytes >> 20),
+                    Err(e) => format!(
+                        "its staging pages could not be filled back from {page_file} ({e}): restore it from the \
+                         images instead; "
+                    ),
+                },
+            };
+            error!(
+                "pid {p} is left stopped and CHECKPOINTED after the dump (criu dump --leave-stopped): {back}before it \
+                 runs on, continue it (kill -CONT {p}) and run `{}`",
+                crate::storage::recover_command(p, stored.as_deref())
+            );
+        }
+        if ended(p) || stopped {
+            t.checkpointed.remove(&p);
+            t.locked.remove(&p);
+            t.staged.remove(&p);
+            t.stored.remove(&p);
+        } else {
+            warn!(
+                "pid {p}: CRIU resumed it after a dump it had called successful (a failed post-dump action script does \
+                 that), while the driver holds it CHECKPOINTED: putting it back"
+            );
+        }
     }
 }
 
@@ -557,6 +619,9 @@ fn track(shared: &Shared, call: &Call, result: &Result<Answer, WireError>, handl
 /// first, then the process is restored and unlocked, in that order); the others at once. What is
 /// done follows the state the driver reports, not the one this agent assumes.
 fn orphaned(shared: &Shared) {
+    if shared.handed_over.load(Ordering::SeqCst) {
+        settle_hand_over(shared);
+    }
     let deadline = Instant::now() + ORPHAN_DRAIN;
     let mut announced = false;
     loop {

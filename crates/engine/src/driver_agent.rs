@@ -31,6 +31,8 @@ pub trait DriverAgent: Send + Sync {
     fn checkpoint(&self, pid: HostPid, deadline: Duration) -> Result<(), AgentError>;
     fn restore(&self, pid: HostPid, pairs: &[(GpuUuid, GpuUuid)], deadline: Duration) -> Result<(), AgentError>;
     fn unlock(&self, pid: HostPid) -> Result<(), AgentError>;
+    /// A successful dump hands its processes to CRIU: the agent puts back any CRIU resumes instead of ending it.
+    fn hand_over(&self) -> Result<(), AgentError>;
     /// The checkpoint of `pid` to the driver's custom storage (CUDA 13.4), copied by the agent into the empty page
     /// file at `page_file` (absolute, in CRIU's mount namespace); its table.
     fn checkpoint_to_storage(
@@ -124,6 +126,9 @@ impl DriverAgent for Agent {
     }
     fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
         Agent::unlock(self, pid)
+    }
+    fn hand_over(&self) -> Result<(), AgentError> {
+        Agent::hand_over(self)
     }
     fn checkpoint_to_storage(
         &self,

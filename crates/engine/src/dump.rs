@@ -918,6 +918,16 @@ impl DumpSession {
         }
         let Some(why) = self.rollback_reason(ret) else {
             info!("dump done; {} CUDA process(es) stay checkpointed for CRIU to end them", self.tracked.len());
+            // CRIU resumes them instead when its post-dump action script fails, which its exit hook is not told: the
+            // agent stays until CRIU is gone and puts back any it finds running.
+            if let Some(agent) = self.node.as_ref().map(|n| &n.agent).filter(|a| a.lost().is_none()) {
+                if let Err(e) = agent.hand_over() {
+                    warn!(
+                        "the driver agent cannot watch the dumped processes after CRIU ({e}): should CRIU resume them \
+                         (a failed post-dump action script), run `criu-cuda-migrate recover --pid PID` for each"
+                    );
+                }
+            }
             return;
         };
         let todo: Vec<&Tracked> = self

@@ -278,6 +278,9 @@ impl DriverAgent for FakeAgent {
     fn unlock(&self, pid: HostPid) -> Result<(), AgentError> {
         self.call("unlock", Some(pid), Self::transition(ProcessState::Locked, ProcessState::Running, "unlock"))
     }
+    fn hand_over(&self) -> Result<(), AgentError> {
+        self.call("hand_over", None, |_, _| {})
+    }
     fn checkpoint_to_storage(
         &self,
         pid: HostPid,

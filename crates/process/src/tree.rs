@@ -236,6 +236,29 @@ pub fn is_alive(pid: u32) -> bool {
     !matches!(stat_field(&stat, 3), Some("Z" | "X" | "x") | None)
 }
 
+/// Whether `pid` is gone or on its way out: a zombie or dead, exiting (`PF_EXITING` in `/proc/PID/stat`'s flags), or
+/// with a SIGKILL pending (`SigPnd`/`ShdPnd` of `/proc/PID/status`). A dump's CRIU kills the dumped tasks before it
+/// exits: after its exit, a dumped task that is none of these was resumed instead.
+pub fn is_gone_or_ending(pid: u32) -> bool {
+    const PF_EXITING: u64 = 0x4;
+    const SIGKILL_BIT: u64 = 1 << (9 - 1);
+    let Ok(stat) = read_text(pid, "stat", MAX_SMALL_PROC_FILE) else {
+        return true;
+    };
+    if matches!(stat_field(&stat, 3), Some("Z" | "X" | "x") | None) {
+        return true;
+    }
+    if stat_field(&stat, 9).and_then(|f| f.parse::<u64>().ok()).is_some_and(|f| f & PF_EXITING != 0) {
+        return true;
+    }
+    let Ok(status) = read_text(pid, "status", MAX_SMALL_PROC_FILE) else {
+        return true;
+    };
+    status.lines().filter_map(|l| l.strip_prefix("SigPnd:").or_else(|| l.strip_prefix("ShdPnd:"))).any(|v| {
+        u64::from_str_radix(v.trim(), 16).is_ok_and(|mask| mask & SIGKILL_BIT != 0)
+    })
+}
+
 /// Sends SIGKILL to `pid` through a pidfd opened for it (a restored task whose GPU identity could
 /// not be made right must not run). A process that is already gone is not an error. Where the
 /// pid was learnt long before, hold a [`ProcessHandle`] from then instead.
