@@ -658,19 +658,26 @@ criu-killed-mid-dump)
     check_agree "$WORK/w0" 1
     check_agree "$WORK/w1" 1
     ;;
-criu-killed-after-release)
+criu-killed-after-release | custom-storage-criu-killed)
     # Issue 47: CRIU dies (SIGKILL, from its own network-lock action script) after CHECKPOINT_DEVICES: the process is
     # CHECKPOINTED and its staging pages are in the page file and released in the task. The driver agent, told where
     # the page file is before the release, fills the pages back, then restores and unlocks the process: RUNNING with
-    # its device data as before the dump.
+    # its device data as before the dump. With custom storage (the second case) the agent restores the process from
+    # the page file it wrote itself.
+    [ "$CASE" = custom-storage-criu-killed ] && custom_storage_driver
     pid=$(start "$WORK/w0" 0,1)
     after_checkpoint_script kill "$WORK/kill-criu.sh"
     dump "$WORK/img" "$pid" --action-script "$WORK/kill-criu.sh" && fail "the dump whose CRIU was killed succeeded"
-    seen "$WORK/img/dump.log" "pid $pid: staging pages: .* released in"
+    if [ "$CASE" = criu-killed-after-release ]; then
+        seen "$WORK/img/dump.log" "pid $pid: staging pages: .* released in"
+        what="staging pages"
+    else
+        what="device memory"
+    fi
     for _ in $(seq 100); do grep -q "^TracerPid:[[:space:]]*0$" "/proc/$pid/status" && break; sleep 0.05; done
     for _ in $(seq 600); do [ "$(state "$pid")" = RUNNING ] && break; sleep 0.05; done
     expect_state "$pid" RUNNING
-    seen "$WORK/img/dump.log" "driver agent: pid $pid: [0-9]+ MiB of staging pages filled back from .*cuda-migrate-pages-$pid.img"
+    seen "$WORK/img/dump.log" "driver agent: pid $pid: [0-9]+ MiB of $what filled back from .*cuda-migrate-pages-$pid.img"
     seen "$WORK/img/dump.log" "driver agent: pid $pid: unlocked, RUNNING again after CRIU went away"
     go "$WORK/w0" 1
     check_agree "$WORK/w0" 1
@@ -954,11 +961,9 @@ post-dump-fails | custom-storage-post-dump-fails)
     for _ in $(seq 600); do [ "$(state "$pid")" = RUNNING ] && break; sleep 0.05; done
     expect_state "$pid" RUNNING
     seen "$WORK/img/dump.log" "pid $pid: CRIU resumed it after a dump it had called successful"
-    if [ "$CASE" = post-dump-fails ]; then
-        seen "$WORK/img/dump.log" "driver agent: pid $pid: [0-9]+ MiB of staging pages filled back"
-    else
-        seen "$WORK/img/dump.log" "driver agent: pid $pid: [0-9]+ MiB of device memory filled back"
-    fi
+    what="staging pages"
+    [ "$CASE" = custom-storage-post-dump-fails ] && what="device memory"
+    seen "$WORK/img/dump.log" "driver agent: pid $pid: [0-9]+ MiB of $what filled back"
     seen "$WORK/img/dump.log" "driver agent: pid $pid: unlocked, RUNNING again after CRIU went away"
     no_agent_left
     go "$WORK/w0" 1
@@ -976,21 +981,6 @@ leave-stopped)
     kill -CONT "$pid"
     recover "$pid"
     expect_state "$pid" RUNNING
-    go "$WORK/w0" 1
-    check_agree "$WORK/w0" 1
-    ;;
-custom-storage-criu-killed)
-    # CRIU dies (SIGKILL) after a checkpoint to custom storage: the driver agent restores the process from its
-    # page file and unlocks it: RUNNING with its device data.
-    custom_storage_driver
-    pid=$(start "$WORK/w0" 0,1)
-    after_checkpoint_script kill "$WORK/kill-criu.sh"
-    dump "$WORK/img" "$pid" --action-script "$WORK/kill-criu.sh" && fail "the dump whose CRIU was killed succeeded"
-    for _ in $(seq 100); do grep -q "^TracerPid:[[:space:]]*0$" "/proc/$pid/status" && break; sleep 0.05; done
-    for _ in $(seq 600); do [ "$(state "$pid")" = RUNNING ] && break; sleep 0.05; done
-    expect_state "$pid" RUNNING
-    seen "$WORK/img/dump.log" "driver agent: pid $pid: [0-9]+ MiB of device memory filled back from .*cuda-migrate-pages-$pid.img"
-    seen "$WORK/img/dump.log" "driver agent: pid $pid: unlocked, RUNNING again after CRIU went away"
     go "$WORK/w0" 1
     check_agree "$WORK/w0" 1
     ;;
