@@ -116,7 +116,7 @@ impl AgentError {
 
 impl AgentError {
     /// A failure as the agent sent it, for the request `call` (whose name a driver error keeps).
-    fn from_wire(call: &'static str, e: WireError) -> AgentError {
+    pub(crate) fn from_wire(call: &'static str, e: WireError) -> AgentError {
         match e {
             WireError::Cuda { code, name, description } => {
                 AgentError::Cuda(CudaError { call, code: CudaCode::from_raw(code), name, description })

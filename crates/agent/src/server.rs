@@ -572,7 +572,7 @@ impl ccm_driver::checkpoint::PutBackCalls for FromStorage<'_> {
                     self.page_file
                 )
             })
-            .map_err(|e| format!("{e:?}"))
+            .map_err(|e| crate::AgentError::from_wire("cuCheckpointProcessRestore from custom storage", e).to_string())
     }
     fn unlock(&self, pid: ccm_identity::HostPid) -> Result<(), String> {
         self.api.unlock(pid.driver()).map_err(|e| e.to_string())

@@ -254,9 +254,10 @@ pub fn is_gone_or_ending(pid: u32) -> bool {
     let Ok(status) = read_text(pid, "status", MAX_SMALL_PROC_FILE) else {
         return true;
     };
-    status.lines().filter_map(|l| l.strip_prefix("SigPnd:").or_else(|| l.strip_prefix("ShdPnd:"))).any(|v| {
-        u64::from_str_radix(v.trim(), 16).is_ok_and(|mask| mask & SIGKILL_BIT != 0)
-    })
+    status
+        .lines()
+        .filter_map(|l| l.strip_prefix("SigPnd:").or_else(|| l.strip_prefix("ShdPnd:")))
+        .any(|v| u64::from_str_radix(v.trim(), 16).is_ok_and(|mask| mask & SIGKILL_BIT != 0))
 }
 
 /// Sends SIGKILL to `pid` through a pidfd opened for it (a restored task whose GPU identity could
