@@ -756,9 +756,9 @@ impl DumpSession {
     }
 
     /// Where the driver agent copies each process's device memory when the driver offers custom storage (CUDA
-    /// 13.4) and the staging setting is `plugin`: a fresh page file per process under a temporary name (named after
-    /// its image once the identity scan knows the pid in its namespace), with its path for the agent. Empty where
-    /// the driver stages the device memory in the processes.
+    /// 13.4) and the staging setting is `plugin`: a fresh, empty page file per process, already under its final name
+    /// (the pid in the process's namespace, as its identity image), with its path for the agent. Empty where the
+    /// driver stages the device memory in the processes.
     fn storage_files(&self, node: &Node, dir: &Dir, todo: &[(HostPid, HostTid)]) -> BTreeMap<HostPid, StorageFile> {
         let mut out = BTreeMap::new();
         if !node.custom_storage || self.config.staging == crate::Staging::Criu {
