@@ -623,7 +623,8 @@ fn orphaned(shared: &Shared) {
         settle_hand_over(shared);
     }
     let deadline = Instant::now() + ORPHAN_DRAIN;
-    let mut announced = false;
+    // After a hand-over CRIU ended normally, and each process it resumed was named already.
+    let mut announced = shared.handed_over.load(Ordering::SeqCst);
     loop {
         let busy: Vec<i32> = shared.inflight_pids.lock().unwrap_or_else(|p| p.into_inner()).clone();
         let (put_back_now, half_restored) = {
