@@ -300,13 +300,20 @@ lock-timeout)
     go "$WORK/w0" 1
     check_agree "$WORK/w0" 1
     ;;
-checkpoint-fail-one-of-two)
-    # One process of a two-process tree fails its checkpoint; the other was already checkpointed.
+checkpoint-fail-one-of-two | custom-storage-one-of-two)
+    # One process of a two-process tree fails its checkpoint; the other was already checkpointed. On a driver with
+    # custom storage (the second case) the other's device memory is in its page file: the rollback restores it from
+    # there, and the failed one's unused page file goes.
+    [ "$CASE" = custom-storage-one-of-two ] && custom_storage_driver
     root=$(W0_FAULTS=checkpoint-fail start_tree)
     p0=$(cat "$WORK/w0/ready")
     p1=$(cat "$WORK/w1/ready")
     if dump "$WORK/img" "$root"; then fail "the dump succeeded although a checkpoint failed"; fi
     seen "$WORK/img/dump.log" "CHECKPOINT_DEVICES\(pid $p0\) failed: .*CUDA_ERROR_UNKNOWN"
+    if [ "$CASE" = custom-storage-one-of-two ]; then
+        seen "$WORK/img/dump.log" "pid $p1: cuCheckpointProcessCheckpoint to custom storage"
+        [ -e "$WORK/img/cuda-migrate-pages-$p0.img" ] && fail "pid $p0's unused page file was left"
+    fi
     seen "$WORK/img/dump.log" "pid $p1: rolled back: cuCheckpointProcessRestore"
     expect_state "$p0" RUNNING
     expect_state "$p1" RUNNING
@@ -928,25 +935,6 @@ custom-storage)
     unset CRIU_CUDA_MIGRATE_DEVICE_MAP
     seen "$WORK/img/restore.log" "pid $pid: cuCheckpointProcessRestore from custom storage \(its page file\) with 2 pair\(s\)"
     [ "$(ordinal_uuid "$WORK/w0/report3.json" 0)" = "$G1" ] || fail "ordinal 0 not moved onto $G1"
-    ;;
-custom-storage-one-of-two)
-    # A tree of two on a driver with custom storage: w0's checkpoint fails after w1's went to its page file. The
-    # rollback restores w1 from the page file and unlocks both: RUNNING, data intact, the empty page file gone.
-    custom_storage_driver
-    root=$(W0_FAULTS=checkpoint-fail start_tree)
-    p0=$(cat "$WORK/w0/ready")
-    p1=$(cat "$WORK/w1/ready")
-    if dump "$WORK/img" "$root"; then fail "the dump succeeded although a checkpoint failed"; fi
-    seen "$WORK/img/dump.log" "CHECKPOINT_DEVICES\(pid $p0\) failed: .*CUDA_ERROR_UNKNOWN"
-    seen "$WORK/img/dump.log" "pid $p1: cuCheckpointProcessCheckpoint to custom storage"
-    seen "$WORK/img/dump.log" "pid $p1: rolled back: cuCheckpointProcessRestore"
-    expect_state "$p0" RUNNING
-    expect_state "$p1" RUNNING
-    [ -e "$WORK/img/cuda-migrate-pages-$p0.img" ] && fail "pid $p0's unused page file was left"
-    go "$WORK/w0" 1
-    go "$WORK/w1" 1
-    check_agree "$WORK/w0" 1
-    check_agree "$WORK/w1" 1
     ;;
 post-dump-fails | custom-storage-post-dump-fails)
     # CRIU's post-dump action script fails after a dump whose exit hook was told it succeeded: CRIU then resumes the
