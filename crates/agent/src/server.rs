@@ -105,7 +105,7 @@ struct Shared {
     cuinit: Ready<Result<f64, WireError>>,
     /// The driver's custom storage, made at its first use (after `cuInit`, with every GPU's primary context
     /// retained), or why it cannot be used.
-    storage: OnceLock<Result<CustomStorageApi, String>>,
+    storage: OnceLock<Result<CustomStorageApi, StorageUnavailable>>,
     touched: Mutex<Touched>,
     inflight: AtomicUsize,
     /// The process of each driver call in flight (one entry per call).
@@ -347,6 +347,15 @@ fn api(shared: &Shared) -> Result<&CheckpointApi, WireError> {
     Ok(&l.api)
 }
 
+/// Why the driver's custom storage cannot be used in this agent.
+#[derive(Debug, thiserror::Error)]
+enum StorageUnavailable {
+    #[error("this driver offers no custom storage (CUDA 13.4, driver r615)")]
+    NotOffered,
+    #[error("the GPUs' primary contexts cannot be retained for the driver's custom storage: {0}")]
+    Contexts(CudaError),
+}
+
 /// The driver's custom storage, once `cuInit` has ended.
 fn storage(shared: &Shared) -> Result<&CustomStorageApi, WireError> {
     api(shared)?;
@@ -354,13 +363,12 @@ fn storage(shared: &Shared) -> Result<&CustomStorageApi, WireError> {
     shared
         .storage
         .get_or_init(|| {
-            let s = CustomStorageApi::new(lib)
-                .ok_or_else(|| "this driver offers no custom storage (CUDA 13.4, driver r615)".to_string())?;
-            s.retain_contexts().map_err(|e| format!("the GPUs' primary contexts cannot be retained: {e}"))?;
+            let s = CustomStorageApi::new(lib).ok_or(StorageUnavailable::NotOffered)?;
+            s.retain_contexts().map_err(StorageUnavailable::Contexts)?;
             Ok(s)
         })
         .as_ref()
-        .map_err(|e| WireError::Agent(e.clone()))
+        .map_err(|e| WireError::Agent(e.to_string()))
 }
 
 fn storage_error(e: crate::storage::StorageError) -> WireError {
@@ -389,7 +397,7 @@ fn restore_from_storage(
     page_file: &str,
     storage_table: &ccm_identity::staging::DriverStorage,
 ) -> Result<u64, WireError> {
-    storage_table.check().map_err(|e| WireError::Agent(format!("the driver storage table of pid {pid}: {e}")))?;
+    // The table's rules are checked by `restore_from_file`, before anything is read by it.
     let api = storage(shared)?;
     let (dir, name) = page_file_parts(page_file)?;
     let (file, size) = dir.open_file(name).map_err(|e| WireError::Agent(e.to_string()))?;
@@ -561,21 +569,16 @@ struct FromStorage<'a> {
 }
 
 impl ccm_driver::checkpoint::PutBackCalls for FromStorage<'_> {
-    type Error = String;
-    fn restore_in_place(&self, pid: ccm_identity::HostPid, _deadline: Duration) -> Result<(), String> {
+    type Error = crate::AgentError;
+    fn restore_in_place(&self, pid: ccm_identity::HostPid, _deadline: Duration) -> Result<(), crate::AgentError> {
         let pid = pid.driver();
-        restore_from_storage(self.shared, pid, &[], self.page_file, self.table)
-            .map(|bytes| {
-                info!(
-                    "driver agent: pid {pid}: {} MiB of device memory filled back from {}",
-                    bytes >> 20,
-                    self.page_file
-                )
-            })
-            .map_err(|e| crate::AgentError::from_wire("cuCheckpointProcessRestore from custom storage", e).to_string())
+        let bytes = restore_from_storage(self.shared, pid, &[], self.page_file, self.table)
+            .map_err(|e| crate::AgentError::from_wire("cuCheckpointProcessRestore from custom storage", e))?;
+        info!("driver agent: pid {pid}: {} MiB of device memory filled back from {}", bytes >> 20, self.page_file);
+        Ok(())
     }
-    fn unlock(&self, pid: ccm_identity::HostPid) -> Result<(), String> {
-        self.api.unlock(pid.driver()).map_err(|e| e.to_string())
+    fn unlock(&self, pid: ccm_identity::HostPid) -> Result<(), crate::AgentError> {
+        self.api.unlock(pid.driver()).map_err(crate::AgentError::Cuda)
     }
 }
 

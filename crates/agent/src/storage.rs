@@ -84,6 +84,8 @@ pub fn checkpoint_to_file(api: &CustomStorageApi, pid: i32, file: &File) -> Resu
 }
 
 fn copy_out(op: &Operation<'_>, file: &File) -> Result<DriverStorage, String> {
+    // One buffer of the constant chunk (8 MiB); the table's regions bounded by the image's GPU limit before any is
+    // reserved.
     let chunk = DEFAULT_CHUNK_BYTES;
     if op.regions.len() > ccm_identity::image::MAX_GPUS {
         return Err(format!("the driver handed over {} regions", op.regions.len()));
@@ -123,7 +125,7 @@ fn copy_out(op: &Operation<'_>, file: &File) -> Result<DriverStorage, String> {
     Ok(storage)
 }
 
-/// Restores the CHECKPOINTED `pid` from `file` (of `file_size` bytes) by `storage` (checked by the caller) onto the
+/// Restores the CHECKPOINTED `pid` from `file` (of `file_size` bytes) by `storage` (checked again here) onto the
 /// GPUs `pairs` name, and completes the operation: the process is LOCKED. A page file shorter than the table is
 /// refused before the driver is called.
 pub fn restore_from_file(
@@ -134,6 +136,9 @@ pub fn restore_from_file(
     file_size: u64,
     storage: &DriverStorage,
 ) -> Result<u64, StorageError> {
+    // The table comes from an image: its rules (a chunk of at most 32 MiB, bounded regions and chunks) are checked
+    // here, before the buffers below are sized by it.
+    storage.check().map_err(|e| refused(format!("the driver storage table: {e} (the driver was not called)")))?;
     if file_size < storage.table.file_bytes {
         return Err(refused(format!(
             "the page file is {file_size} bytes, shorter than the {} its table names: the checkpoint is not whole \

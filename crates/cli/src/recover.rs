@@ -122,15 +122,23 @@ impl FromPageFile {
     }
 }
 
+/// Why a put-back from a page file failed: its restore from the driver's custom storage, or the unlock.
+#[derive(Debug, thiserror::Error)]
+enum FromPageFileError {
+    #[error(transparent)]
+    Restore(#[from] ccm_agent::storage::StorageError),
+    #[error(transparent)]
+    Unlock(#[from] ccm_driver::CudaError),
+}
+
 impl ccm_driver::checkpoint::PutBackCalls for FromPageFile {
-    type Error = String;
-    fn restore_in_place(&self, pid: HostPid, _deadline: Duration) -> Result<(), String> {
-        ccm_agent::storage::restore_from_file(&self.storage, pid.driver(), &[], &self.file, self.size, &self.table)
-            .map(|_| ())
-            .map_err(|e| e.to_string())
+    type Error = FromPageFileError;
+    fn restore_in_place(&self, pid: HostPid, _deadline: Duration) -> Result<(), FromPageFileError> {
+        ccm_agent::storage::restore_from_file(&self.storage, pid.driver(), &[], &self.file, self.size, &self.table)?;
+        Ok(())
     }
-    fn unlock(&self, pid: HostPid) -> Result<(), String> {
-        self.api.unlock(pid.driver()).map_err(|e| e.to_string())
+    fn unlock(&self, pid: HostPid) -> Result<(), FromPageFileError> {
+        Ok(self.api.unlock(pid.driver())?)
     }
 }
 

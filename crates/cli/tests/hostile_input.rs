@@ -541,3 +541,81 @@ fn image_directories_are_held_to_a_total_and_a_count() {
     let out = run_within(&["inspect".as_ref(), dir.path().as_os_str()], limit);
     assert_clean_failure(&out, 2, "holds 4097 identity images (cuda-migrate-*.img), more than the 4096");
 }
+
+/// What a case puts into its directory.
+type MakeDir<'a> = &'a dyn Fn(&Path);
+
+/// An identity image of `pid` whose device memory went through the driver's custom storage: one 4 KiB region, one
+/// data chunk in a page file of 4 KiB.
+fn custom_storage_image(pid: u32) -> Vec<u8> {
+    use ccm_identity::staging::{
+        DriverRegion, DriverStorage, StagedChunk, StagingRegion, StagingTable, MIN_CHUNK_BYTES,
+    };
+    let mut img = image_of(pid, 0, 0);
+    img.driver_storage = Some(DriverStorage {
+        regions: vec![DriverRegion { gpu: ccm_identity::GpuUuid([7; 16]), size: 4096 }],
+        table: StagingTable {
+            chunk_bytes: MIN_CHUNK_BYTES,
+            file_bytes: 4096,
+            regions: vec![StagingRegion { start: 0, len: 4096, chunks: vec![StagedChunk::Data { offset: 0, crc: 1 }] }],
+        },
+    });
+    img.try_encode().expect("a clean image encodes")
+}
+
+/// `recover --images DIR` reads the process's identity image and page file from a directory the user names: an image
+/// or page file that is a link or a FIFO is refused unread (no hang), and an image without a driver storage table is
+/// refused naming why; each before any driver is loaded.
+#[test]
+fn recover_images_refuses_links_fifos_and_an_image_without_the_table() {
+    let mut target = Command::new("sleep").arg("30").spawn().expect("sleep");
+    let pid = target.id();
+    let image = format!("cuda-migrate-{pid}.img");
+    let pages = ccm_identity::staging::page_file_name(pid);
+    let cases: [(&str, MakeDir<'_>, &str); 4] = [
+        (
+            "the image a link to /dev/zero",
+            &|d| std::os::unix::fs::symlink("/dev/zero", d.join(&image)).unwrap(),
+            "symbolic link",
+        ),
+        (
+            "an image without the table",
+            &|d| std::fs::write(d.join(&image), identity_image(pid)).unwrap(),
+            "has no driver storage table",
+        ),
+        (
+            "the page file a link",
+            &|d| {
+                std::fs::write(d.join(&image), custom_storage_image(pid)).unwrap();
+                std::os::unix::fs::symlink("/etc/shadow", d.join(&pages)).unwrap();
+            },
+            "symbolic link",
+        ),
+        (
+            "the page file a FIFO",
+            &|d| {
+                std::fs::write(d.join(&image), custom_storage_image(pid)).unwrap();
+                assert!(Command::new("mkfifo").arg(d.join(&pages)).status().unwrap().success());
+            },
+            "not a regular file",
+        ),
+    ];
+    for (what, make, needle) in cases {
+        let dir = tempfile::tempdir().unwrap();
+        make(dir.path());
+        let out = run_within(
+            &[
+                "recover".as_ref(),
+                "--pid".as_ref(),
+                pid.to_string().as_ref(),
+                "--images".as_ref(),
+                dir.path().as_os_str(),
+            ],
+            std::time::Duration::from_secs(20),
+        );
+        assert_clean_failure(&out, 2, needle);
+        assert!(!String::from_utf8_lossy(&out.stdout).contains("root:"), "{what}: a linked file's bytes were printed");
+    }
+    let _ = target.kill();
+    let _ = target.wait();
+}
